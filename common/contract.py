@@ -1,0 +1,34 @@
+"""The object and annotation contract: one place for every name users and components share.
+
+The README's "Pod annotations" and "Objects" sections document these; change both together.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+PREFIX: Final = "tidelease.io"
+
+# --- pod annotations written by pod authors (or by tidelease controllers on their behalf) ---
+ANN_PRIORITY: Final = f"{PREFIX}/priority"  # high | low (default low)
+ANN_OWNER: Final = f"{PREFIX}/owner"  # the job a pod belongs to (DNS-1123 label)
+ANN_RELIABILITY: Final = f"{PREFIX}/reliability"  # HA | MA | LA (default LA: any tier)
+ANN_GPU_TYPE: Final = f"{PREFIX}/gpu-type"  # e.g. NVIDIA-H100-80GB (default: any type)
+ANN_RECLAIM: Final = f"{PREFIX}/reclaim"  # "true" when the pod takes back lent devices
+ANN_CHECKPOINT: Final = f"{PREFIX}/checkpoint"  # checkpoint id the pod loads at start
+
+# --- pod annotations written by tidelease ---
+ANN_DEVICES: Final = f"{PREFIX}/devices"  # comma-separated GPU UUIDs chosen at bind time
+ANN_DEVICE_NODE: Final = f"{PREFIX}/devices-node"  # the node those devices are on
+
+# --- custom resources ---
+GROUP: Final = PREFIX
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+KIND_GPU_NODE: Final = "GpuNode"
+PLURAL_GPU_NODE: Final = "gpunodes"
+KIND_GPU_ALLOCATION: Final = "GpuAllocation"
+PLURAL_GPU_ALLOCATION: Final = "gpuallocations"
+
+# --- resources ---
+DEFAULT_GPU_RESOURCE: Final = "nvidia.com/gpu"

@@ -1,0 +1,34 @@
+"""One exception hierarchy for tidelease.
+
+``InvalidInput`` is the caller's fault and becomes a protocol error or a 4xx; ``Conflict`` and
+``Unavailable`` are worth retrying; everything else reaching a handler is a bug.
+"""
+
+from __future__ import annotations
+
+
+class TideleaseError(Exception):
+    """Base class of every error tidelease raises on purpose."""
+
+
+class InvalidInput(TideleaseError):
+    """Input that can never succeed as sent: a malformed request or an invalid annotation.
+
+    ``problems`` lists every problem found, so one reply tells the caller all of them.
+    """
+
+    def __init__(self, problems: list[str] | str) -> None:
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("; ".join(self.problems))
+
+
+class NotFound(TideleaseError):
+    """An object the request names does not exist (unknown pod, node without inventory)."""
+
+
+class Conflict(TideleaseError):
+    """An optimistic-concurrency write lost a race; re-read and try again."""
+
+
+class Unavailable(TideleaseError):
+    """A dependency (the API server) failed in a way that may pass; retry later."""

@@ -1,0 +1,149 @@
+"""Typed values shared by the extender and the node agent.
+
+Everything here is plain data: frozen dataclasses, enums and ``NewType`` ids. Parsing from
+Kubernetes objects lives in :mod:`common.objects` and :mod:`common.podrequest`; decisions live in
+``extender.placement`` and friends.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import NewType
+
+NodeName = NewType("NodeName", str)
+GpuUuid = NewType("GpuUuid", str)
+PodUid = NewType("PodUid", str)
+JobName = NewType("JobName", str)
+
+
+class Tier(enum.IntEnum):
+    """Reliability tier of a device, from its availability over the accounting window.
+
+    Ordered so that ``Tier.HA > Tier.MA > Tier.LA``: a device satisfies a requirement ``r`` when
+    ``device.tier >= r``.
+    """
+
+    LA = 1  # below 97 % available
+    MA = 2  # 97 % up to 100 %
+    HA = 3  # 100 %
+
+
+class Health(enum.Enum):
+    HEALTHY = "Healthy"
+    UNHEALTHY = "Unhealthy"
+    UNKNOWN = "Unknown"
+
+
+class Priority(enum.Enum):
+    """tidelease's two classes (weflex 3.5): HP jobs are protected, LP jobs may be preempted."""
+
+    HIGH = "high"
+    LOW = "low"
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceClass:
+    """What placement needs to know of a device, apart from its identity.
+
+    Devices with the same class are interchangeable for Algorithm 1, which lets a node summarise
+    its devices as counts per class.
+    """
+
+    gpu_type: str
+    tier: Tier
+    healthy: bool
+    owner: JobName | None = None  # right-of-return tag: the job that lent this device
+    standby: bool = False  # reserved to backfill reclaims
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """One GPU, identified by (node, index, type) and by its UUID."""
+
+    node: NodeName
+    index: int
+    uuid: GpuUuid
+    cls: DeviceClass
+
+    @property
+    def gpu_type(self) -> str:
+        return self.cls.gpu_type
+
+    @property
+    def tier(self) -> Tier:
+        return self.cls.tier
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """The pod a device is allocated to, as recorded in the allocation ledger."""
+
+    pod_uid: PodUid
+    namespace: str
+    name: str
+    priority: Priority
+    pod_priority: int  # the pod's spec.priority (PriorityClass value)
+    owner: JobName | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class PodRequest:
+    """What a pod asks of tidelease, parsed once from its spec and annotations."""
+
+    namespace: str
+    name: str
+    uid: PodUid
+    gpus: int
+    priority: Priority = Priority.LOW
+    pod_priority: int = 0
+    owner: JobName | None = None
+    min_tier: Tier = Tier.LA
+    gpu_type: str | None = None
+    reclaim: bool = False
+    checkpoint: str | None = None
+    images: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def holder(self) -> Holder:
+        return Holder(
+            pod_uid=self.uid,
+            namespace=self.namespace,
+            name=self.name,
+            priority=self.priority,
+            pod_priority=self.pod_priority,
+            owner=self.owner,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class NodeCache:
+    """What a node holds locally: checkpoints and container images (weflex 3.3)."""
+
+    images: frozenset[str] = frozenset()
+    checkpoints: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInventory:
+    """A node's devices and cache, as published by its agent and tagged by the controller."""
+
+    node: NodeName
+    devices: tuple[Device, ...]
+    cache: NodeCache = NodeCache()
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """Devices on one node held by one pod: an entry of that node's allocation ledger."""
+
+    holder: Holder
+    devices: tuple[GpuUuid, ...]
+    since: str = ""  # RFC 3339 time the allocation was recorded

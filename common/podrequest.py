@@ -1,0 +1,186 @@
+"""Parse a Pod (as JSON from kube-scheduler or the API server) into a :class:`PodRequest`.
+
+This is the pod-author contract in code. Every problem is collected, so an author fixing a pod
+sees all of them at once.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from common import contract
+from common.errors import InvalidInput
+from common.model import JobName, PodRequest, PodUid, Priority, Tier
+
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_GPU_TYPE = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_.]{0,62}$")
+_INTEGER = re.compile(r"^[0-9]{1,6}$")
+
+_PRIORITIES = {p.value: p for p in Priority}
+_TIERS = {t.name: t for t in Tier}
+_BOOLS = {"true": True, "false": False}
+
+
+def _str_map(value: object, where: str, problems: list[str]) -> Mapping[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        problems.append(f"{where} must be a map of strings")
+        return {}
+    return value
+
+
+def _obj(value: object, where: str, problems: list[str]) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        problems.append(f"{where} must be an object")
+        return {}
+    return value
+
+
+def _list(value: object, where: str, problems: list[str]) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        problems.append(f"{where} must be a list")
+        return []
+    return value
+
+
+def _quantity(value: object, where: str, problems: list[str]) -> int:
+    """An extended resource quantity: Kubernetes only admits whole numbers for these."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1_000_000:
+        return value
+    if isinstance(value, str) and _INTEGER.match(value):
+        return int(value)
+    problems.append(f"{where} must be a whole number of GPUs, got {value!r}")
+    return 0
+
+
+def _container_gpus(container: object, where: str, resource: str, problems: list[str]) -> int:
+    c = _obj(container, where, problems)
+    res = _obj(c.get("resources"), f"{where}.resources", problems)
+    limits = _obj(res.get("limits"), f"{where}.resources.limits", problems)
+    requests = _obj(res.get("requests"), f"{where}.resources.requests", problems)
+    # Extended resources must have limits == requests; a limit alone implies the request.
+    raw = limits.get(resource, requests.get(resource))
+    if raw is None:
+        return 0
+    return _quantity(raw, f"{where}.resources[{resource}]", problems)
+
+
+def gpu_count(spec: Mapping[str, Any], resource: str, problems: list[str]) -> int:
+    """GPUs a pod needs: the sum over containers, or the largest init container if larger."""
+    containers = _list(spec.get("containers"), "spec.containers", problems)
+    inits = _list(spec.get("initContainers"), "spec.initContainers", problems)
+    total = sum(
+        _container_gpus(c, f"spec.containers[{i}]", resource, problems)
+        for i, c in enumerate(containers)
+    )
+    init_max = max(
+        (
+            _container_gpus(c, f"spec.initContainers[{i}]", resource, problems)
+            for i, c in enumerate(inits)
+        ),
+        default=0,
+    )
+    return max(total, init_max)
+
+
+def _enum_annotation(
+    annotations: Mapping[str, str],
+    key: str,
+    choices: Mapping[str, Any],
+    default: Any,
+    problems: list[str],
+) -> Any:
+    raw = annotations.get(key)
+    if raw is None:
+        return default
+    if raw not in choices:
+        allowed = " or ".join(sorted(choices))
+        problems.append(f"annotation {key}: invalid value {raw!r} (want {allowed})")
+        return default
+    return choices[raw]
+
+
+def parse_pod(pod: object, *, resource: str = contract.DEFAULT_GPU_RESOURCE) -> PodRequest:
+    """Parse a pod object; raise :class:`InvalidInput` listing every problem found."""
+    problems: list[str] = []
+    if not isinstance(pod, dict):
+        raise InvalidInput("Pod must be an object")
+    meta = _obj(pod.get("metadata"), "Pod.metadata", problems)
+    spec = _obj(pod.get("spec"), "Pod.spec", problems)
+
+    name, namespace, uid = meta.get("name"), meta.get("namespace", "default"), meta.get("uid")
+    for field_name, value in (("name", name), ("namespace", namespace), ("uid", uid)):
+        if not isinstance(value, str) or not value:
+            problems.append(f"Pod.metadata.{field_name} must be a non-empty string")
+    annotations = _str_map(meta.get("annotations"), "Pod.metadata.annotations", problems)
+
+    pod_priority = spec.get("priority", 0)
+    if pod_priority is None:
+        pod_priority = 0
+    if not isinstance(pod_priority, int) or isinstance(pod_priority, bool):
+        problems.append(f"Pod.spec.priority must be an integer, got {pod_priority!r}")
+        pod_priority = 0
+
+    gpus = gpu_count(spec, resource, problems)
+    priority: Priority = _enum_annotation(
+        annotations, contract.ANN_PRIORITY, _PRIORITIES, Priority.LOW, problems
+    )
+    min_tier: Tier = _enum_annotation(
+        annotations, contract.ANN_RELIABILITY, _TIERS, Tier.LA, problems
+    )
+    reclaim: bool = _enum_annotation(annotations, contract.ANN_RECLAIM, _BOOLS, False, problems)
+
+    owner = annotations.get(contract.ANN_OWNER)
+    if owner is not None and not _DNS_SUBDOMAIN.match(owner):
+        problems.append(
+            f"annotation {contract.ANN_OWNER}: invalid job name {owner!r} "
+            "(want a DNS-1123 subdomain: lower-case letters, digits, '-' and '.')"
+        )
+        owner = None
+    gpu_type = annotations.get(contract.ANN_GPU_TYPE)
+    if gpu_type is not None and not _GPU_TYPE.match(gpu_type):
+        problems.append(
+            f"annotation {contract.ANN_GPU_TYPE}: invalid GPU type {gpu_type!r} "
+            "(want letters, digits, '-', '_' or '.', at most 63)"
+        )
+        gpu_type = None
+    checkpoint = annotations.get(contract.ANN_CHECKPOINT) or None
+    if reclaim and (priority is not Priority.HIGH or owner is None):
+        problems.append(
+            f'annotation {contract.ANN_RECLAIM}: "true" needs '
+            f"{contract.ANN_PRIORITY}: high and an {contract.ANN_OWNER}"
+        )
+
+    images: set[str] = set()
+    for i, c in enumerate(_list(spec.get("containers"), "spec.containers", [])):
+        image = c.get("image") if isinstance(c, dict) else None
+        if isinstance(image, str) and image:
+            images.add(image)
+        elif image is not None:
+            problems.append(f"spec.containers[{i}].image must be a string")
+
+    if problems:
+        raise InvalidInput(problems)
+    return PodRequest(
+        namespace=str(namespace),
+        name=str(name),
+        uid=PodUid(str(uid)),
+        gpus=gpus,
+        priority=priority,
+        pod_priority=pod_priority,
+        owner=JobName(owner) if owner else None,
+        min_tier=min_tier,
+        gpu_type=gpu_type,
+        reclaim=reclaim,
+        checkpoint=checkpoint,
+        images=frozenset(images),
+    )

@@ -1,0 +1,1 @@
+"""The control plane: a kube-scheduler extender doing right-of-return GPU placement."""

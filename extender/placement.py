@@ -1,0 +1,181 @@
+"""Algorithm 1 of weflex (priority-based pod scheduling) at device granularity. Pure functions.
+
+A pod's GPUs all come from one node, so kube-scheduler asks, node by node, whether the pod fits;
+the answer here is a :class:`NodePlan`: which classes of devices the pod would take, or why it
+cannot. The rule for a single device is :func:`verdict` (Algorithm 1, lines 5-13, plus the
+standby pool of lines 19-23); :func:`plan_node` applies it to a node's free devices, summarised
+as counts per :class:`~common.model.DeviceClass`; :func:`pick_devices` turns a plan into concrete
+devices at bind time. Filter, prioritize, preempt and bind all go through :func:`plan_node`, so
+they can never disagree.
+
+Where a pod does not fit, Algorithm 1's "return Usable" (a partial allocation) has no meaning for
+a single pod: the node is rejected with the reason, and the job-level planner decides what to do
+with fewer GPUs.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from common.model import Device, DeviceClass, GpuUuid, PodRequest, Priority
+
+
+class Verdict(enum.Enum):
+    """What one free device is to one pod. Values are the reasons shown to pod authors."""
+
+    USABLE = "usable"
+    STANDBY = "standby (only to backfill a reclaim)"
+    UNHEALTHY = "unhealthy"
+    WRONG_TYPE = "of another GPU type"
+    BELOW_TIER = "below the required reliability tier"
+    TAGGED_OTHER = "tagged for another job's right of return"
+    STANDBY_RESERVED = "reserved for reclaims (standby pool)"
+
+
+def verdict(cls: DeviceClass, req: PodRequest) -> Verdict:
+    """Algorithm 1, lines 5-13, for one device class; standby devices per lines 19-23."""
+    if not cls.healthy:
+        return Verdict.UNHEALTHY  # unhealthy devices are never offered
+    if req.gpu_type is not None and cls.gpu_type != req.gpu_type:
+        return Verdict.WRONG_TYPE
+    if cls.tier < req.min_tier:  # line 6: RelMap[g] < ReqRel
+        return Verdict.BELOW_TIER
+    if cls.standby:  # FETCHSTANDBY: reclaims only, type and tier already matched
+        return Verdict.STANDBY if req.reclaim else Verdict.STANDBY_RESERVED
+    if cls.owner is None:  # line 8: untagged devices are open to all
+        return Verdict.USABLE
+    if req.priority is Priority.LOW:  # line 10: borrowers may use tagged devices
+        return Verdict.USABLE
+    if req.owner == cls.owner:  # line 12: high priority only on its own tags
+        return Verdict.USABLE
+    return Verdict.TAGGED_OTHER
+
+
+def preference(cls: DeviceClass, req: PodRequest) -> tuple[int, int, str]:
+    """Order in which a pod takes usable devices of one type (smaller first).
+
+    The owner takes its own tagged devices first (right of return: the same devices back);
+    borrowers take untagged devices before lent ones (fewer evictions at reclaim); then the
+    lowest tier that satisfies the requirement (higher tiers stay free for pods that need them);
+    standby devices come last, only for a reclaim's shortfall.
+    """
+    if cls.standby:
+        rank = 3
+    elif req.priority is Priority.HIGH and cls.owner is not None and cls.owner == req.owner:
+        rank = 0
+    elif cls.owner is None:
+        rank = 1
+    else:
+        rank = 2
+    return (rank, int(cls.tier), cls.owner or "")
+
+
+@dataclass(frozen=True, slots=True)
+class NodePlan:
+    """Whether a pod fits a node's free devices, and which device classes it would take."""
+
+    fits: bool
+    take: tuple[tuple[DeviceClass, int], ...] = ()
+    usable: int = 0  # usable devices of the chosen (or best) type, standby excluded
+    standby_used: int = 0
+    reason: str = ""
+
+    @property
+    def taken(self) -> int:
+        return sum(n for _, n in self.take)
+
+
+def _reason(req: PodRequest, best_usable: int, blocked: Counter[Verdict]) -> str:
+    if not blocked:
+        return f"tidelease: node has {best_usable} free GPU(s), pod needs {req.gpus}"
+    main = max(blocked.items(), key=lambda kv: (kv[1], kv[0].value))[0]
+    return f"tidelease: not enough usable GPUs, free ones are {main.value}"
+
+
+def plan_node(free: Mapping[DeviceClass, int], req: PodRequest) -> NodePlan:
+    """Algorithm 1 over one node's free devices (counts per class).
+
+    All devices of a pod come from one GPU type. Among types that fit, the owner prefers the
+    type holding its own tagged devices, then the type with the fewest usable devices (packing).
+    """
+    if req.gpus <= 0:
+        return NodePlan(fits=True)
+    usable: dict[str, list[DeviceClass]] = {}
+    standby: dict[str, list[DeviceClass]] = {}
+    blocked: Counter[Verdict] = Counter()
+    for cls, n in free.items():
+        if n <= 0:
+            continue
+        v = verdict(cls, req)
+        if v is Verdict.USABLE:
+            usable.setdefault(cls.gpu_type, []).append(cls)
+        elif v is Verdict.STANDBY:
+            standby.setdefault(cls.gpu_type, []).append(cls)
+        else:
+            blocked[v] += n
+
+    def count(classes: Iterable[DeviceClass]) -> int:
+        return sum(free[c] for c in classes)
+
+    best: tuple[tuple[int, int, int, str], str] | None = None
+    best_usable = 0
+    for gpu_type in usable.keys() | standby.keys():
+        n_usable = count(usable.get(gpu_type, ()))
+        best_usable = max(best_usable, n_usable)
+        n_standby = count(standby.get(gpu_type, ()))
+        if n_usable + n_standby < req.gpus:
+            continue
+        own = sum(
+            free[c]
+            for c in usable.get(gpu_type, ())
+            if req.owner is not None and c.owner == req.owner
+        )
+        shortfall = max(0, req.gpus - n_usable)
+        key = (shortfall, -own, n_usable, gpu_type)
+        if best is None or key < best[0]:
+            best = (key, gpu_type)
+    if best is None:
+        return NodePlan(fits=False, usable=best_usable, reason=_reason(req, best_usable, blocked))
+
+    gpu_type = best[1]
+    classes = sorted(
+        usable.get(gpu_type, []) + standby.get(gpu_type, []), key=lambda c: preference(c, req)
+    )
+    take: list[tuple[DeviceClass, int]] = []
+    remaining = req.gpus
+    for cls in classes:
+        if remaining == 0:
+            break
+        n = min(free[cls], remaining)
+        take.append((cls, n))
+        remaining -= n
+    standby_used = sum(n for c, n in take if c.standby)
+    return NodePlan(
+        fits=True,
+        take=tuple(take),
+        usable=count(usable.get(gpu_type, ())),
+        standby_used=standby_used,
+    )
+
+
+def free_counts(devices: Iterable[Device], allocated: Iterable[GpuUuid]) -> Counter[DeviceClass]:
+    taken = set(allocated)
+    return Counter(d.cls for d in devices if d.uuid not in taken)
+
+
+def pick_devices(
+    devices: Sequence[Device], allocated: Iterable[GpuUuid], req: PodRequest
+) -> tuple[NodePlan, tuple[Device, ...]]:
+    """PICKGPUS at bind time: the concrete devices for a plan, lowest index first per class."""
+    taken = set(allocated)
+    free = [d for d in devices if d.uuid not in taken]
+    plan = plan_node(Counter(d.cls for d in free), req)
+    if not plan.fits:
+        return plan, ()
+    chosen: list[Device] = []
+    for cls, n in plan.take:
+        chosen.extend(sorted((d for d in free if d.cls == cls), key=lambda d: d.index)[:n])
+    return plan, tuple(chosen)

@@ -1,0 +1,136 @@
+"""Which pods to evict so a preemptor fits a node: borrowers first, then the fewest. Pure.
+
+Only low-priority tidelease pods with a lower pod priority than the preemptor are ever victims
+(high-priority pods are protected, weflex 3.5), and only pods whose devices the preemptor could
+use: evicting anyone else frees nothing it may take. Among those, pods borrowing the preemptor's
+own lent devices go first (right of return), then other borrowers of lent devices, then the rest
+by ascending pod priority; a final pass spares every victim that is not needed.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from common.model import Allocation, Device, DeviceClass, GpuUuid, Holder, PodRequest, Priority
+from extender.clusterstate import ClusterState
+from extender.placement import Verdict, free_counts, plan_node, verdict
+
+_HELPFUL = (Verdict.USABLE, Verdict.STANDBY)
+
+
+def may_evict(holder: Holder, req: PodRequest) -> bool:
+    """Whether the preemptor may take this holder's devices by eviction."""
+    return (
+        holder.priority is Priority.LOW
+        and holder.pod_priority < req.pod_priority
+        and holder.pod_uid != req.uid
+    )
+
+
+def _classes(alloc: Allocation, by_uuid: dict[GpuUuid, Device]) -> list[DeviceClass]:
+    return [by_uuid[u].cls for u in alloc.devices if u in by_uuid]
+
+
+def _borrower_rank(alloc: Allocation, by_uuid: dict[GpuUuid, Device], req: PodRequest) -> int:
+    owners = {c.owner for c in _classes(alloc, by_uuid) if c.owner is not None}
+    if req.owner is not None and req.owner in owners:
+        return 0  # borrowing the preemptor's own lent devices
+    return 1 if owners else 2
+
+
+def _candidates(
+    devices: Sequence[Device], allocations: Iterable[Allocation], req: PodRequest
+) -> tuple[dict[GpuUuid, Device], list[Allocation]]:
+    by_uuid = {d.uuid: d for d in devices}
+    helpful = [
+        a
+        for a in allocations
+        if may_evict(a.holder, req)
+        and any(verdict(c, req) in _HELPFUL for c in _classes(a, by_uuid))
+    ]
+    helpful.sort(
+        key=lambda a: (
+            _borrower_rank(a, by_uuid, req),
+            a.holder.pod_priority,
+            -len(a.devices),
+            a.holder.key,
+        )
+    )
+    return by_uuid, helpful
+
+
+def _fits(
+    base: Counter[DeviceClass],
+    victims: Iterable[Allocation],
+    by_uuid: dict[GpuUuid, Device],
+    req: PodRequest,
+) -> bool:
+    counts = Counter(base)
+    for a in victims:
+        counts.update(_classes(a, by_uuid))
+    return plan_node(counts, req).fits
+
+
+def choose_victims(
+    devices: Sequence[Device], allocations: Sequence[Allocation], req: PodRequest
+) -> tuple[Holder, ...] | None:
+    """Pods to evict on this node: ``()`` if none is needed, ``None`` if eviction cannot help."""
+    allocated = [u for a in allocations for u in a.devices]
+    base = free_counts(devices, allocated)
+    if plan_node(base, req).fits:
+        return ()
+    by_uuid, candidates = _candidates(devices, allocations, req)
+    chosen: list[Allocation] = []
+    for alloc in candidates:
+        chosen.append(alloc)
+        if _fits(base, chosen, by_uuid, req):
+            break
+    else:
+        return None
+    # Spare every victim the preemptor can do without, least preferred victims first.
+    for alloc in reversed(chosen[:]):
+        rest = [a for a in chosen if a is not alloc]
+        if _fits(base, rest, by_uuid, req):
+            chosen = rest
+    return tuple(a.holder for a in chosen)
+
+
+def resolvable(
+    devices: Sequence[Device], allocations: Sequence[Allocation], req: PodRequest
+) -> bool:
+    """Whether evicting every evictable pod would make the preemptor fit (filter's hint)."""
+    allocated = [u for a in allocations for u in a.devices]
+    by_uuid, candidates = _candidates(devices, allocations, req)
+    return _fits(free_counts(devices, allocated), candidates, by_uuid, req)
+
+
+@dataclass(frozen=True, slots=True)
+class Proposal:
+    """kube-scheduler's proposed victims on one node (their UIDs) and its PDB violation count."""
+
+    victims: tuple[str, ...]
+    pdb_violations: int = 0
+
+
+def preempt_nodes(
+    cluster: ClusterState, req: PodRequest, proposals: Mapping[str, Proposal]
+) -> dict[str, Proposal]:
+    """Our victims per candidate node; nodes where eviction cannot help are left out.
+
+    The PDB count is kube-scheduler's own when our victims are a subset of its proposal (the
+    extender cannot evaluate PodDisruptionBudgets); otherwise it is 0.
+    """
+    answer: dict[str, Proposal] = {}
+    for name, proposal in proposals.items():
+        state = cluster.get(name)
+        if state is None or not state.has_inventory:
+            continue
+        victims = choose_victims(state.devices, list(state.allocations.values()), req)
+        if victims is None:
+            continue
+        uids = tuple(h.pod_uid for h in victims)
+        pdb = proposal.pdb_violations if set(uids) <= set(proposal.victims) else 0
+        answer[name] = Proposal(uids, pdb)
+    return answer

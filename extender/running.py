@@ -1,0 +1,96 @@
+"""Lifecycle of one extender instance: watch, reaper and HTTP server under one TaskGroup."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from extender.binding import Binder, Clock, utcnow
+from extender.clusterstate import ClusterState
+from extender.metrics import ExtenderMetrics
+from extender.server import ExtenderApp
+from extender.settings import ExtenderSettings
+from extender.store import Store
+from extender.watching import PodCache, run_watch
+
+log = logging.getLogger(__name__)
+
+
+def build_app(*, store: Store, settings: ExtenderSettings, clock: Clock = utcnow) -> ExtenderApp:
+    cluster = ClusterState()
+    pods = PodCache(settings.gpu_resource)
+    metrics = ExtenderMetrics()
+    binder = Binder(
+        store=store, cluster=cluster, pods=pods, settings=settings, metrics=metrics, clock=clock
+    )
+    return ExtenderApp(
+        settings=settings, cluster=cluster, pods=pods, binder=binder, metrics=metrics
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Running:
+    app: ExtenderApp
+    url: str  # base URL the server listens on
+    tasks: tuple[asyncio.Task[None], ...]  # background work: watch and reaper
+
+
+async def _first_of(event: asyncio.Event, tasks: tuple[asyncio.Task[None], ...]) -> None:
+    """Wait for the event; raise if a background task ends first (it never should)."""
+    waiter = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait((waiter, *tasks), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+    for task in tasks:
+        if task.done():
+            task.result()  # re-raises its exception
+            raise RuntimeError(f"{task.get_name()} ended unexpectedly")
+
+
+@asynccontextmanager
+async def serve(
+    *, store: Store, settings: ExtenderSettings, clock: Clock = utcnow
+) -> AsyncIterator[Running]:
+    """Run an extender until the block exits; yields once it is synced and listening."""
+    app = build_app(store=store, settings=settings, clock=clock)
+    synced = asyncio.Event()
+    tasks = (
+        asyncio.create_task(
+            run_watch(store=store, cluster=app.cluster, pods=app.pods, ready=synced),
+            name="watch",
+        ),
+        asyncio.create_task(app.binder.run_reaper(ready=synced), name="reaper"),
+    )
+    runner = web.AppRunner(app.web_app(), access_log=None)
+    try:
+        await _first_of(synced, tasks)
+        app.synced = True
+        await runner.setup()
+        site = web.TCPSite(runner, settings.host, settings.port)
+        await site.start()
+        host, port = runner.addresses[0][:2]
+        log.info("extender listening on %s:%s, %d GPU nodes", host, port, len(app.cluster))
+        yield Running(app, f"http://{host}:{port}", tasks)
+    finally:
+        app.draining = True
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await runner.cleanup()
+
+
+async def run_extender(
+    *, store: Store, settings: ExtenderSettings, stop: asyncio.Event, drain_s: float = 2.0
+) -> None:
+    """Serve until ``stop`` is set; then fail readiness, let in-flight calls finish, exit."""
+    async with serve(store=store, settings=settings) as running:
+        await _first_of(stop, running.tasks)
+        running.app.draining = True
+        log.info("stopping: readiness failed, draining for %.1f s", drain_s)
+        await asyncio.sleep(drain_s)

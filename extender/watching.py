@@ -1,0 +1,97 @@
+"""Keep the extender's view current: apply a store's watch events to the cluster and pod caches."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from common import contract
+from common.model import PodUid
+from common.podrequest import gpu_count
+from extender.clusterstate import ClusterState
+from extender.store import Kind, Store
+
+log = logging.getLogger(__name__)
+
+_KINDS: tuple[Kind, ...] = ("Pod", "GpuNode", "GpuAllocation")
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass(frozen=True, slots=True)
+class PodStatus:
+    uid: PodUid
+    namespace: str
+    name: str
+    node_name: str
+    phase: str
+    deleting: bool
+
+
+def _status(pod: Mapping[str, Any]) -> PodStatus:
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    return PodStatus(
+        uid=PodUid(str(meta.get("uid", ""))),
+        namespace=str(meta.get("namespace", "")),
+        name=str(meta.get("name", "")),
+        node_name=str(spec.get("nodeName") or ""),
+        phase=str(status.get("phase") or "Pending"),
+        deleting=bool(meta.get("deletionTimestamp")),
+    )
+
+
+class PodCache:
+    """The pods that use GPUs: raw objects by namespace/name (for bind), status by UID (for GC)."""
+
+    def __init__(self, resource: str = contract.DEFAULT_GPU_RESOURCE) -> None:
+        self._resource = resource
+        self._raw: dict[tuple[str, str], dict[str, Any]] = {}
+        self.by_uid: dict[PodUid, PodStatus] = {}
+
+    def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._raw.get((namespace, name))
+
+    def _relevant(self, pod: Mapping[str, Any]) -> bool:
+        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        if isinstance(annotations, dict) and contract.ANN_DEVICES in annotations:
+            return True
+        spec = pod.get("spec")
+        return isinstance(spec, dict) and gpu_count(spec, self._resource, []) > 0
+
+    def apply(self, event: str, pod: dict[str, Any]) -> None:
+        st = _status(pod)
+        key = (st.namespace, st.name)
+        old = self._raw.get(key)
+        if old is not None:
+            old_uid = PodUid(str((old.get("metadata") or {}).get("uid", "")))
+            if event == "DELETED" or old_uid != st.uid:
+                self.by_uid.pop(old_uid, None)
+                del self._raw[key]
+        if event == "DELETED" or not self._relevant(pod):
+            return
+        self._raw[key] = pod
+        self.by_uid[st.uid] = st
+
+
+async def run_watch(
+    *, store: Store, cluster: ClusterState, pods: PodCache, ready: asyncio.Event | None = None
+) -> None:
+    """Apply watch events until cancelled; set ``ready`` once every kind has synced."""
+    synced: set[str] = set()
+    async for kind, event, obj in store.watch():
+        if event == "SYNCED":
+            synced.add(kind)
+            if ready is not None and synced.issuperset(_KINDS) and not ready.is_set():
+                log.info("initial sync done: %d nodes, %d GPU pods", len(cluster), len(pods.by_uid))
+                ready.set()
+            continue
+        if kind == "Pod":
+            pods.apply(event, obj)
+        elif kind == "GpuNode":
+            cluster.apply_gpu_node(event, obj)
+        elif kind == "GpuAllocation":
+            cluster.apply_gpu_allocation(event, obj)
