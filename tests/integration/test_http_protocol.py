@@ -1,0 +1,211 @@
+"""The extender over real HTTP, with bodies exactly as kube-scheduler's extender client sends."""
+
+from __future__ import annotations
+
+import json
+
+from common import builders, contract
+from tests.integration.conftest import Server
+
+NODES = ["node-a", "node-b", "node-c", "node-s", "node-la"]
+
+# Go's encoding/json of extenderv1.ExtenderArgs for a nodeCacheCapable extender: Nodes is null.
+POD_JSON = json.dumps(
+    {
+        "metadata": {
+            "name": "hp-a",
+            "namespace": "default",
+            "uid": "uid-hp-a",
+            "resourceVersion": "1042",
+            "creationTimestamp": "2026-11-21T10:00:00Z",
+            "annotations": {
+                "tidelease.io/priority": "high",
+                "tidelease.io/owner": "job-a",
+                "tidelease.io/reliability": "HA",
+                "tidelease.io/checkpoint": "ck",
+            },
+            "managedFields": [],
+        },
+        "spec": {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.example/train:v1",
+                    "resources": {
+                        "limits": {"nvidia.com/gpu": "4"},
+                        "requests": {"cpu": "1", "nvidia.com/gpu": "4"},
+                    },
+                    "terminationMessagePath": "/dev/termination-log",
+                    "imagePullPolicy": "IfNotPresent",
+                }
+            ],
+            "restartPolicy": "Always",
+            "schedulerName": "default-scheduler",
+            "priorityClassName": "tidelease-online",
+            "priority": 1000,
+            "enableServiceLinks": True,
+            "preemptionPolicy": "PreemptLowerPriority",
+        },
+        "status": {"phase": "Pending", "qosClass": "Burstable"},
+    },
+    separators=(",", ":"),
+)
+
+
+async def test_filter_with_node_names(server: Server) -> None:
+    body = '{"Pod":' + POD_JSON + ',"Nodes":null,"NodeNames":' + json.dumps(NODES) + "}"
+    status, reply = await server.post_raw("filter", body)
+    assert status == 200
+    assert set(reply) == {
+        "Nodes",
+        "NodeNames",
+        "FailedNodes",
+        "FailedAndUnresolvableNodes",
+        "Error",
+    }
+    assert reply["Nodes"] is None
+    assert reply["Error"] == ""
+    assert reply["NodeNames"] == ["node-a", "node-c"]
+    assert "another job" in reply["FailedAndUnresolvableNodes"]["node-b"]
+    assert "standby" in reply["FailedAndUnresolvableNodes"]["node-s"]
+    assert "reliability" in reply["FailedAndUnresolvableNodes"]["node-la"]
+    assert reply["FailedNodes"] == {}
+
+
+def node_object(name: str) -> dict:
+    return {
+        "metadata": {"name": name, "uid": f"uid-{name}", "labels": {"gpu": "h20"}},
+        "spec": {},
+        "status": {"capacity": {"nvidia.com/gpu": "8"}, "allocatable": {"nvidia.com/gpu": "8"}},
+    }
+
+
+async def test_filter_with_full_nodes(server: Server) -> None:
+    items = [node_object(n) for n in NODES]
+    body = (
+        '{"Pod":'
+        + POD_JSON
+        + ',"Nodes":'
+        + json.dumps({"metadata": {}, "items": items})
+        + ',"NodeNames":null}'
+    )
+    status, reply = await server.post_raw("filter", body)
+    assert status == 200
+    assert reply["NodeNames"] is None
+    # The passing nodes come back whole, as they were sent.
+    assert reply["Nodes"]["items"] == [node_object("node-a"), node_object("node-c")]
+
+
+async def test_prioritize_both_modes(server: Server) -> None:
+    names = ["node-a", "node-c"]
+    status, scores = await server.post_raw(
+        "prioritize", '{"Pod":' + POD_JSON + ',"Nodes":null,"NodeNames":' + json.dumps(names) + "}"
+    )
+    assert status == 200
+    assert [s["Host"] for s in scores] == names
+    assert all(isinstance(s["Score"], int) and 0 <= s["Score"] <= 10 for s in scores)
+    by_host = {s["Host"]: s["Score"] for s in scores}
+    assert by_host["node-a"] > by_host["node-c"]  # node-a holds the checkpoint
+    items = {"metadata": {}, "items": [node_object(n) for n in names]}
+    status, again = await server.post_raw(
+        "prioritize", '{"Pod":' + POD_JSON + ',"Nodes":' + json.dumps(items) + ',"NodeNames":null}'
+    )
+    assert status == 200
+    assert again == scores
+
+
+async def test_bind_writes_devices_then_binds(server: Server) -> None:
+    status, reply = await server.post_raw(
+        "bind", '{"PodName":"hp-a","PodNamespace":"default","PodUID":"uid-hp-a","Node":"node-a"}'
+    )
+    assert (status, reply) == (200, {"Error": ""})
+    pod = server.store.get("Pod", "default", "hp-a")
+    assert pod is not None
+    assert pod["spec"]["nodeName"] == "node-a"
+    devices = pod["metadata"]["annotations"][contract.ANN_DEVICES].split(",")
+    assert devices == [builders.device_uuid("node-a", i) for i in range(4)]
+
+
+async def test_bind_to_a_node_without_room_reports_in_error_field(server: Server) -> None:
+    status, reply = await server.post(
+        "bind",
+        {"PodName": "hp-a", "PodNamespace": "default", "PodUID": "uid-hp-a", "Node": "node-b"},
+    )
+    assert status == 200
+    assert "another job" in reply["Error"]
+    assert (server.store.get("Pod", "default", "hp-a") or {})["spec"].get("nodeName") is None
+
+
+async def test_preempt_answers_meta_victims_with_borrowers(server: Server) -> None:
+    # The borrower holds node-a's 8 devices; the high-priority pod needs 4 of them.
+    await server.post(
+        "bind",
+        {
+            "PodName": "borrower",
+            "PodNamespace": "default",
+            "PodUID": "uid-borrower",
+            "Node": "node-a",
+        },
+    )
+    await server.store.settle()
+    body = (
+        '{"Pod":' + POD_JSON + ',"NodeNameToVictims":null,"NodeNameToMetaVictims":'
+        '{"node-a":{"Pods":[{"UID":"uid-borrower"}],"NumPDBViolations":0},'
+        '"node-b":{"Pods":[],"NumPDBViolations":0}}}'
+    )
+    status, reply = await server.post_raw("preempt", body)
+    assert status == 200
+    assert reply == {
+        "NodeNameToMetaVictims": {
+            "node-a": {"Pods": [{"UID": "uid-borrower"}], "NumPDBViolations": 0}
+        }
+    }
+
+
+async def test_preempt_accepts_full_victims_and_still_answers_meta(server: Server) -> None:
+    await server.post(
+        "bind",
+        {
+            "PodName": "borrower",
+            "PodNamespace": "default",
+            "PodUID": "uid-borrower",
+            "Node": "node-a",
+        },
+    )
+    await server.store.settle()
+    victim = server.store.get("Pod", "default", "borrower")
+    body = {
+        "Pod": json.loads(POD_JSON),
+        "NodeNameToVictims": {"node-a": {"Pods": [victim], "NumPDBViolations": 1}},
+        "NodeNameToMetaVictims": None,
+    }
+    status, reply = await server.post("preempt", body)
+    assert status == 200
+    assert reply["NodeNameToMetaVictims"]["node-a"] == {
+        "Pods": [{"UID": "uid-borrower"}],
+        "NumPDBViolations": 1,
+    }
+
+
+async def test_filter_error_field_for_invalid_annotation(server: Server) -> None:
+    pod = json.loads(POD_JSON)
+    pod["metadata"]["annotations"]["tidelease.io/reliability"] = "HIGH"
+    status, reply = await server.post("filter", {"Pod": pod, "Nodes": None, "NodeNames": NODES})
+    assert status == 200
+    assert "tidelease.io/reliability: invalid value 'HIGH'" in reply["Error"]
+
+
+async def test_probes_and_metrics(server: Server) -> None:
+    await server.post("filter", {"Pod": json.loads(POD_JSON), "Nodes": None, "NodeNames": NODES})
+    async with server.session.get(f"{server.url}/healthz") as r:
+        assert r.status == 200
+    async with server.session.get(f"{server.url}/readyz") as r:
+        assert r.status == 200
+    async with server.session.get(f"{server.url}/metrics") as r:
+        text = await r.text()
+    assert 'tidelease_extender_requests_total{outcome="ok",verb="filter"} 1.0' in text
+    assert 'tidelease_extender_request_duration_seconds_count{verb="filter"} 1.0' in text
+    assert 'tidelease_extender_decisions_total{reason="fits",verb="filter"} 2.0' in text
+    server.running.app.draining = True
+    async with server.session.get(f"{server.url}/readyz") as r:
+        assert r.status == 503

@@ -1,0 +1,82 @@
+"""The filter decision over a cluster view: fit, preemption hints, standby kept for last."""
+
+from __future__ import annotations
+
+from common import builders
+from common.model import Priority, Tier
+from common.podrequest import parse_pod
+from extender.filtering import NO_INVENTORY, STANDBY_KEPT, filter_nodes
+from tests.unit.cluster import allocate, cluster, holder
+
+U = builders.device_uuid
+
+
+def test_unknown_nodes_are_unresolvable() -> None:
+    d = filter_nodes(cluster(), parse_pod(builders.pod("p", 1)), ["ghost"])
+    assert d.unresolvable == {"ghost": NO_INVENTORY}
+    assert d.passed == []
+
+
+def test_pod_without_gpus_passes_everywhere() -> None:
+    d = filter_nodes(cluster(), parse_pod(builders.pod("p", 0)), ["a", "b"])
+    assert d.passed == ["a", "b"]
+
+
+def test_high_priority_a_never_lands_on_b_tags() -> None:
+    state = cluster(
+        builders.gpu_node("b-lent", builders.devices("b-lent", 8, owner="b")),
+        builders.gpu_node("a-lent", builders.devices("a-lent", 8, owner="a")),
+    )
+    pod = builders.pod("p", 2, priority=Priority.HIGH, owner="a", pod_priority=100)
+    d = filter_nodes(state, parse_pod(pod), ["b-lent", "a-lent"])
+    assert d.passed == ["a-lent"]
+    assert "another job" in d.unresolvable["b-lent"]
+
+
+def test_low_priority_borrows_tagged_devices() -> None:
+    state = cluster(builders.gpu_node("lent", builders.devices("lent", 8, owner="b")))
+    assert filter_nodes(state, parse_pod(builders.pod("p", 8)), ["lent"]).passed == ["lent"]
+
+
+def test_occupied_by_borrowers_is_resolvable_by_preemption() -> None:
+    state = cluster(builders.gpu_node("n", builders.devices("n", 8, owner="a")))
+    allocate(state, "n", [(holder("borrower"), [U("n", i) for i in range(8)])])
+    owner = builders.pod("o", 4, priority=Priority.HIGH, owner="a", pod_priority=1000)
+    d = filter_nodes(state, parse_pod(owner), ["n"])
+    assert list(d.failed) == ["n"]
+    other = builders.pod("x", 4, priority=Priority.HIGH, owner="x", pod_priority=1000)
+    assert list(filter_nodes(state, parse_pod(other), ["n"]).unresolvable) == ["n"]
+
+
+def test_reclaim_prefers_lent_devices_over_standby() -> None:
+    state = cluster(
+        builders.gpu_node("lent", builders.devices("lent", 4, owner="a")),
+        builders.gpu_node("standby", builders.devices("standby", 4, standby=True)),
+    )
+    allocate(state, "lent", [(holder("borrower"), [U("lent", i) for i in range(4)])])
+    pod = builders.pod(
+        "o", 4, priority=Priority.HIGH, owner="a", reclaim=True, pod_priority=1000, tier=Tier.HA
+    )
+    d = filter_nodes(state, parse_pod(pod), ["lent", "standby"])
+    assert d.passed == []
+    assert list(d.failed) == ["lent"]  # kube-scheduler preempts the borrower there
+    assert d.unresolvable["standby"] == STANDBY_KEPT
+
+
+def test_reclaim_backfills_from_standby_when_lent_devices_cannot_return() -> None:
+    lent = builders.devices("lent", 3, owner="a") + builders.devices(
+        "lent", 1, owner="a", healthy=False, start=3
+    )
+    state = cluster(
+        builders.gpu_node("lent", lent),
+        builders.gpu_node("standby", builders.devices("standby", 4, standby=True)),
+        builders.gpu_node(
+            "standby-ma", builders.devices("standby-ma", 4, standby=True, tier=Tier.MA)
+        ),
+    )
+    pod = builders.pod(
+        "o", 4, priority=Priority.HIGH, owner="a", reclaim=True, pod_priority=1000, tier=Tier.HA
+    )
+    d = filter_nodes(state, parse_pod(pod), ["lent", "standby", "standby-ma"])
+    assert d.passed == ["standby"]
+    assert "below the required reliability tier" in d.unresolvable["standby-ma"]

@@ -1,0 +1,157 @@
+"""The pod-author contract: every annotation, its default, and what an invalid value gets."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from common import builders, contract
+from common.errors import InvalidInput
+from common.model import Priority, Tier
+from common.podrequest import parse_pod
+
+
+def test_defaults_when_no_annotation() -> None:
+    req = parse_pod(builders.pod("p", 2))
+    assert (req.gpus, req.priority, req.min_tier, req.owner, req.gpu_type, req.reclaim) == (
+        2,
+        Priority.LOW,
+        Tier.LA,
+        None,
+        None,
+        False,
+    )
+    assert req.pod_priority == 0
+    assert req.images == frozenset({"registry.example/train:v1"})
+
+
+def test_every_annotation_is_read() -> None:
+    req = parse_pod(
+        builders.pod(
+            "p",
+            4,
+            priority=Priority.HIGH,
+            owner="recsys",
+            tier=Tier.MA,
+            gpu_type="H20",
+            reclaim=True,
+            checkpoint="ck-1",
+            pod_priority=1000,
+        )
+    )
+    assert req.priority is Priority.HIGH
+    assert req.owner == "recsys"
+    assert req.min_tier is Tier.MA
+    assert req.gpu_type == "H20"
+    assert req.reclaim is True
+    assert req.checkpoint == "ck-1"
+    assert req.pod_priority == 1000
+
+
+@pytest.mark.parametrize(
+    ("annotations", "message"),
+    [
+        ({contract.ANN_PRIORITY: "urgent"}, "invalid value 'urgent' (want high or low)"),
+        ({contract.ANN_RELIABILITY: "ha"}, "invalid value 'ha' (want HA or LA or MA)"),
+        ({contract.ANN_RECLAIM: "yes"}, "invalid value 'yes' (want false or true)"),
+        ({contract.ANN_OWNER: "Job_A"}, "invalid job name 'Job_A'"),
+        ({contract.ANN_GPU_TYPE: "H20 SXM"}, "invalid GPU type 'H20 SXM'"),
+        ({contract.ANN_RECLAIM: "true"}, "needs tidelease.io/priority: high"),
+        (
+            {contract.ANN_RECLAIM: "true", contract.ANN_PRIORITY: "high"},
+            "needs tidelease.io/priority: high and an tidelease.io/owner",
+        ),
+    ],
+    ids=[
+        "priority",
+        "tier-case",
+        "reclaim-bool",
+        "owner-name",
+        "gpu-type",
+        "reclaim-low",
+        "reclaim-no-owner",
+    ],
+)
+def test_invalid_annotations_are_named(annotations: dict[str, str], message: str) -> None:
+    with pytest.raises(InvalidInput) as err:
+        parse_pod(builders.pod("p", 1, extra_annotations=annotations))
+    assert any(message in p for p in err.value.problems), err.value.problems
+
+
+def test_all_problems_reported_at_once() -> None:
+    pod = builders.pod(
+        "p", 1, extra_annotations={contract.ANN_PRIORITY: "x", contract.ANN_RELIABILITY: "y"}
+    )
+    with pytest.raises(InvalidInput) as err:
+        parse_pod(pod)
+    assert len(err.value.problems) == 2
+
+
+@pytest.mark.parametrize(
+    ("quantity", "expected"),
+    [("0", 0), ("8", 8), (3, 3)],
+    ids=["zero", "string", "int"],
+)
+def test_gpu_quantities(quantity: Any, expected: int) -> None:
+    pod = builders.pod("p", 1)
+    pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = quantity
+    assert parse_pod(pod).gpus == expected
+
+
+@pytest.mark.parametrize("quantity", ["1.5", "500m", "-1", True, None, [1]], ids=str)
+def test_bad_gpu_quantities(quantity: Any) -> None:
+    pod = builders.pod("p", 1)
+    pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = quantity
+    if quantity is None:  # a limit of null falls back to the request
+        pod["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"] = "x"
+    with pytest.raises(InvalidInput, match="whole number of GPUs"):
+        parse_pod(pod)
+
+
+def test_gpus_sum_over_containers_and_init_containers_take_the_max() -> None:
+    pod = builders.pod("p", 2)
+    pod["spec"]["containers"].append(
+        {"name": "side", "image": "i", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+    )
+    assert parse_pod(pod).gpus == 3
+    pod["spec"]["initContainers"] = [
+        {"name": "init", "image": "i", "resources": {"limits": {"nvidia.com/gpu": "5"}}}
+    ]
+    assert parse_pod(pod).gpus == 5
+
+
+def test_request_without_limit_counts() -> None:
+    pod = builders.pod("p", 0)
+    pod["spec"]["containers"][0]["resources"] = {"requests": {"nvidia.com/gpu": "2"}}
+    assert parse_pod(pod).gpus == 2
+
+
+def test_other_resource_name() -> None:
+    pod = builders.pod("p", 2, resource="example.com/gpu")
+    assert parse_pod(pod).gpus == 0
+    assert parse_pod(pod, resource="example.com/gpu").gpus == 2
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda p: p.__setitem__("metadata", "x"),
+        lambda p: p["metadata"].pop("uid"),
+        lambda p: p["metadata"].__setitem__("annotations", {"a": 1}),
+        lambda p: p["spec"].__setitem__("containers", {}),
+        lambda p: p["spec"].__setitem__("priority", "high"),
+        lambda p: p["spec"]["containers"][0].__setitem__("resources", []),
+    ],
+    ids=["metadata", "uid", "annotation-type", "containers", "priority", "resources"],
+)
+def test_malformed_pods_raise_invalid_input(mutate: Any) -> None:
+    pod = builders.pod("p", 1)
+    mutate(pod)
+    with pytest.raises(InvalidInput):
+        parse_pod(pod)
+
+
+def test_non_object_pod() -> None:
+    with pytest.raises(InvalidInput, match="Pod must be an object"):
+        parse_pod([])

@@ -1,0 +1,113 @@
+"""The preempt verb's choice: only victims that free usable devices, borrowers first."""
+
+from __future__ import annotations
+
+from common import builders
+from common.model import Priority, Tier
+from common.podrequest import parse_pod
+from extender.preemption import Proposal, choose_victims, preempt_nodes, resolvable
+from tests.unit.cluster import allocate, cluster, holder
+
+U = builders.device_uuid
+
+
+def owner_pod(gpus: int, **kw):  # type: ignore[no-untyped-def]
+    return parse_pod(
+        builders.pod("own", gpus, priority=Priority.HIGH, owner="a", pod_priority=1000, **kw)
+    )
+
+
+def test_borrowers_of_the_owners_devices_go_first() -> None:
+    devs = builders.devices("n", 4) + builders.devices("n", 4, owner="a", start=4)
+    state = cluster(builders.gpu_node("n", devs))
+    allocate(
+        state,
+        "n",
+        [
+            (holder("plain", pod_priority=10), [U("n", i) for i in range(4)]),
+            (holder("borrower", pod_priority=50), [U("n", i) for i in range(4, 8)]),
+        ],
+    )
+    node = state.get("n")
+    victims = choose_victims(node.devices, list(node.allocations.values()), owner_pod(4))
+    assert victims is not None
+    assert [v.name for v in victims] == ["borrower"]
+
+
+def test_high_priority_pods_are_never_victims() -> None:
+    state = cluster(builders.gpu_node("n", builders.devices("n", 4)))
+    allocate(
+        state,
+        "n",
+        [(holder("hp", priority=Priority.HIGH, pod_priority=10), [U("n", i) for i in range(4)])],
+    )
+    node = state.get("n")
+    assert choose_victims(node.devices, list(node.allocations.values()), owner_pod(1)) is None
+    assert not resolvable(node.devices, list(node.allocations.values()), owner_pod(1))
+
+
+def test_equal_or_higher_pod_priority_is_never_a_victim() -> None:
+    state = cluster(builders.gpu_node("n", builders.devices("n", 2)))
+    allocate(state, "n", [(holder("same", pod_priority=1000), [U("n", 0), U("n", 1)])])
+    node = state.get("n")
+    assert choose_victims(node.devices, list(node.allocations.values()), owner_pod(1)) is None
+
+
+def test_victims_must_free_devices_the_preemptor_may_use() -> None:
+    devs = builders.devices("n", 2, tier=Tier.LA) + builders.devices("n", 2, start=2)
+    state = cluster(builders.gpu_node("n", devs))
+    allocate(
+        state,
+        "n",
+        [
+            (holder("on-la"), [U("n", 0), U("n", 1)]),
+            (holder("on-ha"), [U("n", 2), U("n", 3)]),
+        ],
+    )
+    node = state.get("n")
+    victims = choose_victims(
+        node.devices, list(node.allocations.values()), owner_pod(2, tier=Tier.HA)
+    )
+    assert [v.name for v in victims or ()] == ["on-ha"]
+
+
+def test_the_fewest_victims_are_kept() -> None:
+    state = cluster(builders.gpu_node("n", builders.devices("n", 8)))
+    allocate(
+        state,
+        "n",
+        [
+            (holder("one", pod_priority=1), [U("n", 0)]),
+            (holder("big", pod_priority=2), [U("n", i) for i in range(1, 5)]),
+            (holder("two", pod_priority=1), [U("n", 5), U("n", 6)]),
+        ],
+    )
+    node = state.get("n")
+    victims = choose_victims(node.devices, list(node.allocations.values()), owner_pod(4))
+    # 'one' and 'two' come first by priority but free only 3 (+1 free = 4): enough.
+    assert sorted(v.name for v in victims or ()) == ["one", "two"]
+
+
+def test_no_victims_needed_when_it_already_fits() -> None:
+    state = cluster(builders.gpu_node("n"))
+    node = state.get("n")
+    assert choose_victims(node.devices, [], owner_pod(2)) == ()
+
+
+def test_preempt_nodes_drops_hopeless_nodes_and_keeps_pdb_counts() -> None:
+    state = cluster(
+        builders.gpu_node("good"),
+        builders.gpu_node("hopeless", builders.devices("hopeless", 8, owner="b")),
+    )
+    allocate(state, "good", [(holder("b1"), [U("good", i) for i in range(8)])])
+    allocate(state, "hopeless", [(holder("b2"), [U("hopeless", i) for i in range(8)])])
+    answer = preempt_nodes(
+        state,
+        owner_pod(8),
+        {
+            "good": Proposal(("uid-b1",), 1),
+            "hopeless": Proposal(("uid-b2",), 0),
+            "unknown": Proposal(("x",), 0),
+        },
+    )
+    assert answer == {"good": Proposal(("uid-b1",), 1)}

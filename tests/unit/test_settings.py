@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from common.errors import InvalidInput
+from extender.settings import load_settings
+
+
+def test_defaults() -> None:
+    s = load_settings(env={})
+    assert (s.port, s.gpu_resource, s.weights.total) == (8888, "nvidia.com/gpu", 10.0)
+
+
+def test_precedence_cli_over_env_over_file(tmp_path: Path) -> None:
+    f = tmp_path / "s.yaml"
+    f.write_text("port: 7000\nreserve_ttl_s: 5\nweights: {cache: 1}\n")
+    env = {"TIDELEASE_EXTENDER_PORT": "7100", "TIDELEASE_EXTENDER_RESERVE_TTL_S": "6"}
+    s = load_settings(file=f, env=env, overrides={"port": 7200})
+    assert s.port == 7200
+    assert s.reserve_ttl_s == 6.0
+    assert s.weights.cache == 1.0
+    assert s.weights.ownership == 3.0
+
+
+def test_every_problem_at_once(tmp_path: Path) -> None:
+    f = tmp_path / "s.yaml"
+    f.write_text("port: 99999\nbogus: 1\nweights: {cache: x, nope: 1}\n")
+    with pytest.raises(InvalidInput) as err:
+        load_settings(file=f, env={"TIDELEASE_EXTENDER_BIND_ATTEMPTS": "many"})
+    text = str(err.value)
+    for fragment in ("bogus", "weight cache", "nope", "bind_attempts"):
+        assert fragment in text
+
+
+def test_validation(tmp_path: Path) -> None:
+    with pytest.raises(InvalidInput) as err:
+        load_settings(
+            env={},
+            overrides={"port": 70000, "gpu_resource": "gpu", "snapshot": tmp_path / "missing.yaml"},
+        )
+    assert len(err.value.problems) == 3
