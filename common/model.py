@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import NewType
+from typing import NamedTuple, NewType
 
 NodeName = NewType("NodeName", str)
 GpuUuid = NewType("GpuUuid", str)
@@ -42,12 +42,12 @@ class Priority(enum.Enum):
     LOW = "low"
 
 
-@dataclass(frozen=True, slots=True)
-class DeviceClass:
+class DeviceClass(NamedTuple):
     """What placement needs to know of a device, apart from its identity.
 
     Devices with the same class are interchangeable for Algorithm 1, which lets a node summarise
-    its devices as counts per class.
+    its devices as counts per class. A NamedTuple, so that hashing and comparing (the hot path of
+    every filter call) run in C.
     """
 
     gpu_type: str
@@ -123,8 +123,7 @@ class PodRequest:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class NodeCache:
+class NodeCache(NamedTuple):
     """What a node holds locally: checkpoints and container images (weflex 3.3)."""
 
     images: frozenset[str] = frozenset()
@@ -137,7 +136,7 @@ class NodeInventory:
 
     node: NodeName
     devices: tuple[Device, ...]
-    cache: NodeCache = NodeCache()
+    cache: NodeCache = field(default_factory=NodeCache)
 
 
 @dataclass(frozen=True, slots=True)

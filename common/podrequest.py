@@ -68,7 +68,9 @@ def _container_gpus(container: object, where: str, resource: str, problems: list
     limits = _obj(res.get("limits"), f"{where}.resources.limits", problems)
     requests = _obj(res.get("requests"), f"{where}.resources.requests", problems)
     # Extended resources must have limits == requests; a limit alone implies the request.
-    raw = limits.get(resource, requests.get(resource))
+    raw = limits.get(resource)
+    if raw is None:
+        raw = requests.get(resource)
     if raw is None:
         return 0
     return _quantity(raw, f"{where}.resources[{resource}]", problems)

@@ -2,15 +2,19 @@
 
 Answers scheduling requests without an API call. Per node it keeps the inventory (``GpuNode``)
 and the allocation ledger (``GpuAllocation``), and derives the free devices as counts per
-:class:`~common.model.DeviceClass`, with a hashable ``signature`` so that nodes in the same state
-share one placement plan per request.
+:class:`~common.model.DeviceClass`.
+
+Nodes in the same state give the same answers, so each state is summarised by small integer keys
+(interned): ``decision_key`` (free devices and who holds the rest: all that filter and preempt
+depend on) and ``score_key`` (free devices and cache contents: all that prioritize depends on).
+A request over 1,250 nodes then decides once per distinct state, not once per node.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +34,7 @@ from common.objects import parse_gpu_allocation, parse_gpu_node, resource_versio
 log = logging.getLogger(__name__)
 
 Signature = tuple[int, tuple[tuple[DeviceClass, int], ...]]
+MEMO_SHAPES = 10_000  # distinct request shapes remembered; each holds one answer per state
 
 
 @dataclass(slots=True)
@@ -44,9 +49,18 @@ class NodeState:
     free: Mapping[DeviceClass, int] = field(default_factory=dict)
     free_total: int = 0  # free healthy devices
     signature: Signature = (0, ())
+    # classes of the devices each allocation holds on this node (unknown UUIDs left out)
+    held_classes: dict[PodUid, tuple[DeviceClass, ...]] = field(default_factory=dict)
+    decision_key: int = 0
+    score_key: int = 0
 
     def _refresh(self) -> None:
         held: set[GpuUuid] = {u for a in self.allocations.values() for u in a.devices}
+        by_uuid = {d.uuid: d.cls for d in self.devices}
+        self.held_classes = {
+            uid: tuple(by_uuid[u] for u in a.devices if u in by_uuid)
+            for uid, a in self.allocations.items()
+        }
         counts = Counter(d.cls for d in self.devices if d.uuid not in held)
         self.free = counts
         self.free_total = sum(n for cls, n in counts.items() if cls.healthy)
@@ -54,6 +68,16 @@ class NodeState:
             len(self.devices),
             tuple(sorted(counts.items(), key=lambda kv: _class_key(kv[0]))),
         )
+
+    def decision_tuple(self) -> Hashable:
+        holders = Counter(
+            (a.holder.priority, a.holder.pod_priority, self.held_classes[uid])
+            for uid, a in self.allocations.items()
+        )
+        return (self.signature, frozenset(holders.items()))
+
+    def score_tuple(self) -> Hashable:
+        return (self.signature, self.cache)
 
     def holder_of(self, uuid: GpuUuid) -> Allocation | None:
         for a in self.allocations.values():
@@ -66,12 +90,51 @@ def _class_key(c: DeviceClass) -> tuple[str, int, bool, str, bool]:
     return (c.gpu_type, int(c.tier), c.healthy, c.owner or "", c.standby)
 
 
+class _Interner:
+    """Small integer ids for hashable keys; forgets keys no node uses any more."""
+
+    def __init__(self) -> None:
+        self._ids: dict[Hashable, int] = {}
+        self._next = 1
+
+    def __call__(self, key: Hashable) -> int:
+        found = self._ids.get(key)
+        if found is None:
+            found = self._ids[key] = self._next
+            self._next += 1
+        return found
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def keep_only(self, live: set[int]) -> None:
+        self._ids = {k: i for k, i in self._ids.items() if i in live}
+
+
 class ClusterState:
     """Node states by name. Single-threaded: used from the event loop only."""
 
     def __init__(self) -> None:
         self._nodes: dict[NodeName, NodeState] = {}
-        self.generation = 0  # bumped on every change; lets callers cache derived answers
+        self._keys = _Interner()
+        self.generation = 0  # bumped on every change
+        # Answers keyed by (state key, request shape), kept across requests: the pods of one
+        # job, and retries of one pod, ask the same question of nodes whose state is unchanged.
+        # Keys of changed states are never reused, so an entry can only be unused, never wrong.
+        # memo[request shape][state key] -> answer
+        self.memo: dict[Hashable, dict[int, Any]] = {}
+
+    def _changed(self, state: NodeState) -> None:
+        state._refresh()
+        state.decision_key = self._keys(("decision", state.decision_tuple()))
+        state.score_key = self._keys(("score", state.score_tuple()))
+        self.generation += 1
+        if len(self._keys) > 4 * len(self._nodes) + 64:
+            live = {k for s in self._nodes.values() for k in (s.decision_key, s.score_key)}
+            self._keys.keep_only(live)
+            self.memo.clear()
+        if len(self.memo) > MEMO_SHAPES:
+            self.memo.clear()
 
     def __len__(self) -> int:
         return len(self._nodes)
@@ -81,6 +144,10 @@ class ClusterState:
 
     def get(self, node: str) -> NodeState | None:
         return self._nodes.get(NodeName(node))
+
+    @property
+    def nodes(self) -> Mapping[NodeName, NodeState]:
+        return self._nodes
 
     def _node(self, node: NodeName) -> NodeState:
         state = self._nodes.get(node)
@@ -92,26 +159,23 @@ class ClusterState:
     def set_inventory(self, inv: NodeInventory) -> None:
         state = self._node(inv.node)
         state.devices, state.cache, state.has_inventory = inv.devices, inv.cache, True
-        state._refresh()
-        self.generation += 1
+        self._changed(state)
 
     def remove_inventory(self, node: NodeName) -> None:
         state = self._nodes.get(node)
         if state is None:
             return
         state.devices, state.cache, state.has_inventory = (), NodeCache(), False
-        state._refresh()
+        self._changed(state)
         if not state.allocations and not state.ledger_version:
             del self._nodes[node]
-        self.generation += 1
 
     # --- ledger ---
     def set_ledger(self, node: NodeName, allocations: tuple[Allocation, ...], version: str) -> None:
         state = self._node(node)
         state.allocations = {a.holder.pod_uid: a for a in allocations}
         state.ledger_version = version
-        state._refresh()
-        self.generation += 1
+        self._changed(state)
 
     def remove_ledger(self, node: NodeName) -> None:
         self.set_ledger(node, (), "")

@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
-from common.model import PodRequest
+from common.model import DeviceClass, PodRequest
 from extender.clusterstate import ClusterState, NodeState, Signature
-from extender.placement import NodePlan, plan_node
-from extender.preemption import may_evict, resolvable
+from extender.placement import NodePlan, Verdict, plan_node
+from extender.preemption import freeable, resolvable_counts
 
 NO_INVENTORY = (
     "tidelease: node has no GPU inventory (no GpuNode object; is the node agent running?)"
@@ -32,27 +32,73 @@ class FilterDecision:
     unresolvable: dict[str, str] = field(default_factory=dict)  # preemption cannot help
 
 
+class _Judge:
+    """Per-request memo: a plan per free-device signature, a preemption hint per signature and
+    freeable devices, a verdict per device class."""
+
+    def __init__(self, req: PodRequest) -> None:
+        self.req = req
+        self.plans: dict[Signature, NodePlan] = {}
+        self.helps: dict[tuple[Signature, frozenset[tuple[DeviceClass, int]]], bool] = {}
+        self.verdicts: dict[DeviceClass, Verdict] = {}
+
+    def __call__(self, state: NodeState) -> tuple[NodePlan, bool]:
+        """The plan on this node, and whether evicting lower-priority pods would make it fit."""
+        req = self.req
+        plan = self.plans.get(state.signature)
+        if plan is None:
+            plan = self.plans[state.signature] = plan_node(state.free, req, self.verdicts)
+        if plan.fits:
+            return plan, False
+        more = freeable(state.allocations.values(), state.held_classes, req)
+        if not more:
+            return plan, False
+        key = (state.signature, more)
+        helps = self.helps.get(key)
+        if helps is None:
+            helps = self.helps[key] = resolvable_counts(state.free, more, req, self.verdicts)
+        return plan, helps
+
+
+def _shape(req: PodRequest) -> tuple[object, ...]:
+    """Everything of a request that filtering depends on (its UID aside, handled apart)."""
+    return (
+        "filter",
+        req.gpus,
+        req.priority.value,
+        req.owner,
+        int(req.min_tier),
+        req.gpu_type,
+        req.reclaim,
+        req.pod_priority,
+    )
+
+
 def _evaluate(
-    nodes: Sequence[tuple[str, NodeState]], req: PodRequest
+    cluster: ClusterState, nodes: Sequence[tuple[str, NodeState]], req: PodRequest
 ) -> tuple[FilterDecision, dict[str, NodePlan]]:
     decision = FilterDecision()
-    cache: dict[Signature, NodePlan] = {}
+    judge = _Judge(req)
+    memo: dict[int, tuple[NodePlan, bool]] = cluster.memo.setdefault(_shape(req), {})
     plans: dict[str, NodePlan] = {}
+    passed, failed, unresolvable = decision.passed, decision.failed, decision.unresolvable
+    uid = req.uid
     for name, state in nodes:
-        plan = cache.get(state.signature)
-        if plan is None:
-            plan = cache[state.signature] = plan_node(state.free, req)
+        judged: tuple[NodePlan, bool] | None
+        if uid in state.allocations:  # the pod's own devices: not a shared answer
+            judged = judge(state)
+        else:
+            judged = memo.get(state.decision_key)
+            if judged is None:
+                judged = memo[state.decision_key] = judge(state)
+        plan, helps = judged
         plans[name] = plan
         if plan.fits:
-            decision.passed.append(name)
-            continue
-        allocations = list(state.allocations.values())
-        if any(may_evict(a.holder, req) for a in allocations) and resolvable(
-            state.devices, allocations, req
-        ):
-            decision.failed[name] = plan.reason
+            passed.append(name)
+        elif helps:
+            failed[name] = plan.reason
         else:
-            decision.unresolvable[name] = plan.reason
+            unresolvable[name] = plan.reason
     return decision, plans
 
 
@@ -61,16 +107,17 @@ def filter_nodes(cluster: ClusterState, req: PodRequest, names: Iterable[str]) -
         return FilterDecision(passed=list(names))
     known: list[tuple[str, NodeState]] = []
     missing: dict[str, str] = {}
+    get = cluster.nodes.get
     for name in names:
-        state = cluster.get(name)
+        state = get(name)  # type: ignore[call-overload]
         if state is None or not state.has_inventory:
             missing[name] = NO_INVENTORY
         else:
             known.append((name, state))
 
-    decision, _ = _evaluate(known, req)
+    decision, _ = _evaluate(cluster, known, req)
     if req.reclaim:
-        without_standby, plans = _evaluate(known, replace(req, reclaim=False))
+        without_standby, plans = _evaluate(cluster, known, replace(req, reclaim=False))
         if without_standby.passed or without_standby.failed:
             # The owner's pod fits, or will after evicting borrowers, without the standby pool.
             decision = without_standby

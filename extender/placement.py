@@ -95,11 +95,16 @@ def _reason(req: PodRequest, best_usable: int, blocked: Counter[Verdict]) -> str
     return f"tidelease: not enough usable GPUs, free ones are {main.value}"
 
 
-def plan_node(free: Mapping[DeviceClass, int], req: PodRequest) -> NodePlan:
+def plan_node(
+    free: Mapping[DeviceClass, int],
+    req: PodRequest,
+    verdicts: dict[DeviceClass, Verdict] | None = None,
+) -> NodePlan:
     """Algorithm 1 over one node's free devices (counts per class).
 
     All devices of a pod come from one GPU type. Among types that fit, the owner prefers the
     type holding its own tagged devices, then the type with the fewest usable devices (packing).
+    ``verdicts`` memoises :func:`verdict` across the nodes of one request.
     """
     if req.gpus <= 0:
         return NodePlan(fits=True)
@@ -109,7 +114,12 @@ def plan_node(free: Mapping[DeviceClass, int], req: PodRequest) -> NodePlan:
     for cls, n in free.items():
         if n <= 0:
             continue
-        v = verdict(cls, req)
+        if verdicts is None:
+            v = verdict(cls, req)
+        else:
+            v = verdicts.get(cls)  # type: ignore[assignment]
+            if v is None:
+                v = verdicts[cls] = verdict(cls, req)
         if v is Verdict.USABLE:
             usable.setdefault(cls.gpu_type, []).append(cls)
         elif v is Verdict.STANDBY:

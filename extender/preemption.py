@@ -13,7 +13,16 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from common.model import Allocation, Device, DeviceClass, GpuUuid, Holder, PodRequest, Priority
+from common.model import (
+    Allocation,
+    Device,
+    DeviceClass,
+    GpuUuid,
+    Holder,
+    PodRequest,
+    PodUid,
+    Priority,
+)
 from extender.clusterstate import ClusterState
 from extender.placement import Verdict, free_counts, plan_node, verdict
 
@@ -97,13 +106,40 @@ def choose_victims(
     return tuple(a.holder for a in chosen)
 
 
+def freeable(
+    allocations: Iterable[Allocation],
+    held_classes: Mapping[PodUid, Sequence[DeviceClass]],
+    req: PodRequest,
+) -> frozenset[tuple[DeviceClass, int]]:
+    """Classes of the devices the preemptor could free by eviction, with their counts."""
+    counts: Counter[DeviceClass] = Counter()
+    for a in allocations:
+        if may_evict(a.holder, req):
+            counts.update(held_classes.get(a.holder.pod_uid, ()))
+    return frozenset(counts.items())
+
+
+def resolvable_counts(
+    free: Mapping[DeviceClass, int],
+    freeable: Iterable[tuple[DeviceClass, int]],
+    req: PodRequest,
+    verdicts: dict[DeviceClass, Verdict] | None = None,
+) -> bool:
+    """Whether the preemptor fits once every evictable pod is gone (filter's hint)."""
+    counts = Counter(free)
+    for cls, n in freeable:
+        counts[cls] += n
+    return plan_node(counts, req, verdicts).fits
+
+
 def resolvable(
     devices: Sequence[Device], allocations: Sequence[Allocation], req: PodRequest
 ) -> bool:
-    """Whether evicting every evictable pod would make the preemptor fit (filter's hint)."""
+    """:func:`resolvable_counts` for a node given as devices and allocations."""
+    by_uuid = {d.uuid: d.cls for d in devices}
+    held = {a.holder.pod_uid: [by_uuid[u] for u in a.devices if u in by_uuid] for a in allocations}
     allocated = [u for a in allocations for u in a.devices]
-    by_uuid, candidates = _candidates(devices, allocations, req)
-    return _fits(free_counts(devices, allocated), candidates, by_uuid, req)
+    return resolvable_counts(free_counts(devices, allocated), freeable(allocations, held, req), req)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,11 +13,12 @@ A score is a weighted sum of four parts, each in [0, 1]:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from common.model import NodeCache, PodRequest, Priority, Tier
-from extender.clusterstate import ClusterState, Signature
+from extender.clusterstate import ClusterState
 from extender.placement import NodePlan, plan_node
 
 
@@ -93,34 +94,44 @@ def score(
     )
     if weights.total <= 0:
         return 0
-    return max(0, min(MAX_SCORE, round(MAX_SCORE * total / weights.total)))
+    # Round half up (not to even): a half-point edge must not vanish on one side only.
+    return max(0, min(MAX_SCORE, math.floor(MAX_SCORE * total / weights.total + 0.5)))
 
 
 def prioritize_nodes(
     cluster: ClusterState, req: PodRequest, names: Iterable[str], weights: ScoreWeights
 ) -> list[tuple[str, int]]:
     """A score for every candidate node; nodes without inventory or room score 0."""
-    plans: dict[Signature, NodePlan] = {}
+    shape = (
+        "score",
+        req.gpus,
+        req.priority.value,
+        req.owner,
+        int(req.min_tier),
+        req.gpu_type,
+        req.reclaim,
+        req.checkpoint,
+        req.images,
+        weights,
+    )
+    memo: dict[int, int] = cluster.memo.setdefault(shape, {})
+    get = cluster.nodes.get
     scores: list[tuple[str, int]] = []
     for name in names:
-        state = cluster.get(name)
+        state = get(name)  # type: ignore[call-overload]
         if state is None or not state.has_inventory or req.gpus == 0:
             scores.append((name, 0))
             continue
-        plan = plans.get(state.signature)
-        if plan is None:
-            plan = plans[state.signature] = plan_node(state.free, req)
-        scores.append(
-            (
-                name,
-                score(
-                    plan,
-                    state.cache,
-                    req,
-                    node_devices=len(state.devices),
-                    node_free=state.free_total,
-                    weights=weights,
-                ),
+        key = state.score_key
+        value = memo.get(key)
+        if value is None:
+            value = memo[key] = score(
+                plan_node(state.free, req),
+                state.cache,
+                req,
+                node_devices=len(state.devices),
+                node_free=state.free_total,
+                weights=weights,
             )
-        )
+        scores.append((name, value))
     return scores

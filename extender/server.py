@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -65,9 +66,10 @@ class ExtenderApp:
             self.metrics.decisions.labels("filter", "invalid-pod").inc()
             return 200, wire.filter_error(f"tidelease: {e}")
         decision = filter_nodes(self.cluster, req, args.node_names)
-        self.metrics.decisions.labels("filter", "fits").inc(len(decision.passed))
-        for reason in (*decision.failed.values(), *decision.unresolvable.values()):
-            self.metrics.decisions.labels("filter", reason).inc()
+        reasons = Counter((*decision.failed.values(), *decision.unresolvable.values()))
+        reasons["fits"] = len(decision.passed)
+        for reason, n in reasons.items():
+            self.metrics.decisions.labels("filter", reason).inc(n)
         return 200, wire.filter_result(
             args, decision.passed, decision.failed, decision.unresolvable
         )

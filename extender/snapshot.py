@@ -22,7 +22,8 @@ _KINDS = {"Pod", contract.KIND_GPU_NODE, contract.KIND_GPU_ALLOCATION}
 
 def objects_from_text(text: str, source: str = "snapshot") -> list[dict[str, Any]]:
     try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+        docs = [d for d in yaml.load_all(text, Loader=loader) if d is not None]
     except yaml.YAMLError as e:
         raise InvalidInput(f"{source}: not YAML or JSON: {e}") from e
     items: list[Any] = []

@@ -56,7 +56,7 @@ def parse_extender_args(body: Mapping[str, Any]) -> ExtenderArgs:
     names = body.get("NodeNames")
     nodes = body.get("Nodes")
     if names is not None:
-        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        if not isinstance(names, list) or not set(map(type, names)) <= {str}:
             raise InvalidInput("NodeNames must be a list of strings")
         return ExtenderArgs(pod, tuple(names), None)
     if nodes is None:
