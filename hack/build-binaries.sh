@@ -1,0 +1,214 @@
+#!/usr/bin/env bash
+# Build the binaries of a local Kubernetes from pinned upstream Go modules and cache them by
+# version outside the checkout: $(tl::cache_dir)/bin/<version>/<name>. Only missing binaries are
+# built, so a warm run does nothing and returns at once.
+set -o errexit -o nounset -o pipefail
+
+source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
+
+GO="${GO:-go}"
+# Niceness of the builds; 19 keeps a 2-core machine usable for other work.
+BUILD_NICE="${BUILD_NICE:-19}"
+# Passed to `go build -p`; empty means Go's default (GOMAXPROCS). Set 1 if memory is short.
+BUILD_PARALLELISM="${BUILD_PARALLELISM:-}"
+# Rebuild even when the binary is already cached.
+FORCE="${FORCE:-false}"
+GOMOD_DIR="${GOMOD_DIR:-${TL_HACK}/gomod}"
+
+usage() {
+  cat <<EOF
+Usage: $(basename "$0") [-f] [-l] [-h] [component...]
+
+Builds the named components (default: all, in this order) into
+  $(tl::cache_dir)/bin/<version>/<name>
+skipping those already there.
+
+Components: ${TL_COMPONENTS[*]}
+Versions:   KUBE_VERSION=${KUBE_VERSION} ETCD_VERSION=${ETCD_VERSION} KWOK_VERSION=${KWOK_VERSION}
+
+Options:
+  -f  rebuild even if cached (same as FORCE=true)
+  -l  only list components and their cached paths (built or not); build nothing
+  -h  this help
+
+Environment: TIDELEASE_CACHE_DIR (cache root), GO, GOTOOLCHAIN (e.g. go1.24.13 if the local
+Go cannot build a component), BUILD_NICE (${BUILD_NICE}), BUILD_PARALLELISM (go build -p).
+EOF
+}
+
+TMP_FILES=()
+LOCK_FD=""
+BUILD_PID=""
+cleanup() {
+  local f
+  if [[ -n "${BUILD_PID}" ]] && kill -0 "${BUILD_PID}" 2>/dev/null; then
+    kill -INT "${BUILD_PID}" 2>/dev/null || true
+    wait "${BUILD_PID}" 2>/dev/null || true
+  fi
+  for f in "${TMP_FILES[@]+"${TMP_FILES[@]}"}"; do
+    rm -f -- "${f}"
+  done
+  if [[ -n "${LOCK_FD}" ]]; then
+    exec {LOCK_FD}>&-
+  fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM HUP
+
+# gomod_of NAME - wrapper module directory and Go package for a component.
+gomod_of() {
+  case "$1" in
+    etcd) printf '%s %s\n' "${GOMOD_DIR}/etcd" "go.etcd.io/etcd/server/v3" ;;
+    kwok) printf '%s %s\n' "${GOMOD_DIR}/kwok" "sigs.k8s.io/kwok/cmd/kwok" ;;
+    *) printf '%s %s\n' "${GOMOD_DIR}/kubernetes" "k8s.io/kubernetes/cmd/$1" ;;
+  esac
+}
+
+# ldflags_of NAME VERSION - linker flags that stamp the real version into the binary.
+ldflags_of() {
+  local name="$1" version="$2" flags=(-s -w) minor key pkg
+  case "${name}" in
+    etcd) ;; # etcd's version is a constant in go.etcd.io/etcd/api/v3/version.
+    kwok) flags+=("-X sigs.k8s.io/kwok/pkg/consts.Version=${version}") ;;
+    *)
+      minor="${version#v1.}"
+      minor="${minor%%.*}"
+      # Same variables as kubernetes' hack/lib/version.sh sets, in both version packages.
+      for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+        for key in "gitVersion=${version}" "gitMajor=1" "gitMinor=${minor}" \
+          "gitTreeState=archive" "buildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)"; do
+          flags+=("-X ${pkg}.${key}")
+        done
+      done
+      ;;
+  esac
+  printf '%s\n' "${flags[*]}"
+}
+
+# version_args NAME - arguments that make a component print its version.
+version_args() {
+  case "$1" in
+    kubectl) printf '%s\n' "version --client" ;;
+    *) printf '%s\n' "--version" ;;
+  esac
+}
+
+# check_pinned DIR MODULE VERSION - the wrapper go.mod must pin what common.sh says.
+check_pinned() {
+  local dir="$1" module="$2" version="$3"
+  [[ -f "${dir}/go.mod" && -f "${dir}/go.sum" ]] ||
+    tl::die "${dir#"${TL_ROOT}/"}: go.mod/go.sum missing; run hack/update-gomod.sh"
+  grep -Eq "^require ${module//./\\.} ${version//./\\.}\$" "${dir}/go.mod" ||
+    tl::die "${dir#"${TL_ROOT}/"}/go.mod does not pin ${module} ${version}; run hack/update-gomod.sh"
+}
+
+# build NAME - build one component into the cache (atomically).
+build() {
+  local name="$1" version dest dir pkg module tmp start ldflags out
+  local -a goflags=(-trimpath -mod=readonly)
+  version="$(tl::component_version "${name}")"
+  dest="$(tl::bin_path "${name}")"
+  read -r dir pkg < <(gomod_of "${name}")
+  case "${name}" in
+    etcd) module=go.etcd.io/etcd/server/v3 ;;
+    kwok) module=sigs.k8s.io/kwok ;;
+    *) module=k8s.io/kubernetes ;;
+  esac
+  check_pinned "${dir}" "${module}" "${version}"
+  ldflags="$(ldflags_of "${name}" "${version}")"
+  [[ -z "${BUILD_PARALLELISM}" ]] || goflags+=(-p "${BUILD_PARALLELISM}")
+
+  mkdir -p "$(dirname "${dest}")"
+  tmp="$(mktemp "${dest}.tmp.XXXXXX")"
+  TMP_FILES+=("${tmp}")
+
+  tl::log "building ${name} ${version} (${pkg})"
+  start="$(tl::now_s)"
+  # In the background so that cleanup can stop it when this script is interrupted.
+  (
+    cd "${dir}"
+    exec env CGO_ENABLED=0 nice -n "${BUILD_NICE}" "${GO}" build "${goflags[@]}" \
+      -ldflags "${ldflags}" -o "${tmp}" "${pkg}"
+  ) &
+  BUILD_PID=$!
+  wait "${BUILD_PID}"
+  BUILD_PID=""
+  chmod 0755 "${tmp}"
+  # shellcheck disable=SC2046 # version_args is meant to split
+  if ! out="$("${tmp}" $(version_args "${name}") 2>&1)"; then
+    tl::die "${name}: '${name} $(version_args "${name}")' fails: ${out}"
+  fi
+  [[ "${out}" == *"${version#v}"* ]] ||
+    tl::die "${name}: '${name} $(version_args "${name}")' does not report ${version}: ${out}"
+  mv -f -- "${tmp}" "${dest}"
+  tl::log "built ${name} ${version} in $(tl::elapsed "${start}")s -> ${dest} ($(head -n1 <<<"${out}"))"
+}
+
+main() {
+  local list=false opt name dest start
+  local -a wanted built=()
+  while getopts ":flh" opt; do
+    case "${opt}" in
+      f) FORCE=true ;;
+      l) list=true ;;
+      h) usage; exit 0 ;;
+      *) usage >&2; exit 2 ;;
+    esac
+  done
+  shift $((OPTIND - 1))
+  if [[ $# -gt 0 ]]; then
+    wanted=("$@")
+  else
+    wanted=("${TL_COMPONENTS[@]}")
+  fi
+  for name in "${wanted[@]}"; do
+    tl::component_version "${name}" >/dev/null # dies on unknown names
+  done
+
+  if [[ "${list}" == true ]]; then
+    for name in "${wanted[@]}"; do
+      dest="$(tl::bin_path "${name}")"
+      if [[ -x "${dest}" ]]; then printf '%-24s %s\n' "${name}" "${dest}"; else printf '%-24s %s (missing)\n' "${name}" "${dest}"; fi
+    done
+    return 0
+  fi
+
+  missing() { [[ "${FORCE}" == true || ! -x "$(tl::bin_path "$1")" ]]; }
+
+  local -a todo=()
+  for name in "${wanted[@]}"; do
+    if missing "${name}"; then todo+=("${name}"); fi
+  done
+  if [[ ${#todo[@]} -eq 0 ]]; then
+    tl::log "all cached: ${wanted[*]} ($(tl::cache_dir)/bin)"
+    return 0
+  fi
+
+  # Early checks, only when there is something to build.
+  tl::require_cmd "${GO}" nice mktemp
+  tl::log "using $("${GO}" version) (GOTOOLCHAIN=$("${GO}" env GOTOOLCHAIN)), cache $(tl::cache_dir)"
+
+  # Serialise concurrent runs (e.g. parallel test sessions); the later one finds the work done.
+  mkdir -p "$(tl::cache_dir)/bin"
+  if command -v flock >/dev/null 2>&1; then
+    exec {LOCK_FD}>"$(tl::cache_dir)/bin/.build.lock"
+    if ! flock -n "${LOCK_FD}"; then
+      tl::log "another build holds $(tl::cache_dir)/bin/.build.lock; waiting"
+      flock "${LOCK_FD}"
+    fi
+  fi
+
+  start="$(tl::now_s)"
+  for name in "${todo[@]}"; do
+    if [[ "${FORCE}" != true && -x "$(tl::bin_path "${name}")" ]]; then
+      tl::log "${name}: built meanwhile by another run"
+      continue
+    fi
+    build "${name}"
+    built+=("${name}")
+  done
+  tl::log "done in $(tl::elapsed "${start}")s; built: ${built[*]:-nothing}"
+}
+
+main "$@"

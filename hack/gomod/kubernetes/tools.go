@@ -1,0 +1,13 @@
+//go:build tools
+
+// Package tools lists the commands hack/build-binaries.sh builds, so that `go mod tidy` keeps
+// their dependencies. It is never compiled.
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kubectl"
+	_ "k8s.io/kubernetes/cmd/kubelet"
+)

@@ -1,0 +1,129 @@
+# shellcheck shell=bash
+# Shared helpers for hack/ scripts. Source it; do not execute it.
+#
+#   source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
+#
+# Everything here is prefixed `tl::` (functions) or is a pinned version (variables).
+
+if [[ -n "${TL_COMMON_SOURCED:-}" ]]; then
+  return 0
+fi
+TL_COMMON_SOURCED=1
+
+# Root of the checkout, derived from this file's location (never hard-coded).
+TL_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd -P)"
+# shellcheck disable=SC2034 # used by the scripts that source this file
+TL_HACK="${TL_ROOT}/hack"
+
+# ---------------------------------------------------------------------------------------------
+# Pinned upstream versions. The wrapper modules under hack/gomod/ pin the same versions; after
+# changing one here, run hack/update-gomod.sh and commit the go.mod/go.sum it writes.
+#
+# KUBE_VERSION: v1.32.13 was the target, but the module proxy reachable from our machines does
+# not serve k8s.io/{kube-scheduler,kube-controller-manager,cri-client,csi-translation-lib,
+# endpointslice,kube-proxy} at any v0.32.x, so kube-scheduler, kube-controller-manager and the
+# kubelet cannot be built at any 1.32 patch. v1.33.13 is the oldest release for which every
+# staging module the binaries need is served (only sample-* are missing, which nothing imports).
+# ---------------------------------------------------------------------------------------------
+KUBE_VERSION="${KUBE_VERSION:-v1.33.13}"
+ETCD_VERSION="${ETCD_VERSION:-v3.5.21}"
+KWOK_VERSION="${KWOK_VERSION:-v0.7.0}"
+
+# Components that hack/build-binaries.sh knows, in build priority order.
+TL_COMPONENTS=(etcd kube-apiserver kubectl kube-scheduler kube-controller-manager kubelet kwok)
+
+# ---------------------------------------------------------------------------------------------
+# Logging (stderr, timestamped).
+# ---------------------------------------------------------------------------------------------
+tl::log() {
+  printf '%s [%s] %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "${TL_LOG_NAME:-$(basename "$0")}" "$*" >&2
+}
+
+tl::warn() {
+  tl::log "WARNING: $*"
+}
+
+tl::die() {
+  tl::log "ERROR: $*"
+  exit 1
+}
+
+# tl::require_cmd CMD... - fail early when a command is missing.
+tl::require_cmd() {
+  local cmd
+  for cmd in "$@"; do
+    command -v "${cmd}" >/dev/null 2>&1 || tl::die "required command not found: ${cmd}"
+  done
+}
+
+# ---------------------------------------------------------------------------------------------
+# Cache layout (outside the checkout).
+# ---------------------------------------------------------------------------------------------
+tl::cache_dir() {
+  printf '%s\n' "${TIDELEASE_CACHE_DIR:-${XDG_CACHE_HOME:-${HOME}/.cache}/tidelease}"
+}
+
+# tl::component_version NAME - the upstream version a component is built at.
+tl::component_version() {
+  case "$1" in
+    etcd) printf '%s\n' "${ETCD_VERSION}" ;;
+    kwok) printf '%s\n' "${KWOK_VERSION}" ;;
+    kube-apiserver | kubectl | kube-scheduler | kube-controller-manager | kubelet)
+      printf '%s\n' "${KUBE_VERSION}"
+      ;;
+    *) tl::die "unknown component: $1 (known: ${TL_COMPONENTS[*]})" ;;
+  esac
+}
+
+# tl::bin_path NAME - where the cached binary for NAME lives: $(cache)/bin/<version>/<name>.
+tl::bin_path() {
+  local version
+  version="$(tl::component_version "$1")" || return 1
+  printf '%s/bin/%s/%s\n' "$(tl::cache_dir)" "${version}" "$1"
+}
+
+# tl::bin NAME - path of a cached binary; fails with a hint when it has not been built.
+tl::bin() {
+  local path
+  path="$(tl::bin_path "$1")" || return 1
+  [[ -x "${path}" ]] || tl::die "$1 not built (${path}); run hack/build-binaries.sh $1"
+  printf '%s\n' "${path}"
+}
+
+# ---------------------------------------------------------------------------------------------
+# Misc.
+# ---------------------------------------------------------------------------------------------
+
+# tl::free_port - print a TCP port on 127.0.0.1 that is free right now.
+tl::free_port() {
+  local python
+  python="$(command -v python3 || command -v python || true)"
+  if [[ -n "${python}" ]]; then
+    "${python}" -c 'import socket
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])
+s.close()'
+    return
+  fi
+  # Fallback without Python: probe random high ports.
+  local port _
+  for _ in $(seq 1 100); do
+    port=$((20000 + RANDOM % 40000))
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/${port}") 2>/dev/null; then
+      printf '%s\n' "${port}"
+      return
+    fi
+  done
+  tl::die "no free port found"
+}
+
+# tl::now_s - seconds since the epoch with a fractional part (for timings).
+tl::now_s() {
+  date +%s.%N
+}
+
+# tl::elapsed START - seconds since START (from tl::now_s), one decimal.
+tl::elapsed() {
+  awk -v s="$1" -v e="$(tl::now_s)" 'BEGIN { printf "%.1f", e - s }'
+}

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it: lint (ruff), types (mypy --strict), then every test,
+# including those that need a real kube-apiserver (built here on first use, then cached).
+#
+# usage: hack/test.sh [pytest args...]
+#   TIDELEASE_SKIP_BUILD=1   do not build the Kubernetes binaries; tests that need them fail
+set -o errexit -o nounset -o pipefail
+
+source "$(dirname "${BASH_SOURCE[0]}")/lib/python.sh"
+
+usage() { sed -n '2,7p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then usage; exit 0; fi
+
+cd "${TL_ROOT}"
+tl::py::ensure
+
+if [[ "${TIDELEASE_SKIP_BUILD:-}" != "1" ]]; then
+  "${TL_HACK}/build-binaries.sh" etcd kube-apiserver
+fi
+
+tl::log "ruff"
+"${TL_VENV}/bin/ruff" check common extender nodeagent tests benchmarks
+"${TL_VENV}/bin/ruff" format --check common extender nodeagent tests benchmarks
+tl::log "mypy --strict"
+"${TL_VENV}/bin/mypy"
+tl::log "pytest"
+exec "${TL_PY}" -m pytest "$@"
