@@ -1,0 +1,74 @@
+"""manifests/ agree with the code: CRD schemas accept what tidelease writes, the scheduler
+configuration names the server's verbs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from common import builders, contract
+from common.model import Allocation, GpuUuid, NodeName, Tier
+from common.objects import gpu_allocation_object
+from extender.demo import demo_objects
+from tests.unit.cluster import holder
+
+MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
+
+
+def load(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def crd_schema(plural: str) -> dict[str, Any]:
+    (crd,) = load(MANIFESTS / "crds" / f"{plural}.yaml")
+    assert crd["spec"]["group"] == contract.GROUP
+    (version,) = crd["spec"]["versions"]
+    assert version["name"] == contract.VERSION
+    return dict(version["schema"]["openAPIV3Schema"])
+
+
+def test_every_manifest_parses_and_kustomizations_list_existing_files() -> None:
+    for path in MANIFESTS.rglob("*.yaml"):
+        docs = load(path)
+        assert docs, path
+        for doc in docs:
+            if doc.get("kind") == "Kustomization":
+                for res in doc.get("resources", []):
+                    assert (path.parent / res).exists(), f"{path}: {res}"
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [o for o in demo_objects() if o["kind"] == contract.KIND_GPU_NODE]
+    + [builders.gpu_node("x", builders.devices("x", 2, tier=Tier.LA, healthy=False))],
+)
+def test_gpu_node_schema_accepts_what_we_write(obj: dict[str, Any]) -> None:
+    jsonschema.validate(obj, crd_schema(contract.PLURAL_GPU_NODE))
+
+
+def test_gpu_allocation_schema_accepts_what_we_write() -> None:
+    obj = gpu_allocation_object(
+        NodeName("n"), [Allocation(holder("p", owner="a"), (GpuUuid("GPU-1"),), "t")], "3"
+    )
+    jsonschema.validate(obj, crd_schema(contract.PLURAL_GPU_ALLOCATION))
+
+
+def test_scheduler_configuration_registers_every_verb() -> None:
+    (cfg,) = load(MANIFESTS / "scheduler" / "kube-scheduler-config.yaml")
+    (ext,) = cfg["extenders"]
+    assert (ext["filterVerb"], ext["prioritizeVerb"], ext["preemptVerb"], ext["bindVerb"]) == (
+        "filter",
+        "prioritize",
+        "preempt",
+        "bind",
+    )
+    assert ext["nodeCacheCapable"] is True
+    assert ext["managedResources"] == [
+        {"name": contract.DEFAULT_GPU_RESOURCE, "ignoredByScheduler": False}
+    ]
+    assert ext["ignorable"] is False
+    assert cfg["percentageOfNodesToScore"] == 100
