@@ -134,29 +134,31 @@ async def test_watch_lists_then_follows(store: KubeStore, api: Api) -> None:
     events: list[tuple[str, str, str]] = []
     synced: set[str] = set()
     stream = store.watch()
+    changed = asyncio.Condition()
 
     async def consume() -> None:
         async for kind, event, obj in stream:
             if event == "SYNCED":
                 synced.add(kind)
-                continue
-            events.append((kind, event, (obj.get("metadata") or {}).get("name", "")))
+            else:
+                events.append((kind, event, (obj.get("metadata") or {}).get("name", "")))
+            async with changed:
+                changed.notify_all()
 
     task = asyncio.create_task(consume())
     try:
         async with asyncio.timeout(20):
-            while synced != {"Pod", "GpuNode", "GpuAllocation"}:
-                await asyncio.sleep(0.05)
+            async with changed:
+                await changed.wait_for(lambda: synced == {"Pod", "GpuNode", "GpuAllocation"})
             assert ("GpuNode", "ADDED", name) in events
             other = node_name()
             await store.write_ledger(other, [], "")
             await api.call(
                 "DELETE", f"/apis/{contract.API_VERSION}/{contract.PLURAL_GPU_NODE}/{name}"
             )
-            while not {("GpuAllocation", "ADDED", other), ("GpuNode", "DELETED", name)} <= set(
-                events
-            ):
-                await asyncio.sleep(0.05)
+            wanted = {("GpuAllocation", "ADDED", other), ("GpuNode", "DELETED", name)}
+            async with changed:
+                await changed.wait_for(lambda: wanted <= set(events))
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
