@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from common.model import DeviceClass, PodRequest
 from extender.clusterstate import ClusterState, NodeState, Signature
-from extender.placement import NodePlan, Verdict, plan_node
+from extender.placement import NodePlan, Verdict, placement_shape, plan_node
 from extender.preemption import freeable, resolvable_counts
 
 NO_INVENTORY = (
@@ -62,16 +62,7 @@ class _Judge:
 
 def _shape(req: PodRequest) -> tuple[object, ...]:
     """Everything of a request that filtering depends on (its UID aside, handled apart)."""
-    return (
-        "filter",
-        req.gpus,
-        req.priority.value,
-        req.owner,
-        int(req.min_tier),
-        req.gpu_type,
-        req.reclaim,
-        req.pod_priority,
-    )
+    return ("filter", *placement_shape(req), req.pod_priority)
 
 
 def _evaluate(

@@ -54,6 +54,11 @@ def verdict(cls: DeviceClass, req: PodRequest) -> Verdict:
     return Verdict.TAGGED_OTHER
 
 
+def placement_shape(req: PodRequest) -> tuple[object, ...]:
+    """Everything of a request that :func:`plan_node` depends on, as a cheap hashable key."""
+    return (req.gpus, req.priority.value, req.owner, int(req.min_tier), req.gpu_type, req.reclaim)
+
+
 def preference(cls: DeviceClass, req: PodRequest) -> tuple[int, int, str]:
     """Order in which a pod takes usable devices of one type (smaller first).
 

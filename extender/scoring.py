@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from common.model import NodeCache, PodRequest, Priority, Tier
 from extender.clusterstate import ClusterState
-from extender.placement import NodePlan, plan_node
+from extender.placement import NodePlan, placement_shape, plan_node
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,18 +102,7 @@ def prioritize_nodes(
     cluster: ClusterState, req: PodRequest, names: Iterable[str], weights: ScoreWeights
 ) -> list[tuple[str, int]]:
     """A score for every candidate node; nodes without inventory or room score 0."""
-    shape = (
-        "score",
-        req.gpus,
-        req.priority.value,
-        req.owner,
-        int(req.min_tier),
-        req.gpu_type,
-        req.reclaim,
-        req.checkpoint,
-        req.images,
-        weights,
-    )
+    shape = ("score", *placement_shape(req), req.checkpoint, req.images, weights)
     memo: dict[int, int] = cluster.memo.setdefault(shape, {})
     get = cluster.nodes.get
     scores: list[tuple[str, int]] = []
