@@ -20,6 +20,7 @@ ANN_CHECKPOINT: Final = f"{PREFIX}/checkpoint"  # checkpoint id the pod loads at
 # --- pod annotations written by tidelease ---
 ANN_DEVICES: Final = f"{PREFIX}/devices"  # comma-separated GPU UUIDs chosen at bind time
 ANN_DEVICE_NODE: Final = f"{PREFIX}/devices-node"  # the node those devices are on
+ANN_DEVICES_ASSIGNED: Final = f"{PREFIX}/devices-assigned"  # set by the device plugin: "true"
 
 # --- custom resources ---
 GROUP: Final = PREFIX
