@@ -1,0 +1,180 @@
+"""A small async client for the Kubernetes API, shared by the extender and the node agent.
+
+Uses ``kubernetes_asyncio`` for configuration, authentication and TLS, and asks it for raw
+responses: objects stay JSON dicts with their API field names, and watches are read line by line
+without model conversion. Status codes map onto tidelease's errors: 404 -> NotFound,
+409 -> Conflict, 429/5xx/network -> Unavailable, other 4xx -> InvalidInput.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from kubernetes_asyncio import client, config
+
+from common.errors import Conflict, InvalidInput, NotFound, Unavailable
+from common.objects import resource_version
+
+log = logging.getLogger(__name__)
+
+WATCH_TIMEOUT_S = 290
+
+
+def api_error(status: int, what: str, body: bytes) -> Exception:
+    try:
+        message = json.loads(body).get("message", "")
+    except (ValueError, AttributeError):
+        message = body[:200].decode(errors="replace")
+    text = f"{what}: HTTP {status}: {message}"
+    if status == 404:
+        return NotFound(text)
+    if status == 409:
+        return Conflict(text)
+    if status == 429 or status >= 500:
+        return Unavailable(text)
+    return InvalidInput(text)
+
+
+class KubeClient:
+    def __init__(self, api: client.ApiClient) -> None:
+        self._api = api
+
+    @classmethod
+    async def connect(cls, kubeconfig: Path | None = None) -> KubeClient:
+        """From a kubeconfig file, or in-cluster when none is given and one is available."""
+        cfg = client.Configuration()
+        if kubeconfig is None:
+            try:
+                config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+                return cls(client.ApiClient(configuration=cfg))
+            except config.ConfigException:
+                pass
+        await config.load_kube_config(
+            config_file=str(kubeconfig) if kubeconfig else None, client_configuration=cfg
+        )
+        return cls(client.ApiClient(configuration=cfg))
+
+    async def close(self) -> None:
+        await self._api.close()
+
+    async def raw(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: dict[str, Any] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        request_timeout: float | None = 30,
+    ) -> aiohttp.ClientResponse:
+        """The response, unread: the caller reads and releases it."""
+        try:
+            resp: aiohttp.ClientResponse = await self._api.call_api(
+                path,
+                method,
+                query_params=list((query or {}).items()),
+                header_params={"Accept": "application/json", "Content-Type": content_type},
+                body=body,
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _return_http_data_only=True,
+                _request_timeout=request_timeout,
+            )
+        except (aiohttp.ClientError, TimeoutError, OSError) as e:
+            raise Unavailable(f"{method} {path}: {e}") from e
+        return resp
+
+    async def json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        """The reply object; raises the mapped error for a non-2xx status."""
+        resp = await self.raw(method, path, **kwargs)
+        try:
+            data = await resp.read()
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise Unavailable(f"{method} {path}: {e}") from e
+        finally:
+            resp.release()
+        if not 200 <= resp.status < 300:
+            raise api_error(resp.status, f"{method} {path}", data)
+        value = json.loads(data)
+        if not isinstance(value, dict):
+            raise Unavailable(f"{method} {path}: reply is not an object")
+        return value
+
+    async def list_watch(
+        self, path: str, query: dict[str, Any] | None = None
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """Every object as ADDED, then ("SYNCED", {}), then every change, until cancelled.
+
+        Relists when the watch expires (objects gone meanwhile come as DELETED); backs off on
+        errors. Bookmarks are followed, not yielded.
+        """
+        known: dict[tuple[str, str], dict[str, Any]] = {}
+        backoff = 0.5
+        while True:
+            try:
+                listed = await self.json("GET", path, query=query)
+                version = resource_version(listed)
+                fresh = {}
+                for item in listed.get("items") or []:
+                    meta = item.get("metadata") or {}
+                    fresh[(meta.get("namespace", ""), meta.get("name", ""))] = item
+                for key, old in known.items():
+                    if key not in fresh:
+                        yield "DELETED", old
+                for item in fresh.values():
+                    yield "ADDED", item
+                known = fresh
+                yield "SYNCED", {}
+                backoff = 0.5
+                while True:
+                    async for event, obj in self._watch_once(path, query, version):
+                        if event == "BOOKMARK":
+                            version = resource_version(obj) or version
+                            continue
+                        version = resource_version(obj) or version
+                        meta = obj.get("metadata") or {}
+                        key = (meta.get("namespace", ""), meta.get("name", ""))
+                        if event == "DELETED":
+                            known.pop(key, None)
+                        else:
+                            known[key] = obj
+                        yield event, obj
+            except (Unavailable, InvalidInput, NotFound, Conflict) as e:
+                log.warning("watch of %s failed, relisting in %.1f s: %s", path, backoff, e)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 30.0)
+
+    async def _watch_once(
+        self, path: str, query: dict[str, Any] | None, version: str
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """One watch request, followed to its end."""
+        params = {
+            **(query or {}),
+            "watch": "true",
+            "resourceVersion": version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": WATCH_TIMEOUT_S,
+        }
+        resp = await self.raw("GET", path, query=params, request_timeout=WATCH_TIMEOUT_S + 30)
+        try:
+            if resp.status != 200:
+                raise api_error(resp.status, f"watch {path}", await resp.read())
+            async for line in resp.content:
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                etype, obj = str(event.get("type")), event.get("object") or {}
+                if etype == "ERROR":
+                    # 410 Gone: our version is too old; relist.
+                    raise Unavailable(f"watch {path}: {obj.get('message', obj)}")
+                yield etype, obj
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise Unavailable(f"watch {path}: {e}") from e
+        finally:
+            resp.release()
