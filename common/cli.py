@@ -42,7 +42,7 @@ def _extender(args: argparse.Namespace) -> int:
             return
         from extender.kubestore import KubeStore
 
-        kube = await KubeStore.connect(settings.kubeconfig)
+        kube = await KubeStore.connect(settings.kubeconfig, settings.agent_namespace)
         try:
             await run_extender(store=kube, settings=settings, stop=stop)
         finally:

@@ -31,5 +31,11 @@ PLURAL_GPU_NODE: Final = "gpunodes"
 KIND_GPU_ALLOCATION: Final = "GpuAllocation"
 PLURAL_GPU_ALLOCATION: Final = "gpuallocations"
 
+# --- the node agent's heartbeat: a coordination.k8s.io Lease per node ---
+AGENT_LEASE_PREFIX: Final = "tidelease-agent-"  # Lease name: tidelease-agent-<node>
+AGENT_LABEL_KEY: Final = "app.kubernetes.io/name"
+AGENT_LABEL_VALUE: Final = "tidelease-agent"
+DEFAULT_AGENT_NAMESPACE: Final = "tidelease-system"
+
 # --- resources ---
 DEFAULT_GPU_RESOURCE: Final = "nvidia.com/gpu"

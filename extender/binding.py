@@ -131,6 +131,8 @@ class Binder:
                 state = self._cluster.get(node)
                 if state is None or not state.has_inventory:
                     raise BindRefused(f"node {node} has no GPU inventory")
+                if state.silent:
+                    raise BindRefused(f"node {node}: agent silent, its GPUs are not offered")
                 existing = state.allocations.get(req.uid)
                 if existing is not None:
                     return existing, True
@@ -257,5 +259,5 @@ class Binder:
             self._metrics.allocated_gpus.set(
                 sum(len(a.devices) for s in self._cluster for a in s.allocations.values())
             )
-            self._metrics.nodes.set(sum(1 for s in self._cluster if s.has_inventory))
+            self._metrics.nodes.set(sum(1 for s in self._cluster if s.offering))
             await asyncio.sleep(self._settings.reap_interval_s)

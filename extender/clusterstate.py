@@ -16,8 +16,10 @@ import logging
 from collections import Counter
 from collections.abc import Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
+from common import contract
 from common.errors import InvalidInput
 from common.model import (
     Allocation,
@@ -43,6 +45,8 @@ class NodeState:
     devices: tuple[Device, ...] = ()
     cache: NodeCache = field(default_factory=NodeCache)
     has_inventory: bool = False
+    heartbeat: float | None = None  # last renewal of the node agent's Lease (epoch seconds)
+    silent: bool = False  # the agent has not renewed its Lease within the timeout
     allocations: dict[PodUid, Allocation] = field(default_factory=dict)
     ledger_version: str = ""
     # derived, refreshed by _refresh()
@@ -68,6 +72,11 @@ class NodeState:
             len(self.devices),
             tuple(sorted(counts.items(), key=lambda kv: _class_key(kv[0]))),
         )
+
+    @property
+    def offering(self) -> bool:
+        """Whether this node's devices are offered at all."""
+        return self.has_inventory and not self.silent
 
     def decision_tuple(self) -> Hashable:
         holders = Counter(
@@ -193,6 +202,44 @@ class ClusterState:
             log.error("ignoring invalid GpuNode %s: %s", name, e)
             self.remove_inventory(name)
 
+    def apply_lease(self, event: str, obj: Mapping[str, Any]) -> None:
+        """A node agent's heartbeat Lease (``tidelease-agent-<node>``)."""
+        spec = obj.get("spec") or {}
+        name = str((obj.get("metadata") or {}).get("name", ""))
+        node = NodeName(
+            str(spec.get("holderIdentity") or name.removeprefix(contract.AGENT_LEASE_PREFIX))
+        )
+        if event == "DELETED":
+            state = self._nodes.get(node)
+            if state is not None:
+                state.heartbeat = None
+                self._set_silent(state, False)
+            return
+        renewed = _epoch(spec.get("renewTime"))
+        if renewed is not None:
+            self._node(node).heartbeat = renewed
+
+    def sweep(self, now: float, timeout_s: float) -> list[NodeName]:
+        """Mark nodes whose agent is silent for longer than ``timeout_s``; the nodes that
+        changed. Nodes without a Lease are not judged."""
+        changed = []
+        for state in self._nodes.values():
+            silent = state.heartbeat is not None and now - state.heartbeat > timeout_s
+            if silent != state.silent:
+                self._set_silent(state, silent)
+                changed.append(state.node)
+        return changed
+
+    def _set_silent(self, state: NodeState, silent: bool) -> None:
+        if state.silent != silent:
+            state.silent = silent
+            log.warning(
+                "node %s: agent %s",
+                state.node,
+                "silent, its GPUs are no longer offered" if silent else "back",
+            )
+            self._changed(state)
+
     def apply_gpu_allocation(self, event: str, obj: Mapping[str, Any]) -> None:
         name = NodeName(str((obj.get("metadata") or {}).get("name", "")))
         if event == "DELETED":
@@ -208,6 +255,15 @@ class ClusterState:
         if current is not None and _older(version, current.ledger_version):
             return  # our own write, applied already, is newer than this event
         self.set_ledger(node, allocations, version)
+
+
+def _epoch(value: object) -> float | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        return None
 
 
 def _older(version: str, than: str) -> bool:

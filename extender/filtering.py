@@ -17,6 +17,7 @@ from extender.clusterstate import ClusterState, NodeState, Signature
 from extender.placement import NodePlan, Verdict, placement_shape, plan_node
 from extender.preemption import freeable, resolvable_counts
 
+AGENT_SILENT = "tidelease: node agent silent for too long; its GPUs are not offered"
 NO_INVENTORY = (
     "tidelease: node has no GPU inventory (no GpuNode object; is the node agent running?)"
 )
@@ -103,6 +104,8 @@ def filter_nodes(cluster: ClusterState, req: PodRequest, names: Iterable[str]) -
         state = get(name)  # type: ignore[call-overload]
         if state is None or not state.has_inventory:
             missing[name] = NO_INVENTORY
+        elif state.silent:
+            missing[name] = AGENT_SILENT
         else:
             known.append((name, state))
 

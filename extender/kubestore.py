@@ -23,12 +23,25 @@ _LIST_PATHS: dict[Kind, str] = {
 
 
 class KubeStore:
-    def __init__(self, kube: KubeClient) -> None:
+    def __init__(
+        self, kube: KubeClient, agent_namespace: str = contract.DEFAULT_AGENT_NAMESPACE
+    ) -> None:
         self._kube = kube
+        self._watches: dict[Kind, tuple[str, dict[str, Any] | None]] = {
+            kind: (path, None) for kind, path in _LIST_PATHS.items()
+        }
+        self._watches["Lease"] = (
+            f"/apis/coordination.k8s.io/v1/namespaces/{agent_namespace}/leases",
+            {"labelSelector": f"{contract.AGENT_LABEL_KEY}={contract.AGENT_LABEL_VALUE}"},
+        )
 
     @classmethod
-    async def connect(cls, kubeconfig: Path | None = None) -> KubeStore:
-        return cls(await KubeClient.connect(kubeconfig))
+    async def connect(
+        cls,
+        kubeconfig: Path | None = None,
+        agent_namespace: str = contract.DEFAULT_AGENT_NAMESPACE,
+    ) -> KubeStore:
+        return cls(await KubeClient.connect(kubeconfig), agent_namespace)
 
     async def close(self) -> None:
         await self._kube.close()
@@ -83,14 +96,14 @@ class KubeStore:
     async def watch(self) -> AsyncIterator[WatchEvent]:
         queue: asyncio.Queue[WatchEvent] = asyncio.Queue(maxsize=10_000)
 
-        async def pump(kind: Kind, path: str) -> None:
-            async for event, obj in self._kube.list_watch(path):
+        async def pump(kind: Kind, path: str, query: dict[str, Any] | None) -> None:
+            async for event, obj in self._kube.list_watch(path, query):
                 etype: EventType = event  # type: ignore[assignment]
                 await queue.put((kind, etype, obj))
 
         tasks = [
-            asyncio.create_task(pump(kind, path), name=f"watch-{kind}")
-            for kind, path in _LIST_PATHS.items()
+            asyncio.create_task(pump(kind, path, query), name=f"watch-{kind}")
+            for kind, (path, query) in self._watches.items()
         ]
         try:
             while True:

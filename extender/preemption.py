@@ -161,7 +161,7 @@ def preempt_nodes(
     answer: dict[str, Proposal] = {}
     for name, proposal in proposals.items():
         state = cluster.get(name)
-        if state is None or not state.has_inventory:
+        if state is None or not state.offering:
             continue
         victims = choose_victims(state.devices, list(state.allocations.values()), req)
         if victims is None:

@@ -16,7 +16,7 @@ from extender.metrics import ExtenderMetrics
 from extender.server import ExtenderApp
 from extender.settings import ExtenderSettings
 from extender.store import Store
-from extender.watching import PodCache, run_watch
+from extender.watching import PodCache, run_liveness, run_watch
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,10 @@ async def serve(
             name="watch",
         ),
         asyncio.create_task(app.binder.run_reaper(ready=synced), name="reaper"),
+        asyncio.create_task(
+            run_liveness(cluster=app.cluster, timeout_s=settings.agent_timeout_s),
+            name="liveness",
+        ),
     )
     runner = web.AppRunner(app.web_app(), access_log=None)
     try:

@@ -108,7 +108,7 @@ def prioritize_nodes(
     scores: list[tuple[str, int]] = []
     for name in names:
         state = get(name)  # type: ignore[call-overload]
-        if state is None or not state.has_inventory or req.gpus == 0:
+        if state is None or not state.offering or req.gpus == 0:
             scores.append((name, 0))
             continue
         key = state.score_key

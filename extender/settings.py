@@ -31,6 +31,9 @@ class ExtenderSettings:
     # An allocation whose pod is not (yet) in the cache is kept this long (watch lag).
     missing_grace_s: float = 30.0
     reap_interval_s: float = 10.0
+    # A node whose agent has not renewed its Lease for this long offers no devices.
+    agent_timeout_s: float = 60.0
+    agent_namespace: str = contract.DEFAULT_AGENT_NAMESPACE
     snapshot: Path | None = None
     kubeconfig: Path | None = None
 
@@ -46,7 +49,7 @@ class ExtenderSettings:
             problems.append("score weights must be non-negative and not all zero")
         if self.bind_attempts < 1:
             problems.append("bind_attempts must be at least 1")
-        for name in ("reserve_ttl_s", "missing_grace_s", "reap_interval_s"):
+        for name in ("reserve_ttl_s", "missing_grace_s", "reap_interval_s", "agent_timeout_s"):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be positive")
         if self.snapshot is not None and not self.snapshot.is_file():
@@ -62,6 +65,8 @@ _FIELD_TYPES: dict[str, type] = {
     "reserve_ttl_s": float,
     "missing_grace_s": float,
     "reap_interval_s": float,
+    "agent_timeout_s": float,
+    "agent_namespace": str,
     "snapshot": Path,
     "kubeconfig": Path,
 }

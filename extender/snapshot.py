@@ -17,7 +17,7 @@ from common.errors import InvalidInput
 from common.objects import parse_gpu_allocation, parse_gpu_node
 from extender.store import MemoryStore
 
-_KINDS = {"Pod", contract.KIND_GPU_NODE, contract.KIND_GPU_ALLOCATION}
+_KINDS = {"Pod", contract.KIND_GPU_NODE, contract.KIND_GPU_ALLOCATION, "Lease"}
 
 
 def objects_from_text(text: str, source: str = "snapshot") -> list[dict[str, Any]]:

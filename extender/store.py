@@ -20,7 +20,7 @@ from common.errors import Conflict, InvalidInput, NotFound
 from common.model import Allocation, NodeName
 from common.objects import allocation_spec, parse_gpu_allocation, resource_version
 
-Kind = Literal["Pod", "GpuNode", "GpuAllocation"]
+Kind = Literal["Pod", "GpuNode", "GpuAllocation", "Lease"]
 EventType = Literal["ADDED", "MODIFIED", "DELETED", "SYNCED"]
 """SYNCED (with an empty object) follows the initial ADDED events of each kind."""
 WatchEvent = tuple[Kind, EventType, dict[str, Any]]
@@ -68,6 +68,7 @@ class MemoryStore:
             "Pod": {},
             "GpuNode": {},
             "GpuAllocation": {},
+            "Lease": {},
         }
         self._rv = itertools.count(1)
         self._subscribers: list[asyncio.Queue[WatchEvent]] = []
@@ -79,7 +80,9 @@ class MemoryStore:
     def put(self, obj: dict[str, Any]) -> dict[str, Any]:
         kind = obj.get("kind")
         if kind not in self._objects:
-            raise InvalidInput(f"unsupported kind {kind!r} (want Pod, GpuNode or GpuAllocation)")
+            raise InvalidInput(
+                f"unsupported kind {kind!r} (want Pod, GpuNode, GpuAllocation or Lease)"
+            )
         obj = copy.deepcopy(obj)
         obj.setdefault("metadata", {})["resourceVersion"] = str(next(self._rv))
         table = self._objects[kind]

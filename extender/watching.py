@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +17,7 @@ from extender.store import Kind, Store
 
 log = logging.getLogger(__name__)
 
-_KINDS: tuple[Kind, ...] = ("Pod", "GpuNode", "GpuAllocation")
+_KINDS: tuple[Kind, ...] = ("Pod", "GpuNode", "GpuAllocation", "Lease")
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 
@@ -95,3 +96,18 @@ async def run_watch(
             cluster.apply_gpu_node(event, obj)
         elif kind == "GpuAllocation":
             cluster.apply_gpu_allocation(event, obj)
+        elif kind == "Lease":
+            cluster.apply_lease(event, obj)
+
+
+async def run_liveness(
+    *,
+    cluster: ClusterState,
+    timeout_s: float,
+    interval_s: float = 5.0,
+    clock: Callable[[], float] = time.time,
+) -> None:
+    """Stop offering the devices of nodes whose agent went silent, until cancelled."""
+    while True:
+        cluster.sweep(clock(), timeout_s)
+        await asyncio.sleep(interval_s)

@@ -149,7 +149,9 @@ async def test_watch_lists_then_follows(store: KubeStore, api: Api) -> None:
     try:
         async with asyncio.timeout(20):
             async with changed:
-                await changed.wait_for(lambda: synced == {"Pod", "GpuNode", "GpuAllocation"})
+                await changed.wait_for(
+                    lambda: synced == {"Pod", "GpuNode", "GpuAllocation", "Lease"}
+                )
             assert ("GpuNode", "ADDED", name) in events
             other = node_name()
             await store.write_ledger(other, [], "")

@@ -80,3 +80,33 @@ def test_reclaim_backfills_from_standby_when_lent_devices_cannot_return() -> Non
     d = filter_nodes(state, parse_pod(pod), ["lent", "standby", "standby-ma"])
     assert d.passed == ["standby"]
     assert "below the required reliability tier" in d.unresolvable["standby-ma"]
+
+
+def lease(node: str, renewed: str) -> dict:
+    return {
+        "metadata": {"name": f"tidelease-agent-{node}", "namespace": "tidelease-system"},
+        "spec": {"holderIdentity": node, "renewTime": renewed, "leaseDurationSeconds": 60},
+    }
+
+
+def test_silent_agent_node_is_not_offered_until_it_renews() -> None:
+    from datetime import datetime
+
+    from extender.filtering import AGENT_SILENT
+
+    state = cluster(builders.gpu_node("a"), builders.gpu_node("b"))
+    t0 = datetime.fromisoformat("2026-11-21T10:00:00.000000Z").timestamp()
+    state.apply_lease("ADDED", lease("a", "2026-11-21T10:00:00.000000Z"))
+    pod = parse_pod(builders.pod("p", 1))
+    assert state.sweep(t0 + 60, 60) == []  # exactly the timeout: still fine
+    assert filter_nodes(state, pod, ["a", "b"]).passed == ["a", "b"]
+    assert state.sweep(t0 + 61, 60) == ["a"]
+    d = filter_nodes(state, pod, ["a", "b"])
+    assert d.passed == ["b"]  # b has no Lease: not judged
+    assert d.unresolvable == {"a": AGENT_SILENT}
+    state.apply_lease("MODIFIED", lease("a", "2026-11-21T10:01:05.000000Z"))
+    assert state.sweep(t0 + 66, 60) == ["a"]
+    assert filter_nodes(state, pod, ["a", "b"]).passed == ["a", "b"]
+    state.sweep(t0 + 1000, 60)
+    state.apply_lease("DELETED", lease("a", "2026-11-21T10:01:05.000000Z"))
+    assert filter_nodes(state, pod, ["a"]).passed == ["a"]
