@@ -52,6 +52,65 @@ def _extender(args: argparse.Namespace) -> int:
     return 0
 
 
+def _agent(args: argparse.Namespace) -> int:
+    import os
+
+    from common.kubeclient import KubeClient
+    from nodeagent.agent import AgentSettings, run_agent
+    from nodeagent.health import HealthSettings
+    from nodeagent.nvml import GpuReader, NvmlReader, open_reader
+    from nodeagent.publishing import KubePublisher
+
+    node = args.node or os.environ.get("NODE_NAME", "")
+    problems = []
+    if not node:
+        problems.append("--node (or NODE_NAME) is required")
+    try:
+        ignored = frozenset(int(x) for x in args.ignored_xids.split(",") if x.strip())
+    except ValueError:
+        problems.append(f"--ignored-xids: want comma-separated integers, got {args.ignored_xids!r}")
+        ignored = frozenset()
+    if args.quiet_period <= 0 or args.cycle <= 0:
+        problems.append("--quiet-period and --cycle must be positive")
+    if problems:
+        raise InvalidInput(problems)
+    settings = AgentSettings(
+        node=node,
+        health=HealthSettings(ignored_xids=ignored, quiet_period_s=args.quiet_period),
+        cycle_s=args.cycle,
+    )
+    reader: GpuReader
+    if args.backend == "fake":
+        from nodeagent.nvmlfake import FakeNvml, full_gpu
+
+        reader = NvmlReader(FakeNvml([full_gpu(i) for i in range(args.fake_gpus)]))
+    else:
+        reader = open_reader(args.backend)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        kube = await KubeClient.connect(args.kubeconfig)
+        publisher = KubePublisher(kube, node=node, namespace=args.namespace)
+        task = asyncio.create_task(run_agent(reader=reader, publisher=publisher, settings=settings))
+        try:
+            await asyncio.wait(
+                [task, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED
+            )
+            if task.done():
+                task.result()
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await kube.close()
+            reader.close()
+
+    asyncio.run(main())
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     from extender.demo import run_demo
 
@@ -90,6 +149,33 @@ def parser() -> argparse.ArgumentParser:
         help="offline mode: serve the objects of this YAML/JSON List instead of an API server",
     )
     ext.set_defaults(run=_extender)
+
+    agent = sub.add_parser("agent", help="run the node agent (DaemonSet on GPU nodes)")
+    agent.add_argument("--node", help="this node's name (default: $NODE_NAME)")
+    agent.add_argument(
+        "--backend",
+        choices=["nvml", "null", "fake"],
+        default="nvml",
+        help="nvml: the driver (no GPUs if it is missing); null: no GPUs; fake: simulated GPUs",
+    )
+    agent.add_argument("--fake-gpus", type=int, default=8, help="GPUs of the fake backend")
+    agent.add_argument("--kubeconfig", type=Path, help="kubeconfig (default: in-cluster)")
+    agent.add_argument(
+        "--namespace", default="tidelease-system", help="namespace of the heartbeat Lease"
+    )
+    agent.add_argument(
+        "--ignored-xids",
+        default="13,31,43,45,68,109",
+        help="application XIDs that do not mark a device unhealthy (79 always does)",
+    )
+    agent.add_argument(
+        "--quiet-period",
+        type=float,
+        default=300.0,
+        help="seconds without faults before a device is healthy again",
+    )
+    agent.add_argument("--cycle", type=float, default=5.0, help="seconds between readings")
+    agent.set_defaults(run=_agent)
 
     demo = sub.add_parser("demo", help="serve a built-in cluster and replay a day of tides")
     demo.set_defaults(run=_demo)

@@ -104,10 +104,11 @@ async def run_liveness(
     *,
     cluster: ClusterState,
     timeout_s: float,
-    interval_s: float = 5.0,
     clock: Callable[[], float] = time.time,
 ) -> None:
-    """Stop offering the devices of nodes whose agent went silent, until cancelled."""
+    """Stop offering the devices of nodes whose agent went silent, until cancelled. Checks
+    every 5 s, or a quarter of the timeout if that is shorter."""
+    interval_s = min(5.0, timeout_s / 4)
     while True:
         cluster.sweep(clock(), timeout_s)
         await asyncio.sleep(interval_s)
