@@ -240,8 +240,8 @@ class Demo:
         say("\nSummary")
         say(
             f"  recsys lent {len(lent_set)} GPUs; {self.report.returned} of the same GPUs came "
-            f"back, {self.report.backfilled} came from the standby pool "
-            f"(same type and tier) for the {len(lent_set) - self.report.returned} that could not"
+            f"back, {self.report.backfilled} came from the standby pool (same type and tier) "
+            f"for the pod whose lent GPUs could not all return (one failed)"
         )
         return self.report
 
