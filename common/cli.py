@@ -57,6 +57,10 @@ def _agent(args: argparse.Namespace) -> int:
 
     from common.kubeclient import KubeClient
     from nodeagent.agent import AgentSettings, run_agent
+    from nodeagent.deviceplugin.devices import InMemoryDeviceSource
+    from nodeagent.deviceplugin.plugin import run_device_plugin
+    from nodeagent.deviceplugin.pods import KubePodLookup
+    from nodeagent.deviceplugin.settings import DevicePluginSettings
     from nodeagent.health import HealthSettings
     from nodeagent.nvml import GpuReader, NvmlReader, open_reader
     from nodeagent.publishing import KubePublisher
@@ -87,6 +91,12 @@ def _agent(args: argparse.Namespace) -> int:
     else:
         reader = open_reader(args.backend)
 
+    plugin_settings = DevicePluginSettings(node_name=node, plugin_dir=args.device_plugin_dir)
+    if not args.no_device_plugin:
+        plugin_problems = plugin_settings.validate()
+        if plugin_problems:
+            raise InvalidInput(plugin_problems)
+
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -94,16 +104,32 @@ def _agent(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, stop.set)
         kube = await KubeClient.connect(args.kubeconfig)
         publisher = KubePublisher(kube, node=node, namespace=args.namespace)
-        task = asyncio.create_task(run_agent(reader=reader, publisher=publisher, settings=settings))
+        source = InMemoryDeviceSource()
+        tasks = [
+            asyncio.create_task(
+                run_agent(
+                    reader=reader, publisher=publisher, settings=settings, on_change=source.set
+                )
+            )
+        ]
+        if not args.no_device_plugin:
+            lookup = KubePodLookup(kube, timeout_s=plugin_settings.api_timeout_s)
+            tasks.append(
+                asyncio.create_task(
+                    run_device_plugin(source=source, lookup=lookup, settings=plugin_settings)
+                )
+            )
         try:
             await asyncio.wait(
-                [task, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED
+                [*tasks, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED
             )
-            if task.done():
-                task.result()
+            for task in tasks:
+                if task.done():
+                    task.result()
         finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             await kube.close()
             reader.close()
 
@@ -175,6 +201,17 @@ def parser() -> argparse.ArgumentParser:
         help="seconds without faults before a device is healthy again",
     )
     agent.add_argument("--cycle", type=float, default=5.0, help="seconds between readings")
+    agent.add_argument(
+        "--device-plugin-dir",
+        type=Path,
+        default=Path("/var/lib/kubelet/device-plugins"),
+        help="the kubelet's device-plugin directory",
+    )
+    agent.add_argument(
+        "--no-device-plugin",
+        action="store_true",
+        help="do not serve the kubelet device plugin (nodes without a kubelet, e.g. kwok)",
+    )
     agent.set_defaults(run=_agent)
 
     demo = sub.add_parser("demo", help="serve a built-in cluster and replay a day of tides")

@@ -23,8 +23,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from common.errors import InvalidInput, TideleaseError
-from common.model import Tier
+from common.model import GpuUuid, Health, Tier
 from nodeagent.availability import History, TierSettings, assessment_due
+from nodeagent.deviceplugin.devices import PluginDevice
 from nodeagent.health import DeviceHealth, HealthSettings, HealthTracker
 from nodeagent.nvml import GpuInfo, GpuReader, Sample, XidEvent
 from nodeagent.publishing import Publisher
@@ -42,6 +43,22 @@ def gpu_type(nvml_name: str) -> str:
     """
     name = re.sub(r"^NVIDIA\s+", "", nvml_name.strip())
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", name)[:63] or "unknown"
+
+
+def plugin_devices(
+    infos: list[GpuInfo], health: dict[str, DeviceHealth]
+) -> tuple[PluginDevice, ...]:
+    """What the device plugin advertises: every GPU, healthy only when its health is Healthy
+    (an Unknown device is not handed to new containers either)."""
+    return tuple(
+        PluginDevice(
+            uuid=GpuUuid(i.uuid),
+            index=i.index,
+            healthy=health.get(i.uuid, DeviceHealth(Health.UNKNOWN)).health is Health.HEALTHY,
+            paths=(f"/dev/nvidia{i.minor}",),
+        )
+        for i in infos
+    )
 
 
 def _rfc3339(t: float) -> str:
@@ -182,7 +199,7 @@ async def run_agent(
     publisher: Publisher,
     settings: AgentSettings,
     clock: Clock = time.time,
-    on_change: Callable[[dict[str, DeviceHealth]], None] | None = None,
+    on_change: Callable[[tuple[PluginDevice, ...]], object] | None = None,
     ready: asyncio.Event | None = None,
 ) -> None:
     """Watch the node's GPUs and publish what is seen, until cancelled."""
@@ -206,7 +223,7 @@ async def run_agent(
     async def publish(now: float) -> None:
         await publisher.publish(view.status(now))
         if on_change is not None:
-            on_change(view.health())
+            on_change(plugin_devices(infos, view.health()))
 
     pump = asyncio.create_task(_event_pump(reader, settings.event_wait_ms, events_arrived))
     heartbeat = asyncio.create_task(_heartbeats(publisher, settings, clock))

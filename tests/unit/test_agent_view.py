@@ -96,3 +96,20 @@ def test_events_for_a_lost_gpu_and_no_change_when_ignored() -> None:
     fake.gpu(0).lost = True
     assert cycle(v, reader, 2)
     assert v.health()[fake.gpu(0).uuid].health is Health.UNHEALTHY
+
+
+def test_plugin_devices_follow_health() -> None:
+    from nodeagent.agent import plugin_devices
+
+    v, fake, reader = view()
+    cycle(v, reader, 0)
+    devices = plugin_devices(v.infos, v.health())
+    assert [(d.uuid, d.healthy) for d in devices] == [
+        (fake.gpu(0).uuid, True),
+        (fake.gpu(1).uuid, True),
+    ]
+    assert devices[0].paths == ("/dev/nvidia0",)
+    fake.gpu(1).lost = True
+    cycle(v, reader, 1)
+    assert [d.healthy for d in plugin_devices(v.infos, v.health())] == [True, False]
+    assert plugin_devices(v.infos, {})[0].healthy is False  # never read: not handed out
