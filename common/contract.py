@@ -21,6 +21,7 @@ ANN_CHECKPOINT: Final = f"{PREFIX}/checkpoint"  # checkpoint id the pod loads at
 ANN_DEVICES: Final = f"{PREFIX}/devices"  # comma-separated GPU UUIDs chosen at bind time
 ANN_DEVICE_NODE: Final = f"{PREFIX}/devices-node"  # the node those devices are on
 ANN_DEVICES_ASSIGNED: Final = f"{PREFIX}/devices-assigned"  # set by the device plugin: "true"
+ANN_RECLAIM_NOTICE: Final = f"{PREFIX}/reclaim-notice"  # on a borrower: evicted after this time
 
 # --- custom resources ---
 GROUP: Final = PREFIX
@@ -30,6 +31,8 @@ KIND_GPU_NODE: Final = "GpuNode"
 PLURAL_GPU_NODE: Final = "gpunodes"
 KIND_GPU_ALLOCATION: Final = "GpuAllocation"
 PLURAL_GPU_ALLOCATION: Final = "gpuallocations"
+KIND_GPU_LEASE: Final = "GpuLease"
+PLURAL_GPU_LEASE: Final = "gpuleases"
 
 # --- the node agent's heartbeat: a coordination.k8s.io Lease per node ---
 AGENT_LEASE_PREFIX: Final = "tidelease-agent-"  # Lease name: tidelease-agent-<node>

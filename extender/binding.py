@@ -119,7 +119,7 @@ class Binder:
             raw = await self._store.get_pod(namespace, name)
         if raw is None:
             raise NotFound(f"pod {namespace}/{name} not found")
-        req = parse_pod(raw, resource=self._settings.gpu_resource)
+        req = self._cluster.with_reclaim(parse_pod(raw, resource=self._settings.gpu_resource))
         if req.uid != uid:
             raise NotFound(f"pod {namespace}/{name} has UID {req.uid}, not {uid}")
         return req, str((raw.get("spec") or {}).get("nodeName") or "")

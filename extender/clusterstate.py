@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Hashable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -29,7 +29,9 @@ from common.model import (
     NodeCache,
     NodeInventory,
     NodeName,
+    PodRequest,
     PodUid,
+    Priority,
 )
 from common.objects import parse_gpu_allocation, parse_gpu_node, resource_version
 
@@ -132,6 +134,9 @@ class ClusterState:
         # Keys of changed states are never reused, so an entry can only be unused, never wrong.
         # memo[request shape][state key] -> answer
         self.memo: dict[Hashable, dict[int, Any]] = {}
+        # (namespace, owner) of online jobs whose GpuLease is reclaiming: their high-priority
+        # pods are reclaim requests (Algorithm 1's IsReclaim) without needing an annotation.
+        self._reclaiming: dict[tuple[str, str], str] = {}  # -> lease key
 
     def _changed(self, state: NodeState) -> None:
         state._refresh()
@@ -239,6 +244,28 @@ class ClusterState:
                 "silent, its GPUs are no longer offered" if silent else "back",
             )
             self._changed(state)
+
+    def apply_gpu_lease(self, event: str, obj: Mapping[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        for job, lease in list(self._reclaiming.items()):
+            if lease == key:
+                del self._reclaiming[job]
+        owner = (obj.get("spec") or {}).get("owner")
+        phase = (obj.get("status") or {}).get("phase")
+        if event != "DELETED" and phase == "Reclaiming" and isinstance(owner, str):
+            self._reclaiming[(str(meta.get("namespace", "")), owner)] = key
+
+    def with_reclaim(self, req: PodRequest) -> PodRequest:
+        """The request as Algorithm 1 sees it: a reclaim when the owner's lease is reclaiming."""
+        if (
+            not req.reclaim
+            and req.priority is Priority.HIGH
+            and req.owner is not None
+            and (req.namespace, req.owner) in self._reclaiming
+        ):
+            return replace(req, reclaim=True)
+        return req
 
     def apply_gpu_allocation(self, event: str, obj: Mapping[str, Any]) -> None:
         name = NodeName(str((obj.get("metadata") or {}).get("name", "")))

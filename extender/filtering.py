@@ -21,6 +21,7 @@ AGENT_SILENT = "tidelease: node agent silent for too long; its GPUs are not offe
 NO_INVENTORY = (
     "tidelease: node has no GPU inventory (no GpuNode object; is the node agent running?)"
 )
+LENT_ELSEWHERE = "tidelease: the owner's own lent GPUs are free on another node (right of return)"
 STANDBY_KEPT = (
     "tidelease: standby GPUs are kept for reclaims that the owner's lent or free GPUs cannot meet"
 )
@@ -109,16 +110,37 @@ def filter_nodes(cluster: ClusterState, req: PodRequest, names: Iterable[str]) -
         else:
             known.append((name, state))
 
-    decision, _ = _evaluate(cluster, known, req)
+    decision, plans = _evaluate(cluster, known, req)
     if req.reclaim:
-        without_standby, plans = _evaluate(cluster, known, replace(req, reclaim=False))
+        without_standby, strict_plans = _evaluate(cluster, known, replace(req, reclaim=False))
         if without_standby.passed or without_standby.failed:
             # The owner's pod fits, or will after evicting borrowers, without the standby pool.
-            decision = without_standby
+            decision, plans = without_standby, strict_plans
             states = dict(known)
-            for name, plan in plans.items():
+            for name, plan in strict_plans.items():
                 needs_standby = not plan.fits and plan_node(states[name].free, req).fits
                 if needs_standby and name not in decision.failed:
                     decision.unresolvable[name] = STANDBY_KEPT
+        _right_of_return(decision, plans, req)
     decision.unresolvable.update(missing)
     return decision
+
+
+def _own_share(plan: NodePlan, req: PodRequest) -> float:
+    own = sum(n for c, n in plan.take if c.owner is not None and c.owner == req.owner)
+    return own / plan.taken if plan.taken else 0.0
+
+
+def _right_of_return(decision: FilterDecision, plans: dict[str, NodePlan], req: PodRequest) -> None:
+    """A reclaim goes where it takes back the most of its own lent devices: nodes that would
+    give it fewer are rejected while better ones pass (scores alone could be outweighed by
+    kube-scheduler's own plugins)."""
+    shares = {name: _own_share(plans[name], req) for name in decision.passed}
+    best = max(shares.values(), default=0.0)
+    if best <= 0:
+        return
+    keep = [name for name in decision.passed if shares[name] >= best]
+    for name in decision.passed:
+        if shares[name] < best:
+            decision.unresolvable[name] = LENT_ELSEWHERE
+    decision.passed[:] = keep

@@ -19,6 +19,7 @@ _LIST_PATHS: dict[Kind, str] = {
     "Pod": "/api/v1/pods",
     "GpuNode": f"{_CRD_BASE}/{contract.PLURAL_GPU_NODE}",
     "GpuAllocation": f"{_CRD_BASE}/{contract.PLURAL_GPU_ALLOCATION}",
+    "GpuLease": f"{_CRD_BASE}/{contract.PLURAL_GPU_LEASE}",
 }
 
 

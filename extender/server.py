@@ -61,7 +61,9 @@ class ExtenderApp:
     async def filter(self, body: dict[str, Any]) -> tuple[int, Any]:
         args = wire.parse_extender_args(body)
         try:
-            req = parse_pod(args.pod, resource=self.settings.gpu_resource)
+            req = self.cluster.with_reclaim(
+                parse_pod(args.pod, resource=self.settings.gpu_resource)
+            )
         except InvalidInput as e:
             self.metrics.decisions.labels("filter", "invalid-pod").inc()
             return 200, wire.filter_error(f"tidelease: {e}")
@@ -76,7 +78,7 @@ class ExtenderApp:
 
     async def prioritize(self, body: dict[str, Any]) -> tuple[int, Any]:
         args = wire.parse_extender_args(body)
-        req = parse_pod(args.pod, resource=self.settings.gpu_resource)
+        req = self.cluster.with_reclaim(parse_pod(args.pod, resource=self.settings.gpu_resource))
         scores = prioritize_nodes(self.cluster, req, args.node_names, self.settings.weights)
         return 200, wire.host_priority_list(scores)
 
@@ -97,7 +99,7 @@ class ExtenderApp:
 
     async def preempt(self, body: dict[str, Any]) -> tuple[int, Any]:
         args = wire.parse_preemption_args(body)
-        req = parse_pod(args.pod, resource=self.settings.gpu_resource)
+        req = self.cluster.with_reclaim(parse_pod(args.pod, resource=self.settings.gpu_resource))
         answer = preempt_nodes(self.cluster, req, args.proposals)
         self.metrics.decisions.labels("preempt", "nodes-kept").inc(len(answer))
         self.metrics.decisions.labels("preempt", "nodes-dropped").inc(

@@ -17,7 +17,13 @@ from common.errors import InvalidInput
 from common.objects import parse_gpu_allocation, parse_gpu_node
 from extender.store import MemoryStore
 
-_KINDS = {"Pod", contract.KIND_GPU_NODE, contract.KIND_GPU_ALLOCATION, "Lease"}
+_KINDS = {
+    "Pod",
+    contract.KIND_GPU_NODE,
+    contract.KIND_GPU_ALLOCATION,
+    "Lease",
+    contract.KIND_GPU_LEASE,
+}
 
 
 def objects_from_text(text: str, source: str = "snapshot") -> list[dict[str, Any]]:

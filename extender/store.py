@@ -20,7 +20,7 @@ from common.errors import Conflict, InvalidInput, NotFound
 from common.model import Allocation, NodeName
 from common.objects import allocation_spec, parse_gpu_allocation, resource_version
 
-Kind = Literal["Pod", "GpuNode", "GpuAllocation", "Lease"]
+Kind = Literal["Pod", "GpuNode", "GpuAllocation", "Lease", "GpuLease"]
 EventType = Literal["ADDED", "MODIFIED", "DELETED", "SYNCED"]
 """SYNCED (with an empty object) follows the initial ADDED events of each kind."""
 WatchEvent = tuple[Kind, EventType, dict[str, Any]]
@@ -69,6 +69,7 @@ class MemoryStore:
             "GpuNode": {},
             "GpuAllocation": {},
             "Lease": {},
+            "GpuLease": {},
         }
         self._rv = itertools.count(1)
         self._subscribers: list[asyncio.Queue[WatchEvent]] = []
@@ -81,7 +82,7 @@ class MemoryStore:
         kind = obj.get("kind")
         if kind not in self._objects:
             raise InvalidInput(
-                f"unsupported kind {kind!r} (want Pod, GpuNode, GpuAllocation or Lease)"
+                f"unsupported kind {kind!r} (want Pod, GpuNode, GpuAllocation, Lease, GpuLease)"
             )
         obj = copy.deepcopy(obj)
         obj.setdefault("metadata", {})["resourceVersion"] = str(next(self._rv))

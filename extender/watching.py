@@ -7,7 +7,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from common import contract
 from common.model import PodUid
@@ -17,7 +17,7 @@ from extender.store import Kind, Store
 
 log = logging.getLogger(__name__)
 
-_KINDS: tuple[Kind, ...] = ("Pod", "GpuNode", "GpuAllocation", "Lease")
+_KINDS: tuple[Kind, ...] = ("Pod", "GpuNode", "GpuAllocation", "Lease", "GpuLease")
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 
@@ -78,8 +78,17 @@ class PodCache:
         self.by_uid[st.uid] = st
 
 
+class LeaseSink(Protocol):
+    def apply(self, event: str, obj: dict[str, Any]) -> None: ...
+
+
 async def run_watch(
-    *, store: Store, cluster: ClusterState, pods: PodCache, ready: asyncio.Event | None = None
+    *,
+    store: Store,
+    cluster: ClusterState,
+    pods: PodCache,
+    ready: asyncio.Event | None = None,
+    leases: LeaseSink | None = None,
 ) -> None:
     """Apply watch events until cancelled; set ``ready`` once every kind has synced."""
     synced: set[str] = set()
@@ -98,6 +107,10 @@ async def run_watch(
             cluster.apply_gpu_allocation(event, obj)
         elif kind == "Lease":
             cluster.apply_lease(event, obj)
+        elif kind == "GpuLease":
+            cluster.apply_gpu_lease(event, obj)
+            if leases is not None:
+                leases.apply(event, obj)
 
 
 async def run_liveness(

@@ -30,7 +30,8 @@ tl::cp::start_apiserver
 tl::cp::wait_ready
 "${kubectl}" --kubeconfig "${TL_CP_KUBECONFIG}" apply -k "${TL_ROOT}/manifests/crds/" >&2
 "${kubectl}" --kubeconfig "${TL_CP_KUBECONFIG}" wait --for condition=established \
-  --timeout=60s crd/gpunodes.tidelease.io crd/gpuallocations.tidelease.io >&2
+  --timeout=60s crd/gpunodes.tidelease.io crd/gpuallocations.tidelease.io \
+  crd/gpuleases.tidelease.io >&2
 {
   printf 'KUBECONFIG=%s\nSERVER=%s\nTOKEN=%s\nCA=%s\nDIR=%s\n' "${TL_CP_KUBECONFIG}" \
     "${TL_CP_SERVER}" "${TL_CP_TOKEN}" "${TL_CP_CA}" "${TL_CP_DIR}"

@@ -110,3 +110,48 @@ def test_silent_agent_node_is_not_offered_until_it_renews() -> None:
     state.sweep(t0 + 1000, 60)
     state.apply_lease("DELETED", lease("a", "2026-11-21T10:01:05.000000Z"))
     assert filter_nodes(state, pod, ["a"]).passed == ["a"]
+
+
+def test_reclaim_goes_back_to_its_own_lent_devices() -> None:
+    from extender.filtering import LENT_ELSEWHERE
+
+    state = cluster(
+        builders.gpu_node("free", checkpoints=["ck"]),  # untagged, caches the checkpoint
+        builders.gpu_node("lent", builders.devices("lent", 4, owner="a")),
+        builders.gpu_node(
+            "half", builders.devices("half", 2, owner="a") + builders.devices("half", 2, start=2)
+        ),
+    )
+    pod = builders.pod(
+        "o", 4, priority=Priority.HIGH, owner="a", reclaim=True, pod_priority=1000, checkpoint="ck"
+    )
+    d = filter_nodes(state, parse_pod(pod), ["free", "lent", "half"])
+    assert d.passed == ["lent"]
+    assert d.unresolvable == {"free": LENT_ELSEWHERE, "half": LENT_ELSEWHERE}
+    # Without a reclaim, the same pod may go anywhere it fits.
+    plain = builders.pod("o", 4, priority=Priority.HIGH, owner="a", pod_priority=1000)
+    assert filter_nodes(state, parse_pod(plain), ["free", "lent", "half"]).passed == [
+        "free",
+        "lent",
+        "half",
+    ]
+
+
+def test_a_reclaiming_lease_makes_the_owners_pods_reclaims() -> None:
+    state = cluster(builders.gpu_node("s", builders.devices("s", 4, standby=True)))
+    pod = parse_pod(builders.pod("o", 4, priority=Priority.HIGH, owner="a", pod_priority=9))
+    assert filter_nodes(state, state.with_reclaim(pod), ["s"]).passed == []
+    lease = {
+        "metadata": {"namespace": "default", "name": "a"},
+        "spec": {"owner": "a"},
+        "status": {"phase": "Reclaiming"},
+    }
+    state.apply_gpu_lease("MODIFIED", lease)
+    assert state.with_reclaim(pod).reclaim
+    assert filter_nodes(state, state.with_reclaim(pod), ["s"]).passed == ["s"]
+    lease["status"] = {"phase": "Steady"}
+    state.apply_gpu_lease("MODIFIED", lease)
+    assert not state.with_reclaim(pod).reclaim
+    other_ns = parse_pod(builders.pod("o", 4, namespace="x", priority=Priority.HIGH, owner="a"))
+    state.apply_gpu_lease("MODIFIED", {**lease, "status": {"phase": "Reclaiming"}})
+    assert not state.with_reclaim(other_ns).reclaim
