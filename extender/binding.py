@@ -18,6 +18,7 @@ bind of a pod that already holds an allocation on the node reuses it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -101,6 +102,7 @@ class Binder:
         self._metrics = metrics
         self._clock = clock
         self._locks: dict[str, asyncio.Lock] = {}
+        self._soon = asyncio.Event()
 
     def _lock(self, node: str) -> asyncio.Lock:
         lock = self._locks.get(node)
@@ -260,4 +262,10 @@ class Binder:
                 sum(len(a.devices) for s in self._cluster for a in s.allocations.values())
             )
             self._metrics.nodes.set(sum(1 for s in self._cluster if s.offering))
-            await asyncio.sleep(self._settings.reap_interval_s)
+            self._soon.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._soon.wait(), self._settings.reap_interval_s)
+
+    def reap_soon(self) -> None:
+        """A pod went away: look for allocations to release now, not at the next interval."""
+        self._soon.set()

@@ -72,8 +72,10 @@ class LeaseStatus:
     reclaim_started: float | None = None
     reclaim_deadline: float | None = None
     noticed: tuple[Notice, ...] = ()
-    reclaims: int = 0
-    backfilled: int = 0
+    finalizing: bool = False  # the owner's pods are placed; tags are being cleared
+    reclaims: int = 0  # completed reclaims
+    returned: int = 0  # lent devices that came back, over all reclaims
+    backfilled: int = 0  # standby devices given instead, over all reclaims
     last_reclaim_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -81,6 +83,7 @@ class LeaseStatus:
             "phase": self.phase,
             "lent": list(self.lent),
             "reclaims": self.reclaims,
+            "returned": self.returned,
             "backfilled": self.backfilled,
         }
         if self.target_replicas is not None:
@@ -94,6 +97,7 @@ class LeaseStatus:
                 "noticed": [
                     {"namespace": n.namespace, "name": n.name, "uid": n.uid} for n in self.noticed
                 ],
+                "finalizing": self.finalizing,
             }
         return out
 
@@ -194,7 +198,9 @@ def parse_gpu_lease(obj: Mapping[str, Any]) -> GpuLease:
             reclaim_started=epoch(reclaim.get("startedAt")),
             reclaim_deadline=epoch(reclaim.get("deadline")),
             noticed=noticed,
+            finalizing=bool(reclaim.get("finalizing", False)),
             reclaims=int(status.get("reclaims") or 0),
+            returned=int(status.get("returned") or 0),
             backfilled=int(status.get("backfilled") or 0),
             last_reclaim_s=status.get("lastReclaimSeconds"),
         ),

@@ -10,8 +10,10 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from common.leaderelection import LeaderElector
 from extender.binding import Binder, Clock, utcnow
 from extender.clusterstate import ClusterState
+from extender.leasecontroller import LeaseCache, LeaseController, LeasingMetrics, World
 from extender.metrics import ExtenderMetrics
 from extender.server import ExtenderApp
 from extender.settings import ExtenderSettings
@@ -53,16 +55,37 @@ async def _first_of(event: asyncio.Event, tasks: tuple[asyncio.Task[None], ...])
             raise RuntimeError(f"{task.get_name()} ended unexpectedly")
 
 
+@dataclass(frozen=True, slots=True)
+class Leasing:
+    """The leasing controller's I/O: the world it writes to and, in a deployment, the leader
+    election it runs under (None: always lead, for a single process)."""
+
+    world: World
+    elector: LeaderElector | None = None
+
+
 @asynccontextmanager
 async def serve(
-    *, store: Store, settings: ExtenderSettings, clock: Clock = utcnow
+    *,
+    store: Store,
+    settings: ExtenderSettings,
+    clock: Clock = utcnow,
+    leasing: Leasing | None = None,
 ) -> AsyncIterator[Running]:
     """Run an extender until the block exits; yields once it is synced and listening."""
     app = build_app(store=store, settings=settings, clock=clock)
     synced = asyncio.Event()
-    tasks = (
+    leases = LeaseCache()
+    tasks: tuple[asyncio.Task[None], ...] = (
         asyncio.create_task(
-            run_watch(store=store, cluster=app.cluster, pods=app.pods, ready=synced),
+            run_watch(
+                store=store,
+                cluster=app.cluster,
+                pods=app.pods,
+                ready=synced,
+                leases=leases,
+                pod_gone=app.binder.reap_soon,
+            ),
             name="watch",
         ),
         asyncio.create_task(app.binder.run_reaper(ready=synced), name="reaper"),
@@ -72,6 +95,22 @@ async def serve(
         ),
     )
     runner = web.AppRunner(app.web_app(), access_log=None)
+    if leasing is not None:
+        controller = LeaseController(
+            cluster=app.cluster,
+            pods=app.pods,
+            leases=leases,
+            world=leasing.world,
+            metrics=LeasingMetrics(app.metrics.registry),
+        )
+
+        async def lead() -> None:
+            await synced.wait()
+            await controller.run()
+
+        elector = leasing.elector
+        work = elector.run(lead) if elector is not None else lead()
+        tasks = (*tasks, asyncio.create_task(work, name="leasing"))
     try:
         await _first_of(synced, tasks)
         app.synced = True

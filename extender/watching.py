@@ -56,6 +56,9 @@ class PodCache:
     def get(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._raw.get((namespace, name))
 
+    def raw_pods(self) -> list[dict[str, Any]]:
+        return list(self._raw.values())
+
     def _relevant(self, pod: Mapping[str, Any]) -> bool:
         annotations = (pod.get("metadata") or {}).get("annotations") or {}
         if isinstance(annotations, dict) and contract.ANN_DEVICES in annotations:
@@ -89,6 +92,7 @@ async def run_watch(
     pods: PodCache,
     ready: asyncio.Event | None = None,
     leases: LeaseSink | None = None,
+    pod_gone: Callable[[], None] | None = None,
 ) -> None:
     """Apply watch events until cancelled; set ``ready`` once every kind has synced."""
     synced: set[str] = set()
@@ -101,6 +105,10 @@ async def run_watch(
             continue
         if kind == "Pod":
             pods.apply(event, obj)
+            if pod_gone is not None and (
+                event == "DELETED" or (obj.get("status") or {}).get("phase") in TERMINAL_PHASES
+            ):
+                pod_gone()
         elif kind == "GpuNode":
             cluster.apply_gpu_node(event, obj)
         elif kind == "GpuAllocation":

@@ -1,0 +1,336 @@
+"""The leasing controller: executes :mod:`extender.lending`'s decisions against the API server.
+
+It runs inside the extender deployment, sharing the extender's watched view (devices, ledgers,
+pods), and acts only while it holds the leader Lease. Every GpuLease is stepped until its next
+action is to wait; a step is one idempotent API write. The devices' tags live in the
+``GpuNode`` specs (compare-and-swap), the lease's progress in the ``GpuLease`` status
+(compare-and-swap), so a controller killed at any point resumes from what is stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from common import contract
+from common.errors import Conflict, InvalidInput, NotFound, TideleaseError
+from common.kubeclient import KubeClient
+from common.model import GpuUuid, Holder
+from extender.clusterstate import ClusterState
+from extender.leases import GpuLease, LeaseStatus, Workload, parse_gpu_lease, rfc3339
+from extender.lending import (
+    Action,
+    Evict,
+    Notify,
+    OwnerPod,
+    ScaleTo,
+    SetTags,
+    TagChange,
+    View,
+    Wait,
+    WriteStatus,
+    decide,
+)
+from extender.watching import PodCache
+
+log = logging.getLogger(__name__)
+
+
+class LeaseCache:
+    """GpuLease objects from the watch, by namespace/name."""
+
+    def __init__(self) -> None:
+        self.raw: dict[str, dict[str, Any]] = {}
+        self.changed = asyncio.Event()
+
+    def apply(self, event: str, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        if event == "DELETED":
+            self.raw.pop(key, None)
+        else:
+            self.raw[key] = obj
+        self.changed.set()
+
+
+class World(Protocol):
+    """The writes the controller makes (and the one read the watches do not give it)."""
+
+    async def replicas(self, namespace: str, workload: Workload) -> int: ...
+
+    async def scale(self, namespace: str, workload: Workload, replicas: int) -> None: ...
+
+    async def set_tags(self, changes: Iterable[TagChange]) -> None: ...
+
+    async def write_status(self, lease: GpuLease, status: LeaseStatus) -> None: ...
+
+    async def notify(self, pod: Holder, lease: GpuLease, deadline: float) -> None: ...
+
+    async def evict(self, pod: Holder) -> None: ...
+
+
+def _workload_path(namespace: str, w: Workload) -> str:
+    base = "/api/v1" if w.api_version == "v1" else f"/apis/{w.api_version}"
+    return f"{base}/namespaces/{namespace}/{w.plural}/{w.name}/scale"
+
+
+class KubeWorld:
+    def __init__(self, kube: KubeClient) -> None:
+        self._kube = kube
+
+    async def replicas(self, namespace: str, workload: Workload) -> int:
+        scale = await self._kube.json("GET", _workload_path(namespace, workload))
+        return int((scale.get("spec") or {}).get("replicas") or 0)
+
+    async def scale(self, namespace: str, workload: Workload, replicas: int) -> None:
+        await self._kube.json(
+            "PATCH",
+            _workload_path(namespace, workload),
+            body={"spec": {"replicas": replicas}},
+            content_type="application/merge-patch+json",
+        )
+
+    async def set_tags(self, changes: Iterable[TagChange]) -> None:
+        by_node: dict[str, list[TagChange]] = {}
+        for c in changes:
+            by_node.setdefault(c.node, []).append(c)
+        base = f"/apis/{contract.API_VERSION}/{contract.PLURAL_GPU_NODE}"
+        for node, node_changes in by_node.items():
+            for _ in range(5):
+                try:
+                    obj = await self._kube.json("GET", f"{base}/{node}")
+                except NotFound:
+                    break  # the node is gone; nothing to tag
+                spec = obj.setdefault("spec", {})
+                entries = {e["uuid"]: e for e in spec.get("devices") or [] if "uuid" in e}
+                for c in node_changes:
+                    entry: dict[str, Any] = {"uuid": c.uuid}
+                    if c.owner:
+                        entry["owner"] = c.owner
+                    if c.standby:
+                        entry["standby"] = True
+                    entries[c.uuid] = entry
+                spec["devices"] = [e for e in entries.values() if len(e) > 1]
+                obj.pop("status", None)
+                try:
+                    await self._kube.json("PUT", f"{base}/{node}", body=obj)
+                    break
+                except Conflict:
+                    continue
+            else:
+                raise Conflict(f"GpuNode {node}: tags kept conflicting")
+
+    async def write_status(self, lease: GpuLease, status: LeaseStatus) -> None:
+        path = (
+            f"/apis/{contract.API_VERSION}/namespaces/{lease.namespace}/"
+            f"{contract.PLURAL_GPU_LEASE}/{lease.name}"
+        )
+        obj = await self._kube.json("GET", path)
+        if (obj.get("metadata") or {}).get("resourceVersion") != lease.resource_version:
+            raise Conflict(f"GpuLease {lease.key} changed since it was read")
+        obj["status"] = status.to_json()
+        await self._kube.json("PUT", f"{path}/status", body=obj)
+
+    async def notify(self, pod: Holder, lease: GpuLease, deadline: float) -> None:
+        when = rfc3339(deadline)
+        with contextlib.suppress(NotFound):
+            await self._kube.json(
+                "PATCH",
+                f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}",
+                body={
+                    "metadata": {
+                        "uid": pod.pod_uid,
+                        "annotations": {contract.ANN_RECLAIM_NOTICE: when},
+                    }
+                },
+                content_type="application/merge-patch+json",
+            )
+            event = {
+                "metadata": {"generateName": f"{pod.name}.", "namespace": pod.namespace},
+                "involvedObject": {
+                    "kind": "Pod",
+                    "namespace": pod.namespace,
+                    "name": pod.name,
+                    "uid": pod.pod_uid,
+                    "apiVersion": "v1",
+                },
+                "reason": "ReclaimNotice",
+                "message": (
+                    f"GPUs lent by {lease.spec.owner} are taken back; this pod is "
+                    f"evicted at {when}: checkpoint now"
+                ),
+                "type": "Warning",
+                "source": {"component": "tidelease-leasing"},
+                "firstTimestamp": rfc3339(time.time())[:19] + "Z",
+                "lastTimestamp": rfc3339(time.time())[:19] + "Z",
+                "count": 1,
+            }
+            await self._kube.json("POST", f"/api/v1/namespaces/{pod.namespace}/events", body=event)
+
+    async def evict(self, pod: Holder) -> None:
+        with contextlib.suppress(NotFound, Conflict):
+            await self._kube.json(
+                "DELETE",
+                f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}",
+                body={"preconditions": {"uid": pod.pod_uid}},
+            )
+
+
+@dataclass
+class LeasingMetrics:
+    registry: CollectorRegistry
+    lent: Gauge = field(init=False)
+    reclaims: Counter = field(init=False)
+    latency: Histogram = field(init=False)
+    backfills: Counter = field(init=False)
+    evictions: Counter = field(init=False)
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        self.lent = Gauge(
+            "tidelease_leasing_lent_gpus", "GPUs lent, by lease.", ["lease"], registry=r
+        )
+        self.reclaims = Counter(
+            "tidelease_leasing_reclaims", "Completed reclaims.", ["lease"], registry=r
+        )
+        self.latency = Histogram(
+            "tidelease_leasing_reclaim_duration_seconds",
+            "From the reclaim decision to the owner's pods placed and tags cleared.",
+            buckets=(5, 15, 30, 45, 60, 75, 90, 120, 180, 300, 600),
+            registry=r,
+        )
+        self.backfills = Counter(
+            "tidelease_leasing_backfilled_gpus",
+            "Standby GPUs given instead of lent ones.",
+            registry=r,
+        )
+        self.evictions = Counter(
+            "tidelease_leasing_evictions", "Borrower pods evicted after their notice.", registry=r
+        )
+
+
+def observe(cluster: ClusterState, pods: PodCache, lease: GpuLease) -> tuple[list[OwnerPod], View]:
+    """The owner's pods and the device view, from the extender's watched state."""
+    devices = {}
+    holders: dict[GpuUuid, Holder] = {}
+    offering: dict[str, bool] = {}
+    where: dict[str, tuple[str, tuple[GpuUuid, ...]]] = {}
+    for state in cluster:
+        offering[state.node] = state.offering
+        for d in state.devices:
+            devices[d.uuid] = d
+        for a in state.allocations.values():
+            where[a.holder.pod_uid] = (state.node, a.devices)
+            for u in a.devices:
+                holders[u] = a.holder
+    owner_pods = []
+    for raw in pods.raw_pods():
+        meta = raw.get("metadata") or {}
+        if meta.get("namespace") != lease.namespace or meta.get("deletionTimestamp"):
+            continue
+        if (meta.get("annotations") or {}).get(contract.ANN_OWNER) != lease.spec.owner:
+            continue
+        uid = str(meta.get("uid", ""))
+        bound = str((raw.get("spec") or {}).get("nodeName") or "")
+        node, devs = where.get(uid, ("", ()))
+        owner_pods.append(OwnerPod(str(meta.get("name")), uid, bound and node, devs))
+    return owner_pods, View(devices, holders, offering)
+
+
+class LeaseController:
+    def __init__(
+        self,
+        *,
+        cluster: ClusterState,
+        pods: PodCache,
+        leases: LeaseCache,
+        world: World,
+        metrics: LeasingMetrics,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.cluster, self.pods, self.leases = cluster, pods, leases
+        self.world, self.metrics, self.clock = world, metrics, clock
+
+    async def step(self, lease: GpuLease) -> Action:
+        """Decide and execute one action for one lease."""
+        replicas = await self.world.replicas(lease.namespace, lease.spec.workload)
+        owner_pods, view = observe(self.cluster, self.pods, lease)
+        now = self.clock()
+        action = decide(lease, replicas, owner_pods, view, now)
+        name = lease.key
+        if isinstance(action, WriteStatus):
+            log.info("lease %s: %s", name, action.why)
+            await self.world.write_status(lease, action.status)
+            self.metrics.lent.labels(name).set(len(action.status.lent))
+            if action.status.phase == "Steady" and lease.status.phase == "Reclaiming":
+                self.metrics.reclaims.labels(name).inc()
+                self.metrics.latency.observe(action.status.last_reclaim_s or 0.0)
+                self.metrics.backfills.inc(action.status.backfilled - lease.status.backfilled)
+        elif isinstance(action, SetTags):
+            log.info("lease %s: %s", name, action.why)
+            await self.world.set_tags(action.changes)
+        elif isinstance(action, ScaleTo):
+            log.info(
+                "lease %s: scale %s to %d replicas", name, lease.spec.workload.name, action.replicas
+            )
+            await self.world.scale(lease.namespace, lease.spec.workload, action.replicas)
+        elif isinstance(action, Notify):
+            for pod in action.pods:
+                log.info(
+                    "lease %s: notice to borrower %s: evicted at %s",
+                    name,
+                    pod.key,
+                    rfc3339(action.deadline),
+                )
+                await self.world.notify(pod, lease, action.deadline)
+            await self.world.write_status(lease, action.then)
+        elif isinstance(action, Evict):
+            for pod in action.pods:
+                log.info("lease %s: evicting borrower %s", name, pod.key)
+                await self.world.evict(pod)
+                self.metrics.evictions.inc()
+        return action
+
+    def current(self) -> list[GpuLease]:
+        out = []
+        for key, raw in list(self.leases.raw.items()):
+            try:
+                out.append(parse_gpu_lease(raw))
+            except InvalidInput as e:
+                log.error("GpuLease %s is invalid and left alone: %s", key, e)
+        return out
+
+    async def run_once(self) -> float:
+        """One step for every lease; the earliest time one wants to be stepped again."""
+        wake = self.clock() + 30.0
+        for lease in self.current():
+            try:
+                action = await self.step(lease)
+            except Conflict as e:
+                # Our view lags our own last write; the watch brings the new version.
+                log.debug("lease %s: %s", lease.key, e)
+                wake = min(wake, self.clock() + 0.2)
+                continue
+            except TideleaseError as e:
+                log.warning("lease %s: %s (retrying)", lease.key, e)
+                wake = min(wake, self.clock() + 2.0)
+                continue
+            next_time = action.until if isinstance(action, Wait) else self.clock() + 0.1
+            wake = min(wake, next_time)
+        return wake
+
+    async def run(self) -> None:
+        """Until cancelled."""
+        while True:
+            wake = await self.run_once()
+            self.leases.changed.clear()
+            timeout = max(0.05, wake - self.clock())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.leases.changed.wait(), timeout)

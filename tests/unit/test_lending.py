@@ -1,0 +1,195 @@
+"""The leasing controller's decisions, step by step, and resuming from any stored status."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from common import builders
+from common.model import Device, Holder, JobName, Priority, Tier
+from extender.leases import GpuLease, LeaseSpec, LeaseStatus, Notice, Workload
+from extender.lending import (
+    Evict,
+    Notify,
+    OwnerPod,
+    ScaleTo,
+    SetTags,
+    View,
+    Wait,
+    WriteStatus,
+    decide,
+)
+from tests.unit.cluster import holder
+
+OWNER = JobName("recsys")
+NOW = 1_800_000_000.0
+
+
+def lease(desired: int, status: LeaseStatus | None = None, grace: int = 45) -> GpuLease:
+    spec = LeaseSpec(OWNER, Workload("apps/v1", "StatefulSet", "recsys"), 4, desired, grace_s=grace)
+    return GpuLease("ml", "recsys", "1", spec, status or LeaseStatus())
+
+
+def world(*, lent_owner: bool = False, healthy: bool = True) -> tuple[list[Device], View]:
+    a = builders.devices("a", 8)
+    b = builders.devices(
+        "b", 4, owner="recsys" if lent_owner else None, healthy=healthy
+    ) + builders.devices("b", 4, tier=Tier.LA, start=4)
+    devs = a + b
+    return devs, View({d.uuid: d for d in devs}, {}, {"a": True, "b": True})
+
+
+def pods(devs: list[Device], n: int) -> list[OwnerPod]:
+    # recsys-0 on a[0:4], recsys-1 on a[4:8], recsys-2 on b[0:4], recsys-3 on b[4:8]
+    return [
+        OwnerPod(
+            f"recsys-{i}",
+            f"uid-{i}",
+            devs[4 * i].node,
+            tuple(d.uuid for d in devs[4 * i : 4 * i + 4]),
+        )
+        for i in range(n)
+    ]
+
+
+def test_steady_waits() -> None:
+    devs, view = world()
+    assert isinstance(decide(lease(16), 4, pods(devs, 4), view, NOW), Wait)
+
+
+def test_scale_down_records_then_tags_then_scales() -> None:
+    devs, view = world()
+    step = decide(lease(8), 4, pods(devs, 4), view, NOW)
+    assert isinstance(step, WriteStatus)
+    # recsys-2 and -3 go; of their devices only the HA ones (b 0-3) are lent, not LA (b 4-7).
+    assert step.status.lent == tuple(d.uuid for d in devs[8:12])
+    assert (step.status.phase, step.status.target_replicas) == ("Lending", 2)
+    recorded = lease(8, step.status)
+    step = decide(recorded, 4, pods(devs, 4), view, NOW)
+    assert isinstance(step, SetTags)
+    assert {(c.node, c.owner) for c in step.changes} == {("b", OWNER)}
+    assert len(step.changes) == 4
+    _, tagged = world(lent_owner=True)
+    step = decide(recorded, 4, pods(devs, 4), tagged, NOW)
+    assert step == ScaleTo(2)
+    step = decide(recorded, 2, pods(devs, 2), tagged, NOW)
+    assert isinstance(step, WriteStatus)
+    assert step.status.phase == "Steady"
+    assert step.status.lent == recorded.status.lent
+
+
+def lent_status(devs: list[Device]) -> LeaseStatus:
+    return LeaseStatus(phase="Steady", target_replicas=2, lent=tuple(d.uuid for d in devs[8:12]))
+
+
+def test_reclaim_notice_then_wait_then_evict_then_scale() -> None:
+    devs, view = world(lent_owner=True)
+    borrower = holder("finetune-0", pod_priority=10)
+    busy = replace(view, holders={u: borrower for u in lent_status(devs).lent})
+    step = decide(lease(16, lent_status(devs)), 2, pods(devs, 2), busy, NOW)
+    assert isinstance(step, WriteStatus)
+    assert step.status.phase == "Reclaiming"
+    assert step.status.reclaim_deadline == NOW + 45
+    reclaiming = lease(16, step.status)
+    step = decide(reclaiming, 2, pods(devs, 2), busy, NOW + 1)
+    assert isinstance(step, Notify)
+    assert [p.name for p in step.pods] == ["finetune-0"]
+    assert step.deadline == NOW + 45
+    noticed = lease(16, step.then)
+    assert decide(noticed, 2, pods(devs, 2), busy, NOW + 2) == Wait(
+        NOW + 45, "1 borrower(s) have notice"
+    )
+    step = decide(noticed, 2, pods(devs, 2), busy, NOW + 45)
+    assert isinstance(step, Evict)
+    assert step.pods == (borrower,)
+    # The borrower is gone: scale up.
+    assert decide(noticed, 2, pods(devs, 2), view, NOW + 46) == ScaleTo(4)
+
+
+def test_reclaim_finishes_once_the_owners_pods_are_placed() -> None:
+    devs, view = world(lent_owner=True)
+    status = replace(
+        lent_status(devs),
+        phase="Reclaiming",
+        target_replicas=4,
+        reclaim_started=NOW,
+        reclaim_deadline=NOW + 45,
+    )
+    placed = [*pods(devs, 3), OwnerPod("recsys-3", "uid-3", "", ())]
+    assert isinstance(decide(lease(16, status), 4, placed, view, NOW + 50), Wait)
+    step = decide(lease(16, status), 4, pods(devs, 4), view, NOW + 50)
+    assert isinstance(step, WriteStatus)
+    assert step.status.finalizing
+    assert (step.status.returned, step.status.backfilled) == (4, 0)
+    step = decide(lease(16, step.status), 4, pods(devs, 4), view, NOW + 51)
+    assert isinstance(step, SetTags)
+    assert {c.owner for c in step.changes} == {None}
+    _, untagged = world()
+    done = decide(lease(16, replace(status, finalizing=True)), 4, pods(devs, 4), untagged, NOW + 52)
+    assert isinstance(done, WriteStatus)
+    assert (done.status.phase, done.status.lent, done.status.reclaims) == ("Steady", (), 1)
+    assert done.status.last_reclaim_s == 52
+
+
+def test_backfilled_standby_devices_are_counted_and_released_from_the_pool() -> None:
+    devs, view = world(lent_owner=True)
+    spare = builders.devices("s", 4, standby=True)
+    view = View({**view.devices, **{d.uuid: d for d in spare}}, {}, {**view.offering, "s": True})
+    status = replace(
+        lent_status(devs),
+        phase="Reclaiming",
+        target_replicas=4,
+        reclaim_started=NOW,
+        reclaim_deadline=NOW,
+    )
+    placed = [
+        *pods(devs, 2),
+        OwnerPod("recsys-2", "uid-2", "b", tuple(d.uuid for d in devs[8:12])),
+        OwnerPod("recsys-3", "uid-3", "s", tuple(d.uuid for d in spare)),
+    ]
+    step = decide(lease(16, status), 4, placed, view, NOW + 5)
+    assert isinstance(step, WriteStatus)
+    assert (step.status.returned, step.status.backfilled) == (4, 4)
+    step = decide(lease(16, step.status), 4, placed, view, NOW + 6)
+    assert isinstance(step, SetTags)
+    assert {c.node for c in step.changes if not c.standby} == {"b", "s"}
+
+
+def test_resuming_after_a_notice_was_sent_but_not_recorded() -> None:
+    """Killed between notifying and recording: the same borrowers get notice again (the
+    annotation is idempotent) and the deadline does not move."""
+    devs, view = world(lent_owner=True)
+    borrower = holder("finetune-0")
+    busy = replace(view, holders={devs[8].uuid: borrower})
+    status = replace(
+        lent_status(devs),
+        phase="Reclaiming",
+        target_replicas=4,
+        reclaim_started=NOW,
+        reclaim_deadline=NOW + 30,
+    )
+    step = decide(lease(16, status), 2, pods(devs, 2), busy, NOW + 10)
+    assert isinstance(step, Notify)
+    assert step.deadline == NOW + 30
+    recorded = replace(status, noticed=(Notice("default", "finetune-0", borrower.pod_uid),))
+    assert isinstance(decide(lease(16, recorded), 2, pods(devs, 2), busy, NOW + 10), Wait)
+
+
+def test_high_priority_squatters_are_never_evicted() -> None:
+    devs, view = world(lent_owner=True)
+    squatter = Holder(
+        "uid-sq",
+        "default",
+        "other-hp",
+        Priority.HIGH,
+        5000,
+        JobName("other"),
+    )
+    busy = replace(view, holders={devs[8].uuid: squatter})
+    status = replace(
+        lent_status(devs),
+        phase="Reclaiming",
+        target_replicas=4,
+        reclaim_started=NOW,
+        reclaim_deadline=NOW,
+    )
+    assert decide(lease(16, status), 2, pods(devs, 2), busy, NOW + 1) == ScaleTo(4)
