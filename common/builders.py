@@ -77,6 +77,7 @@ def pod(
     checkpoint: str | None = None,
     image: str = "registry.example/train:v1",
     pod_priority: int | None = None,
+    priority_class: str | None = None,
     node_name: str | None = None,
     phase: str = "Pending",
     extra_annotations: dict[str, str] | None = None,
@@ -106,6 +107,8 @@ def pod(
     spec: dict[str, Any] = {"containers": [container], "schedulerName": "default-scheduler"}
     if pod_priority is not None:
         spec["priority"] = pod_priority
+    if priority_class is not None:
+        spec["priorityClassName"] = priority_class
     if node_name:
         spec["nodeName"] = node_name
     return {

@@ -42,6 +42,8 @@ from extender.watching import PodCache
 
 log = logging.getLogger(__name__)
 
+EVICTION_GRACE_S = 2  # termination grace of an evicted borrower, after its notice period
+
 
 class LeaseCache:
     """GpuLease objects from the watch, by namespace/name."""
@@ -179,7 +181,11 @@ class KubeWorld:
             await self._kube.json(
                 "DELETE",
                 f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}",
-                body={"preconditions": {"uid": pod.pod_uid}},
+                # The notice was the time to checkpoint; now stop promptly.
+                body={
+                    "preconditions": {"uid": pod.pod_uid},
+                    "gracePeriodSeconds": EVICTION_GRACE_S,
+                },
             )
 
 

@@ -1,0 +1,152 @@
+"""Lend, borrow, reclaim on a real API server: the owner gets the same devices back, within the
+grace period plus 10 s; a lent device that failed is backfilled from standby of the same type
+and tier."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from common import builders, contract
+from common.kubeclient import KubeClient
+from common.model import Priority
+from tests.apiserver.conftest import ApiServer
+from tests.apiserver.rig import Rig, extender, make_rig
+from tests.polling import eventually
+
+pytestmark = pytest.mark.apiserver
+
+
+@pytest.fixture
+async def rig(apiserver: ApiServer) -> AsyncIterator[Rig]:
+    kube = await KubeClient.connect(apiserver.kubeconfig)
+    rig = await make_rig(kube, str(apiserver.kubeconfig))
+    async with aiohttp.ClientSession() as session:
+        rig.tasks = [
+            asyncio.create_task(rig.statefulset_loop()),
+            asyncio.create_task(rig.scheduler_loop(session)),
+            asyncio.create_task(rig.kubelet_loop()),
+        ]
+        try:
+            yield rig
+        finally:
+            for t in rig.tasks:
+                t.cancel()
+            await asyncio.gather(*rig.tasks, return_exceptions=True)
+            await kube.close()
+
+
+def borrower(i: int, ns: str) -> dict[str, Any]:
+    pod = builders.pod(
+        f"finetune-{i}", 4, namespace=ns, priority=Priority.LOW, priority_class="rig-borrower"
+    )
+    pod["metadata"].pop("uid")
+    pod.pop("status")
+    return pod
+
+
+async def lend(rig: Rig) -> tuple[str, ...]:
+    async def four_placed() -> bool:
+        return len(await rig.placed("recsys-")) == 4
+
+    await eventually(four_placed, within_s=30)
+    await rig.set_desired(8)
+
+    async def lent() -> tuple[str, ...] | None:
+        status = (await rig.lease()).get("status") or {}
+        if status.get("phase") == "Steady" and len(status.get("lent") or []) == 8:
+            return tuple(status["lent"])
+        return None
+
+    devices = await eventually(lent, within_s=30)
+
+    async def scaled_down() -> bool:
+        return set(await rig.placed("recsys-")) == {"recsys-0", "recsys-1"}
+
+    await eventually(scaled_down, within_s=30)
+    return devices
+
+
+async def borrow(rig: Rig, lent_devices: tuple[str, ...]) -> None:
+    for i in range(2):
+        await rig.create(f"/api/v1/namespaces/{rig.ns}/pods", borrower(i, rig.ns))
+
+    async def borrowed() -> bool:
+        placed = await rig.placed("finetune-")
+        return len(placed) == 2 and all(set(d) <= set(lent_devices) for d in placed.values())
+
+    await eventually(borrowed, within_s=30)
+
+
+async def test_lend_borrow_reclaim_same_devices(rig: Rig) -> None:
+    async with extender(rig):
+        lent_devices = await lend(rig)
+        await borrow(rig, lent_devices)
+        start = time.monotonic()
+        await rig.set_desired(16)
+
+        async def noticed() -> bool:
+            pods = {p["metadata"]["name"]: p for p in await rig.pods()}
+            return all(
+                contract.ANN_RECLAIM_NOTICE
+                in pods[f"finetune-{i}"]["metadata"].get("annotations", {})
+                for i in range(2)
+                if f"finetune-{i}" in pods
+            )
+
+        await eventually(noticed, within_s=10)
+
+        async def done() -> dict[str, Any] | None:
+            status = (await rig.lease()).get("status") or {}
+            return status if status.get("phase") == "Steady" and status.get("reclaims") else None
+
+        status = await eventually(done, within_s=30)
+        took = time.monotonic() - start
+        grace = 1
+        assert took <= grace + 10, took
+        placed = await rig.placed("recsys-")
+        assert set(placed) == {f"recsys-{i}" for i in range(4)}
+        got_back = set(placed["recsys-2"]) | set(placed["recsys-3"])
+        assert got_back == set(lent_devices)  # the same device UUIDs
+        assert (status["returned"], status["backfilled"]) == (8, 0)
+        assert not await rig.placed("finetune-")  # evicted
+        held = [u for u, _ in await rig.ledger_devices()]
+        assert len(held) == len(set(held))
+        for node in rig.nodes:
+            assert not [
+                d for d in (await rig.gpu_node(node))["spec"].get("devices") or [] if d.get("owner")
+            ]
+        print(
+            f"reclaim took {took:.2f} s (grace {grace} s), lastReclaimSeconds "
+            f"{status.get('lastReclaimSeconds')}"
+        )
+
+
+async def test_failed_lent_device_is_backfilled_from_standby(rig: Rig) -> None:
+    async with extender(rig):
+        lent_devices = await lend(rig)
+        placed_before = await rig.placed("recsys-")
+        del placed_before
+        node = (await rig.gpu_node(rig.nodes[1]))["status"]["devices"]
+        broken = next(d for d in node if d["uuid"] in lent_devices)
+        await rig.set_health(rig.nodes[1], broken["uuid"], "Unhealthy")
+        await rig.set_desired(16)
+
+        async def done() -> dict[str, Any] | None:
+            status = (await rig.lease()).get("status") or {}
+            return status if status.get("phase") == "Steady" and status.get("reclaims") else None
+
+        status = await eventually(done, within_s=30)
+        placed = await rig.placed("recsys-")
+        standby = {d["uuid"] for d in (await rig.gpu_node(rig.nodes[2]))["status"]["devices"]}
+        new = set(placed["recsys-2"]) | set(placed["recsys-3"])
+        assert len(new & set(lent_devices)) == 4  # the healthy lent half came back
+        assert len(new & standby) == 4  # the pod with the failed device went to standby
+        assert (status["returned"], status["backfilled"]) == (4, 4)
+        spare = (await rig.gpu_node(rig.nodes[2]))["spec"].get("devices") or []
+        assert not [d for d in spare if d.get("standby")]  # now the owner's, out of the pool
