@@ -1,0 +1,137 @@
+"""Chaos: the extender and its leasing controller are killed at random points of many
+lease/reclaim cycles; afterwards every lease is consistent and no device is assigned twice."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from common import builders, contract
+from common.kubeclient import KubeClient
+from common.model import Priority
+from tests.apiserver.conftest import ApiServer
+from tests.apiserver.rig import Rig, extender, make_rig
+from tests.polling import eventually
+
+pytestmark = pytest.mark.apiserver
+
+CYCLES = int(os.environ.get("TIDELEASE_CHAOS_CYCLES", "100"))
+
+
+@pytest.fixture
+async def rig(apiserver: ApiServer) -> AsyncIterator[Rig]:
+    kube = await KubeClient.connect(apiserver.kubeconfig)
+    rig = await make_rig(kube, str(apiserver.kubeconfig), standby=False)
+    await kube.json(
+        "PATCH",
+        f"/apis/{contract.API_VERSION}/namespaces/{rig.ns}/gpuleases/recsys",
+        body={"spec": {"graceSeconds": 0}},
+        content_type="application/merge-patch+json",
+    )
+    async with aiohttp.ClientSession() as session:
+        rig.tasks = [
+            asyncio.create_task(rig.statefulset_loop()),
+            asyncio.create_task(rig.scheduler_loop(session)),
+            asyncio.create_task(rig.kubelet_loop()),
+        ]
+        try:
+            yield rig
+        finally:
+            for t in rig.tasks:
+                t.cancel()
+            await asyncio.gather(*rig.tasks, return_exceptions=True)
+            await kube.close()
+
+
+async def chaos(rig: Rig, rng: random.Random, stop: asyncio.Event) -> int:
+    """Run the extender, killing it at random moments; the number of kills."""
+    kills = 0
+    while not stop.is_set():
+
+        async def life() -> None:
+            async with extender(rig):
+                await asyncio.Event().wait()
+
+        task = asyncio.create_task(life())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), rng.uniform(0.3, 2.5))
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        kills += 1
+    return kills
+
+
+async def check(rig: Rig) -> dict[str, Any]:
+    """Invariants that must hold whenever the lease is steady."""
+    held = await rig.ledger_devices()
+    devices = [u for u, _ in held]
+    assert len(devices) == len(set(devices)), "a device is held twice"
+    by_pod: dict[str, set[str]] = {}
+    for u, pod in held:
+        by_pod.setdefault(pod, set()).add(u)
+    for p in await rig.pods():
+        if p["spec"].get("nodeName"):
+            ann = p["metadata"].get("annotations", {})
+            got = set(ann.get(contract.ANN_DEVICES, "").split(","))
+            assert by_pod.get(p["metadata"]["name"]) == got, p["metadata"]["name"]
+    return (await rig.lease()).get("status") or {}
+
+
+async def test_controller_killed_at_random_points(rig: Rig) -> None:
+    rng = random.Random(20261122)
+    stop = asyncio.Event()
+    killer = asyncio.create_task(chaos(rig, rng, stop))
+    borrowers = 0
+    try:
+
+        async def placed(n: int) -> bool:
+            return len(await rig.placed("recsys-")) == n
+
+        await eventually(lambda: placed(4), within_s=60)
+        for cycle in range(CYCLES):
+            await rig.set_desired(8)
+
+            async def lent() -> tuple[str, ...] | None:
+                status = await check(rig)
+                ok = status.get("phase") == "Steady" and len(status.get("lent") or []) == 8
+                return tuple(status["lent"]) if ok and await placed(2) else None
+
+            lent_devices = await eventually(lent, within_s=60)
+            for _ in range(rng.randint(0, 2)):
+                pod = builders.pod(
+                    f"b-{borrowers}",
+                    4,
+                    namespace=rig.ns,
+                    priority=Priority.LOW,
+                    priority_class="rig-borrower",
+                )
+                pod["metadata"].pop("uid")
+                borrowers += 1
+                await rig.create(f"/api/v1/namespaces/{rig.ns}/pods", pod)
+            await rig.set_desired(16)
+
+            async def reclaimed() -> dict[str, Any] | None:
+                status = await check(rig)
+                done = status.get("phase") == "Steady" and not status.get("lent")
+                return status if done and await placed(4) else None
+
+            status = await eventually(reclaimed, within_s=60)
+            back = await rig.placed("recsys-")
+            got = set(back["recsys-2"]) | set(back["recsys-3"])
+            assert got == set(lent_devices), f"cycle {cycle}: not the same devices"
+            assert status["reclaims"] == cycle + 1
+            for node in rig.nodes:
+                tags = (await rig.gpu_node(node))["spec"].get("devices") or []
+                assert not [d for d in tags if d.get("owner")], f"cycle {cycle}: stale tags"
+    finally:
+        stop.set()
+        kills = await killer
+    print(f"{CYCLES} cycles, {kills} kills, {borrowers} borrowers")
+    assert kills >= CYCLES  # the controller really died throughout
