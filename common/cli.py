@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
+import socket
 import sys
 from pathlib import Path
 
@@ -27,6 +29,7 @@ def _extender(args: argparse.Namespace) -> int:
             "port": args.port,
             "snapshot": args.snapshot,
             "kubeconfig": args.kubeconfig,
+            "leasing_controller": True if args.leasing_controller else None,
         },
     )
 
@@ -40,21 +43,35 @@ def _extender(args: argparse.Namespace) -> int:
             log.info("offline mode: serving the objects of %s", settings.snapshot)
             await run_extender(store=store, settings=settings, stop=stop, drain_s=0.0)
             return
+        from common.kubeclient import KubeClient
+        from common.leaderelection import LeaderElector
         from extender.kubestore import KubeStore
+        from extender.leasecontroller import KubeWorld
+        from extender.running import Leasing
 
         kube = await KubeStore.connect(settings.kubeconfig, settings.agent_namespace)
+        writer = await KubeClient.connect(settings.kubeconfig)
+        leasing = None
+        if settings.leasing_controller:
+            identity = os.environ.get("POD_NAME") or socket.gethostname()
+            elector = LeaderElector(
+                writer,
+                namespace=settings.agent_namespace,
+                name="tidelease-leasing-controller",
+                identity=identity,
+            )
+            leasing = Leasing(KubeWorld(writer), elector)
         try:
-            await run_extender(store=kube, settings=settings, stop=stop)
+            await run_extender(store=kube, settings=settings, stop=stop, leasing=leasing)
         finally:
             await kube.close()
+            await writer.close()
 
     asyncio.run(main())
     return 0
 
 
 def _agent(args: argparse.Namespace) -> int:
-    import os
-
     from common.kubeclient import KubeClient
     from nodeagent.agent import AgentSettings, run_agent
     from nodeagent.deviceplugin.devices import InMemoryDeviceSource
@@ -173,6 +190,11 @@ def parser() -> argparse.ArgumentParser:
         "--snapshot",
         type=Path,
         help="offline mode: serve the objects of this YAML/JSON List instead of an API server",
+    )
+    ext.add_argument(
+        "--leasing-controller",
+        action="store_true",
+        help="also run the leasing controller (leader-elected among the replicas)",
     )
     ext.set_defaults(run=_extender)
 

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -25,6 +25,7 @@ from common.kubeclient import KubeClient
 from common.model import GpuUuid, Holder
 from extender.clusterstate import ClusterState
 from extender.leases import GpuLease, LeaseStatus, Workload, parse_gpu_lease, rfc3339
+from extender.leasing import TypeTier, standby_topup
 from extender.lending import (
     Action,
     Evict,
@@ -260,9 +261,13 @@ class LeaseController:
         world: World,
         metrics: LeasingMetrics,
         clock: Callable[[], float] = time.time,
+        standby_targets: Mapping[TypeTier, int] | None = None,
+        standby_interval_s: float = 60.0,
     ) -> None:
         self.cluster, self.pods, self.leases = cluster, pods, leases
         self.world, self.metrics, self.clock = world, metrics, clock
+        self.standby_targets = dict(standby_targets or {})
+        self.standby_interval_s = standby_interval_s
 
     async def step(self, lease: GpuLease) -> Action:
         """Decide and execute one action for one lease."""
@@ -332,9 +337,39 @@ class LeaseController:
             wake = min(wake, next_time)
         return wake
 
+    async def top_up_standby(self) -> int:
+        """Return free, untagged devices to the standby pool until it holds its targets again
+        (weflex 3.5: released GPUs rejoin the pool periodically); the devices added."""
+        if not self.standby_targets:
+            return 0
+        pool: dict[TypeTier, int] = {}
+        free = []
+        for state in self.cluster:
+            if not state.offering:
+                continue
+            held = {u for a in state.allocations.values() for u in a.devices}
+            for d in state.devices:
+                if d.cls.standby and d.cls.healthy:
+                    key = (d.gpu_type, d.tier)
+                    pool[key] = pool.get(key, 0) + 1
+                elif d.uuid not in held:
+                    free.append(d)
+        chosen = standby_topup(free, pool, self.standby_targets)
+        if chosen:
+            log.info("standby pool: adding %d device(s) to reach its targets", len(chosen))
+            await self.world.set_tags(TagChange(d.node, d.uuid, None, True) for d in chosen)
+        return len(chosen)
+
     async def run(self) -> None:
         """Until cancelled."""
+        next_topup = 0.0
         while True:
+            if self.clock() >= next_topup:
+                try:
+                    await self.top_up_standby()
+                except TideleaseError as e:
+                    log.warning("standby top-up failed (retrying): %s", e)
+                next_topup = self.clock() + self.standby_interval_s
             wake = await self.run_once()
             self.leases.changed.clear()
             timeout = max(0.05, wake - self.clock())

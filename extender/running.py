@@ -102,6 +102,7 @@ async def serve(
             leases=leases,
             world=leasing.world,
             metrics=LeasingMetrics(app.metrics.registry),
+            standby_targets=settings.standby_targets(),
         )
 
         async def lead() -> None:
@@ -129,10 +130,15 @@ async def serve(
 
 
 async def run_extender(
-    *, store: Store, settings: ExtenderSettings, stop: asyncio.Event, drain_s: float = 2.0
+    *,
+    store: Store,
+    settings: ExtenderSettings,
+    stop: asyncio.Event,
+    drain_s: float = 2.0,
+    leasing: Leasing | None = None,
 ) -> None:
     """Serve until ``stop`` is set; then fail readiness, let in-flight calls finish, exit."""
-    async with serve(store=store, settings=settings) as running:
+    async with serve(store=store, settings=settings, leasing=leasing) as running:
         await _first_of(stop, running.tasks)
         running.app.draining = True
         log.info("stopping: readiness failed, draining for %.1f s", drain_s)

@@ -13,6 +13,7 @@ import yaml
 
 from common import contract
 from common.errors import InvalidInput
+from common.model import Tier
 from extender.scoring import ScoreWeights
 
 ENV_PREFIX = "TIDELEASE_EXTENDER_"
@@ -34,8 +35,19 @@ class ExtenderSettings:
     # A node whose agent has not renewed its Lease for this long offers no devices.
     agent_timeout_s: float = 60.0
     agent_namespace: str = contract.DEFAULT_AGENT_NAMESPACE
+    # The leasing controller (leader-elected) runs in this process when set.
+    leasing_controller: bool = False
+    # Standby pool targets: "TYPE/TIER" -> devices, e.g. {"H20/HA": 16}. File only.
+    standby: dict[str, int] = field(default_factory=dict)
     snapshot: Path | None = None
     kubeconfig: Path | None = None
+
+    def standby_targets(self) -> dict[tuple[str, Tier], int]:
+        out = {}
+        for key, count in self.standby.items():
+            gpu_type, _, tier = key.partition("/")
+            out[(gpu_type, Tier[tier])] = count
+        return out
 
     def validate(self) -> list[str]:
         """Every problem at once; empty when the settings are usable."""
@@ -52,6 +64,17 @@ class ExtenderSettings:
         for name in ("reserve_ttl_s", "missing_grace_s", "reap_interval_s", "agent_timeout_s"):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be positive")
+        for key, count in self.standby.items():
+            gpu_type, _, tier = key.partition("/")
+            if (
+                not gpu_type
+                or tier not in ("HA", "MA", "LA")
+                or not isinstance(count, int)
+                or (count < 0)
+            ):
+                problems.append(
+                    f"standby: want TYPE/TIER: count (TIER HA, MA or LA), got {key!r}: {count!r}"
+                )
         if self.snapshot is not None and not self.snapshot.is_file():
             problems.append(f"snapshot {self.snapshot} is not a file")
         return problems
@@ -67,6 +90,7 @@ _FIELD_TYPES: dict[str, type] = {
     "reap_interval_s": float,
     "agent_timeout_s": float,
     "agent_namespace": str,
+    "leasing_controller": bool,
     "snapshot": Path,
     "kubeconfig": Path,
 }
@@ -74,6 +98,14 @@ _FIELD_TYPES: dict[str, type] = {
 
 def _coerce(name: str, value: Any, problems: list[str]) -> Any:
     kind = _FIELD_TYPES[name]
+    if kind is bool:
+        text = str(value).lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off", ""):
+            return False
+        problems.append(f"{name}: cannot read {value!r} as a boolean")
+        return None
     try:
         return kind(value)
     except (TypeError, ValueError):
@@ -100,7 +132,9 @@ def load_settings(
         if not isinstance(loaded, dict):
             raise InvalidInput(f"settings file {file}: want a mapping at the top")
         for key, value in loaded.items():
-            if key == "weights" and isinstance(value, dict):
+            if key == "standby" and isinstance(value, dict):
+                values["standby"] = {str(k): v for k, v in value.items()}
+            elif key == "weights" and isinstance(value, dict):
                 for wk, wv in value.items():
                     if wk not in {f.name for f in dataclasses.fields(ScoreWeights)}:
                         problems.append(f"settings file: unknown weight {wk!r}")

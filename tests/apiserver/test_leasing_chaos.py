@@ -68,19 +68,30 @@ async def chaos(rig: Rig, rng: random.Random, stop: asyncio.Event) -> int:
     return kills
 
 
+def bound(pods: list[dict[str, Any]]) -> dict[tuple[str, str], set[str]]:
+    out = {}
+    for p in pods:
+        if p["spec"].get("nodeName"):
+            ann = p["metadata"].get("annotations", {})
+            key = (p["metadata"]["name"], p["metadata"]["uid"])
+            out[key] = set(ann.get(contract.ANN_DEVICES, "").split(","))
+    return out
+
+
 async def check(rig: Rig) -> dict[str, Any]:
-    """Invariants that must hold whenever the lease is steady."""
+    """Invariants that must hold at every moment. Pods are listed before and after the ledgers:
+    a pod bound in both lists was bound while the ledgers were read, so its devices must be
+    there (the ledger is written before the Binding and released only after the pod is gone)."""
+    before = bound(await rig.pods())
     held = await rig.ledger_devices()
+    after = bound(await rig.pods())
     devices = [u for u, _ in held]
     assert len(devices) == len(set(devices)), "a device is held twice"
     by_pod: dict[str, set[str]] = {}
     for u, pod in held:
         by_pod.setdefault(pod, set()).add(u)
-    for p in await rig.pods():
-        if p["spec"].get("nodeName"):
-            ann = p["metadata"].get("annotations", {})
-            got = set(ann.get(contract.ANN_DEVICES, "").split(","))
-            assert by_pod.get(p["metadata"]["name"]) == got, p["metadata"]["name"]
+    for key in before.keys() & after.keys():
+        assert by_pod.get(key[0]) == before[key], f"{key[0]}: ledger and pod disagree"
     return (await rig.lease()).get("status") or {}
 
 

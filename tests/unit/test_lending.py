@@ -193,3 +193,37 @@ def test_high_priority_squatters_are_never_evicted() -> None:
         reclaim_deadline=NOW,
     )
     assert decide(lease(16, status), 2, pods(devs, 2), busy, NOW + 1) == ScaleTo(4)
+
+
+async def test_standby_top_up_through_the_controller() -> None:
+    from collections.abc import Iterable
+
+    from prometheus_client import CollectorRegistry
+
+    from extender.leasecontroller import LeaseCache, LeaseController, LeasingMetrics
+    from extender.lending import TagChange
+    from extender.watching import PodCache
+    from tests.unit.cluster import allocate, cluster
+
+    state = cluster(
+        builders.gpu_node("pool", builders.devices("pool", 2, standby=True)),
+        builders.gpu_node("busy"),
+        builders.gpu_node("idle"),
+    )
+    allocate(state, "busy", [(holder("x"), [builders.device_uuid("busy", i) for i in range(8)])])
+    changes: list[TagChange] = []
+
+    class Recorder:
+        async def set_tags(self, batch: Iterable[TagChange]) -> None:
+            changes.extend(batch)
+
+    controller = LeaseController(
+        cluster=state,
+        pods=PodCache(),
+        leases=LeaseCache(),
+        world=Recorder(),  # type: ignore[arg-type]
+        metrics=LeasingMetrics(CollectorRegistry()),
+        standby_targets={("H20", Tier.HA): 5},
+    )
+    assert await controller.top_up_standby() == 3
+    assert {(c.node, c.standby) for c in changes} == {("idle", True)}

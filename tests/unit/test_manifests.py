@@ -72,3 +72,19 @@ def test_scheduler_configuration_registers_every_verb() -> None:
     ]
     assert ext["ignorable"] is False
     assert cfg["percentageOfNodesToScore"] == 100
+
+
+def test_extender_settings_configmap_is_valid(tmp_path: Path) -> None:
+    from extender.leases import parse_gpu_lease
+    from extender.settings import load_settings
+
+    (cm,) = load(MANIFESTS / "extender" / "settings.yaml")
+    f = tmp_path / "settings.yaml"
+    f.write_text(cm["data"]["settings.yaml"])
+    settings = load_settings(file=f, env={})
+    assert settings.standby_targets()
+    (lease,) = load(MANIFESTS / "examples" / "gpulease.yaml")
+    lease["metadata"]["namespace"] = "ml"
+    jsonschema.validate(lease, crd_schema(contract.PLURAL_GPU_LEASE))
+    parsed = parse_gpu_lease(lease)
+    assert [e.gpus for e in parsed.spec.schedule] == [32, 8]

@@ -1,0 +1,24 @@
+"""A trace-driven cluster simulator that decides through the extender's own policy code.
+
+Nothing here re-implements a rule. Nodes are chosen by :func:`extender.filtering.filter_nodes`
+and :func:`extender.scoring.prioritize_nodes` over a :class:`extender.clusterstate.ClusterState`
+(as kube-scheduler with the extender would), devices by :func:`extender.placement.pick_devices`,
+victims by :func:`extender.preemption.choose_victims`, and every leasing step (replica counts,
+which replicas go, which devices are tagged, what a reclaim returns and backfills, which devices
+join the standby pool) by :mod:`extender.leasing`. What the simulator adds is time, load and
+bookkeeping:
+
+* :mod:`.scenario` — typed inputs: the cluster description and the trace;
+* :mod:`.tides` — the built-in 10,000-GPU cluster and two-week trace, generated from a seed;
+* :mod:`.loading` — the admin's own cluster (YAML/JSON) and trace (YAML/JSON/CSV) files;
+* :mod:`.clock` — simulated time and the event queue (no real sleeps);
+* :mod:`.world` — devices, ledgers and pods, kept in step with a ``ClusterState``;
+* :mod:`.scheduling` — kube-scheduler's cycle: filter, prioritize, bind, preempt;
+* :mod:`.borrowers` — low-priority jobs: queue, placement, completion, eviction;
+* :mod:`.controlling` — the online jobs and the leasing controller, per policy;
+* :mod:`.simulating` — the loop that runs one policy over a scenario;
+* :mod:`.metrics`, :mod:`.sizing` — what is measured, and the standby-pool sweep;
+* :mod:`.reporting`, :mod:`.plotting`, :mod:`.cli` — the table, the PNGs, the command.
+
+Only :mod:`.loading`, :mod:`.plotting` and :mod:`.cli` touch files.
+"""
