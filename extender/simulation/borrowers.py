@@ -16,7 +16,7 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from common.model import Holder, PodRequest, PodUid, Priority, Tier
+from common.model import Holder, PodRequest, PodUid, Priority
 from extender.simulation.clock import EventQueue, Kind
 from extender.simulation.scenario import BorrowerJob
 from extender.simulation.scheduling import Scheduler
@@ -55,7 +55,7 @@ class BorrowerStats:
     gave_up: int = 0
     evicted: int = 0  # pods evicted by reclaims and preemptions
     failed: int = 0  # pods whose device failed under them
-    evicted_gpu_minutes: int = 0  # running time lost to evictions (progress kept, restart paid)
+    evicted_gpus: int = 0  # GPUs freed by those evictions
 
 
 class Borrowers:
@@ -140,7 +140,7 @@ class Borrowers:
             gpus=s.gpus,
             priority=Priority.LOW,
             pod_priority=self.pod_priority,
-            min_tier=s.min_tier if isinstance(s.min_tier, Tier) else Tier.LA,
+            min_tier=s.min_tier,
             gpu_type=s.gpu_type,
         )
         placed = self.scheduler.place(req)
@@ -189,7 +189,7 @@ class Borrowers:
             self.stats.failed += 1
         else:
             self.stats.evicted += 1
-            self.stats.evicted_gpu_minutes += ran * job.spec.gpus
+            self.stats.evicted_gpus += job.spec.gpus
         self._enqueue(job_id, minute)
 
     def owns(self, pod: PodUid) -> bool:
