@@ -154,6 +154,19 @@ def _agent(args: argparse.Namespace) -> int:
     return 0
 
 
+def _simulate(args: argparse.Namespace) -> int:
+    from extender.simulation import cli as simulation
+
+    p = argparse.ArgumentParser(
+        prog="tidelease simulate",
+        description="Compare leasing policies on a trace of tides, failures and borrowers; "
+        "size the standby pool.",
+    )
+    simulation.add_arguments(p)
+    code: int = simulation.run(p.parse_args(args.rest))
+    return code
+
+
 def _demo(args: argparse.Namespace) -> int:
     from extender.demo import run_demo
 
@@ -236,6 +249,15 @@ def parser() -> argparse.ArgumentParser:
     )
     agent.set_defaults(run=_agent)
 
+    # The simulator (numpy, matplotlib) loads only when asked for: the agent stays small.
+    sim = sub.add_parser(
+        "simulate",
+        help="compare leasing policies on a trace; size the standby pool (the main job)",
+        add_help=False,
+    )
+    sim.add_argument("rest", nargs=argparse.REMAINDER, help="see tidelease simulate --help")
+    sim.set_defaults(run=_simulate)
+
     demo = sub.add_parser("demo", help="serve a built-in cluster and replay a day of tides")
     demo.set_defaults(run=_demo)
 
@@ -245,7 +267,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    p = parser()
+    args, extra = p.parse_known_args(argv)
+    if args.command == "simulate":
+        args.rest = extra + args.rest  # the simulator parses its own options
+    elif extra:
+        p.error(f"unrecognized arguments: {' '.join(extra)}")
     setup_logging(args.log_level, json_format=args.log_json)
     try:
         code: int = args.run(args)

@@ -115,10 +115,10 @@ def filter_nodes(cluster: ClusterState, req: PodRequest, names: Iterable[str]) -
         without_standby, strict_plans = _evaluate(cluster, known, replace(req, reclaim=False))
         if without_standby.passed or without_standby.failed:
             # The owner's pod fits, or will after evicting borrowers, without the standby pool.
+            with_standby = plans  # memoized per node state, like every plan here
             decision, plans = without_standby, strict_plans
-            states = dict(known)
             for name, plan in strict_plans.items():
-                needs_standby = not plan.fits and plan_node(states[name].free, req).fits
+                needs_standby = not plan.fits and with_standby[name].fits
                 if needs_standby and name not in decision.failed:
                     decision.unresolvable[name] = STANDBY_KEPT
         _right_of_return(decision, plans, req)

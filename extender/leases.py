@@ -65,10 +65,18 @@ class Notice:
 
 
 @dataclass(frozen=True, slots=True)
+class LentGroup:
+    """The devices one released replica lent; they come back when that replica does."""
+
+    replica: str
+    devices: tuple[GpuUuid, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class LeaseStatus:
     phase: Phase = "Steady"
     target_replicas: int | None = None
-    lent: tuple[GpuUuid, ...] = ()
+    groups: tuple[LentGroup, ...] = ()
     reclaim_started: float | None = None
     reclaim_deadline: float | None = None
     noticed: tuple[Notice, ...] = ()
@@ -78,10 +86,15 @@ class LeaseStatus:
     backfilled: int = 0  # standby devices given instead, over all reclaims
     last_reclaim_s: float | None = None
 
+    @property
+    def lent(self) -> tuple[GpuUuid, ...]:
+        """Every lent device."""
+        return tuple(u for g in self.groups for u in g.devices)
+
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "phase": self.phase,
-            "lent": list(self.lent),
+            "lent": [{"replica": g.replica, "devices": list(g.devices)} for g in self.groups],
             "reclaims": self.reclaims,
             "returned": self.returned,
             "backfilled": self.backfilled,
@@ -194,7 +207,14 @@ def parse_gpu_lease(obj: Mapping[str, Any]) -> GpuLease:
         status=LeaseStatus(
             phase=phase,  # type: ignore[arg-type]
             target_replicas=target if isinstance(target, int) else None,
-            lent=tuple(GpuUuid(str(u)) for u in status.get("lent") or [] if isinstance(u, str)),
+            groups=tuple(
+                LentGroup(
+                    str(g.get("replica", "")),
+                    tuple(GpuUuid(str(u)) for u in g.get("devices") or []),
+                )
+                for g in status.get("lent") or []
+                if isinstance(g, dict)
+            ),
             reclaim_started=epoch(reclaim.get("startedAt")),
             reclaim_deadline=epoch(reclaim.get("deadline")),
             noticed=noticed,

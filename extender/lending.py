@@ -20,9 +20,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from common.model import Device, GpuUuid, Holder, JobName
-from extender.leases import GpuLease, LeaseStatus, Notice
+from extender.leases import GpuLease, LeaseStatus, LentGroup, Notice
 from extender.leasing import (
     devices_to_tag,
+    ordinal,
     plan_reclaim,
     replicas_for,
     replicas_to_release,
@@ -122,20 +123,26 @@ def decide(
         )
     if target < replicas:
         released = set(replicas_to_release([p.name for p in pods], target))
-        devs = [
-            view.devices[u]
-            for p in pods
-            if p.name in released
-            for u in p.devices
-            if u in view.devices
-        ]
-        new = [d.uuid for d in devices_to_tag(devs) if d.uuid not in status.lent]
+        have = {g.replica for g in status.groups}
+        new = tuple(
+            LentGroup(
+                p.name,
+                tuple(
+                    d.uuid
+                    for d in devices_to_tag(view.devices[u] for u in p.devices if u in view.devices)
+                ),
+            )
+            for p in sorted(pods, key=lambda p: (ordinal(p.name), p.name))
+            if p.name in released and p.name not in have
+        )
+        new = tuple(g for g in new if g.devices)
         if new or status.phase != "Lending" or status.target_replicas != target:
             return WriteStatus(
                 replace(
-                    status, phase="Lending", target_replicas=target, lent=status.lent + tuple(new)
+                    status, phase="Lending", target_replicas=target, groups=status.groups + new
                 ),
-                f"scale down {replicas} -> {target} replicas: lend {len(new)} device(s)",
+                f"scale down {replicas} -> {target} replicas: lend "
+                f"{sum(len(g.devices) for g in new)} device(s)",
             )
         untagged = [
             view.devices[u]
@@ -160,8 +167,12 @@ def _reclaim(
     target = status.target_replicas if status.target_replicas is not None else replicas
     deadline = status.reclaim_deadline if status.reclaim_deadline is not None else now
     started = status.reclaim_started if status.reclaim_started is not None else now
+    # The replicas coming back (ordinals below the target) take back what they lent; the
+    # groups of replicas that stay down remain lent.
+    back = tuple(g for g in status.groups if ordinal(g.replica) < target)
+    reclaimed = tuple(u for g in back for u in g.devices)
     if not status.finalizing:
-        plan = plan_reclaim(spec.owner, status.lent, view.devices, view.holders, view.offering)
+        plan = plan_reclaim(spec.owner, reclaimed, view.devices, view.holders, view.offering)
         noticed = {n.uid for n in status.noticed}
         fresh = tuple(b for b in plan.borrowers if b.pod_uid not in noticed)
         if fresh:
@@ -190,22 +201,28 @@ def _reclaim(
             f"{backfilled} from standby",
         )
     held = {u for p in pods if p.node for u in p.devices}
+    done = set(reclaimed) | (held & set(status.lent))
     changes = [
         _tag(view.devices[u], None, False)
-        for u in status.lent
+        for u in sorted(done)
         if u in view.devices and view.devices[u].cls.owner is not None
     ] + [
         _tag(view.devices[u], None, False)
-        for u in held
+        for u in sorted(held)
         if u in view.devices and view.devices[u].cls.standby
     ]
     if changes:
         return SetTags(tuple(changes), "clear the tags of returned and backfilled devices")
+    still = tuple(
+        LentGroup(g.replica, tuple(u for u in g.devices if u not in done))
+        for g in status.groups
+        if g not in back
+    )
     return WriteStatus(
         replace(
             status,
             phase="Steady",
-            lent=(),
+            groups=tuple(g for g in still if g.devices),
             reclaim_started=None,
             reclaim_deadline=None,
             noticed=(),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from common.model import (
     Allocation,
@@ -163,7 +163,13 @@ def preempt_nodes(
         state = cluster.get(name)
         if state is None or not state.offering:
             continue
-        victims = choose_victims(state.devices, list(state.allocations.values()), req)
+        allocations = list(state.allocations.values())
+        victims = None
+        if req.reclaim:
+            # As the filter does: a reclaim evicts borrowers before it touches the standby pool.
+            victims = choose_victims(state.devices, allocations, replace(req, reclaim=False))
+        if victims is None:
+            victims = choose_victims(state.devices, allocations, req)
         if victims is None:
             continue
         uids = tuple(h.pod_uid for h in victims)

@@ -3,10 +3,10 @@
 Nothing here re-implements a rule. Nodes are chosen by :func:`extender.filtering.filter_nodes`
 and :func:`extender.scoring.prioritize_nodes` over a :class:`extender.clusterstate.ClusterState`
 (as kube-scheduler with the extender would), devices by :func:`extender.placement.pick_devices`,
-victims by :func:`extender.preemption.choose_victims`, and every leasing step (replica counts,
-which replicas go, which devices are tagged, what a reclaim returns and backfills, which devices
-join the standby pool) by :mod:`extender.leasing`. What the simulator adds is time, load and
-bookkeeping:
+victims by :func:`extender.preemption.choose_victims`; the leasing controller's every step
+(lend, tag, scale, notice, evict, clear tags) is :func:`extender.lending.decide`, executed on the
+simulated world, and the standby pool is topped up by :func:`extender.leasing.standby_topup`.
+What the simulator adds is time, load and bookkeeping:
 
 * :mod:`.scenario` — typed inputs: the cluster description and the trace;
 * :mod:`.tides` — the built-in 10,000-GPU cluster and two-week trace, generated from a seed;
@@ -15,10 +15,12 @@ bookkeeping:
 * :mod:`.world` — devices, ledgers and pods, kept in step with a ``ClusterState``;
 * :mod:`.scheduling` — kube-scheduler's cycle: filter, prioritize, bind, preempt;
 * :mod:`.borrowers` — low-priority jobs: queue, placement, completion, eviction;
-* :mod:`.controlling` — the online jobs and the leasing controller, per policy;
+* :mod:`.controlling` — the online jobs' StatefulSets and GpuLeases, under each policy;
 * :mod:`.simulating` — the loop that runs one policy over a scenario;
 * :mod:`.metrics`, :mod:`.sizing` — what is measured, and the standby-pool sweep;
+* :mod:`.executing` — several runs in worker processes;
 * :mod:`.reporting`, :mod:`.plotting`, :mod:`.cli` — the table, the PNGs, the command.
 
-Only :mod:`.loading`, :mod:`.plotting` and :mod:`.cli` touch files.
+Only :mod:`.loading`, :mod:`.plotting`, :mod:`.executing` and :mod:`.cli` do I/O (files,
+processes); a test walks the imports of the others.
 """

@@ -14,7 +14,7 @@ from __future__ import annotations
 import enum
 import heapq
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from common.model import Holder, PodRequest, PodUid, Priority
 from extender.simulation.clock import EventQueue, Kind
@@ -43,7 +43,7 @@ class Job:
     queued_at: int = 0
     started: int = 0
     generation: int = 0  # bumped on every start, eviction and requeue: stale events are ignored
-    pod: PodUid = PodUid("")
+    pod: PodUid = field(default_factory=lambda: PodUid(""))
     on_lent: int = 0  # of its devices, how many carry an owner tag (lent by an online job)
 
 

@@ -16,10 +16,10 @@ Two shortcuts keep a two-week run of 10,000 GPUs fast, neither changing an answe
 * The filter is asked only about nodes with at least as many free healthy devices as the pod
   wants (no other node can pass: every device a plan takes is free and healthy); the rest of the
   nodes matter only for preemption, which walks them as kube-scheduler does.
-* A reclaim pod is filtered first without its reclaim flag: ``filter_nodes`` answers a reclaim
-  pod with exactly that answer whenever some node passes, or could after evictions, without
-  the standby pool (only the reasons on standby nodes differ). Only when neither holds is the
-  pod filtered with the flag, over the nodes that can pass.
+* A reclaim pod (``ClusterState.with_reclaim``: its owner's lease is reclaiming) is filtered
+  over the nodes that can pass too; only when none passes without the standby pool are the
+  other nodes looked at, to know whether evictions could make it fit there (then the filter
+  keeps standby for later, and the pod preempts).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from extender.preemption import choose_victims
 from extender.scoring import ScoreWeights, prioritize_nodes
 from extender.simulation.world import SimCluster
 
-Evict = Callable[[Holder], None]
+Evict = Callable[[Holder], object]
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +81,7 @@ class Scheduler:
     ) -> Placement | None:
         """Schedule and bind one pod; ``within``: the only nodes it may go to (a node affinity);
         ``evict``: how to evict a victim (``None``: the pod never preempts)."""
+        req = self.world.state.with_reclaim(req)  # as the extender's every verb does
         universe = self._universe(req, within)
         placed = self._cycle(req, universe, within)
         if placed is not None or evict is None:
@@ -118,24 +119,27 @@ class Scheduler:
         d = filter_nodes(self.world.state, req, names)
         return d.passed, list(d.failed)
 
-    def _passed(
+    def passed(
         self, req: PodRequest, universe: Sequence[NodeName], within: Collection[NodeName] | None
     ) -> list[str]:
+        """The nodes ``filter_nodes`` passes for this pod, asking it only what can pass."""
         cands = self._candidates(req, within)
+        if not cands:
+            return []
         if not req.reclaim:
-            return self._filter(req, cands)[0] if cands else []
+            return self._filter(req, cands)[0]
+        # filter_nodes answers a reclaim pod from the answer without the flag whenever some
+        # node passes, or could after evictions, without standby; over the candidates the
+        # first case is decided alike, the second needs a look at the other nodes
         plain = replace(req, reclaim=False)
-        passed = self._filter(plain, cands)[0] if cands else []
-        if passed or self._walk(plain, universe, 1):
-            # some node fits, or would after evictions, without standby: filter_nodes answers
-            # the reclaim pod exactly as the plain one
-            return passed
-        return self._filter(req, cands)[0] if cands else []
+        if not self._filter(plain, cands)[0] and self._walk(plain, universe, 1):
+            return []
+        return self._filter(req, cands)[0]
 
     def _cycle(
         self, req: PodRequest, universe: Sequence[NodeName], within: Collection[NodeName] | None
     ) -> Placement | None:
-        passed = self._passed(req, universe, within)
+        passed = self.passed(req, universe, within)
         if not passed:
             return None
         world = self.world
@@ -166,13 +170,22 @@ class Scheduler:
                 return found[:want]
         return found
 
-    def _preempt(self, req: PodRequest, universe: Sequence[NodeName]) -> tuple[Holder, ...] | None:
-        s = self.settings
-        want = min(len(universe), max(len(universe) * s.candidates_percent // 100, s.candidates_min))
+    def preemption_candidates(
+        self, req: PodRequest, universe: Sequence[NodeName], want: int
+    ) -> list[str]:
+        """Up to ``want`` of the nodes the filter answers with ``FailedNodes`` (for a pod that
+        passes nowhere), from a random one on."""
         walked = self._walk(replace(req, reclaim=False) if req.reclaim else req, universe, want)
         if req.reclaim and not walked:
             # nothing fits without standby even after evictions: the reclaim flag decides
             walked = self._walk(req, universe, want)
+        return walked
+
+    def _preempt(self, req: PodRequest, universe: Sequence[NodeName]) -> tuple[Holder, ...] | None:
+        s = self.settings
+        n = len(universe)
+        want = min(n, max(n * s.candidates_percent // 100, s.candidates_min))
+        walked = self.preemption_candidates(req, universe, want)
         if not walked:
             return None
         shape = (*placement_shape(req), req.pod_priority)

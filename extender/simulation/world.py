@@ -46,6 +46,7 @@ class SimCluster:
         self.standby: set[GpuUuid] = set()
         self.unhealthy = 0
         self.total = 0
+        self.changes = 0  # bumped on every change of any node
         self.offering: dict[str, bool] = {}
         self._types: dict[str, list[NodeName]] = {ANY_TYPE: self.names}
         self._free: dict[NodeName, int] = {}
@@ -161,6 +162,7 @@ class SimCluster:
         self._changed(node)
 
     def _changed(self, node: NodeName) -> None:
+        self.changes += 1
         self.version[node] += 1
         self._reindex(node)
 

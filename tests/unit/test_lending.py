@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from common import builders
 from common.model import Device, Holder, JobName, Priority, Tier
-from extender.leases import GpuLease, LeaseSpec, LeaseStatus, Notice, Workload
+from extender.leases import GpuLease, LeaseSpec, LeaseStatus, LentGroup, Notice, Workload
 from extender.lending import (
     Evict,
     Notify,
@@ -78,7 +78,11 @@ def test_scale_down_records_then_tags_then_scales() -> None:
 
 
 def lent_status(devs: list[Device]) -> LeaseStatus:
-    return LeaseStatus(phase="Steady", target_replicas=2, lent=tuple(d.uuid for d in devs[8:12]))
+    return LeaseStatus(
+        phase="Steady",
+        target_replicas=2,
+        groups=(LentGroup("recsys-2", tuple(d.uuid for d in devs[8:12])),),
+    )
 
 
 def test_reclaim_notice_then_wait_then_evict_then_scale() -> None:
@@ -227,3 +231,44 @@ async def test_standby_top_up_through_the_controller() -> None:
     )
     assert await controller.top_up_standby() == 3
     assert {(c.node, c.standby) for c in changes} == {("idle", True)}
+
+
+def test_a_partial_scale_up_reclaims_only_the_returning_replicas_devices() -> None:
+    """1 of 3 replicas running, 2 lent (recsys-1 on a, recsys-2 on b); scaling to 2 reclaims
+    recsys-1's devices only: recsys-2's stay lent, their borrower untouched."""
+    devs, view = world(lent_owner=True)
+    a_lent = tuple(d.uuid for d in devs[4:8])
+    b_lent = tuple(d.uuid for d in devs[8:12])
+    status = LeaseStatus(
+        phase="Steady",
+        target_replicas=1,
+        groups=(LentGroup("recsys-1", a_lent), LentGroup("recsys-2", b_lent)),
+    )
+    on_b = holder("borrower-b")
+    on_a = holder("borrower-a")
+    busy = replace(view, holders={a_lent[0]: on_a, b_lent[0]: on_b})
+    start = decide(lease(8, status), 1, pods(devs, 1), busy, NOW)
+    assert isinstance(start, WriteStatus)
+    step = decide(lease(8, start.status), 1, pods(devs, 1), busy, NOW + 1)
+    assert isinstance(step, Notify)
+    assert [p.name for p in step.pods] == ["borrower-a"]
+    # recsys-1 back on a's lent devices: finish, keeping recsys-2's group lent.
+    back = [
+        OwnerPod("recsys-0", "uid-0", "a", tuple(d.uuid for d in devs[0:4])),
+        OwnerPod("recsys-1", "uid-1", "a", a_lent),
+    ]
+    fin = replace(start.status, finalizing=True)
+    tagged_a = replace(
+        view,
+        devices={
+            u: (replace(d, cls=d.cls._replace(owner=OWNER)) if u in a_lent else d)
+            for u, d in view.devices.items()
+        },
+    )
+    step = decide(lease(8, fin), 2, back, tagged_a, NOW + 5)
+    assert isinstance(step, SetTags)
+    assert {c.uuid for c in step.changes} == set(a_lent)  # b's tags stay
+    done = decide(lease(8, fin), 2, back, view, NOW + 6)  # a's tags cleared
+    assert isinstance(done, WriteStatus)
+    assert done.status.groups == (LentGroup("recsys-2", b_lent),)
+    assert done.status.phase == "Steady"

@@ -111,3 +111,28 @@ def test_preempt_nodes_drops_hopeless_nodes_and_keeps_pdb_counts() -> None:
         },
     )
     assert answer == {"good": Proposal(("uid-b1",), 1)}
+
+
+def test_reclaim_preemption_agrees_with_the_filter_about_standby() -> None:
+    """Standby free on the node, a borrower on the owner's lent devices: the filter sends
+    kube-scheduler to preemption (borrowers before standby), so preempt must name the borrower
+    rather than answer 'no victims needed'."""
+    from extender.filtering import filter_nodes
+
+    devs = builders.devices("n", 2, standby=True) + builders.devices("n", 2, owner="a", start=2)
+    state = cluster(builders.gpu_node("n", devs))
+    allocate(state, "n", [(holder("borrower", pod_priority=5), [U("n", 2), U("n", 3)])])
+    req = parse_pod(
+        builders.pod(
+            "own",
+            1,
+            priority=Priority.HIGH,
+            owner="a",
+            reclaim=True,
+            pod_priority=1000,
+            tier=Tier.HA,
+        )
+    )
+    assert list(filter_nodes(state, req, ["n"]).failed) == ["n"]
+    answer = preempt_nodes(state, req, {"n": Proposal((), 0)})
+    assert answer == {"n": Proposal(("uid-borrower",), 0)}

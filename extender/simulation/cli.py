@@ -1,0 +1,261 @@
+"""``tidelease simulate``: compare leasing policies on a cluster and a trace, size the standby pool.
+
+Without arguments: the built-in 10,000-GPU cluster and two-week trace (seed 1). Prints what was
+simulated, a row per policy, and the standby sizing; writes PNG plots and ``summary.json`` into
+``--out``. Bad input files end the command with every problem named (``InvalidInput``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any, TextIO
+
+from common.errors import InvalidInput
+from extender.simulation.controlling import Policy
+from extender.simulation.executing import Runner
+from extender.simulation.loading import cluster_document, load_cluster, load_trace, trace_csv
+from extender.simulation.reporting import describe, policy_table, sizing_table
+from extender.simulation.scenario import Scenario, check, draw_failures
+from extender.simulation.simulating import RunResult, SimSettings
+from extender.simulation.sizing import DEFAULT_SIZES, TARGET, Sizing, sweep
+from extender.simulation.tides import DEFAULT_DAYS, default_cluster, default_trace
+
+DEFAULT_OUT = Path("tidelease-sim-out")
+DEFAULT_STANDBY = 256  # GPUs, when the sweep does not choose
+ORDER = (Policy.RIGHT_OF_RETURN, Policy.NO_RETURN, Policy.NO_SCALING)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--cluster", type=Path, help="cluster description (YAML/JSON; default: built-in 10k GPUs)"
+    )
+    parser.add_argument(
+        "--trace",
+        type=Path,
+        help="trace (YAML/JSON/CSV; default: generated for the cluster from --seed)",
+    )
+    parser.add_argument("--seed", type=int, default=1, help="seed of everything drawn (default 1)")
+    parser.add_argument(
+        "--days",
+        type=float,
+        help=f"simulated days (default: {DEFAULT_DAYS:g} for a generated trace, a given trace's)",
+    )
+    parser.add_argument(
+        "--scale",
+        type=float,
+        default=1.0,
+        help="shrink the built-in cluster (e.g. 0.1: 1,000 GPUs); ignored with --cluster",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT, help=f"output directory (default ./{DEFAULT_OUT})"
+    )
+    parser.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
+    parser.add_argument(
+        "--standby-sweep",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="sweep standby pool sizes for the smallest with >= 99.9%% full reclaims (default on)",
+    )
+    parser.add_argument(
+        "--sweep-sizes",
+        default=",".join(str(s) for s in DEFAULT_SIZES),
+        help="standby sizes (GPUs) the sweep tries, comma-separated",
+    )
+    parser.add_argument(
+        "--standby",
+        type=int,
+        help="standby pool (GPUs) of the right-of-return run (default: the sweep's answer, or "
+        f"its largest size if none meets the target; without a sweep {DEFAULT_STANDBY})",
+    )
+    parser.add_argument(
+        "--policies",
+        default=",".join(p.value for p in ORDER),
+        help="policies to compare, comma-separated (default: all three)",
+    )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=min(4, os.cpu_count() or 1),
+        help="simulations run in parallel (worker processes; default: cores, at most 4)",
+    )
+    parser.add_argument(
+        "--save-inputs",
+        action="store_true",
+        help="also write the cluster (cluster.yaml) and trace (trace.csv) that were simulated",
+    )
+
+
+def _ints(text: str, option: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise InvalidInput(f"{option}: want comma-separated integers, got {text!r}") from None
+    if not values or any(v < 0 for v in values):
+        raise InvalidInput(f"{option}: want non-negative integers, got {text!r}")
+    return values
+
+
+def _policies(text: str) -> list[Policy]:
+    known = {p.value: p for p in Policy}
+    chosen = []
+    for name in (x.strip() for x in text.split(",") if x.strip()):
+        if name not in known:
+            raise InvalidInput(f"--policies: unknown {name!r} (known: {', '.join(known)})")
+        chosen.append(known[name])
+    if not chosen:
+        raise InvalidInput("--policies: none given")
+    return [p for p in ORDER if p in chosen]
+
+
+def scenario_from(args: argparse.Namespace) -> Scenario:
+    """The cluster and trace the arguments name (built-in ones by default), checked."""
+    problems = []
+    if args.days is not None and args.days <= 0:
+        problems.append(f"--days: want a positive number, got {args.days:g}")
+    if args.scale <= 0:
+        problems.append(f"--scale: want a positive number, got {args.scale:g}")
+    if problems:
+        raise InvalidInput(problems)
+    spec = load_cluster(args.cluster) if args.cluster else default_cluster(args.scale)
+    nodes = spec.expand(args.seed)
+    if args.trace:
+        trace = load_trace(args.trace, nodes, days=args.days)
+    else:
+        trace = default_trace(list(nodes), days=args.days or DEFAULT_DAYS, seed=args.seed)
+        problems = check(nodes, trace)
+        if problems:
+            raise InvalidInput(problems)
+    failures = trace.failures
+    if failures is None:
+        failures = draw_failures(nodes, spec.failure_model, trace.minutes, args.seed)
+    else:
+        failures = tuple(f for f in failures if f.at < trace.minutes)
+    return Scenario(nodes, trace, failures)
+
+
+def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    stream = out or sys.stdout
+    policies = _policies(args.policies)
+    sizes = _ints(args.sweep_sizes, "--sweep-sizes")
+    if args.standby is not None and args.standby < 0:
+        raise InvalidInput(f"--standby: want a non-negative number of GPUs, got {args.standby}")
+    if args.jobs < 1:
+        raise InvalidInput(f"--jobs: want at least 1, got {args.jobs}")
+    scenario = scenario_from(args)
+    total = sum(n.gpus for n in scenario.nodes)
+    print(describe(scenario, args.seed), file=stream, flush=True)
+    base = SimSettings(Policy.RIGHT_OF_RETURN, seed=args.seed)
+
+    sizing: Sizing | None = None
+    results: dict[Policy, RunResult] = {}
+    with Runner(scenario, args.jobs) as runner:
+        if args.standby_sweep:
+            print(f"sweeping standby sizes {sizes} ...", file=stream, flush=True)
+            sizing = sweep(
+                lambda batch: runner.run([replace(base, standby_gpus=s) for s in batch]),
+                sizes,
+                target=TARGET,
+                batch=args.jobs,
+            )
+        todo = []
+        for policy in policies:
+            if policy is Policy.RIGHT_OF_RETURN:
+                standby = args.standby
+                if standby is None:
+                    standby = DEFAULT_STANDBY if sizing is None else _chosen(sizing)
+                reuse = sizing.result_for(standby) if sizing is not None else None
+                if reuse is not None:
+                    results[policy] = reuse
+                    continue
+                todo.append(replace(base, standby_gpus=standby))
+            else:
+                todo.append(replace(base, policy=policy))
+        for settings, result in zip(todo, runner.run(todo), strict=True):
+            results[settings.policy] = result
+
+    ordered = [results[p] for p in policies]
+    print(file=stream)
+    print(policy_table([r.summary for r in ordered]), file=stream)
+    if sizing is not None:
+        print(file=stream)
+        print(sizing_table(sizing, total), file=stream)
+    print(file=stream)
+    for r in ordered:
+        print(
+            f"{r.summary.policy}: simulated {scenario.trace.minutes / 1440:g} days of "
+            f"{total:,} GPUs in {r.summary.elapsed_s:.1f} s ({r.summary.cpu_s:.1f} s of CPU, "
+            "one core)",
+            file=stream,
+        )
+    written = _write_outputs(args, scenario, ordered, sizing)
+    for path in written:
+        print(f"wrote {path}", file=stream)
+    return 0
+
+
+def _chosen(sizing: Sizing) -> int:
+    if sizing.answer is not None:
+        return sizing.answer
+    return max((p.size for p in sizing.points), default=DEFAULT_STANDBY)
+
+
+def _write_outputs(
+    args: argparse.Namespace,
+    scenario: Scenario,
+    results: list[RunResult],
+    sizing: Sizing | None,
+) -> list[Path]:
+    out: Path = args.out
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InvalidInput(f"--out {out}: cannot create: {e.strerror or e}") from e
+    written: list[Path] = []
+    summary: dict[str, Any] = {
+        "seed": args.seed,
+        "policies": [asdict(r.summary) for r in results],
+        "stats": {r.summary.policy: r.stats for r in results},
+    }
+    if sizing is not None:
+        summary["standby_sizing"] = {
+            "target": sizing.target,
+            "answer_gpus": sizing.answer,
+            "points": [{**asdict(p), "ratio": p.ratio} for p in sizing.points],
+        }
+    path = out / "summary.json"
+    path.write_text(json.dumps(summary, indent=2) + "\n")
+    written.append(path)
+    if args.save_inputs:
+        spec = load_cluster(args.cluster) if args.cluster else default_cluster(args.scale)
+        path = out / "cluster.yaml"
+        path.write_text(cluster_document(scenario.nodes, spec.failure_model))
+        written.append(path)
+        path = out / "trace.csv"
+        path.write_text(trace_csv(scenario.trace, scenario.failures))
+        written.append(path)
+    if not args.no_plots:
+        from extender.simulation import plotting
+
+        written.extend(plotting.write_all(results, sizing, out))
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand-alone entry point (``python -m extender.simulation.cli``)."""
+    parser = argparse.ArgumentParser(prog="tidelease simulate", description=__doc__)
+    add_arguments(parser)
+    try:
+        return run(parser.parse_args(argv))
+    except InvalidInput as e:
+        for problem in e.problems:
+            print(f"tidelease: {problem}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

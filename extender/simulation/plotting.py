@@ -1,0 +1,142 @@
+"""PNG plots of a comparison: HA share, fulfilment, online demand against held GPUs, sizing.
+
+Figures are drawn with matplotlib's object API on the Agg canvas (no pyplot, no display).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from extender.simulation.simulating import RunResult
+from extender.simulation.sizing import Sizing
+
+COLORS = {"right-of-return": "tab:green", "no-return": "tab:red", "no-scaling": "tab:gray"}
+
+
+def _days(result: RunResult) -> list[float]:
+    return [m / 1440.0 for m in result.series.minute]
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    FigureCanvasAgg(fig)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def _label(r: RunResult) -> str:
+    s = r.summary
+    return f"{s.policy} (standby {s.standby_gpus})" if s.policy == "right-of-return" else s.policy
+
+
+def ha_share(results: Sequence[RunResult], path: Path) -> Path:
+    fig = Figure(figsize=(10, 4.5))
+    ax = fig.add_subplot()
+    for r in results:
+        color = COLORS.get(r.summary.policy)
+        days = _days(r)
+        share = r.series.ha_share()
+        ax.plot(days, [100 * x for x in share], lw=0.6, alpha=0.45, color=color)
+        peaks = r.series.daily_peaks()
+        ax.plot(
+            [days[i] for i in peaks],
+            [100 * share[i] for i in peaks],
+            marker="o",
+            lw=1.8,
+            color=color,
+            label=f"{_label(r)}, at daily peaks",
+        )
+    if results:
+        avg = 100 * results[0].summary.cluster_ha
+        ax.axhline(avg, ls="--", color="black", lw=1, label=f"cluster average {avg:.1f}%")
+        start = 100 * results[0].summary.ha_start
+        ax.axhline(start, ls=":", color="tab:blue", lw=1, label=f"pre-lease {start:.1f}%")
+    ax.set_xlabel("day")
+    ax.set_ylabel("HA share of online jobs' GPUs (%)")
+    ax.set_title("Online jobs' HA share (cf. weflex fig. 14)")
+    ax.legend(loc="lower left", fontsize=8)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def fulfilment(results: Sequence[RunResult], path: Path) -> Path:
+    fig = Figure(figsize=(10, 4.5))
+    ax = fig.add_subplot()
+    for r in results:
+        ax.plot(
+            _days(r),
+            [100 * x for x in r.series.fulfilment()],
+            lw=1.0,
+            color=COLORS.get(r.summary.policy),
+            label=_label(r),
+        )
+    if results:
+        twin = ax.twinx()
+        twin.fill_between(
+            _days(results[0]), results[0].series.online_demand, color="tab:blue", alpha=0.08
+        )
+        twin.set_ylabel("online demand (GPUs, shaded)")
+    ax.set_xlabel("day")
+    ax.set_ylabel("borrowers' fulfilment (%)")
+    ax.set_ylim(0, 100)
+    ax.set_title("Borrowers' request fulfilment ratio (cf. weflex fig. 10)")
+    ax.legend(loc="upper left", fontsize=8)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def demand(results: Sequence[RunResult], path: Path) -> Path:
+    fig = Figure(figsize=(10, 4.5))
+    ax = fig.add_subplot()
+    if results:
+        ax.plot(
+            _days(results[0]),
+            results[0].series.online_demand,
+            lw=1.6,
+            color="tab:blue",
+            label="online demand (trace)",
+        )
+    for r in results:
+        ax.plot(
+            _days(r),
+            r.series.online_held,
+            lw=0.9,
+            color=COLORS.get(r.summary.policy),
+            label=f"held: {_label(r)}",
+        )
+    ax.set_xlabel("day")
+    ax.set_ylabel("GPUs")
+    ax.set_title("Online demand and GPUs held by the online jobs")
+    ax.legend(loc="lower left", fontsize=8)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def sizing(result: Sizing, path: Path) -> Path:
+    fig = Figure(figsize=(6.5, 4))
+    ax = fig.add_subplot()
+    sizes = [p.size for p in result.points]
+    ax.plot(sizes, [100 * p.ratio for p in result.points], marker="o", color="tab:green")
+    ax.axhline(100 * result.target, ls="--", color="black", lw=1, label="target")
+    ax.set_xlabel("standby pool (GPUs)")
+    ax.set_ylabel("reclaims fully met (%)")
+    ax.set_title("Standby pool sizing")
+    ax.legend(loc="lower right", fontsize=8)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def write_all(results: Sequence[RunResult], sweep: Sizing | None, out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [
+        ha_share(results, out / "ha_share.png"),
+        fulfilment(results, out / "fulfilment.png"),
+        demand(results, out / "online_demand.png"),
+    ]
+    if sweep is not None and sweep.points:
+        paths.append(sizing(sweep, out / "standby_sizing.png"))
+    return paths

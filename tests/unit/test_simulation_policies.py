@@ -1,0 +1,189 @@
+"""The three policies on a tiny cluster, with outcomes worked out by hand.
+
+Four-GPU H20 nodes. The online job ``recsys`` (replicas of 4 GPUs) starts on nodes ``a`` and
+``b`` (replica 0 on ``a``: equal scores, ties by name); at 01:00 its demand halves and replica 1
+goes, releasing ``b``; at 01:05 two borrowers asking 4 GPUs of at least MA arrive: the first
+takes untagged ``d`` (all MA; with right of return it also scores higher there than on the lent
+``b``), the second the only other node that fits, ``b``. At 10:00 the demand is back:
+
+* with right of return (the leasing controller's own decisions, :func:`extender.lending.decide`)
+  the borrower on ``b`` gets notice, is evicted 45 s later, and ``b`` comes back;
+* without, the job takes the only free node, ``c`` (all LA);
+* without elastic scaling, nothing moves.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+
+import pytest
+
+from common.model import JobName, NodeName, Tier
+from extender.simulation.controlling import Policy, standby_targets
+from extender.simulation.scenario import (
+    BorrowerJob,
+    DeviceFailure,
+    NodeSpec,
+    OnlineJob,
+    Role,
+    Scenario,
+    Trace,
+    draw_failures,
+)
+from extender.simulation.simulating import RunResult, SimSettings, simulate
+from extender.simulation.tides import default_cluster, default_trace
+
+HA, MA, LA = Tier.HA, Tier.MA, Tier.LA
+
+
+def node(name: str, *tiers: Tier, role: Role = Role.SHARED) -> NodeSpec:
+    return NodeSpec(NodeName(name), "H20", tiers, role)
+
+
+def scenario(
+    nodes: list[NodeSpec], failures: tuple[DeviceFailure, ...] = (), tier: Tier = LA
+) -> Scenario:
+    job = OnlineJob(JobName("recsys"), "H20", 4, tier, ((0, 8), (60, 4), (600, 8)))
+    borrowers = tuple(BorrowerJob(f"ft-{i}", 65, 4, 100_000, 100_000, None, MA) for i in range(2))
+    return Scenario(tuple(nodes), Trace(2 * 1440, (job,), borrowers, failures), failures)
+
+
+def drift_cluster() -> list[NodeSpec]:
+    return [
+        node("a", HA, HA, HA, MA, role=Role.ONLINE),
+        node("b", HA, HA, HA, MA, role=Role.ONLINE),
+        node("c", LA, LA, LA, LA),
+        node("d", MA, MA, MA, MA),
+    ]
+
+
+def run(policy: Policy, nodes: list[NodeSpec], **kw: object) -> RunResult:
+    return simulate(scenario(nodes, **kw), SimSettings(policy))  # type: ignore[arg-type]
+
+
+def held_nodes(result: RunResult) -> Counter[str]:
+    return Counter(d.node for d in result.holdings["recsys"])
+
+
+def at(result: RunResult, minute: int) -> int:
+    return result.series.minute.index(minute)
+
+
+def test_right_of_return_keeps_the_ha_share() -> None:
+    r = run(Policy.RIGHT_OF_RETURN, drift_cluster())
+    assert held_nodes(r) == {"a": 4, "b": 4}
+    s = r.summary
+    assert (s.ha_start, s.ha_end, s.ha_min) == (0.75, 0.75, 0.75)
+    (reclaim,) = r.reclaims
+    assert (reclaim.minute, reclaim.lent, reclaim.due, reclaim.returned) == (600, 4, 4, 4)
+    assert (reclaim.evicted, reclaim.forfeited, reclaim.duration_s) == (1, 0, 46.0)  # grace 45 s
+    assert reclaim.full
+    assert s.evictions == 1
+    assert r.stats["reclaim_notices"] == 1
+
+
+def test_without_right_of_return_the_ha_share_drifts() -> None:
+    r = run(Policy.NO_RETURN, drift_cluster())
+    assert held_nodes(r) == {"a": 4, "c": 4}
+    s = r.summary
+    assert (s.ha_start, s.ha_end) == (0.75, 0.375)
+    assert s.ha_end <= s.cluster_ha < s.ha_start  # cluster: 6 HA of 16
+    assert r.reclaims == []
+    assert s.evictions == 0  # it took the free node instead
+
+
+def test_without_elastic_scaling_nothing_moves() -> None:
+    r = run(Policy.NO_SCALING, drift_cluster())
+    assert held_nodes(r) == {"a": 4, "b": 4}
+    assert set(r.series.online_held) == {8}
+    assert r.summary.gpu_hours_lent == 0
+    # only d fits a borrower: one runs, one waits all along
+    assert set(r.series.running[at(r, 65) :]) == {4}
+
+
+def test_borrowers_use_lent_gpus_in_the_trough() -> None:
+    on = run(Policy.RIGHT_OF_RETURN, drift_cluster())
+    static = run(Policy.NO_SCALING, drift_cluster())
+    trough = at(on, 300)
+    assert on.series.lent[trough] == 4  # b's devices, tagged for recsys
+    assert on.series.on_lent[trough] == 4  # and a borrower runs on them
+    assert on.series.running[trough] == 8
+    assert static.series.running[trough] == 4
+    assert on.series.fulfilment()[trough] == 1.0
+    assert on.series.fulfilment()[at(on, 700)] == 0.5  # after the reclaim
+    assert on.series.lent[at(on, 700)] == 0
+    assert on.summary.fulfilment_trough > on.summary.fulfilment_peak
+    assert on.summary.on_lent_gpu_hours == pytest.approx(4 * (600 - 65) / 60)
+
+
+def backfill_cluster() -> list[NodeSpec]:
+    # b has a fifth GPU: free at the start, the standby top-up takes it (the only free HA one)
+    return [
+        node("a", HA, HA, HA, HA, role=Role.ONLINE),
+        node("b", HA, HA, HA, HA, HA, role=Role.ONLINE),
+        node("c", LA, LA, LA, LA),
+        node("d", MA, MA, MA, MA),
+    ]
+
+
+def test_a_failed_lent_device_is_backfilled_from_standby_of_its_type_and_tier() -> None:
+    # recsys needs HA. b's GPU 1 fails at 02:00, lent and under the second borrower, and stays
+    # down. At 10:00 the replica cannot come back to b's three healthy lent GPUs alone, and
+    # nothing else passes or could by evictions (c is LA, d's borrower holds MA): the filter
+    # lets the reclaim fill its shortfall from b's standby GPU.
+    failure = DeviceFailure(120, NodeName("b"), 1, 10_000)
+    sc = scenario(backfill_cluster(), failures=(failure,), tier=HA)
+    r = simulate(sc, SimSettings(Policy.RIGHT_OF_RETURN, standby_gpus=1))
+    assert r.standby_targets == {("H20", HA): 1}
+    assert r.series.standby[at(r, 300)] == 1
+    (reclaim,) = r.reclaims
+    assert (reclaim.lent, reclaim.due, reclaim.returned, reclaim.lost) == (4, 4, 3, 1)
+    assert (reclaim.backfilled, reclaim.forfeited) == (1, 0)
+    assert reclaim.full
+    got = sorted((d.node, d.index) for d in r.holdings["recsys"])
+    assert got == [("a", 0), ("a", 1), ("a", 2), ("a", 3), ("b", 0), ("b", 2), ("b", 3), ("b", 4)]
+    backfill = next(d for d in r.holdings["recsys"] if d.index == 4)
+    assert (backfill.gpu_type, backfill.tier, backfill.cls.standby) == ("H20", HA, False)
+    assert r.summary.ha_end == 1.0
+    assert r.series.standby[at(r, 605)] == 0  # it left the pool; no free HA GPU to top it up
+
+
+def test_without_standby_the_lost_device_is_a_shortfall() -> None:
+    # b's fifth GPU stays an ordinary free GPU: the second borrower takes it with three lent
+    # ones, and again after b1 failed under it; the reclaim evicts it and the replica takes
+    # b's three healthy lent GPUs and that free one (HA too, but no stand-in from the pool)
+    failure = DeviceFailure(120, NodeName("b"), 1, 10_000)
+    sc = scenario(backfill_cluster(), failures=(failure,), tier=HA)
+    r = simulate(sc, SimSettings(Policy.RIGHT_OF_RETURN, standby_gpus=0))
+    (reclaim,) = r.reclaims
+    assert (reclaim.due, reclaim.returned, reclaim.lost, reclaim.backfilled) == (4, 3, 1, 0)
+    assert (reclaim.shortfall, reclaim.full, reclaim.evicted) == (1, False, 1)
+    assert sorted(d.index for d in r.holdings["recsys"] if d.node == "b") == [0, 2, 3, 4]
+
+
+def test_standby_targets_split_by_lendable_holdings() -> None:
+    weights = {("H20", HA): 6, ("H20", MA): 2}
+    assert standby_targets(4, weights) == {("H20", HA): 3, ("H20", MA): 1}
+    assert standby_targets(3, weights) == {("H20", HA): 2, ("H20", MA): 1}
+    assert standby_targets(0, weights) == {("H20", HA): 0, ("H20", MA): 0}
+
+
+def small_generated() -> Scenario:
+    spec = default_cluster(0.04)
+    nodes = spec.expand(3)
+    trace = default_trace(list(nodes), days=1.5, seed=3)
+    return Scenario(nodes, trace, draw_failures(nodes, spec.failure_model, trace.minutes, 3))
+
+
+@pytest.mark.parametrize("policy", list(Policy), ids=[p.value for p in Policy])
+def test_same_seed_same_results(policy: Policy) -> None:
+    settings = SimSettings(policy, seed=3, standby_gpus=16)
+    first = simulate(small_generated(), settings)
+    again = simulate(small_generated(), settings)
+    assert first.series == again.series
+    assert first.reclaims == again.reclaims
+    assert first.holdings == again.holdings
+    assert first.stats == again.stats
+    timeless = {"elapsed_s": 0.0, "cpu_s": 0.0}
+    assert replace(first.summary, **timeless) == replace(again.summary, **timeless)
