@@ -28,6 +28,11 @@ log = logging.getLogger(__name__)
 GPN = f"/apis/{contract.API_VERSION}/{contract.PLURAL_GPU_NODE}"
 
 
+def lent_devices(status: dict[str, Any]) -> tuple[str, ...]:
+    """Every device a GpuLease status says is lent (it lists them by the replica that lent)."""
+    return tuple(u for g in status.get("lent") or [] for u in g.get("devices") or [])
+
+
 def owner_pod(name: str, ns: str) -> dict[str, Any]:
     pod = builders.pod(
         name,

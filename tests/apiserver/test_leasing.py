@@ -16,7 +16,7 @@ from common import builders, contract
 from common.kubeclient import KubeClient
 from common.model import Priority
 from tests.apiserver.conftest import ApiServer
-from tests.apiserver.rig import Rig, extender, make_rig
+from tests.apiserver.rig import Rig, extender, lent_devices, make_rig
 from tests.polling import eventually
 
 pytestmark = pytest.mark.apiserver
@@ -59,8 +59,8 @@ async def lend(rig: Rig) -> tuple[str, ...]:
 
     async def lent() -> tuple[str, ...] | None:
         status = (await rig.lease()).get("status") or {}
-        if status.get("phase") == "Steady" and len(status.get("lent") or []) == 8:
-            return tuple(status["lent"])
+        if status.get("phase") == "Steady" and len(lent_devices(status)) == 8:
+            return lent_devices(status)
         return None
 
     devices = await eventually(lent, within_s=30)

@@ -17,7 +17,7 @@ from common import builders, contract
 from common.kubeclient import KubeClient
 from common.model import Priority
 from tests.apiserver.conftest import ApiServer
-from tests.apiserver.rig import Rig, extender, make_rig
+from tests.apiserver.rig import Rig, extender, lent_devices, make_rig
 from tests.polling import eventually
 
 pytestmark = pytest.mark.apiserver
@@ -111,10 +111,10 @@ async def test_controller_killed_at_random_points(rig: Rig) -> None:
 
             async def lent() -> tuple[str, ...] | None:
                 status = await check(rig)
-                ok = status.get("phase") == "Steady" and len(status.get("lent") or []) == 8
-                return tuple(status["lent"]) if ok and await placed(2) else None
+                ok = status.get("phase") == "Steady" and len(lent_devices(status)) == 8
+                return lent_devices(status) if ok and await placed(2) else None
 
-            lent_devices = await eventually(lent, within_s=60)
+            lent_now = await eventually(lent, within_s=60)
             for _ in range(rng.randint(0, 2)):
                 pod = builders.pod(
                     f"b-{borrowers}",
@@ -136,7 +136,7 @@ async def test_controller_killed_at_random_points(rig: Rig) -> None:
             status = await eventually(reclaimed, within_s=60)
             back = await rig.placed("recsys-")
             got = set(back["recsys-2"]) | set(back["recsys-3"])
-            assert got == set(lent_devices), f"cycle {cycle}: not the same devices"
+            assert got == set(lent_now), f"cycle {cycle}: not the same devices"
             assert status["reclaims"] == cycle + 1
             for node in rig.nodes:
                 tags = (await rig.gpu_node(node))["spec"].get("devices") or []
