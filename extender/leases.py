@@ -80,6 +80,7 @@ class LeaseStatus:
     reclaim_started: float | None = None
     reclaim_deadline: float | None = None
     noticed: tuple[Notice, ...] = ()
+    reclaiming: tuple[str, ...] = ()  # the lent groups (by replica) this reclaim takes back
     finalizing: bool = False  # the owner's pods are placed; tags are being cleared
     reclaims: int = 0  # completed reclaims
     returned: int = 0  # lent devices that came back, over all reclaims
@@ -110,6 +111,7 @@ class LeaseStatus:
                 "noticed": [
                     {"namespace": n.namespace, "name": n.name, "uid": n.uid} for n in self.noticed
                 ],
+                "groups": list(self.reclaiming),
                 "finalizing": self.finalizing,
             }
         return out
@@ -218,6 +220,7 @@ def parse_gpu_lease(obj: Mapping[str, Any]) -> GpuLease:
             reclaim_started=epoch(reclaim.get("startedAt")),
             reclaim_deadline=epoch(reclaim.get("deadline")),
             noticed=noticed,
+            reclaiming=tuple(str(g) for g in reclaim.get("groups") or []),
             finalizing=bool(reclaim.get("finalizing", False)),
             reclaims=int(status.get("reclaims") or 0),
             returned=int(status.get("returned") or 0),

@@ -101,6 +101,40 @@ def _tag(dev: Device, owner: JobName | None, standby: bool) -> TagChange:
     return TagChange(dev.node, dev.uuid, owner, standby)
 
 
+def choose_groups(groups: Sequence[LentGroup], count: int, view: View) -> list[LentGroup]:
+    """The lent groups a scale-up by ``count`` replicas takes back: those whose devices are all
+    healthy and free first (nobody to evict), then those with the fewest borrowers."""
+
+    def cost(g: LentGroup) -> tuple[int, int, int, str]:
+        broken = sum(
+            1 for u in g.devices if u not in view.devices or not view.devices[u].cls.healthy
+        )
+        borrowers = len({view.holders[u].pod_uid for u in g.devices if u in view.holders})
+        return (broken, borrowers, ordinal(g.replica), g.replica)
+
+    return sorted(groups, key=cost)[: max(0, count)]
+
+
+def relabel(groups: Sequence[LentGroup], replicas: int) -> tuple[LentGroup, ...]:
+    """Give the groups still lent the names of the replicas still down (ordinals from
+    ``replicas`` on): which replica lent which group no longer matters once one is back."""
+    ordered = sorted(groups, key=lambda g: (ordinal(g.replica), g.replica))
+    names = [g.replica for g in ordered]
+    taken = {n for n in names if ordinal(n) >= replicas}
+    free = (f"{_stem(names)}-{i}" for i in range(replicas, replicas + 10 * len(names) + 1))
+    spare = (n for n in free if n not in taken)
+    return tuple(
+        g if ordinal(g.replica) >= replicas else LentGroup(next(spare), g.devices) for g in ordered
+    )
+
+
+def _stem(names: Sequence[str]) -> str:
+    for n in names:
+        if ordinal(n) >= 0:
+            return n.rsplit("-", 1)[0]
+    return "replica"
+
+
 def decide(
     lease: GpuLease, replicas: int, pods: Sequence[OwnerPod], view: View, now: float
 ) -> Action:
@@ -109,6 +143,7 @@ def decide(
         return _reclaim(lease, replicas, pods, view, now)
     target = replicas_for(target_gpus(spec.desired_gpus, spec.schedule, now), spec.gpus_per_replica)
     if target > replicas:
+        chosen = choose_groups(status.groups, target - replicas, view)
         return WriteStatus(
             replace(
                 status,
@@ -117,9 +152,10 @@ def decide(
                 reclaim_started=now,
                 reclaim_deadline=now + spec.grace_s,
                 noticed=(),
+                reclaiming=tuple(g.replica for g in chosen),
                 finalizing=False,
             ),
-            f"scale up {replicas} -> {target} replicas: reclaim lent devices",
+            f"scale up {replicas} -> {target} replicas: reclaim {len(chosen)} lent group(s)",
         )
     if target < replicas:
         released = set(replicas_to_release([p.name for p in pods], target))
@@ -167,9 +203,7 @@ def _reclaim(
     target = status.target_replicas if status.target_replicas is not None else replicas
     deadline = status.reclaim_deadline if status.reclaim_deadline is not None else now
     started = status.reclaim_started if status.reclaim_started is not None else now
-    # The replicas coming back (ordinals below the target) take back what they lent; the
-    # groups of replicas that stay down remain lent.
-    back = tuple(g for g in status.groups if ordinal(g.replica) < target)
+    back = tuple(g for g in status.groups if g.replica in status.reclaiming)
     reclaimed = tuple(u for g in back for u in g.devices)
     if not status.finalizing:
         plan = plan_reclaim(spec.owner, reclaimed, view.devices, view.holders, view.offering)
@@ -201,7 +235,14 @@ def _reclaim(
             f"{backfilled} from standby",
         )
     held = {u for p in pods if p.node for u in p.devices}
-    done = set(reclaimed) | (held & set(status.lent))
+    lost = {
+        d.uuid
+        for d in plan_reclaim(spec.owner, reclaimed, view.devices, view.holders, view.offering).lost
+    }
+    lost |= {u for u in reclaimed if u not in view.devices}
+    # Back: what the owner holds again. Forgone: reclaimed devices that cannot come back. The
+    # rest stays lent, even if a new replica took another group than the one reclaimed.
+    done = (held & set(status.lent)) | lost
     changes = [
         _tag(view.devices[u], None, False)
         for u in sorted(done)
@@ -213,16 +254,15 @@ def _reclaim(
     ]
     if changes:
         return SetTags(tuple(changes), "clear the tags of returned and backfilled devices")
-    still = tuple(
-        LentGroup(g.replica, tuple(u for u in g.devices if u not in done))
-        for g in status.groups
-        if g not in back
-    )
+    still = [
+        LentGroup(g.replica, tuple(u for u in g.devices if u not in done)) for g in status.groups
+    ]
     return WriteStatus(
         replace(
             status,
             phase="Steady",
-            groups=tuple(g for g in still if g.devices),
+            groups=relabel([g for g in still if g.devices], target),
+            reclaiming=(),
             reclaim_started=None,
             reclaim_deadline=None,
             noticed=(),

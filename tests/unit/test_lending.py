@@ -114,6 +114,7 @@ def test_reclaim_finishes_once_the_owners_pods_are_placed() -> None:
     status = replace(
         lent_status(devs),
         phase="Reclaiming",
+        reclaiming=("recsys-2",),
         target_replicas=4,
         reclaim_started=NOW,
         reclaim_deadline=NOW + 45,
@@ -141,6 +142,7 @@ def test_backfilled_standby_devices_are_counted_and_released_from_the_pool() -> 
     status = replace(
         lent_status(devs),
         phase="Reclaiming",
+        reclaiming=("recsys-2",),
         target_replicas=4,
         reclaim_started=NOW,
         reclaim_deadline=NOW,
@@ -167,6 +169,7 @@ def test_resuming_after_a_notice_was_sent_but_not_recorded() -> None:
     status = replace(
         lent_status(devs),
         phase="Reclaiming",
+        reclaiming=("recsys-2",),
         target_replicas=4,
         reclaim_started=NOW,
         reclaim_deadline=NOW + 30,
@@ -192,6 +195,7 @@ def test_high_priority_squatters_are_never_evicted() -> None:
     status = replace(
         lent_status(devs),
         phase="Reclaiming",
+        reclaiming=("recsys-2",),
         target_replicas=4,
         reclaim_started=NOW,
         reclaim_deadline=NOW,
@@ -272,3 +276,17 @@ def test_a_partial_scale_up_reclaims_only_the_returning_replicas_devices() -> No
     assert isinstance(done, WriteStatus)
     assert done.status.groups == (LentGroup("recsys-2", b_lent),)
     assert done.status.phase == "Steady"
+
+
+def test_reclaim_takes_back_free_groups_first_and_keeps_the_rest_lent() -> None:
+    from extender.lending import choose_groups, relabel
+
+    devs, view = world(lent_owner=True)
+    g1 = LentGroup("recsys-1", tuple(d.uuid for d in devs[4:8]))  # a: a borrower on it
+    g2 = LentGroup("recsys-2", tuple(d.uuid for d in devs[8:12]))  # b: free
+    busy = replace(view, holders={devs[4].uuid: holder("borrower")})
+    assert choose_groups([g1, g2], 1, busy) == [g2]
+    assert choose_groups([g1, g2], 2, busy) == [g2, g1]
+    # After recsys-1 came back on g2's devices, g1 is still lent, now as recsys-2's.
+    assert relabel([g1], 2) == (LentGroup("recsys-2", g1.devices),)
+    assert relabel([g2], 2) == (g2,)
