@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Set
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -63,10 +63,14 @@ def stale_allocations(
     *,
     reserve_ttl_s: float,
     missing_grace_s: float,
+    gone: Set[PodUid] = frozenset(),
 ) -> list[tuple[Allocation, str]]:
-    """Allocations to release, each with its reason. Pure."""
+    """Allocations to release, each with its reason. Pure. ``gone``: pods seen deleted."""
     stale: list[tuple[Allocation, str]] = []
     for a in allocations:
+        if a.holder.pod_uid in gone:
+            stale.append((a, "pod-gone"))
+            continue
         try:
             age = (now - datetime.fromisoformat(a.since)).total_seconds()
         except ValueError:
@@ -171,8 +175,8 @@ class Binder:
                 state = self._cluster.get(node)
                 if state is None:
                     return 0
-                keep = tuple(a for u, a in state.allocations.items() if u not in uids)
-                removed = len(state.allocations) - len(keep)
+                keep = tuple(a for u, a in state.ledger.items() if u not in uids)
+                removed = len(state.ledger) - len(keep)
                 if removed == 0:
                     return 0
                 try:
@@ -228,12 +232,13 @@ class Binder:
         released = 0
         for state in list(self._cluster):
             stale = stale_allocations(
-                state.allocations.values(),
+                state.ledger.values(),
                 state.node,
                 self._pods.by_uid,
                 now,
                 reserve_ttl_s=self._settings.reserve_ttl_s,
                 missing_grace_s=self._settings.missing_grace_s,
+                gone=self._cluster.gone,
             )
             by_reason: dict[str, set[PodUid]] = {}
             for a, reason in stale:

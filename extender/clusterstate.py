@@ -49,9 +49,13 @@ class NodeState:
     has_inventory: bool = False
     heartbeat: float | None = None  # last renewal of the node agent's Lease (epoch seconds)
     silent: bool = False  # the agent has not renewed its Lease within the timeout
-    allocations: dict[PodUid, Allocation] = field(default_factory=dict)
+    # The node's ledger as stored (what a compare-and-swap write starts from) ...
+    ledger: dict[PodUid, Allocation] = field(default_factory=dict)
     ledger_version: str = ""
     # derived, refreshed by _refresh()
+    # ... and its live part: allocations of pods not known to be gone. A deleted pod's devices
+    # are free for placement at once; the reaper removes its entry from the stored ledger.
+    allocations: dict[PodUid, Allocation] = field(default_factory=dict)
     free: Mapping[DeviceClass, int] = field(default_factory=dict)
     free_total: int = 0  # free healthy devices
     signature: Signature = (0, ())
@@ -60,7 +64,8 @@ class NodeState:
     decision_key: int = 0
     score_key: int = 0
 
-    def _refresh(self) -> None:
+    def _refresh(self, gone: set[PodUid]) -> None:
+        self.allocations = {u: a for u, a in self.ledger.items() if u not in gone}
         held: set[GpuUuid] = {u for a in self.allocations.values() for u in a.devices}
         by_uuid = {d.uuid: d.cls for d in self.devices}
         self.held_classes = {
@@ -137,9 +142,26 @@ class ClusterState:
         # (namespace, owner) of online jobs whose GpuLease is reclaiming: their high-priority
         # pods are reclaim requests (Algorithm 1's IsReclaim) without needing an annotation.
         self._reclaiming: dict[tuple[str, str], str] = {}  # -> lease key
+        # Pods seen deleted (or finished) whose allocations are still in a stored ledger.
+        self._gone: set[PodUid] = set()
+        self._ledger_of: dict[PodUid, NodeName] = {}  # where each pod's allocation is
+
+    @property
+    def gone(self) -> set[PodUid]:
+        return self._gone
+
+    def pod_gone(self, uid: PodUid) -> None:
+        """A pod was deleted or finished: its devices are free from now on."""
+        node = self._ledger_of.get(uid)
+        if node is None or uid in self._gone:
+            return
+        self._gone.add(uid)
+        state = self._nodes.get(node)
+        if state is not None:
+            self._changed(state)
 
     def _changed(self, state: NodeState) -> None:
-        state._refresh()
+        state._refresh(self._gone)
         state.decision_key = self._keys(("decision", state.decision_tuple()))
         state.score_key = self._keys(("score", state.score_tuple()))
         self.generation += 1
@@ -181,14 +203,20 @@ class ClusterState:
             return
         state.devices, state.cache, state.has_inventory = (), NodeCache(), False
         self._changed(state)
-        if not state.allocations and not state.ledger_version:
+        if not state.ledger and not state.ledger_version:
             del self._nodes[node]
 
     # --- ledger ---
     def set_ledger(self, node: NodeName, allocations: tuple[Allocation, ...], version: str) -> None:
         state = self._node(node)
-        state.allocations = {a.holder.pod_uid: a for a in allocations}
+        old = set(state.ledger)
+        state.ledger = {a.holder.pod_uid: a for a in allocations}
         state.ledger_version = version
+        for uid in old - state.ledger.keys():
+            self._ledger_of.pop(uid, None)
+            self._gone.discard(uid)
+        for uid in state.ledger:
+            self._ledger_of[uid] = node
         self._changed(state)
 
     def remove_ledger(self, node: NodeName) -> None:

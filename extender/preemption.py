@@ -150,15 +150,34 @@ class Proposal:
     pdb_violations: int = 0
 
 
+def victims_cost(
+    devices: Sequence[Device],
+    allocations: Sequence[Allocation],
+    req: PodRequest,
+    victims: Sequence[Holder],
+) -> tuple[int, int, int]:
+    """How bad evicting these victims is (smaller is better): the worst borrower rank among
+    them (borrowers of the preemptor's own lent devices first), their number, their priority."""
+    by_uuid = {d.uuid: d for d in devices}
+    chosen = {h.pod_uid for h in victims}
+    ranks = [_borrower_rank(a, by_uuid, req) for a in allocations if a.holder.pod_uid in chosen]
+    return (max(ranks, default=0), len(victims), sum(h.pod_priority for h in victims))
+
+
 def preempt_nodes(
     cluster: ClusterState, req: PodRequest, proposals: Mapping[str, Proposal]
 ) -> dict[str, Proposal]:
-    """Our victims per candidate node; nodes where eviction cannot help are left out.
+    """The one candidate node where eviction costs least, with our victims there; ``{}`` when
+    eviction cannot help anywhere.
 
-    The PDB count is kube-scheduler's own when our victims are a subset of its proposal (the
-    extender cannot evaluate PodDisruptionBudgets); otherwise it is 0.
+    Only one node is proposed: kube-scheduler picks among the nodes an extender returns by its
+    own criteria, which know nothing of lent devices, and would evict elsewhere than the
+    borrowers of the preemptor's own devices. The PDB count is kube-scheduler's own when our
+    victims are a subset of its proposal (the extender cannot evaluate PodDisruptionBudgets);
+    otherwise it is 0.
     """
     answer: dict[str, Proposal] = {}
+    costs: dict[str, tuple[int, int, int]] = {}
     for name, proposal in proposals.items():
         state = cluster.get(name)
         if state is None or not state.offering:
@@ -175,4 +194,8 @@ def preempt_nodes(
         uids = tuple(h.pod_uid for h in victims)
         pdb = proposal.pdb_violations if set(uids) <= set(proposal.victims) else 0
         answer[name] = Proposal(uids, pdb)
-    return answer
+        costs[name] = victims_cost(state.devices, allocations, req, victims)
+    if not answer:
+        return answer
+    best = min(answer, key=lambda n: (answer[n].pdb_violations, costs[n], n))
+    return {best: answer[best]}

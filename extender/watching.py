@@ -105,10 +105,18 @@ async def run_watch(
             continue
         if kind == "Pod":
             pods.apply(event, obj)
-            if pod_gone is not None and (
-                event == "DELETED" or (obj.get("status") or {}).get("phase") in TERMINAL_PHASES
+            meta = obj.get("metadata") or {}
+            # A terminating pod's devices count as free: kube-scheduler itself keeps counting
+            # them until the pod is deleted, and retries its pods on that deletion, by which
+            # time this view has long moved on (no race with the watch).
+            if (
+                event == "DELETED"
+                or meta.get("deletionTimestamp")
+                or (obj.get("status") or {}).get("phase") in TERMINAL_PHASES
             ):
-                pod_gone()
+                cluster.pod_gone(PodUid(str(meta.get("uid", ""))))
+                if pod_gone is not None:
+                    pod_gone()
         elif kind == "GpuNode":
             cluster.apply_gpu_node(event, obj)
         elif kind == "GpuAllocation":

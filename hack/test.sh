@@ -15,7 +15,7 @@ cd "${TL_ROOT}"
 tl::py::ensure
 
 if [[ "${TIDELEASE_SKIP_BUILD:-}" != "1" ]]; then
-  "${TL_HACK}/build-binaries.sh" etcd kube-apiserver kubectl
+  "${TL_HACK}/build-binaries.sh" etcd kube-apiserver kubectl kube-scheduler kube-controller-manager kwok
 fi
 
 tl::log "ruff"

@@ -150,7 +150,7 @@ async def test_watch_lists_then_follows(store: KubeStore, api: Api) -> None:
         async with asyncio.timeout(20):
             async with changed:
                 await changed.wait_for(
-                    lambda: synced == {"Pod", "GpuNode", "GpuAllocation", "Lease"}
+                    lambda: synced == {"Pod", "GpuNode", "GpuAllocation", "Lease", "GpuLease"}
                 )
             assert ("GpuNode", "ADDED", name) in events
             other = node_name()

@@ -230,9 +230,32 @@ async def test_reaper_releases_devices_of_deleted_pods() -> None:
     await app.binder.bind("default", "p", builders.pod("p")["metadata"]["uid"], "n")
     store.delete("Pod", "default", "p")
     await store.settle()
-    assert await app.binder.reap_once() == 0  # within the grace period
+    node = app.cluster.get("n")
+    assert node is not None
+    assert node.free_total == 8  # seen deleted: free for placement at once
+    assert len(node.ledger) == 1  # still in the stored ledger ...
+    assert await app.binder.reap_once() == 1  # ... until the reaper writes, with no grace
+    assert not app.cluster.get("n").ledger  # type: ignore[union-attr]
+    # A pod never seen (watch lag) keeps its allocation for the grace period.
+    store.put(builders.pod("q", 2, uid="q"))
+    await store.settle()
+    await app.binder.bind("default", "q", "q", "n")
+    app.pods.apply("DELETED", builders.pod("q", 2, uid="q"))  # the cache lost it, no event
+    assert await app.binder.reap_once() == 0
     now[0] = T0 + timedelta(seconds=31)
     assert await app.binder.reap_once() == 1
-    assert app.cluster.get("n").free_total == 8  # type: ignore[union-attr]
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
+
+
+def test_a_pod_seen_deleted_is_released_without_waiting_for_the_grace() -> None:
+    stale = stale_allocations(
+        [alloc("p")],
+        NodeName("n"),
+        {},
+        T0,
+        reserve_ttl_s=120,
+        missing_grace_s=30,
+        gone={PodUid("uid-p")},
+    )
+    assert [r for _, r in stale] == ["pod-gone"]

@@ -136,3 +136,34 @@ def test_reclaim_preemption_agrees_with_the_filter_about_standby() -> None:
     assert list(filter_nodes(state, req, ["n"]).failed) == ["n"]
     answer = preempt_nodes(state, req, {"n": Proposal((), 0)})
     assert answer == {"n": Proposal(("uid-borrower",), 0)}
+
+
+def test_only_the_cheapest_node_is_proposed_borrowers_of_own_devices_first() -> None:
+    state = cluster(
+        builders.gpu_node("x", builders.devices("x", 8, owner="a")),
+        builders.gpu_node("y"),
+    )
+    allocate(state, "x", [(holder("borrower", pod_priority=10), [U("x", i) for i in range(8)])])
+    allocate(state, "y", [(holder("other", pod_priority=1), [U("y", i) for i in range(8)])])
+    answer = preempt_nodes(
+        state, owner_pod(8), {"x": Proposal(("uid-borrower",)), "y": Proposal(("uid-other",))}
+    )
+    assert answer == {"x": Proposal(("uid-borrower",), 0)}
+
+
+def test_a_deleted_pods_devices_are_free_at_once_and_never_victims() -> None:
+    from common.model import PodUid
+    from extender.filtering import filter_nodes
+
+    state = cluster(builders.gpu_node("n", builders.devices("n", 4)))
+    allocate(state, "n", [(holder("gone", pod_priority=1), [U("n", i) for i in range(4)])])
+    req = owner_pod(4)
+    assert filter_nodes(state, req, ["n"]).passed == []
+    state.pod_gone(PodUid("uid-gone"))
+    assert filter_nodes(state, req, ["n"]).passed == ["n"]
+    assert preempt_nodes(state, req, {"n": Proposal(("uid-gone",))}) == {"n": Proposal((), 0)}
+    node = state.get("n")
+    assert node is not None
+    assert list(node.ledger) == ["uid-gone"]  # still stored until the reaper writes
+    state.set_ledger(node.node, (), "2")
+    assert not state.gone

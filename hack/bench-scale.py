@@ -1,0 +1,519 @@
+#!/usr/bin/env python3
+"""Scale run: GPU pods onto many kwok nodes through the real kube-scheduler, with the tidelease
+extender and without it, on one cluster, in one run.
+
+usage: hack/bench-scale.py [--nodes 1250] [--pods 1000] [--qps 500] [--burst 1000]
+                           [--timeout 900] [--json FILE] [--keep]
+
+Starts hack/cluster-up.sh (foreground, in a temporary directory) with --nodes kwok GPU nodes (8
+H20 each, a GpuNode each) and two kube-schedulers: the default one with the extender
+(manifests/scheduler's configuration) and a second one, profile "tidelease-plain", from the same
+configuration without extenders. Both get the same client QPS/burst (--qps/--burst; kube-
+scheduler's own default of 50/100 would cap the plain scheduler's binding calls, while the
+extender binds with its own unthrottled client).
+
+Phase "plain": --pods pods with schedulerName tidelease-plain; all bound; deleted, waited for.
+Phase "extender": the same pods with the default scheduler. For each phase: pods/s from the first
+create to the last bind, the rate between 10% and 90% bound, and per-pod create-to-bound
+latency. For the extender phase: p50/p99 per verb from the extender's /metrics histogram
+tidelease_extender_request_duration_seconds (the phase's increase, interpolated inside buckets
+as Prometheus' histogram_quantile does), and its request counts by outcome.
+
+The pods: sizes 1, 2, 4, 8 GPUs in turn; one in five is tidelease.io/priority: high with an
+owner (PriorityClass tidelease-online), the rest low (tidelease-borrower).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import signal
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+VENV_PY = ROOT / ".venv" / "bin" / "python"
+
+try:
+    import aiohttp
+except ImportError:  # run with the project's environment (hack/lib/python.sh creates it)
+    if VENV_PY.exists() and Path(sys.executable) != VENV_PY:
+        os.execv(str(VENV_PY), [str(VENV_PY), *sys.argv])
+    raise
+
+PLAIN = "tidelease-plain"
+SIZES = (1, 2, 4, 8)
+VERBS = ("filter", "prioritize", "bind", "preempt")
+
+
+def log(msg: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} [bench-scale] {msg}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Phase:
+    name: str
+    pods: int
+    create_s: float = 0.0  # first create to last create
+    bound: int = 0
+    total_s: float = 0.0  # first create to last bind
+    pods_per_s: float = 0.0
+    pods_per_s_10_90: float = 0.0
+    latency_p50_s: float = 0.0
+    latency_p99_s: float = 0.0
+    extender: dict[str, Any] = field(default_factory=dict)
+    scheduler: dict[str, Any] = field(default_factory=dict)
+
+
+class Api:
+    def __init__(self, session: aiohttp.ClientSession, facts: dict[str, str]) -> None:
+        self.session = session
+        self.server = facts["TL_CLUSTER_SERVER"]
+        self.headers = {"Authorization": f"Bearer {facts['TL_CLUSTER_TOKEN']}"}
+
+    async def call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        for attempt in range(10):
+            try:
+                async with self.session.request(
+                    method, self.server + path, json=body, headers=self.headers
+                ) as resp:
+                    data = await resp.json(content_type=None)
+                    if resp.status in (429, 500, 503, 504) and attempt < 9:
+                        await asyncio.sleep(0.1 * 2**attempt)
+                        continue
+                    return resp.status, data
+            except (aiohttp.ClientError, TimeoutError):
+                if attempt == 9:
+                    raise
+                await asyncio.sleep(0.1 * 2**attempt)
+        raise AssertionError("unreachable")
+
+    async def ok(self, method: str, path: str, body: Any = None) -> Any:
+        status, data = await self.call(method, path, body)
+        if not 200 <= status < 300:
+            raise RuntimeError(f"{method} {path}: HTTP {status}: {str(data)[:300]}")
+        return data
+
+
+def bench_pod(i: int, namespace: str, scheduler: str) -> dict[str, Any]:
+    gpus = SIZES[i % len(SIZES)]
+    high = i % 5 == 0
+    annotations = {"tidelease.io/priority": "high" if high else "low"}
+    if high:
+        annotations["tidelease.io/owner"] = f"job-{i % 7}"
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"p-{i:05d}", "namespace": namespace, "annotations": annotations},
+        "spec": {
+            "schedulerName": scheduler,
+            "priorityClassName": "tidelease-online" if high else "tidelease-borrower",
+            "terminationGracePeriodSeconds": 0,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.example/train:v1",
+                    "resources": {
+                        "limits": {"nvidia.com/gpu": str(gpus)},
+                        "requests": {"nvidia.com/gpu": str(gpus)},
+                    },
+                }
+            ],
+        },
+    }
+
+
+def quantile(values: list[float], q: float) -> float:
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+async def watch_binds(
+    api: Api, namespace: str, bound_at: dict[str, float], started: asyncio.Event
+) -> None:
+    """Record when each pod of the namespace is first seen with a node: list, then watch from
+    the list's version; resume (or relist) whenever the watch ends."""
+    path = f"/api/v1/namespaces/{namespace}/pods"
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=None)
+
+    def seen(obj: dict[str, Any]) -> None:
+        name = (obj.get("metadata") or {}).get("name")
+        if name and (obj.get("spec") or {}).get("nodeName") and name not in bound_at:
+            bound_at[name] = time.monotonic()
+
+    version = ""
+    while True:
+        if not version:
+            listed = await api.ok("GET", path)
+            for item in listed.get("items") or []:
+                seen(item)
+            version = listed["metadata"]["resourceVersion"]
+            started.set()
+        query = f"?watch=true&allowWatchBookmarks=true&resourceVersion={version}"
+        try:
+            async with api.session.get(
+                api.server + path + query, headers=api.headers, timeout=timeout
+            ) as resp:
+                if resp.status != 200:
+                    raise aiohttp.ClientError(f"HTTP {resp.status}")
+                buffer = b""
+                # Chunks, not readline(): aiohttp's readline() fails on lines over 64 KiB.
+                async for chunk in resp.content.iter_any():
+                    buffer += chunk
+                    *lines, buffer = buffer.split(b"\n")
+                    for line in lines:
+                        if not line.strip():
+                            continue
+                        event = json.loads(line)
+                        obj = event.get("object") or {}
+                        if event.get("type") == "ERROR":  # e.g. 410 Gone: relist
+                            version = ""
+                            break
+                        version = (obj.get("metadata") or {}).get("resourceVersion") or version
+                        seen(obj)
+                    await asyncio.sleep(0)
+        except (aiohttp.ClientError, ValueError, TimeoutError) as e:
+            log(f"watch of {namespace} ended ({e!r}); resuming")
+            await asyncio.sleep(0.5)
+
+
+async def scrape(url: str, session: aiohttp.ClientSession) -> dict[tuple[str, ...], float]:
+    """The extender's samples of interest: {(metric, verb, le|outcome): value}."""
+    async with session.get(f"{url}/metrics") as resp:
+        text = await resp.text()
+    samples: dict[tuple[str, ...], float] = {}
+    for line in text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        head, _, value = line.rpartition(" ")
+        name, _, labels = head.partition("{")
+        fields = dict(part.split("=", 1) for part in labels.rstrip("}").split(",") if "=" in part)
+        fields = {k: v.strip('"') for k, v in fields.items()}
+        verb = fields.get("verb", "")
+        if name == "tidelease_extender_request_duration_seconds_bucket":
+            samples[("bucket", verb, fields["le"])] = float(value)
+        elif name == "tidelease_extender_request_duration_seconds_count":
+            samples[("count", verb)] = float(value)
+        elif name == "tidelease_extender_request_duration_seconds_sum":
+            samples[("sum", verb)] = float(value)
+        elif name in ("tidelease_extender_requests_total", "tidelease_extender_requests"):
+            samples[("requests", verb, fields.get("outcome", ""))] = float(value)
+    return samples
+
+
+def parse_metrics(text: str) -> list[tuple[str, dict[str, str], float]]:
+    samples = []
+    for line in text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        head, _, value = line.rpartition(" ")
+        name, _, labels = head.partition("{")
+        fields = {}
+        for part in labels.rstrip("}").split('",'):
+            key, sep, val = part.partition("=")
+            if sep:
+                fields[key.strip(",")] = val.strip('"')
+        try:
+            samples.append((name, fields, float(value)))
+        except ValueError:
+            continue
+    return samples
+
+
+async def scrape_scheduler(
+    url: str, session: aiohttp.ClientSession, profile: str
+) -> dict[tuple[str, ...], float]:
+    """kube-scheduler's scheduling attempt and algorithm histograms for one profile."""
+    async with session.get(f"{url}/metrics", ssl=False) as resp:
+        text = await resp.text()
+    samples: dict[tuple[str, ...], float] = {}
+    for name, labels, value in parse_metrics(text):
+        if name == "scheduler_scheduling_attempt_duration_seconds_bucket":
+            if labels.get("profile") == profile and labels.get("result") == "scheduled":
+                samples[("attempt", labels["le"])] = value
+        elif name == "scheduler_scheduling_algorithm_duration_seconds_bucket":
+            samples[("algorithm", labels["le"])] = value
+    return samples
+
+
+def scheduler_summary(
+    before: dict[tuple[str, ...], float], after: dict[tuple[str, ...], float]
+) -> dict[str, Any]:
+    summary: dict[str, Any] = {}
+    for what in ("attempt", "algorithm"):
+        buckets = [
+            (float(key[1]), after[key] - before.get(key, 0.0)) for key in after if key[0] == what
+        ]
+        if buckets:
+            summary[f"{what}_p50_ms"] = round(1000 * histogram_quantile(0.5, buckets), 2)
+            summary[f"{what}_p99_ms"] = round(1000 * histogram_quantile(0.99, buckets), 2)
+    return summary
+
+
+def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
+    """Prometheus' histogram_quantile over cumulative (upper bound, count) pairs."""
+    buckets = sorted(buckets)
+    if not buckets or buckets[-1][1] <= 0:
+        return math.nan
+    total = buckets[-1][1]
+    rank = q * total
+    prev_bound, prev_count = 0.0, 0.0
+    for bound, count in buckets:
+        if count >= rank:
+            if math.isinf(bound):
+                return prev_bound  # beyond the last finite bucket: its upper bound
+            if count == prev_count:
+                return bound
+            return prev_bound + (bound - prev_bound) * (rank - prev_count) / (count - prev_count)
+        prev_bound, prev_count = bound, count
+    return prev_bound
+
+
+def extender_summary(
+    before: dict[tuple[str, ...], float], after: dict[tuple[str, ...], float]
+) -> dict[str, Any]:
+    summary: dict[str, Any] = {}
+    for verb in VERBS:
+        buckets = [
+            (float(key[2]), after[key] - before.get(key, 0.0))
+            for key in after
+            if key[0] == "bucket" and key[1] == verb
+        ]
+        count = after.get(("count", verb), 0.0) - before.get(("count", verb), 0.0)
+        if count <= 0:
+            continue
+        total = after.get(("sum", verb), 0.0) - before.get(("sum", verb), 0.0)
+        outcomes = {
+            key[2]: int(after[key] - before.get(key, 0.0))
+            for key in after
+            if key[0] == "requests" and key[1] == verb and after[key] - before.get(key, 0.0) > 0
+        }
+        summary[verb] = {
+            "requests": int(count),
+            "outcomes": outcomes,
+            "mean_ms": round(1000 * total / count, 2),
+            "p50_ms": round(1000 * histogram_quantile(0.5, buckets), 2),
+            "p99_ms": round(1000 * histogram_quantile(0.99, buckets), 2),
+        }
+    return summary
+
+
+async def run_phase(
+    api: Api, facts: dict[str, str], name: str, scheduler: str, pods: int, limit_s: float
+) -> Phase:
+    namespace = f"bench-{name}"
+    await api.ok("POST", "/api/v1/namespaces", {"metadata": {"name": namespace}})
+    bound_at: dict[str, float] = {}
+    created_at: dict[str, float] = {}
+    started = asyncio.Event()
+    watcher = asyncio.create_task(watch_binds(api, namespace, bound_at, started))
+    await asyncio.wait_for(started.wait(), 30)
+    ext_url = facts["TL_CLUSTER_EXTENDER_URL"]
+    before = await scrape(ext_url, api.session)
+    sched_url = facts[
+        "TL_CLUSTER_PLAIN_SCHEDULER_URL" if scheduler == PLAIN else "TL_CLUSTER_SCHEDULER_URL"
+    ]
+    sched_before = await scrape_scheduler(sched_url, api.session, scheduler)
+
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(pods):
+        queue.put_nowait(i)
+
+    async def creator() -> None:
+        while not queue.empty():
+            i = queue.get_nowait()
+            pod = bench_pod(i, namespace, scheduler)
+            await api.ok("POST", f"/api/v1/namespaces/{namespace}/pods", pod)
+            created_at[pod["metadata"]["name"]] = time.monotonic()
+
+    log(f"phase {name}: creating {pods} pods (schedulerName {scheduler})")
+    t0 = time.monotonic()
+    await asyncio.gather(*(creator() for _ in range(32)))
+    t_created = time.monotonic()
+    deadline = t0 + limit_s
+    last_report = t0
+    while len(bound_at) < pods and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+        if time.monotonic() - last_report > 10:
+            last_report = time.monotonic()
+            log(f"phase {name}: {len(bound_at)}/{pods} bound after {last_report - t0:.0f} s")
+    after = await scrape(ext_url, api.session)
+    sched_after = await scrape_scheduler(sched_url, api.session, scheduler)
+    watcher.cancel()
+    with contextlib.suppress(asyncio.CancelledError, aiohttp.ClientError):
+        await watcher
+
+    phase = Phase(name, pods, create_s=round(t_created - t0, 2), bound=len(bound_at))
+    if bound_at:
+        times = sorted(bound_at.values())
+        phase.total_s = round(times[-1] - t0, 2)
+        phase.pods_per_s = round(len(times) / (times[-1] - t0), 1)
+        lo, hi = times[int(0.1 * (len(times) - 1))], times[int(0.9 * (len(times) - 1))]
+        if hi > lo:
+            phase.pods_per_s_10_90 = round(
+                (int(0.9 * (len(times) - 1)) - int(0.1 * (len(times) - 1))) / (hi - lo), 1
+            )
+        latencies = [bound_at[n] - created_at[n] for n in bound_at if n in created_at]
+        phase.latency_p50_s = round(quantile(latencies, 0.5), 3)
+        phase.latency_p99_s = round(quantile(latencies, 0.99), 3)
+    if name == "extender":
+        phase.extender = extender_summary(before, after)
+    phase.scheduler = scheduler_summary(sched_before, sched_after)
+    log(
+        f"phase {name}: {phase.bound}/{pods} bound in {phase.total_s} s ({phase.pods_per_s} pods/s)"
+    )
+    return phase
+
+
+async def delete_namespace(api: Api, namespace: str, limit_s: float = 300) -> None:
+    await api.call("DELETE", f"/api/v1/namespaces/{namespace}")
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        status, _ = await api.call("GET", f"/api/v1/namespaces/{namespace}")
+        if status == 404:
+            return
+        await asyncio.sleep(1)
+    raise RuntimeError(f"namespace {namespace} not gone after {limit_s} s")
+
+
+async def bench(facts: dict[str, str], args: argparse.Namespace) -> list[Phase]:
+    ctx = ssl.create_default_context(cafile=facts["TL_CLUSTER_CA"])
+    connector = aiohttp.TCPConnector(ssl=ctx, limit=64)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        api = Api(session, facts)
+        plain = await run_phase(api, facts, "plain", PLAIN, args.pods, args.timeout)
+        log("deleting the plain phase's pods")
+        t = time.monotonic()
+        await delete_namespace(api, "bench-plain")
+        log(f"deleted in {time.monotonic() - t:.0f} s")
+        with_ext = await run_phase(
+            api, facts, "extender", "default-scheduler", args.pods, args.timeout
+        )
+    return [plain, with_ext]
+
+
+def read_state(path: Path) -> dict[str, str]:
+    facts = {}
+    for line in path.read_text().splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            facts[key] = value
+    return facts
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--nodes", type=int, default=1250)
+    p.add_argument("--pods", type=int, default=1000)
+    p.add_argument("--qps", type=float, default=500)
+    p.add_argument("--burst", type=int, default=1000)
+    p.add_argument("--timeout", type=float, default=900, help="seconds per phase")
+    p.add_argument("--json", type=Path, help="also write the results here")
+    p.add_argument("--keep", action="store_true", help="keep the cluster directory (logs)")
+    args = p.parse_args()
+    wanted = sum(SIZES[i % len(SIZES)] for i in range(args.pods))
+    if wanted > 8 * args.nodes:
+        p.error(f"{args.pods} pods need {wanted} GPUs; {args.nodes} nodes have {8 * args.nodes}")
+
+    base = Path(tempfile.mkdtemp(prefix="tidelease-bench."))
+    state = base / "cluster" / "cluster.env"
+    env = {
+        **os.environ,
+        "TL_CLUSTER_DIR": str(state.parent),
+        "TL_CLUSTER_NODES": str(args.nodes),
+        "TL_CLUSTER_PLAIN_SCHEDULER": "true",
+        "TL_CLUSTER_PARENT_PID": str(os.getpid()),
+        "TL_CLUSTER_SCHEDULER_QPS": str(args.qps),
+        "TL_CLUSTER_SCHEDULER_BURST": str(args.burst),
+        # 1,250 kwok nodes renewing 40 s leases every 10 s would be most of the API traffic.
+        "TL_CLUSTER_NODE_LEASE_S": "240",
+        "TL_CLUSTER_NODE_GRACE": "600s",
+        "TL_CLUSTER_READY_TIMEOUT": "900",
+        "TL_CLUSTER_KEEP_DIR": "true" if args.keep else "false",
+    }
+    log_path = base / "cluster-up.log"
+    log(f"starting a cluster with {args.nodes} kwok GPU nodes in {base}")
+    t0 = time.monotonic()
+    with log_path.open("w") as out:
+        proc = subprocess.Popen(
+            [str(ROOT / "hack" / "cluster-up.sh"), "-f"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
+    try:
+        while not state.exists():
+            if proc.poll() is not None:
+                sys.stderr.write(log_path.read_text()[-4000:])
+                log("the cluster did not start (binaries missing? run hack/build-binaries.sh)")
+                return 1
+            time.sleep(0.5)
+        up_s = time.monotonic() - t0
+        log(f"cluster up in {up_s:.0f} s")
+        facts = read_state(state)
+        phases = asyncio.run(bench(facts, args))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=180)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if not args.keep:
+            with contextlib.suppress(OSError):
+                log_path.unlink()
+                base.rmdir()
+
+    result = {
+        "nodes": args.nodes,
+        "pods": args.pods,
+        "scheduler_qps": args.qps,
+        "scheduler_burst": args.burst,
+        "cluster_up_s": round(up_s, 1),
+        "cpus": os.cpu_count(),
+        "phases": [asdict(ph) for ph in phases],
+    }
+    plain, ext = phases
+    print(f"\n{args.pods} GPU pods onto {args.nodes} kwok nodes ({os.cpu_count()} CPUs):")
+    for ph in phases:
+        print(
+            f"  {ph.name:9s} {ph.bound}/{ph.pods} bound in {ph.total_s:6.1f} s: "
+            f"{ph.pods_per_s:6.1f} pods/s overall, {ph.pods_per_s_10_90:6.1f} pods/s 10-90%, "
+            f"create->bound p50 {ph.latency_p50_s:.2f} s p99 {ph.latency_p99_s:.2f} s "
+            f"(creating took {ph.create_s:.1f} s)"
+        )
+        sc = ph.scheduler
+        if sc:
+            print(
+                f"  {'':9s} kube-scheduler: scheduling attempt p50 {sc.get('attempt_p50_ms')} ms "
+                f"p99 {sc.get('attempt_p99_ms')} ms; algorithm (filter+score, extender calls "
+                f"included) p50 {sc.get('algorithm_p50_ms')} ms p99 {sc.get('algorithm_p99_ms')} ms"
+            )
+    if plain.pods_per_s:
+        print(f"  with the extender: {ext.pods_per_s / plain.pods_per_s:.2f}x the plain rate")
+    print("  extender latency under that load (from its /metrics histogram):")
+    for verb, s in ext.extender.items():
+        print(
+            f"    {verb:10s} {s['requests']:5d} requests {s['outcomes']}: "
+            f"p50 {s['p50_ms']} ms, p99 {s['p99_ms']} ms, mean {s['mean_ms']} ms"
+        )
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0 if all(ph.bound == ph.pods for ph in phases) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

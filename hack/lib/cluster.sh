@@ -1,0 +1,494 @@
+# shellcheck shell=bash
+# A whole local cluster on loopback, from the binaries hack/build-binaries.sh caches: etcd and
+# kube-apiserver (controlplane.sh), kube-controller-manager, kube-scheduler with tidelease's
+# KubeSchedulerConfiguration, kwok managing fake GPU nodes (each with a GpuNode object), and the
+# tidelease extender. Used by hack/cluster-up.sh and hack/cluster-down.sh; source it after
+# common.sh.
+#
+# Everything lives in TL_CLUSTER_DIR: the control plane's data and certificates, the rewritten
+# configurations, one log per component under logs/, pids.env (each process's pid, recorded as
+# it starts, for cluster-down) and, once everything is ready, the state file cluster.env
+# (KEY=VALUE lines, see tl::cluster::write_state) that tells the tests where things are.
+#
+# Loopback only: every port is a free 127.0.0.1 port; the kube-schedulers serve /metrics without
+# credentials (for hack/bench-scale.py); all clients use one cluster-admin token.
+#
+#   tl::cluster::start   start everything and wait until it is ready (sets TL_CLUSTER_* below)
+#   tl::cluster::stop    stop everything started by this shell, in reverse order (idempotent)
+
+if [[ -n "${TL_CLUSTER_SOURCED:-}" ]]; then
+  return 0
+fi
+TL_CLUSTER_SOURCED=1
+
+# shellcheck source=common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+# shellcheck source=controlplane.sh
+source "${TL_HACK}/lib/controlplane.sh"
+# shellcheck source=python.sh
+source "${TL_HACK}/lib/python.sh"
+
+# Settings (override from the environment).
+TL_CLUSTER_DIR="${TL_CLUSTER_DIR:-${TMPDIR:-/tmp}/tidelease-cluster-${UID}}"
+# Number of kwok GPU nodes created at start, named ${TL_CLUSTER_NODE_PREFIX}-<i>.
+TL_CLUSTER_NODES="${TL_CLUSTER_NODES:-4}"
+TL_CLUSTER_NODE_PREFIX="${TL_CLUSTER_NODE_PREFIX:-kwok-gpu}"
+TL_CLUSTER_GPUS_PER_NODE="${TL_CLUSTER_GPUS_PER_NODE:-8}"
+TL_CLUSTER_GPU_TYPE="${TL_CLUSTER_GPU_TYPE:-H20}"
+# true: also run a second kube-scheduler, without extenders, for pods with this schedulerName
+# (hack/bench-scale.py compares the two).
+TL_CLUSTER_PLAIN_SCHEDULER="${TL_CLUSTER_PLAIN_SCHEDULER:-false}"
+TL_CLUSTER_PLAIN_SCHEDULER_NAME="${TL_CLUSTER_PLAIN_SCHEDULER_NAME:-tidelease-plain}"
+# kube-scheduler's client QPS/burst; empty keeps the configuration's (i.e. upstream's 50/100).
+TL_CLUSTER_SCHEDULER_QPS="${TL_CLUSTER_SCHEDULER_QPS:-}"
+TL_CLUSTER_SCHEDULER_BURST="${TL_CLUSTER_SCHEDULER_BURST:-}"
+# kwok node lease duration (it renews every quarter of it) and the controller manager's grace
+# period before it marks a silent node NotReady; raise both for large node counts.
+TL_CLUSTER_NODE_LEASE_S="${TL_CLUSTER_NODE_LEASE_S:-40}"
+TL_CLUSTER_NODE_GRACE="${TL_CLUSTER_NODE_GRACE:-50s}"
+# kube-controller-manager's client QPS/burst. Its default (20/30) lifts the not-ready taint of
+# new nodes at about 5 nodes/s: minutes for a thousand kwok nodes.
+TL_CLUSTER_KCM_QPS="${TL_CLUSTER_KCM_QPS:-200}"
+TL_CLUSTER_KCM_BURST="${TL_CLUSTER_KCM_BURST:-400}"
+TL_CLUSTER_READY_TIMEOUT="${TL_CLUSTER_READY_TIMEOUT:-180}"
+TL_CLUSTER_VERBOSITY="${TL_CLUSTER_VERBOSITY:-1}"
+TL_CLUSTER_EXTENDER_LOG_LEVEL="${TL_CLUSTER_EXTENDER_LOG_LEVEL:-INFO}"
+# true: leave TL_CLUSTER_DIR (logs, data) behind when the cluster stops.
+TL_CLUSTER_KEEP_DIR="${TL_CLUSTER_KEEP_DIR:-false}"
+
+TL_CLUSTER_STATE_NAME="cluster.env"
+# KEY=PID lines, appended as each process starts (the state file comes only once all is ready),
+# so that a cluster can be stopped at any moment, half-started ones included.
+TL_CLUSTER_PIDS_NAME="pids.env"
+# A file that marks a directory as a tidelease cluster's (so stale ones may be removed).
+TL_CLUSTER_MARKER=".tidelease-cluster"
+
+# Process ids of what this shell started (besides controlplane.sh's etcd and apiserver).
+TL_CLUSTER_KCM_PID=""
+TL_CLUSTER_KWOK_PID=""
+TL_CLUSTER_EXTENDER_PID=""
+TL_CLUSTER_SCHEDULER_PID=""
+TL_CLUSTER_PLAIN_SCHEDULER_PID=""
+
+tl::cluster::state_file() {
+  printf '%s/%s\n' "${1:-${TL_CLUSTER_DIR}}" "${TL_CLUSTER_STATE_NAME}"
+}
+
+tl::cluster::pids_file() {
+  printf '%s/%s\n' "${1:-${TL_CLUSTER_DIR}}" "${TL_CLUSTER_PIDS_NAME}"
+}
+
+# tl::cluster::record_pid KEY PID - note a process of this cluster as soon as it starts.
+tl::cluster::record_pid() {
+  printf '%s=%s\n' "$1" "$2" >>"$(tl::cluster::pids_file)"
+}
+
+# tl::cluster::check_settings - fail early on settings that cannot work.
+tl::cluster::check_settings() {
+  [[ "${TL_CLUSTER_NODES}" =~ ^[0-9]+$ ]] || tl::die "TL_CLUSTER_NODES must be a number"
+  [[ "${TL_CLUSTER_GPUS_PER_NODE}" =~ ^[0-9]+$ ]] || tl::die "TL_CLUSTER_GPUS_PER_NODE must be a number"
+  [[ "${TL_CLUSTER_NODE_LEASE_S}" =~ ^[1-9][0-9]*$ ]] || tl::die "TL_CLUSTER_NODE_LEASE_S must be a positive number"
+  [[ "${TL_CLUSTER_DIR}" == /* ]] || tl::die "TL_CLUSTER_DIR must be an absolute path"
+  [[ "${TL_CLUSTER_DIR}" =~ ^[A-Za-z0-9_./-]+$ ]] ||
+    tl::die "TL_CLUSTER_DIR may only hold letters, digits and _ . / - (it goes into a state file)"
+}
+
+# tl::cluster::require_binaries - every binary the cluster needs, with one clear hint if not.
+tl::cluster::require_binaries() {
+  local name missing=()
+  for name in etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok; do
+    [[ -x "$(tl::bin_path "${name}")" ]] || missing+=("${name}")
+  done
+  if ((${#missing[@]} > 0)); then
+    tl::die "missing binaries: ${missing[*]} (under $(tl::cache_dir)/bin); run hack/build-binaries.sh"
+  fi
+}
+
+# tl::cluster::alive PID [TEXT] - PID runs, and (with TEXT) its command line contains TEXT (the
+# cluster directory, say), so a recycled pid is never taken for one of ours.
+tl::cluster::alive() {
+  local pid="$1" text="${2:-}"
+  tl::cp::_alive "${pid}" || return 1
+  [[ -z "${text}" ]] && return 0
+  tr '\0' ' ' <"/proc/${pid}/cmdline" 2>/dev/null | grep -qF -- "${text}"
+}
+
+# tl::cluster::read_state FILE KEY - one value of a state file (empty if absent).
+tl::cluster::read_state() {
+  [[ -f "$1" ]] || return 0
+  sed -n "s/^$2=//p" "$1" | tail -n 1
+}
+
+# tl::cluster::running DIR - whether DIR holds a cluster (ready or starting) whose supervisor is
+# alive.
+tl::cluster::running() {
+  local pid
+  pid="$(tl::cluster::read_state "$(tl::cluster::pids_file "$1")" TL_CLUSTER_SUPERVISOR_PID)"
+  [[ -n "${pid}" ]] && tl::cluster::alive "${pid}" cluster-up.sh
+}
+
+# tl::cluster::kill_recorded PIDS_FILE DIR - stop, by pid, whatever a cluster recorded and still
+# runs (a supervisor killed with SIGKILL leaves its components behind): last started first, so
+# the control plane goes last. Only processes whose command line names DIR are touched.
+tl::cluster::kill_recorded() {
+  local pids="$1" dir="$2" key pid deadline
+  [[ -f "${pids}" ]] || return 0
+  while IFS='=' read -r key pid; do
+    [[ "${key}" != TL_CLUSTER_SUPERVISOR_PID && -n "${pid}" ]] || continue
+    if tl::cluster::alive "${pid}" "${dir}"; then
+      tl::log "stopping leftover ${key} (pid ${pid})"
+      kill -TERM "${pid}" 2>/dev/null || true
+      deadline=$((SECONDS + TL_CP_STOP_TIMEOUT))
+      while tl::cluster::alive "${pid}" "${dir}" && ((SECONDS < deadline)); do sleep 0.2; done
+      if tl::cluster::alive "${pid}" "${dir}"; then kill -KILL "${pid}" 2>/dev/null || true; fi
+    fi
+  done < <(tac "${pids}")
+}
+
+# tl::cluster::remove_dir DIR - remove a cluster directory, only if it is marked as one.
+tl::cluster::remove_dir() {
+  local dir="$1"
+  [[ -d "${dir}" ]] || return 0
+  if [[ -f "${dir}/${TL_CLUSTER_MARKER}" ]]; then
+    rm -rf -- "${dir}"
+  else
+    tl::die "${dir} exists and is not a tidelease cluster directory; refusing to remove it"
+  fi
+}
+
+# tl::cluster::reap_stale DIR - a cluster directory left by a run that did not clean up: stop
+# what it recorded and remove it. A live cluster is left alone (returns 1).
+tl::cluster::reap_stale() {
+  local dir="$1"
+  [[ -e "${dir}" ]] || return 0
+  if tl::cluster::running "${dir}"; then
+    return 1
+  fi
+  tl::log "removing stale cluster directory ${dir}"
+  tl::cluster::kill_recorded "$(tl::cluster::pids_file "${dir}")" "${dir}"
+  tl::cluster::remove_dir "${dir}"
+}
+
+# tl::cluster::init_dir - create TL_CLUSTER_DIR (marked) with its logs/ folder.
+tl::cluster::init_dir() {
+  mkdir -p "${TL_CLUSTER_DIR}/logs"
+  touch "${TL_CLUSTER_DIR}/${TL_CLUSTER_MARKER}"
+  TL_CP_DIR="${TL_CLUSTER_DIR}"
+  export TL_CP_DIR TL_CLUSTER_DIR
+}
+
+tl::cluster::_kubectl() {
+  "$(tl::bin kubectl)" --kubeconfig "${TL_CP_KUBECONFIG}" "$@"
+}
+
+# tl::cluster::_wait_http NAME PID URL LOG [TIMEOUT] - wait for URL to answer 2xx; fail early with
+# the log's tail if the process exits.
+tl::cluster::_wait_http() {
+  local name="$1" pid="$2" url="$3" log="$4" timeout="${5:-${TL_CLUSTER_READY_TIMEOUT}}" deadline
+  deadline=$((SECONDS + timeout))
+  until curl -ksf --max-time 2 "${url}" >/dev/null 2>&1; do
+    tl::cp::_alive "${pid}" || tl::cp::_fail "${name}" "${log}"
+    ((SECONDS < deadline)) || tl::cp::_fail "${name} (${url} not ready after ${timeout}s)" "${log}"
+    sleep 0.2
+  done
+}
+
+# tl::cluster::apply_manifests - every CRD of manifests/crds (waited for) and tidelease's
+# PriorityClasses, through their kustomizations.
+tl::cluster::apply_manifests() {
+  local log="${TL_CLUSTER_DIR}/logs/apply.log"
+  {
+    tl::cluster::_kubectl apply -k "${TL_ROOT}/manifests/crds" &&
+      tl::cluster::_kubectl apply -k "${TL_ROOT}/manifests/priorityclasses" &&
+      tl::cluster::_kubectl wait --for condition=established --timeout=60s crd --all
+  } >"${log}" 2>&1 || tl::cp::_fail "applying manifests/crds and manifests/priorityclasses" "${log}"
+}
+
+# tl::cluster::create_nodes COUNT [PREFIX] - kwok GPU nodes and their GpuNode objects.
+tl::cluster::create_nodes() {
+  local count="$1" prefix="${2:-${TL_CLUSTER_NODE_PREFIX}}"
+  ((count > 0)) || return 0
+  "${TL_PY}" "${TL_HACK}/cluster-nodes.py" --server "${TL_CP_SERVER}" --token "${TL_CP_TOKEN}" \
+    --ca "${TL_CP_CA}" --count "${count}" --prefix "${prefix}" \
+    --gpus "${TL_CLUSTER_GPUS_PER_NODE}" --gpu-type "${TL_CLUSTER_GPU_TYPE}" \
+    >>"${TL_CLUSTER_DIR}/logs/nodes.log" 2>&1 ||
+    tl::cp::_fail "creating ${count} kwok nodes" "${TL_CLUSTER_DIR}/logs/nodes.log"
+}
+
+# tl::cluster::start_controller_manager - kube-controller-manager with the admin kubeconfig and
+# the control plane's service-account key; serves /healthz on a free loopback port.
+tl::cluster::start_controller_manager() {
+  local port log
+  port="$(tl::free_port)"
+  log="${TL_CLUSTER_DIR}/logs/kube-controller-manager.log"
+  mkdir -p "${TL_CLUSTER_DIR}/kcm"
+  "$(tl::bin kube-controller-manager)" \
+    --kubeconfig="${TL_CP_KUBECONFIG}" \
+    --bind-address=127.0.0.1 \
+    --secure-port="${port}" \
+    --cert-dir="${TL_CLUSTER_DIR}/kcm" \
+    --leader-elect=false \
+    --use-service-account-credentials=false \
+    --service-account-private-key-file="${TL_CLUSTER_DIR}/auth/sa.key" \
+    --root-ca-file="${TL_CP_CA}" \
+    --cluster-name=tidelease \
+    --node-monitor-grace-period="${TL_CLUSTER_NODE_GRACE}" \
+    --kube-api-qps="${TL_CLUSTER_KCM_QPS}" \
+    --kube-api-burst="${TL_CLUSTER_KCM_BURST}" \
+    --v="${TL_CLUSTER_VERBOSITY}" \
+    >"${log}" 2>&1 &
+  TL_CLUSTER_KCM_PID=$!
+  tl::cluster::record_pid TL_CLUSTER_KCM_PID "${TL_CLUSTER_KCM_PID}"
+  TL_CLUSTER_KCM_URL="https://127.0.0.1:${port}"
+  tl::log "started kube-controller-manager on ${TL_CLUSTER_KCM_URL} (pid ${TL_CLUSTER_KCM_PID})"
+}
+
+# tl::cluster::start_kwok - kwok managing the nodes annotated kwok.x-k8s.io/node=fake, with its
+# default stages (nodes Ready, pods Running); no server port of its own.
+tl::cluster::start_kwok() {
+  local log="${TL_CLUSTER_DIR}/logs/kwok.log" config="${TL_CLUSTER_DIR}/kwok.yaml"
+  # An explicit (empty) configuration, so ~/.kwok/kwok.yaml of whoever runs this plays no part.
+  cat >"${config}" <<EOF
+apiVersion: config.kwok.x-k8s.io/v1alpha1
+kind: KwokConfiguration
+options: {}
+EOF
+  "$(tl::bin kwok)" \
+    --config="${config}" \
+    --kubeconfig="${TL_CP_KUBECONFIG}" \
+    --manage-all-nodes=false \
+    --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
+    --node-lease-duration-seconds="${TL_CLUSTER_NODE_LEASE_S}" \
+    --cidr=10.0.0.1/16 \
+    --node-ip=10.0.0.1 \
+    >"${log}" 2>&1 &
+  TL_CLUSTER_KWOK_PID=$!
+  tl::cluster::record_pid TL_CLUSTER_KWOK_PID "${TL_CLUSTER_KWOK_PID}"
+  tl::log "started kwok (pid ${TL_CLUSTER_KWOK_PID})"
+}
+
+# tl::cluster::start_extender - the tidelease extender (.venv) on a free loopback port.
+# TIDELEASE_EXTENDER_* variables in the environment reach it (see extender/settings.py).
+tl::cluster::start_extender() {
+  local port log="${TL_CLUSTER_DIR}/logs/extender.log"
+  port="$(tl::free_port)"
+  TL_CLUSTER_EXTENDER_URL="http://127.0.0.1:${port}"
+  "${TL_VENV}/bin/tidelease" --log-level "${TL_CLUSTER_EXTENDER_LOG_LEVEL}" extender \
+    --kubeconfig "${TL_CP_KUBECONFIG}" --host 127.0.0.1 --port "${port}" \
+    >"${log}" 2>&1 &
+  TL_CLUSTER_EXTENDER_PID=$!
+  tl::cluster::record_pid TL_CLUSTER_EXTENDER_PID "${TL_CLUSTER_EXTENDER_PID}"
+  tl::log "started extender on ${TL_CLUSTER_EXTENDER_URL} (pid ${TL_CLUSTER_EXTENDER_PID})"
+}
+
+# tl::cluster::scheduler_config OUT NAME WITH_EXTENDER - manifests/scheduler's
+# KubeSchedulerConfiguration rewritten for this cluster: the local kubeconfig, no leader
+# election, the local extender's URL (or no extenders), profile NAME.
+tl::cluster::scheduler_config() {
+  local out="$1" name="$2" with_extender="$3"
+  "${TL_PY}" - "${TL_ROOT}/manifests/scheduler/kube-scheduler-config.yaml" "${out}" "${name}" \
+    "${with_extender}" "${TL_CP_KUBECONFIG}" "${TL_CLUSTER_EXTENDER_URL}" \
+    "${TL_CLUSTER_SCHEDULER_QPS}" "${TL_CLUSTER_SCHEDULER_BURST}" <<'EOF'
+import sys
+
+import yaml
+
+src, out, name, with_extender, kubeconfig, url, qps, burst = sys.argv[1:]
+with open(src) as f:
+    cfg = yaml.safe_load(f)
+cfg.setdefault("clientConnection", {})["kubeconfig"] = kubeconfig
+if qps:
+    cfg["clientConnection"]["qps"] = float(qps)
+if burst:
+    cfg["clientConnection"]["burst"] = int(burst)
+cfg["leaderElection"] = {"leaderElect": False}
+cfg["profiles"] = [{"schedulerName": name}]
+if with_extender == "true":
+    extenders = cfg.get("extenders") or []
+    if len(extenders) != 1:
+        sys.exit(f"{src}: want exactly one extender, found {len(extenders)}")
+    extenders[0]["urlPrefix"] = url
+else:
+    cfg.pop("extenders", None)
+with open(out, "w") as f:
+    yaml.safe_dump(cfg, f, sort_keys=False)
+EOF
+}
+
+# tl::cluster::_start_scheduler NAME WITH_EXTENDER - a kube-scheduler for profile NAME; sets
+# TL_CLUSTER__LAST_PID and TL_CLUSTER__LAST_URL (its secure port on loopback: /healthz, and
+# /metrics without credentials, for hack/bench-scale.py).
+tl::cluster::_start_scheduler() {
+  local name="$1" with_extender="$2" port dir log
+  port="$(tl::free_port)"
+  dir="${TL_CLUSTER_DIR}/scheduler-${name}"
+  log="${TL_CLUSTER_DIR}/logs/kube-scheduler-${name}.log"
+  mkdir -p "${dir}"
+  tl::cluster::scheduler_config "${dir}/config.yaml" "${name}" "${with_extender}"
+  "$(tl::bin kube-scheduler)" \
+    --config="${dir}/config.yaml" \
+    --bind-address=127.0.0.1 \
+    --authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics \
+    --secure-port="${port}" \
+    --cert-dir="${dir}" \
+    --v="${TL_CLUSTER_VERBOSITY}" \
+    >"${log}" 2>&1 &
+  TL_CLUSTER__LAST_PID=$!
+  tl::cluster::record_pid "TL_CLUSTER_SCHEDULER_${name//-/_}_PID" "${TL_CLUSTER__LAST_PID}"
+  TL_CLUSTER__LAST_URL="https://127.0.0.1:${port}"
+  tl::log "started kube-scheduler ${name} on ${TL_CLUSTER__LAST_URL} (pid ${TL_CLUSTER__LAST_PID})"
+}
+
+tl::cluster::start_schedulers() {
+  tl::cluster::_start_scheduler default-scheduler true
+  TL_CLUSTER_SCHEDULER_PID="${TL_CLUSTER__LAST_PID}"
+  TL_CLUSTER_SCHEDULER_URL="${TL_CLUSTER__LAST_URL}"
+  TL_CLUSTER_PLAIN_SCHEDULER_URL=""
+  if [[ "${TL_CLUSTER_PLAIN_SCHEDULER}" == true ]]; then
+    tl::cluster::_start_scheduler "${TL_CLUSTER_PLAIN_SCHEDULER_NAME}" false
+    TL_CLUSTER_PLAIN_SCHEDULER_PID="${TL_CLUSTER__LAST_PID}"
+    TL_CLUSTER_PLAIN_SCHEDULER_URL="${TL_CLUSTER__LAST_URL}"
+  fi
+}
+
+# tl::cluster::wait_nodes_ready COUNT - until COUNT kwok nodes report Ready and carry no taint:
+# nodes are created with node.kubernetes.io/not-ready (admission), which the controller manager
+# lifts only after kwok reports them Ready; until then kube-scheduler turns pods away.
+tl::cluster::wait_nodes_ready() {
+  local want="$1" ready deadline
+  ((want > 0)) || return 0
+  deadline=$((SECONDS + TL_CLUSTER_READY_TIMEOUT))
+  while true; do
+    ready="$(tl::cluster::_kubectl get nodes -l type=kwok -o \
+      jsonpath='{range .items[*]}{range .status.conditions[?(@.type=="Ready")]}{.status}{end} {.spec.taints[*].key}{"\n"}{end}' \
+      2>/dev/null | grep -c '^True $' || true)"
+    ((ready >= want)) && return 0
+    tl::cp::_alive "${TL_CLUSTER_KWOK_PID}" || tl::cp::_fail kwok "${TL_CLUSTER_DIR}/logs/kwok.log"
+    ((SECONDS < deadline)) ||
+      tl::cp::_fail "kwok (${ready}/${want} nodes Ready and untainted after ${TL_CLUSTER_READY_TIMEOUT}s)" \
+        "${TL_CLUSTER_DIR}/logs/kwok.log"
+    sleep 0.3
+  done
+}
+
+# tl::cluster::write_state - the cluster's facts, KEY=VALUE per line, written atomically.
+tl::cluster::write_state() {
+  local state tmp key value
+  state="$(tl::cluster::state_file)"
+  tmp="${state}.tmp"
+  local -a pairs=(
+    KUBECONFIG "${TL_CP_KUBECONFIG}"
+    TL_CLUSTER_DIR "${TL_CLUSTER_DIR}"
+    TL_CLUSTER_SERVER "${TL_CP_SERVER}"
+    TL_CLUSTER_TOKEN "${TL_CP_TOKEN}"
+    TL_CLUSTER_CA "${TL_CP_CA}"
+    TL_CLUSTER_ETCD_URL "${TL_CP_ETCD_URL}"
+    TL_CLUSTER_EXTENDER_URL "${TL_CLUSTER_EXTENDER_URL}"
+    TL_CLUSTER_SCHEDULER_URL "${TL_CLUSTER_SCHEDULER_URL}"
+    TL_CLUSTER_PLAIN_SCHEDULER_URL "${TL_CLUSTER_PLAIN_SCHEDULER_URL}"
+    TL_CLUSTER_PLAIN_SCHEDULER_NAME "$([[ "${TL_CLUSTER_PLAIN_SCHEDULER}" == true ]] && printf '%s' "${TL_CLUSTER_PLAIN_SCHEDULER_NAME}")"
+    TL_CLUSTER_KCM_URL "${TL_CLUSTER_KCM_URL}"
+    TL_CLUSTER_NODES "${TL_CLUSTER_NODES}"
+    TL_CLUSTER_NODE_PREFIX "${TL_CLUSTER_NODE_PREFIX}"
+    TL_CLUSTER_GPUS_PER_NODE "${TL_CLUSTER_GPUS_PER_NODE}"
+    TL_CLUSTER_GPU_TYPE "${TL_CLUSTER_GPU_TYPE}"
+    TL_CLUSTER_LOGS "${TL_CLUSTER_DIR}/logs"
+    TL_CLUSTER_KUBECTL "$(tl::bin kubectl)"
+    TL_CLUSTER_SUPERVISOR_PID "$$"
+    TL_CLUSTER_ETCD_PID "${TL_CP_ETCD_PID}"
+    TL_CLUSTER_APISERVER_PID "${TL_CP_APISERVER_PID}"
+    TL_CLUSTER_KCM_PID "${TL_CLUSTER_KCM_PID}"
+    TL_CLUSTER_KWOK_PID "${TL_CLUSTER_KWOK_PID}"
+    TL_CLUSTER_EXTENDER_PID "${TL_CLUSTER_EXTENDER_PID}"
+    TL_CLUSTER_SCHEDULER_PID "${TL_CLUSTER_SCHEDULER_PID}"
+    TL_CLUSTER_PLAIN_SCHEDULER_PID "${TL_CLUSTER_PLAIN_SCHEDULER_PID}"
+  )
+  : >"${tmp}"
+  chmod 0600 "${tmp}"
+  while ((${#pairs[@]} > 0)); do
+    key="${pairs[0]}" value="${pairs[1]}"
+    pairs=("${pairs[@]:2}")
+    # Values are sourced by shells and split by tests on the first '=': keep them plain.
+    [[ "${value}" =~ ^[A-Za-z0-9_./:=+-]*$ ]] || tl::die "state value of ${key} is not plain: ${value}"
+    printf '%s=%s\n' "${key}" "${value}" >>"${tmp}"
+  done
+  mv "${tmp}" "${state}"
+}
+
+# tl::cluster::start - everything, in dependency order, started in parallel where it can be.
+tl::cluster::start() {
+  local start
+  start="$(tl::now_s)"
+  tl::cluster::init_dir
+  tl::cluster::record_pid TL_CLUSTER_SUPERVISOR_PID "$$"
+  tl::cp::start_etcd
+  tl::cluster::record_pid TL_CLUSTER_ETCD_PID "${TL_CP_ETCD_PID}"
+  tl::cp::start_apiserver
+  tl::cluster::record_pid TL_CLUSTER_APISERVER_PID "${TL_CP_APISERVER_PID}"
+  tl::cp::wait_ready
+  # Nothing below needs the others to be ready, except the extender: it lists GpuNodes at start,
+  # so it comes after the CRDs and the nodes.
+  tl::cluster::start_controller_manager
+  tl::cluster::start_kwok
+  tl::cluster::apply_manifests
+  tl::cluster::create_nodes "${TL_CLUSTER_NODES}"
+  tl::cluster::start_extender
+  tl::cluster::start_schedulers
+
+  tl::cluster::_wait_http kube-controller-manager "${TL_CLUSTER_KCM_PID}" \
+    "${TL_CLUSTER_KCM_URL}/healthz" "${TL_CLUSTER_DIR}/logs/kube-controller-manager.log"
+  tl::cluster::_wait_http extender "${TL_CLUSTER_EXTENDER_PID}" \
+    "${TL_CLUSTER_EXTENDER_URL}/readyz" "${TL_CLUSTER_DIR}/logs/extender.log"
+  tl::cluster::_wait_http kube-scheduler "${TL_CLUSTER_SCHEDULER_PID}" \
+    "${TL_CLUSTER_SCHEDULER_URL}/healthz" "${TL_CLUSTER_DIR}/logs/kube-scheduler-default-scheduler.log"
+  if [[ -n "${TL_CLUSTER_PLAIN_SCHEDULER_PID}" ]]; then
+    tl::cluster::_wait_http "kube-scheduler ${TL_CLUSTER_PLAIN_SCHEDULER_NAME}" \
+      "${TL_CLUSTER_PLAIN_SCHEDULER_PID}" "${TL_CLUSTER_PLAIN_SCHEDULER_URL}/healthz" \
+      "${TL_CLUSTER_DIR}/logs/kube-scheduler-${TL_CLUSTER_PLAIN_SCHEDULER_NAME}.log"
+  fi
+  tl::cluster::wait_nodes_ready "${TL_CLUSTER_NODES}"
+  tl::cluster::write_state
+  tl::log "cluster ready in $(tl::elapsed "${start}")s: ${TL_CLUSTER_NODES} kwok GPU nodes, extender ${TL_CLUSTER_EXTENDER_URL}, state $(tl::cluster::state_file)"
+}
+
+# tl::cluster::component_died - name of the first component that is no longer running, if any.
+tl::cluster::component_died() {
+  local name pid
+  for name in etcd:"${TL_CP_ETCD_PID}" kube-apiserver:"${TL_CP_APISERVER_PID}" \
+    kube-controller-manager:"${TL_CLUSTER_KCM_PID}" kwok:"${TL_CLUSTER_KWOK_PID}" \
+    extender:"${TL_CLUSTER_EXTENDER_PID}" kube-scheduler:"${TL_CLUSTER_SCHEDULER_PID}" \
+    plain-scheduler:"${TL_CLUSTER_PLAIN_SCHEDULER_PID}"; do
+    pid="${name#*:}"
+    [[ -n "${pid}" ]] || continue
+    if ! tl::cp::_alive "${pid}"; then
+      printf '%s (pid %s)\n' "${name%%:*}" "${pid}"
+      return 0
+    fi
+  done
+  return 1
+}
+
+# tl::cluster::stop - stop what this shell started, dependents first; then remove the state file,
+# and the directory unless TL_CLUSTER_KEEP_DIR=true. Idempotent; meant for an EXIT trap.
+tl::cluster::stop() {
+  tl::cp::_kill "kube-scheduler ${TL_CLUSTER_PLAIN_SCHEDULER_NAME}" "${TL_CLUSTER_PLAIN_SCHEDULER_PID}"
+  TL_CLUSTER_PLAIN_SCHEDULER_PID=""
+  tl::cp::_kill kube-scheduler "${TL_CLUSTER_SCHEDULER_PID}"
+  TL_CLUSTER_SCHEDULER_PID=""
+  tl::cp::_kill extender "${TL_CLUSTER_EXTENDER_PID}"
+  TL_CLUSTER_EXTENDER_PID=""
+  tl::cp::_kill kwok "${TL_CLUSTER_KWOK_PID}"
+  TL_CLUSTER_KWOK_PID=""
+  tl::cp::_kill kube-controller-manager "${TL_CLUSTER_KCM_PID}"
+  TL_CLUSTER_KCM_PID=""
+  tl::cp::stop
+  # Last: until everything is stopped, these let cluster-down find what is left.
+  rm -f "$(tl::cluster::state_file)" "$(tl::cluster::pids_file)"
+  if [[ -d "${TL_CLUSTER_DIR}" && -f "${TL_CLUSTER_DIR}/${TL_CLUSTER_MARKER}" ]]; then
+    if [[ "${TL_CLUSTER_KEEP_DIR}" == true ]]; then
+      tl::log "keeping ${TL_CLUSTER_DIR}"
+    else
+      rm -rf -- "${TL_CLUSTER_DIR}"
+    fi
+  fi
+}

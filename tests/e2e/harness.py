@@ -1,0 +1,319 @@
+"""The e2e cluster handle (from hack/cluster-up.sh's state file) and per-test node groups.
+
+Tests are independent: each makes its own namespace and, when it needs a device layout of its
+own, its own group of kwok nodes. A group's nodes carry a NoSchedule taint and a label with the
+group's id, and the group's pods tolerate the taint and select the label, so no test's pods land
+on another test's nodes, and tests can run in any order.
+"""
+
+from __future__ import annotations
+
+import functools
+import subprocess
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from common import builders, contract
+from common.model import Device, Priority
+from tests.e2e.kube import ApiError, Kube, post_json, wait_for
+
+GROUP_LABEL = "e2e.tidelease.io/group"
+GPU = contract.DEFAULT_GPU_RESOURCE
+# tidelease's PriorityClasses (manifests/priorityclasses), applied by hack/cluster-up.sh.
+ONLINE = "tidelease-online"
+BORROWER = "tidelease-borrower"
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+@dataclass
+class Cluster:
+    """What a test needs of the running cluster; built from DIR/cluster.env."""
+
+    dir: Path
+    kubeconfig: Path
+    server: str
+    token: str
+    ca: Path
+    extender_url: str
+    kubectl_path: Path
+    logs: Path
+    nodes: tuple[str, ...]  # the kwok GPU nodes cluster-up made (untainted, shared)
+    kube: Kube = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.kube = Kube(self.server, self.token, str(self.ca))
+
+    @classmethod
+    def from_state(cls, facts: dict[str, str]) -> Cluster:
+        count = int(facts["TL_CLUSTER_NODES"])
+        prefix = facts["TL_CLUSTER_NODE_PREFIX"]
+        return cls(
+            dir=Path(facts["TL_CLUSTER_DIR"]),
+            kubeconfig=Path(facts["KUBECONFIG"]),
+            server=facts["TL_CLUSTER_SERVER"],
+            token=facts["TL_CLUSTER_TOKEN"],
+            ca=Path(facts["TL_CLUSTER_CA"]),
+            extender_url=facts["TL_CLUSTER_EXTENDER_URL"],
+            kubectl_path=Path(facts["TL_CLUSTER_KUBECTL"]),
+            logs=Path(facts["TL_CLUSTER_LOGS"]),
+            nodes=tuple(f"{prefix}-{i}" for i in range(count)),
+        )
+
+    def kubectl(self, *args: str, input: str | None = None) -> str:
+        """Run the cluster's kubectl; its stdout (raises with stderr on failure)."""
+        done = subprocess.run(
+            [str(self.kubectl_path), "--kubeconfig", str(self.kubeconfig), *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed: {done.stderr}")
+        return done.stdout
+
+    def log_tail(self, name: str, lines: int = 40) -> str:
+        path = self.logs / name
+        if not path.exists():
+            return f"({path} does not exist)"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+    # --- objects tests share ---
+    def namespace(self, prefix: str) -> str:
+        name = unique(prefix)
+        self.kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+        return name
+
+    def ensure_priority_class(self, name: str, value: int, policy: str = "Never") -> None:
+        try:
+            self.kube.create(
+                {
+                    "apiVersion": "scheduling.k8s.io/v1",
+                    "kind": "PriorityClass",
+                    "metadata": {"name": name},
+                    "value": value,
+                    "preemptionPolicy": policy,
+                }
+            )
+        except ApiError as e:
+            if e.status != 409:
+                raise
+
+    def gpu_node_uuids(self, node: str) -> dict[str, dict[str, Any]]:
+        """The node's devices by UUID, from its GpuNode (status and spec merged)."""
+        obj = self.kube.get(contract.KIND_GPU_NODE, node)
+        assert obj is not None, f"no GpuNode {node}"
+        devices = {d["uuid"]: dict(d) for d in (obj.get("status") or {}).get("devices") or []}
+        for d in (obj.get("spec") or {}).get("devices") or []:
+            devices.setdefault(d["uuid"], {}).update(d)
+        return devices
+
+    # --- pods ---
+    def pod(self, namespace: str, name: str) -> dict[str, Any]:
+        pod = self.kube.get("Pod", name, namespace)
+        assert pod is not None, f"pod {namespace}/{name} is gone"
+        return pod
+
+    def describe_pod(self, namespace: str, name: str) -> str:
+        pod = self.kube.get("Pod", name, namespace)
+        if pod is None:
+            return f"pod {namespace}/{name}: gone"
+        spec, status = pod.get("spec") or {}, pod.get("status") or {}
+        ann = (pod.get("metadata") or {}).get("annotations") or {}
+        return (
+            f"pod {namespace}/{name}: node={spec.get('nodeName')!r} "
+            f"nominated={status.get('nominatedNodeName')!r} phase={status.get('phase')} "
+            f"conditions={status.get('conditions')} devices={ann.get(contract.ANN_DEVICES)!r}\n"
+            f"--- extender log ---\n{self.log_tail('extender.log', 15)}"
+        )
+
+    def wait_bound(self, namespace: str, name: str, timeout: float = 30) -> dict[str, Any]:
+        """The pod once it is bound and carries its device annotation."""
+
+        def bound() -> dict[str, Any] | None:
+            pod = self.kube.get("Pod", namespace=namespace, name=name)
+            if pod is None:
+                return None
+            ann = pod["metadata"].get("annotations") or {}
+            if pod["spec"].get("nodeName") and contract.ANN_DEVICES in ann:
+                return pod
+            return None
+
+        return wait_for(
+            bound,
+            what=f"pod {namespace}/{name} to be bound",
+            timeout=timeout,
+            describe=lambda: self.describe_pod(namespace, name),
+        )
+
+    def wait_unschedulable(
+        self, namespace: str, name: str, contains: str, timeout: float = 30
+    ) -> str:
+        """The message of the pod's PodScheduled=False condition, once it contains ``contains``
+        (earlier attempts may fail for passing reasons, such as a node not yet Ready)."""
+        last = ""
+
+        def message() -> str | None:
+            nonlocal last
+            pod = self.pod(namespace, name)
+            assert not pod["spec"].get("nodeName"), f"{name} was bound to {pod['spec']['nodeName']}"
+            for c in (pod.get("status") or {}).get("conditions") or []:
+                if c.get("type") == "PodScheduled" and c.get("status") == "False":
+                    last = str(c.get("message") or "")
+                    return last if contains in last else None
+            return None
+
+        return wait_for(
+            message,
+            what=f"pod {namespace}/{name} to be unschedulable because {contains!r}",
+            timeout=timeout,
+            describe=lambda: f"last message: {last!r}\n{self.describe_pod(namespace, name)}",
+        )
+
+
+def devices_of(pod: dict[str, Any]) -> list[str]:
+    """The device UUIDs the extender wrote on a pod at bind time."""
+    raw = pod["metadata"].get("annotations", {}).get(contract.ANN_DEVICES, "")
+    return [u for u in raw.split(",") if u]
+
+
+@dataclass
+class NodeGroup:
+    """kwok GPU nodes of one test, reserved to that test's pods by a taint and a label."""
+
+    cluster: Cluster
+    id: str
+    nodes: list[str] = field(default_factory=list)
+
+    def node_name(self, suffix: str) -> str:
+        return f"e2e-{self.id}-{suffix}"
+
+    def add_node(
+        self, suffix: str, layout: Callable[[str], Sequence[Device]], gpu_type: str = "H20"
+    ) -> str:
+        """A kwok node with its GpuNode; ``layout(name)`` gives its devices (common.builders)."""
+        name = self.node_name(suffix)
+        devs = list(layout(name))
+        kube = self.cluster.kube
+        kube.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": name,
+                    "annotations": {"kwok.x-k8s.io/node": "fake"},
+                    "labels": {
+                        "kubernetes.io/hostname": name,
+                        "type": "kwok",
+                        "nvidia.com/gpu.product": gpu_type,
+                        GROUP_LABEL: self.id,
+                    },
+                },
+                "spec": {
+                    "taints": [{"key": GROUP_LABEL, "value": self.id, "effect": "NoSchedule"}]
+                },
+                "status": {
+                    "capacity": {
+                        "cpu": "96",
+                        "memory": "1024Gi",
+                        "pods": "110",
+                        GPU: str(len(devs)),
+                    },
+                    "allocatable": {
+                        "cpu": "96",
+                        "memory": "1024Gi",
+                        "pods": "110",
+                        GPU: str(len(devs)),
+                    },
+                },
+            }
+        )
+        self.nodes.append(name)
+        gpu_node = builders.gpu_node(name, devs)
+        status = gpu_node.pop("status")
+        kube.create(gpu_node)
+        kube.patch(contract.KIND_GPU_NODE, name, {"status": status}, subresource="status")
+        return name
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        """Until kwok has made every node Ready and the extender holds every node's devices."""
+        kube = self.cluster.kube
+
+        def nodes_ready() -> bool:
+            for name in self.nodes:
+                node = kube.get("Node", name) or {}
+                conditions = node.get("status", {}).get("conditions") or []
+                if not any(c["type"] == "Ready" and c["status"] == "True" for c in conditions):
+                    return False
+                # The controller manager lifts node.kubernetes.io/not-ready once kwok reports
+                # Ready; until then kube-scheduler turns the group's pods away for that taint.
+                taints = node.get("spec", {}).get("taints") or []
+                if any(t["key"] != GROUP_LABEL for t in taints):
+                    return False
+            return True
+
+        wait_for(nodes_ready, what=f"nodes {self.nodes} to be Ready, untainted", timeout=timeout)
+
+        # The extender's own answer for a borrower asking for every healthy, non-standby device
+        # of a fresh node: it fits only once the extender has the node's full GpuNode.
+        def extender_knows(name: str) -> bool:
+            devices = self.cluster.gpu_node_uuids(name).values()
+            usable = sum(
+                1 for d in devices if d.get("health") == "Healthy" and not d.get("standby")
+            )
+            if usable == 0:
+                return True
+            probe = builders.pod(
+                f"probe-{self.id}", usable, namespace="probe", priority=Priority.LOW
+            )
+            reply = post_json(
+                f"{self.cluster.extender_url}/filter", {"Pod": probe, "NodeNames": [name]}
+            )
+            return name in (reply.get("NodeNames") or [])
+
+        for name in self.nodes:
+            wait_for(
+                functools.partial(extender_knows, name),
+                what=f"the extender to see GpuNode {name}",
+                timeout=timeout,
+            )
+
+    def pod(
+        self,
+        namespace: str,
+        name: str,
+        gpus: int,
+        *,
+        priority_class: str | None = None,
+        node: str | None = None,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
+        """A pod (common.builders.pod) kept to this group's nodes, or to one of them."""
+        obj = builders.pod(name, gpus, namespace=namespace, **kwargs)
+        obj["metadata"].pop("uid")
+        obj.pop("status")
+        spec = obj["spec"]
+        spec["nodeSelector"] = {GROUP_LABEL: self.id}
+        if node is not None:
+            spec["nodeSelector"]["kubernetes.io/hostname"] = node
+        spec["tolerations"] = [{"key": GROUP_LABEL, "operator": "Exists", "effect": "NoSchedule"}]
+        spec["terminationGracePeriodSeconds"] = 0
+        if priority_class is not None:
+            spec["priorityClassName"] = priority_class
+        return obj
+
+    def create_pod(self, namespace: str, name: str, gpus: int, **kwargs: Any) -> str:
+        self.cluster.kube.create(self.pod(namespace, name, gpus, **kwargs))
+        return name
+
+    def delete(self) -> None:
+        for name in self.nodes:
+            self.cluster.kube.delete(contract.KIND_GPU_NODE, name)
+            self.cluster.kube.delete("Node", name)
