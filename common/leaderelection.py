@@ -13,24 +13,13 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Coroutine
-from datetime import UTC, datetime
 from typing import Any
 
 from common.errors import Conflict, NotFound, TideleaseError
 from common.kubeclient import KubeClient
+from common.timefmt import epoch, microtime
 
 log = logging.getLogger(__name__)
-
-
-def _microtime(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _epoch(value: object) -> float:
-    try:
-        return datetime.fromisoformat(str(value)).timestamp()
-    except ValueError:
-        return 0.0
 
 
 class LeaderElector:
@@ -54,8 +43,8 @@ class LeaderElector:
         return {
             "holderIdentity": self.identity,
             "leaseDurationSeconds": self._lease_s,
-            "acquireTime": _microtime(acquired),
-            "renewTime": _microtime(now),
+            "acquireTime": microtime(acquired),
+            "renewTime": microtime(now),
         }
 
     async def try_acquire_or_renew(self) -> bool:
@@ -75,10 +64,12 @@ class LeaderElector:
                 return False
         spec = current.get("spec") or {}
         holder = spec.get("holderIdentity")
-        expires = _epoch(spec.get("renewTime")) + float(spec.get("leaseDurationSeconds") or 0)
+        expires = (epoch(spec.get("renewTime")) or 0.0) + float(
+            spec.get("leaseDurationSeconds") or 0
+        )
         if holder not in (None, "", self.identity) and expires > now:
             return False
-        acquired = _epoch(spec.get("acquireTime")) if holder == self.identity else now
+        acquired = (epoch(spec.get("acquireTime")) or now) if holder == self.identity else now
         current["spec"] = self._spec(now, acquired)
         try:
             await self._kube.json("PUT", f"{self._path}/{self._name}", body=current)

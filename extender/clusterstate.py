@@ -16,7 +16,6 @@ import logging
 from collections import Counter
 from collections.abc import Hashable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime
 from typing import Any
 
 from common import contract
@@ -34,6 +33,7 @@ from common.model import (
     Priority,
 )
 from common.objects import parse_gpu_allocation, parse_gpu_node, resource_version
+from common.timefmt import epoch
 
 log = logging.getLogger(__name__)
 
@@ -248,7 +248,7 @@ class ClusterState:
                 state.heartbeat = None
                 self._set_silent(state, False)
             return
-        renewed = _epoch(spec.get("renewTime"))
+        renewed = epoch(spec.get("renewTime"))
         if renewed is not None:
             self._node(node).heartbeat = renewed
 
@@ -310,15 +310,6 @@ class ClusterState:
         if current is not None and _older(version, current.ledger_version):
             return  # our own write, applied already, is newer than this event
         self.set_ledger(node, allocations, version)
-
-
-def _epoch(value: object) -> float | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        return datetime.fromisoformat(value).timestamp()
-    except ValueError:
-        return None
 
 
 def _older(version: str, than: str) -> bool:

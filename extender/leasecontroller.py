@@ -23,8 +23,9 @@ from common import contract
 from common.errors import Conflict, InvalidInput, NotFound, TideleaseError
 from common.kubeclient import KubeClient
 from common.model import GpuUuid, Holder
+from common.timefmt import microtime, rfc3339
 from extender.clusterstate import ClusterState
-from extender.leases import GpuLease, LeaseStatus, Workload, parse_gpu_lease, rfc3339
+from extender.leases import GpuLease, LeaseStatus, Workload, parse_gpu_lease
 from extender.leasing import TypeTier, standby_topup
 from extender.lending import (
     Action,
@@ -142,7 +143,7 @@ class KubeWorld:
         await self._kube.json("PUT", f"{path}/status", body=obj)
 
     async def notify(self, pod: Holder, lease: GpuLease, deadline: float) -> None:
-        when = rfc3339(deadline)
+        when = microtime(deadline)
         with contextlib.suppress(NotFound):
             await self._kube.json(
                 "PATCH",
@@ -171,8 +172,8 @@ class KubeWorld:
                 ),
                 "type": "Warning",
                 "source": {"component": "tidelease-leasing"},
-                "firstTimestamp": rfc3339(time.time())[:19] + "Z",
-                "lastTimestamp": rfc3339(time.time())[:19] + "Z",
+                "firstTimestamp": rfc3339(time.time()),
+                "lastTimestamp": rfc3339(time.time()),
                 "count": 1,
             }
             await self._kube.json("POST", f"/api/v1/namespaces/{pod.namespace}/events", body=event)
@@ -298,7 +299,7 @@ class LeaseController:
                     "lease %s: notice to borrower %s: evicted at %s",
                     name,
                     pod.key,
-                    rfc3339(action.deadline),
+                    microtime(action.deadline),
                 )
                 await self.world.notify(pod, lease, action.deadline)
             await self.world.write_status(lease, action.then)

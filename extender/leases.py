@@ -10,30 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any, Literal
 
 from common.errors import InvalidInput
 from common.model import GpuUuid, JobName
 from common.objects import resource_version
+from common.timefmt import epoch, microtime
 from extender.leasing import ScheduleEntry, parse_schedule_time
 
 Phase = Literal["Steady", "Lending", "Reclaiming"]
 PHASES: tuple[Phase, ...] = ("Steady", "Lending", "Reclaiming")
 DEFAULT_GRACE_S = 45
-
-
-def rfc3339(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def epoch(value: object) -> float | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        return datetime.fromisoformat(value).timestamp()
-    except ValueError:
-        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,8 +93,8 @@ class LeaseStatus:
             out["lastReclaimSeconds"] = round(self.last_reclaim_s, 3)
         if self.reclaim_started is not None:
             out["reclaim"] = {
-                "startedAt": rfc3339(self.reclaim_started),
-                "deadline": rfc3339(self.reclaim_deadline or self.reclaim_started),
+                "startedAt": microtime(self.reclaim_started),
+                "deadline": microtime(self.reclaim_deadline or self.reclaim_started),
                 "noticed": [
                     {"namespace": n.namespace, "name": n.name, "uid": n.uid} for n in self.noticed
                 ],

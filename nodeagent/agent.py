@@ -19,11 +19,11 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from common.errors import InvalidInput, TideleaseError
 from common.model import GpuUuid, Health, Tier
+from common.timefmt import epoch, rfc3339
 from nodeagent.availability import History, TierSettings, assessment_due
 from nodeagent.deviceplugin.devices import PluginDevice
 from nodeagent.health import DeviceHealth, HealthSettings, HealthTracker
@@ -59,19 +59,6 @@ def plugin_devices(
         )
         for i in infos
     )
-
-
-def _rfc3339(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _parse_time(value: object) -> float | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        return datetime.fromisoformat(value).timestamp()
-    except ValueError:
-        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +98,7 @@ class NodeView:
         for dev in status.get("devices") or []:
             if isinstance(dev, dict) and dev.get("tier") in _TIERS:
                 self.tiers[str(dev.get("uuid"))] = _TIERS[dev["tier"]]
-        self.assessed_at = _parse_time(status.get("tierAssessedAt"))
+        self.assessed_at = epoch(status.get("tierAssessedAt"))
 
     def on_samples(self, samples: list[Sample], now: float) -> bool:
         """Apply a health cycle's readings; whether any device's health changed."""
@@ -176,10 +163,10 @@ class NodeView:
             "devices": devices,
             "availability": self.history.to_json(),
             "cache": {"images": [], "checkpoints": []},
-            "observedAt": _rfc3339(now),
+            "observedAt": rfc3339(now),
         }
         if self.assessed_at is not None:
-            status["tierAssessedAt"] = _rfc3339(self.assessed_at)
+            status["tierAssessedAt"] = rfc3339(self.assessed_at)
         return status
 
 

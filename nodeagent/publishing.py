@@ -11,22 +11,17 @@ from __future__ import annotations
 
 import copy
 import logging
-from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from common import contract
 from common.errors import Conflict, NotFound
 from common.kubeclient import KubeClient
+from common.timefmt import microtime
 
 log = logging.getLogger(__name__)
 
 LEASE_LABEL = {contract.AGENT_LABEL_KEY: contract.AGENT_LABEL_VALUE}
 _GPU_NODES = f"/apis/{contract.API_VERSION}/{contract.PLURAL_GPU_NODE}"
-
-
-def microtime(now: float) -> str:
-    """Kubernetes MicroTime: RFC 3339 with microseconds, UTC."""
-    return datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def lease_object(namespace: str, node: str, now: float, duration_s: int) -> dict[str, Any]:

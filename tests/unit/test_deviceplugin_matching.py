@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from nodeagent.deviceplugin.matching import (
     prefer,
 )
 from nodeagent.deviceplugin.testing import NODE, gpus, node_pod, placed_pod, uuids
+from tests.imports import imported
 
 U = uuids(0, 1, 2, 3, 4, 5, 6, 7)
 ALL = list(U)
@@ -424,18 +424,8 @@ IO_MODULES = {
 }
 
 
-def _imports(path: Path) -> set[str]:
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            names.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
-    return names
-
-
 @pytest.mark.parametrize("module", PURE)
 def test_decisions_do_no_io(module: str) -> None:
-    names = _imports(ROOT / module)
+    names = imported(ROOT / module)
     bad = {n for n in names if n.split(".")[0] in IO or n in IO_MODULES}
     assert not bad, f"{module} imports {sorted(bad)}"

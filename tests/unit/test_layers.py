@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
+
+from tests.imports import imported
 
 ROOT = Path(__file__).resolve().parents[2]
 PURE = [
@@ -34,16 +35,6 @@ FORBIDDEN = {
     "extender.kubestore",
     "extender.binding",
 }
-
-
-def imported(path: Path) -> set[str]:
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            names.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
-    return names
 
 
 @pytest.mark.parametrize("module", PURE)
