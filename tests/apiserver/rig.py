@@ -227,6 +227,37 @@ async def make_rig(kube: KubeClient, kubeconfig: str, *, standby: bool = True) -
 
 
 @contextlib.asynccontextmanager
+async def running_rig(
+    kubeconfig: str, *, standby: bool = True, grace_s: int | None = None
+) -> AsyncIterator[Rig]:
+    """A rig with its stand-ins for kube-controller-manager, kube-scheduler and kubelet running."""
+    from pathlib import Path
+
+    kube = await KubeClient.connect(Path(kubeconfig))
+    rig = await make_rig(kube, kubeconfig, standby=standby)
+    if grace_s is not None:
+        await kube.json(
+            "PATCH",
+            f"/apis/{contract.API_VERSION}/namespaces/{rig.ns}/gpuleases/recsys",
+            body={"spec": {"graceSeconds": grace_s}},
+            content_type="application/merge-patch+json",
+        )
+    async with aiohttp.ClientSession() as session:
+        rig.tasks = [
+            asyncio.create_task(rig.statefulset_loop()),
+            asyncio.create_task(rig.scheduler_loop(session)),
+            asyncio.create_task(rig.kubelet_loop()),
+        ]
+        try:
+            yield rig
+        finally:
+            for t in rig.tasks:
+                t.cancel()
+            await asyncio.gather(*rig.tasks, return_exceptions=True)
+            await kube.close()
+
+
+@contextlib.asynccontextmanager
 async def extender(rig: Rig) -> AsyncIterator[Running]:
     """The extender with its leasing controller, as one process of the deployment."""
     from pathlib import Path

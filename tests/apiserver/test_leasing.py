@@ -4,19 +4,16 @@ and tier."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import aiohttp
 import pytest
 
 from common import builders, contract
-from common.kubeclient import KubeClient
 from common.model import Priority
 from tests.apiserver.conftest import ApiServer
-from tests.apiserver.rig import Rig, extender, lent_devices, make_rig
+from tests.apiserver.rig import Rig, extender, lent_devices, running_rig
 from tests.polling import eventually
 
 pytestmark = pytest.mark.apiserver
@@ -24,21 +21,8 @@ pytestmark = pytest.mark.apiserver
 
 @pytest.fixture
 async def rig(apiserver: ApiServer) -> AsyncIterator[Rig]:
-    kube = await KubeClient.connect(apiserver.kubeconfig)
-    rig = await make_rig(kube, str(apiserver.kubeconfig))
-    async with aiohttp.ClientSession() as session:
-        rig.tasks = [
-            asyncio.create_task(rig.statefulset_loop()),
-            asyncio.create_task(rig.scheduler_loop(session)),
-            asyncio.create_task(rig.kubelet_loop()),
-        ]
-        try:
-            yield rig
-        finally:
-            for t in rig.tasks:
-                t.cancel()
-            await asyncio.gather(*rig.tasks, return_exceptions=True)
-            await kube.close()
+    async with running_rig(str(apiserver.kubeconfig)) as rig:
+        yield rig
 
 
 def borrower(i: int, ns: str) -> dict[str, Any]:

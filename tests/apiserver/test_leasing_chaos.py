@@ -10,14 +10,12 @@ import random
 from collections.abc import AsyncIterator
 from typing import Any
 
-import aiohttp
 import pytest
 
 from common import builders, contract
-from common.kubeclient import KubeClient
 from common.model import Priority
 from tests.apiserver.conftest import ApiServer
-from tests.apiserver.rig import Rig, extender, lent_devices, make_rig
+from tests.apiserver.rig import Rig, extender, lent_devices, running_rig
 from tests.polling import eventually
 
 pytestmark = pytest.mark.apiserver
@@ -27,27 +25,8 @@ CYCLES = int(os.environ.get("TIDELEASE_CHAOS_CYCLES", "100"))
 
 @pytest.fixture
 async def rig(apiserver: ApiServer) -> AsyncIterator[Rig]:
-    kube = await KubeClient.connect(apiserver.kubeconfig)
-    rig = await make_rig(kube, str(apiserver.kubeconfig), standby=False)
-    await kube.json(
-        "PATCH",
-        f"/apis/{contract.API_VERSION}/namespaces/{rig.ns}/gpuleases/recsys",
-        body={"spec": {"graceSeconds": 0}},
-        content_type="application/merge-patch+json",
-    )
-    async with aiohttp.ClientSession() as session:
-        rig.tasks = [
-            asyncio.create_task(rig.statefulset_loop()),
-            asyncio.create_task(rig.scheduler_loop(session)),
-            asyncio.create_task(rig.kubelet_loop()),
-        ]
-        try:
-            yield rig
-        finally:
-            for t in rig.tasks:
-                t.cancel()
-            await asyncio.gather(*rig.tasks, return_exceptions=True)
-            await kube.close()
+    async with running_rig(str(apiserver.kubeconfig), standby=False, grace_s=0) as rig:
+        yield rig
 
 
 async def chaos(rig: Rig, rng: random.Random, stop: asyncio.Event) -> int:
