@@ -92,7 +92,7 @@ class Rig:
 
     async def ledger_devices(self) -> list[tuple[str, str]]:
         """(device, pod) for every allocation in every ledger of the rig's nodes."""
-        held = []
+        held: list[tuple[str, str]] = []
         for node in self.nodes:
             try:
                 obj = await self.kube.json(
