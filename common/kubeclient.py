@@ -41,6 +41,18 @@ def api_error(status: int, what: str, body: bytes) -> Exception:
     return InvalidInput(text)
 
 
+def _key(obj: dict[str, Any]) -> tuple[str, str]:
+    meta = obj.get("metadata") or {}
+    return (str(meta.get("namespace", "")), str(meta.get("name", "")))
+
+
+def _identity(obj: dict[str, Any]) -> dict[str, Any]:
+    """What a DELETED event needs of an object: its kind and metadata identity."""
+    meta = obj.get("metadata") or {}
+    ident = {k: meta[k] for k in ("namespace", "name", "uid") if k in meta}
+    return {"kind": obj.get("kind"), "metadata": ident}
+
+
 class KubeClient:
     def __init__(self, api: client.ApiClient) -> None:
         self._api = api
@@ -114,20 +126,20 @@ class KubeClient:
         Relists when the watch expires (objects gone meanwhile come as DELETED); backs off on
         errors. Bookmarks are followed, not yielded.
         """
+        # What is known of each object, to tell relist deletions: its identity only, not a
+        # second copy of every object (all the cluster's pods, for the pod watch).
         known: dict[tuple[str, str], dict[str, Any]] = {}
         backoff = 0.5
         while True:
             try:
                 listed = await self.json("GET", path, query=query)
                 version = resource_version(listed)
-                fresh = {}
-                for item in listed.get("items") or []:
-                    meta = item.get("metadata") or {}
-                    fresh[(meta.get("namespace", ""), meta.get("name", ""))] = item
+                items = listed.get("items") or []
+                fresh = {_key(item): _identity(item) for item in items}
                 for key, old in known.items():
                     if key not in fresh:
                         yield "DELETED", old
-                for item in fresh.values():
+                for item in items:
                     yield "ADDED", item
                 known = fresh
                 yield "SYNCED", {}
@@ -138,12 +150,10 @@ class KubeClient:
                             version = resource_version(obj) or version
                             continue
                         version = resource_version(obj) or version
-                        meta = obj.get("metadata") or {}
-                        key = (meta.get("namespace", ""), meta.get("name", ""))
                         if event == "DELETED":
-                            known.pop(key, None)
+                            known.pop(_key(obj), None)
                         else:
-                            known[key] = obj
+                            known[_key(obj)] = _identity(obj)
                         yield event, obj
             except (Unavailable, InvalidInput, NotFound, Conflict) as e:
                 log.warning("watch of %s failed, relisting in %.1f s: %s", path, backoff, e)

@@ -95,12 +95,6 @@ class NodeState:
     def score_tuple(self) -> Hashable:
         return (self.signature, self.cache)
 
-    def holder_of(self, uuid: GpuUuid) -> Allocation | None:
-        for a in self.allocations.values():
-            if uuid in a.devices:
-                return a
-        return None
-
 
 def _class_key(c: DeviceClass) -> tuple[str, int, bool, str, bool]:
     return (c.gpu_type, int(c.tier), c.healthy, c.owner or "", c.standby)
@@ -133,7 +127,6 @@ class ClusterState:
     def __init__(self) -> None:
         self._nodes: dict[NodeName, NodeState] = {}
         self._keys = _Interner()
-        self.generation = 0  # bumped on every change
         # Answers keyed by (state key, request shape), kept across requests: the pods of one
         # job, and retries of one pod, ask the same question of nodes whose state is unchanged.
         # Keys of changed states are never reused, so an entry can only be unused, never wrong.
@@ -164,7 +157,6 @@ class ClusterState:
         state._refresh(self._gone)
         state.decision_key = self._keys(("decision", state.decision_tuple()))
         state.score_key = self._keys(("score", state.score_tuple()))
-        self.generation += 1
         if len(self._keys) > 4 * len(self._nodes) + 64:
             live = {k for s in self._nodes.values() for k in (s.decision_key, s.score_key)}
             self._keys.keep_only(live)

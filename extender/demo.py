@@ -29,6 +29,7 @@ import aiohttp
 from common import builders, contract
 from common.model import Priority, Tier
 from extender.driver import Outcome, SchedulerDriver
+from extender.leasing import ordinal
 from extender.running import Running, serve
 from extender.settings import ExtenderSettings
 from extender.store import MemoryStore
@@ -228,7 +229,7 @@ class Demo:
 
         say("\n== 6. Morning: recsys scales up again and reclaims its GPUs (right of return)")
         for gen, name in enumerate(lent, start=1):
-            i = int(name.rsplit("-", 1)[1])
+            i = ordinal(name)
             out = await self.schedule(recsys_pod(i, reclaim=True, generation=gen))
             if out.bound:
                 self.report.reclaimed[name] = self.devices_of(name)[1]

@@ -157,26 +157,30 @@ def parse_preemption_args(body: Mapping[str, Any]) -> PreemptionArgs:
 # --- replies ---
 
 
-def filter_result(
-    args: ExtenderArgs,
-    passed: Iterable[str],
-    failed: Mapping[str, str],
-    unresolvable: Mapping[str, str],
-    error: str = "",
+def _filter_reply(
+    failed: Mapping[str, str], unresolvable: Mapping[str, str], error: str
 ) -> dict[str, Any]:
-    """ExtenderFilterResult, answering in the form the request came in."""
-    passed_set = list(passed)
-    reply: dict[str, Any] = {
+    return {
         "Nodes": None,
         "NodeNames": None,
         "FailedNodes": dict(failed),
         "FailedAndUnresolvableNodes": dict(unresolvable),
         "Error": error,
     }
+
+
+def filter_result(
+    args: ExtenderArgs,
+    passed: Iterable[str],
+    failed: Mapping[str, str],
+    unresolvable: Mapping[str, str],
+) -> dict[str, Any]:
+    """ExtenderFilterResult, answering in the form the request came in."""
+    reply = _filter_reply(failed, unresolvable, "")
     if args.cache_capable:
-        reply["NodeNames"] = passed_set
+        reply["NodeNames"] = list(passed)
     else:
-        keep = set(passed_set)
+        keep = set(passed)
         assert args.nodes is not None
         items = [n for n, name in zip(args.nodes, args.node_names, strict=True) if name in keep]
         reply["Nodes"] = {"metadata": {}, "items": items}
@@ -185,13 +189,7 @@ def filter_result(
 
 def filter_error(error: str) -> dict[str, Any]:
     """A filter reply that fails the pod with a message (kube-scheduler shows it on the pod)."""
-    return {
-        "Nodes": None,
-        "NodeNames": None,
-        "FailedNodes": {},
-        "FailedAndUnresolvableNodes": {},
-        "Error": error,
-    }
+    return _filter_reply({}, {}, error)
 
 
 def host_priority_list(scores: Iterable[tuple[str, int]]) -> list[dict[str, Any]]:

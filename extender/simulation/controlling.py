@@ -48,6 +48,7 @@ from extender.leases import GpuLease, LeaseSpec, LeaseStatus, Workload
 from extender.leasing import (
     LENDABLE_TIERS,
     TypeTier,
+    ordinal,
     plan_reclaim,
     replicas_for,
     replicas_to_release,
@@ -137,10 +138,6 @@ def standby_targets(size: int, weights: Mapping[TypeTier, int]) -> dict[TypeTier
     for k in order[:left]:
         out[k] += 1
     return out
-
-
-def _ordinal(name: str) -> int:
-    return int(name.rsplit("-", 1)[1])
 
 
 class OnlineJobs:
@@ -390,7 +387,7 @@ class OnlineJobs:
         if replicas < job.replicas:
             names = [job.name_of(o) for o in job.pods]
             for name in replicas_to_release(names, replicas):
-                o = _ordinal(name)
+                o = ordinal(name)
                 uid = job.pods.pop(o)
                 job.pending.discard(o)
                 alloc = self.world.release(uid)

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.background import running
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,30 +24,14 @@ class ApiServer:
 @pytest.fixture(scope="session")
 def apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
     state = tmp_path_factory.mktemp("apiserver") / "state.env"
-    log = state.with_suffix(".log")
-    with log.open("w") as log_file:
-        proc = subprocess.Popen(
-            [str(ROOT / "hack" / "apiserver.sh"), str(state)],
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        deadline = time.monotonic() + 180
-        while not state.exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(
-                    "hack/apiserver.sh did not start a kube-apiserver (are the binaries built? "
-                    f"run hack/build-binaries.sh):\n{log.read_text()[-3000:]}"
-                )
-            time.sleep(0.2)
-        facts = dict(line.split("=", 1) for line in state.read_text().splitlines() if line)
+    with running(
+        [str(ROOT / "hack" / "apiserver.sh"), str(state)],
+        state=state,
+        log=state.with_suffix(".log"),
+        what="hack/apiserver.sh",
+        start_timeout_s=180,
+        stop_timeout_s=30,
+    ) as facts:
         yield ApiServer(
             Path(facts["KUBECONFIG"]), facts["SERVER"], facts["TOKEN"], Path(facts["CA"])
         )
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()

@@ -9,14 +9,12 @@ a failure that says to run hack/build-binaries.sh, never a skip.
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.background import running
 from tests.e2e.harness import Cluster, NodeGroup, unique
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,15 +22,6 @@ START_TIMEOUT_S = 300
 NODES = 4
 
 _running: Cluster | None = None
-
-
-def _read_state(path: Path) -> dict[str, str]:
-    facts = {}
-    for line in path.read_text().splitlines():
-        key, sep, value = line.partition("=")
-        if sep:
-            facts[key] = value
-    return facts
 
 
 @pytest.fixture(scope="session")
@@ -48,34 +37,20 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         "TL_CLUSTER_PARENT_PID": str(os.getpid()),
         "TL_CLUSTER_KEEP_DIR": "true",
     }
-    with log.open("w") as log_file:
-        proc = subprocess.Popen(
-            [str(ROOT / "hack" / "cluster-up.sh"), "-f"],
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-        )
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not state.exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(
-                    "hack/cluster-up.sh did not start the cluster (are the binaries built? run "
-                    f"hack/build-binaries.sh). Its log, {log}:\n{log.read_text()[-4000:]}",
-                    pytrace=False,
-                )
-            time.sleep(0.2)
-        _running = Cluster.from_state(_read_state(state))
-        yield _running
+        with running(
+            [str(ROOT / "hack" / "cluster-up.sh"), "-f"],
+            state=state,
+            log=log,
+            what="hack/cluster-up.sh",
+            start_timeout_s=START_TIMEOUT_S,
+            stop_timeout_s=120,
+            env=env,
+        ) as facts:
+            _running = Cluster.from_state(facts)
+            yield _running
     finally:
         _running = None
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.fixture

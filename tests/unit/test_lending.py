@@ -85,6 +85,18 @@ def lent_status(devs: list[Device]) -> LeaseStatus:
     )
 
 
+def reclaiming_status(devs: list[Device], *, deadline: float) -> LeaseStatus:
+    """recsys-2's group being reclaimed, back to 4 replicas, started at NOW."""
+    return replace(
+        lent_status(devs),
+        phase="Reclaiming",
+        reclaiming=("recsys-2",),
+        target_replicas=4,
+        reclaim_started=NOW,
+        reclaim_deadline=deadline,
+    )
+
+
 def test_reclaim_notice_then_wait_then_evict_then_scale() -> None:
     devs, view = world(lent_owner=True)
     borrower = holder("finetune-0", pod_priority=10)
@@ -111,14 +123,7 @@ def test_reclaim_notice_then_wait_then_evict_then_scale() -> None:
 
 def test_reclaim_finishes_once_the_owners_pods_are_placed() -> None:
     devs, view = world(lent_owner=True)
-    status = replace(
-        lent_status(devs),
-        phase="Reclaiming",
-        reclaiming=("recsys-2",),
-        target_replicas=4,
-        reclaim_started=NOW,
-        reclaim_deadline=NOW + 45,
-    )
+    status = reclaiming_status(devs, deadline=NOW + 45)
     placed = [*pods(devs, 3), OwnerPod("recsys-3", "uid-3", "", ())]
     assert isinstance(decide(lease(16, status), 4, placed, view, NOW + 50), Wait)
     step = decide(lease(16, status), 4, pods(devs, 4), view, NOW + 50)
@@ -139,14 +144,7 @@ def test_backfilled_standby_devices_are_counted_and_released_from_the_pool() -> 
     devs, view = world(lent_owner=True)
     spare = builders.devices("s", 4, standby=True)
     view = View({**view.devices, **{d.uuid: d for d in spare}}, {}, {**view.offering, "s": True})
-    status = replace(
-        lent_status(devs),
-        phase="Reclaiming",
-        reclaiming=("recsys-2",),
-        target_replicas=4,
-        reclaim_started=NOW,
-        reclaim_deadline=NOW,
-    )
+    status = reclaiming_status(devs, deadline=NOW)
     placed = [
         *pods(devs, 2),
         OwnerPod("recsys-2", "uid-2", "b", tuple(d.uuid for d in devs[8:12])),
@@ -166,14 +164,7 @@ def test_resuming_after_a_notice_was_sent_but_not_recorded() -> None:
     devs, view = world(lent_owner=True)
     borrower = holder("finetune-0")
     busy = replace(view, holders={devs[8].uuid: borrower})
-    status = replace(
-        lent_status(devs),
-        phase="Reclaiming",
-        reclaiming=("recsys-2",),
-        target_replicas=4,
-        reclaim_started=NOW,
-        reclaim_deadline=NOW + 30,
-    )
+    status = reclaiming_status(devs, deadline=NOW + 30)
     step = decide(lease(16, status), 2, pods(devs, 2), busy, NOW + 10)
     assert isinstance(step, Notify)
     assert step.deadline == NOW + 30
@@ -192,14 +183,7 @@ def test_high_priority_squatters_are_never_evicted() -> None:
         JobName("other"),
     )
     busy = replace(view, holders={devs[8].uuid: squatter})
-    status = replace(
-        lent_status(devs),
-        phase="Reclaiming",
-        reclaiming=("recsys-2",),
-        target_replicas=4,
-        reclaim_started=NOW,
-        reclaim_deadline=NOW,
-    )
+    status = reclaiming_status(devs, deadline=NOW)
     assert decide(lease(16, status), 2, pods(devs, 2), busy, NOW + 1) == ScaleTo(4)
 
 
