@@ -18,7 +18,6 @@ bind of a pod that already holds an allocation on the node reuses it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Iterable, Mapping, Set
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from common import contract
 from common.errors import Conflict, NotFound, TideleaseError
 from common.model import Allocation, NodeName, PodRequest, PodUid
 from common.podrequest import parse_pod
+from common.waiting import wait_event
 from extender.clusterstate import ClusterState
 from extender.metrics import ExtenderMetrics
 from extender.placement import pick_devices
@@ -268,8 +268,7 @@ class Binder:
             )
             self._metrics.nodes.set(sum(1 for s in self._cluster if s.offering))
             self._soon.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._soon.wait(), self._settings.reap_interval_s)
+            await wait_event(self._soon, self._settings.reap_interval_s)
 
     def reap_soon(self) -> None:
         """A pod went away: look for allocations to release now, not at the next interval."""

@@ -24,6 +24,7 @@ from common.errors import Conflict, InvalidInput, NotFound, TideleaseError
 from common.kubeclient import KubeClient
 from common.model import GpuUuid, Holder
 from common.timefmt import microtime, rfc3339
+from common.waiting import wait_event
 from extender.clusterstate import ClusterState
 from extender.leases import GpuLease, LeaseStatus, Workload, parse_gpu_lease
 from extender.leasing import TypeTier, standby_topup
@@ -374,5 +375,4 @@ class LeaseController:
             wake = await self.run_once()
             self.leases.changed.clear()
             timeout = max(0.05, wake - self.clock())
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.leases.changed.wait(), timeout)
+            await wait_event(self.leases.changed, timeout)

@@ -13,7 +13,6 @@ observed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import re
 import time
@@ -24,6 +23,7 @@ from typing import Any
 from common.errors import InvalidInput, TideleaseError
 from common.model import GpuUuid, Health, Tier
 from common.timefmt import epoch, rfc3339
+from common.waiting import wait_event
 from nodeagent.availability import History, TierSettings, assessment_due
 from nodeagent.deviceplugin.devices import PluginDevice
 from nodeagent.health import DeviceHealth, HealthSettings, HealthTracker
@@ -231,8 +231,7 @@ async def run_agent(
             if ready is not None:
                 ready.set()
             wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), settings.cycle_s)
+            await wait_event(wake, settings.cycle_s)
     finally:
         for task in (pump, heartbeat):
             task.cancel()
