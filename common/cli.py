@@ -108,7 +108,9 @@ def _agent(args: argparse.Namespace) -> int:
     else:
         reader = open_reader(args.backend)
 
-    plugin_settings = DevicePluginSettings(node_name=node, plugin_dir=args.device_plugin_dir)
+    plugin_settings = DevicePluginSettings(
+        node_name=node, plugin_dir=args.device_plugin_dir, host_device_root=args.host_device_root
+    )
     if not args.no_device_plugin:
         plugin_problems = plugin_settings.validate()
         if plugin_problems:
@@ -241,6 +243,12 @@ def parser() -> argparse.ArgumentParser:
         type=Path,
         default=Path("/var/lib/kubelet/device-plugins"),
         help="the kubelet's device-plugin directory",
+    )
+    agent.add_argument(
+        "--host-device-root",
+        default="",
+        help="directory standing in for the host's / when naming device nodes to the kubelet"
+        " (test nodes with fake GPUs; default: the host's own /dev)",
     )
     agent.add_argument(
         "--no-device-plugin",

@@ -73,6 +73,7 @@ class Allocator:
                 known,
                 control_devices=self._settings.control_devices,
                 permissions=self._settings.device_permissions,
+                host_root=self._settings.host_device_root,
             )
             if match.pod is None:
                 log.warning(

@@ -39,8 +39,12 @@ def container_grant(
     *,
     control_devices: Sequence[str] = (),
     permissions: str = "rw",
+    host_root: str = "",
 ) -> ContainerGrant:
-    """The grant for ``uuids``, in that order. Raises InvalidInput naming unknown UUIDs."""
+    """The grant for ``uuids``, in that order. Raises InvalidInput naming unknown UUIDs.
+
+    Device nodes keep their path in the container; on the host they are looked up under
+    ``host_root`` (empty: the host's own /dev)."""
     unknown = [u for u in uuids if u not in known]
     if unknown:
         raise InvalidInput(f"unknown device IDs: {', '.join(unknown)}")
@@ -49,6 +53,8 @@ def container_grant(
     listed = ",".join(uuids)
     return ContainerGrant(
         envs={VISIBLE_DEVICES_ENV: listed},
-        devices=tuple(DeviceNode(p, p, permissions) for p in dict.fromkeys(paths)),
+        devices=tuple(
+            DeviceNode(p, host_root.rstrip("/") + p, permissions) for p in dict.fromkeys(paths)
+        ),
         annotations={contract.ANN_DEVICES: listed},
     )

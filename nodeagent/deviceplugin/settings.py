@@ -25,6 +25,10 @@ class DevicePluginSettings:
     # "/dev/nvidia-uvm"); empty leaves them to the NVIDIA container runtime.
     control_devices: tuple[str, ...] = ()
     device_permissions: str = "rw"
+    # Where the host's "/" is for device nodes: "" on a real node. A test node with fake GPUs sets
+    # a directory holding dev/nvidiaN stand-ins (hack/realnode.sh makes them), so containers get
+    # /dev/nvidiaN backed by those files.
+    host_device_root: str = ""
     # Bound on each API-server call made while the kubelet waits (list pods, mark assigned).
     api_timeout_s: float = 3.0
     register_timeout_s: float = 5.0
@@ -60,6 +64,8 @@ class DevicePluginSettings:
             problems.append(f"resource_name {self.resource_name!r} is not an extended resource")
         if not self.device_permissions or set(self.device_permissions) - set("rwm"):
             problems.append(f"device_permissions {self.device_permissions!r}: want some of r, w, m")
+        if self.host_device_root and not self.host_device_root.startswith("/"):
+            problems.append(f"host_device_root {self.host_device_root!r} is not an absolute path")
         for path in self.control_devices:
             if not path.startswith("/dev/"):
                 problems.append(f"control device {path!r} is not under /dev/")

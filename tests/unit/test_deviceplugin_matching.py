@@ -403,6 +403,15 @@ def test_container_grant(ids: tuple[str, ...], control: tuple[str, ...], paths: 
     assert grant.annotations == {contract.ANN_DEVICES: ",".join(ids)}
 
 
+@pytest.mark.parametrize("root", ["/srv/node/fakedev", "/srv/node/fakedev/"])
+def test_container_grant_looks_device_nodes_up_under_the_host_root(root: str) -> None:
+    grant = container_grant((U[1],), KNOWN, control_devices=("/dev/nvidiactl",), host_root=root)
+    assert grant.devices == (
+        DeviceNode("/dev/nvidia1", "/srv/node/fakedev/dev/nvidia1", "rw"),
+        DeviceNode("/dev/nvidiactl", "/srv/node/fakedev/dev/nvidiactl", "rw"),
+    )
+
+
 def test_container_grant_refuses_unknown_devices() -> None:
     with pytest.raises(InvalidInput, match="GPU-x"):
         container_grant([U[0], "GPU-x"], KNOWN)  # type: ignore[list-item]
