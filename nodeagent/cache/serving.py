@@ -1,0 +1,153 @@
+"""The cache, served read-only to peer nodes over HTTP.
+
+    GET /healthz                          no credential
+    GET /v1/inventory                     {"checkpoints": [...ids], "images": [...refs]}
+    GET /v1/{kind}/{id}/manifest          the entry's manifest (nodeagent.cache.manifest)
+    GET /v1/{kind}/{id}/data              its bytes; one Range (bytes=a-b, a-, -n) or none
+
+``kind`` is ``checkpoints`` or ``images``. Every /v1 request needs ``Authorization: Bearer
+<token>``; anything else is a 401 before the path is looked at. Ids are validated by pattern and
+the file is checked to be a regular file inside the cache before it is handed to
+``web.FileResponse`` (sendfile). GET and HEAD only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp import hdrs, web
+
+from nodeagent.cache.credentials import TokenFile, authorized
+from nodeagent.cache.naming import KINDS, EntryId, Kind, parse_id
+from nodeagent.cache.ranges import RangeRefused, parse_range
+from nodeagent.cache.store import CacheStore
+
+log = logging.getLogger(__name__)
+
+STORE_KEY = web.AppKey("store", CacheStore)
+TOKEN_KEY = web.AppKey("token", TokenFile)
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True, slots=True)
+class ServeSettings:
+    host: str = "0.0.0.0"
+    port: int = 8477
+    token_file: Path = Path("/etc/tidelease/cache-token/token")
+
+    def validate(self) -> list[str]:
+        problems = []
+        if not 0 <= self.port <= 65535:
+            problems.append(f"cache port {self.port} is not a TCP port")
+        return problems
+
+
+def _refuse(status: int, reason: str) -> web.Response:
+    return web.json_response({"error": reason}, status=status)
+
+
+@web.middleware
+async def _guard(request: web.Request, handler: _Handler) -> web.StreamResponse:
+    if request.method not in (hdrs.METH_GET, hdrs.METH_HEAD):
+        return _refuse(405, "read-only: GET and HEAD only")
+    if request.path == "/healthz":
+        return await handler(request)
+    token = request.app[TOKEN_KEY].token()
+    if not authorized(request.headers.get(hdrs.AUTHORIZATION), token):
+        return web.json_response(
+            {"error": "a valid bearer token is required"},
+            status=401,
+            headers={hdrs.WWW_AUTHENTICATE: 'Bearer realm="tidelease-cache"'},
+        )
+    try:
+        return await handler(request)
+    except web.HTTPException as e:
+        if e.status >= 400:
+            return _refuse(e.status, e.reason)
+        raise
+
+
+def _entry(request: web.Request) -> tuple[Kind, EntryId] | web.Response:
+    kind = KINDS.get(request.match_info["kind"])
+    entry = parse_id(request.match_info["entry"])
+    if kind is None or entry is None:
+        return _refuse(400, "bad kind or id")
+    return kind, entry
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    return web.Response(text="ok")
+
+
+async def _inventory(request: web.Request) -> web.Response:
+    return web.json_response(request.app[STORE_KEY].inventory())
+
+
+async def _manifest(request: web.Request) -> web.Response:
+    named = _entry(request)
+    if isinstance(named, web.Response):
+        return named
+    manifest = request.app[STORE_KEY].manifest(*named)
+    if manifest is None:
+        return _refuse(404, "no such entry")
+    return web.json_response(manifest.to_json())
+
+
+async def _data(request: web.Request) -> web.StreamResponse:
+    named = _entry(request)
+    if isinstance(named, web.Response):
+        return named
+    store = request.app[STORE_KEY]
+    manifest = store.manifest(*named)
+    path = await asyncio.to_thread(store.data_path, *named) if manifest else None
+    if manifest is None or path is None:
+        return _refuse(404, "no such entry")
+    if hdrs.IF_RANGE in request.headers:
+        return _refuse(400, "If-Range is not supported")
+    wanted = parse_range(request.headers.get(hdrs.RANGE), manifest.size)
+    if isinstance(wanted, RangeRefused):
+        response = _refuse(wanted.status, wanted.reason)
+        if wanted.status == 416:
+            response.headers[hdrs.CONTENT_RANGE] = f"bytes */{manifest.size}"
+        return response
+    store.touch(*named)
+    return web.FileResponse(path, headers={"Cache-Control": "no-store"})
+
+
+def cache_app(store: CacheStore, token: TokenFile) -> web.Application:
+    app = web.Application(middlewares=[_guard])
+    app[STORE_KEY] = store
+    app[TOKEN_KEY] = token
+    app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/v1/inventory", _inventory)
+    app.router.add_get("/v1/{kind}/{entry}/manifest", _manifest)
+    app.router.add_get("/v1/{kind}/{entry}/data", _data)
+    return app
+
+
+async def run_cache_server(
+    *,
+    store: CacheStore,
+    settings: ServeSettings,
+    ready: asyncio.Event | None = None,
+    bound: list[int] | None = None,
+) -> None:
+    """Serve ``store`` until cancelled. ``bound`` receives the port (useful with port 0)."""
+    runner = web.AppRunner(cache_app(store, TokenFile(settings.token_file)), access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, settings.host, settings.port)
+        await site.start()
+        port = runner.addresses[0][1] if runner.addresses else settings.port
+        if bound is not None:
+            bound.append(port)
+        log.info("cache: serving %s on %s:%d", store.root, settings.host, port)
+        if ready is not None:
+            ready.set()
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()

@@ -1,0 +1,391 @@
+"""The cache on disk: entries, their manifests, LRU eviction and atomic publication.
+
+Layout under the cache root, one directory per kind (``checkpoints``, ``images``)::
+
+    <kind>/data/<id>                 the entry's bytes
+    <kind>/manifests/<id>.json       its manifest (written last: an entry exists once this does)
+    <kind>/data/.tmp-<id>-<random>   an entry being written (never a valid id: leading dot)
+    <kind>/data/.partial-<id>        a pull in progress: verified pieces written in place
+    <kind>/data/.partial-<id>.log    one line per verified, fsynced piece (resume from here)
+    <kind>/data/.partial-<id>.json   the manifest the pull is working to
+
+Publication is atomic: the bytes are written under a temporary name in the same directory,
+fsynced, and renamed over the final name with ``os.replace``, then the directory is fsynced; the
+manifest follows the same way. Nothing incomplete is ever visible under an entry's final name.
+
+The store is synchronous (files); the server and the puller call it through a thread. A lock
+makes it safe to share between those threads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import secrets
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from common.errors import InvalidInput
+from nodeagent.cache.eviction import EntryUse, choose_evictions
+from nodeagent.cache.manifest import DEFAULT_PIECE_SIZE, Manifest, parse_manifest, piece_count
+from nodeagent.cache.naming import EntryId, Kind, valid_id
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+_COPY_CHUNK = 1 << 20
+_TOUCH_PERSIST_S = 60.0
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path``: temporary name in the same directory, fsync, replace."""
+    tmp = path.parent / f".tmp-{path.name}-{secrets.token_hex(6)}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+    fsync_dir(path.parent)
+
+
+def hash_pieces(path: Path, piece_size: int) -> tuple[int, tuple[str, ...]]:
+    """(size, sha256 of every piece) of a file."""
+    digests: list[str] = []
+    size = 0
+    with open(path, "rb") as f:
+        while True:
+            h = hashlib.sha256()
+            got = 0
+            while got < piece_size:
+                block = f.read(min(_COPY_CHUNK, piece_size - got))
+                if not block:
+                    break
+                h.update(block)
+                got += len(block)
+            if got == 0:
+                break
+            digests.append(h.hexdigest())
+            size += got
+    return size, tuple(digests)
+
+
+@dataclass(slots=True)
+class _Entry:
+    manifest: Manifest
+    last_used: float
+    persisted: float
+
+
+class CacheStore:
+    """A size-bounded, LRU-evicted store of checkpoints and images under ``root``."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        max_bytes: int,
+        piece_size: int = DEFAULT_PIECE_SIZE,
+        clock: Clock = time.time,
+    ) -> None:
+        self.root = root.resolve()
+        self.max_bytes = max_bytes
+        self.piece_size = piece_size
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._entries: dict[tuple[Kind, EntryId], _Entry] = {}
+        self._pulling: set[tuple[Kind, EntryId]] = set()
+        for kind in Kind:
+            self.data_dir(kind).mkdir(parents=True, exist_ok=True)
+            self._manifest_dir(kind).mkdir(parents=True, exist_ok=True)
+        self._load()
+
+    # --- layout ---
+
+    def data_dir(self, kind: Kind) -> Path:
+        return self.root / kind.value / "data"
+
+    def _manifest_dir(self, kind: Kind) -> Path:
+        return self.root / kind.value / "manifests"
+
+    def _manifest_path(self, kind: Kind, entry: EntryId) -> Path:
+        return self._manifest_dir(kind) / f"{entry}.json"
+
+    def _load(self) -> None:
+        for kind in Kind:
+            for tmp in self.data_dir(kind).glob(".tmp-*"):
+                tmp.unlink(missing_ok=True)
+            for tmp in self._manifest_dir(kind).glob(".tmp-*"):
+                tmp.unlink(missing_ok=True)
+            for path in self._manifest_dir(kind).glob("*.json"):
+                name = path.name.removesuffix(".json")
+                try:
+                    manifest = parse_manifest(json.loads(path.read_bytes()))
+                    if manifest.kind is not kind or manifest.id != name:
+                        raise InvalidInput("manifest names another entry")
+                    data = self.data_dir(kind) / name
+                    st = data.lstat()
+                    if not stat.S_ISREG(st.st_mode) or st.st_size != manifest.size:
+                        raise InvalidInput("data missing, not a regular file, or wrong size")
+                except (OSError, ValueError, InvalidInput) as e:
+                    log.warning("cache: dropping unreadable entry %s/%s: %s", kind.value, name, e)
+                    path.unlink(missing_ok=True)
+                    continue
+                used = path.stat().st_mtime
+                self._entries[(kind, manifest.id)] = _Entry(manifest, used, used)
+        log.info("cache %s: %d entries, %d bytes", self.root, len(self._entries), self.total())
+
+    # --- reading ---
+
+    def total(self) -> int:
+        with self._lock:
+            return sum(e.manifest.size for e in self._entries.values())
+
+    def entries(self) -> list[EntryUse]:
+        with self._lock:
+            return [
+                EntryUse(k, i, e.manifest.size, e.last_used) for (k, i), e in self._entries.items()
+            ]
+
+    def inventory(self) -> dict[str, list[str]]:
+        """What the node publishes: checkpoint ids and image references it holds."""
+        with self._lock:
+            ckpts: list[str] = sorted(i for (k, i) in self._entries if k is Kind.CHECKPOINT)
+            images = sorted(
+                e.manifest.ref or i for (k, i), e in self._entries.items() if k is Kind.IMAGE
+            )
+        return {"checkpoints": ckpts, "images": images}
+
+    def manifest(self, kind: Kind, entry: EntryId) -> Manifest | None:
+        with self._lock:
+            e = self._entries.get((kind, entry))
+            return e.manifest if e is not None else None
+
+    def has(self, kind: Kind, entry: EntryId) -> bool:
+        return self.manifest(kind, entry) is not None
+
+    def data_path(self, kind: Kind, entry: EntryId) -> Path | None:
+        """The entry's file, only if it is a regular file (not a symlink) inside the cache."""
+        if not valid_id(entry) or self.manifest(kind, entry) is None:
+            return None
+        base = self.data_dir(kind)
+        path = base / entry
+        try:
+            st = path.lstat()
+        except OSError:
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        resolved = path.resolve()
+        if resolved.parent != base or not resolved.is_relative_to(self.root):
+            return None
+        return resolved
+
+    def touch(self, kind: Kind, entry: EntryId) -> None:
+        """Record a use (LRU); the time is persisted on the manifest's mtime now and then."""
+        now = self._clock()
+        with self._lock:
+            e = self._entries.get((kind, entry))
+            if e is None:
+                return
+            e.last_used = now
+            if now - e.persisted < _TOUCH_PERSIST_S:
+                return
+            e.persisted = now
+        with contextlib.suppress(OSError):
+            os.utime(self._manifest_path(kind, entry), (now, now))
+
+    # --- writing ---
+
+    def add_file(
+        self, kind: Kind, entry: EntryId, source: Path, *, ref: str | None = None
+    ) -> Manifest:
+        """Copy ``source`` into the cache as ``entry`` and publish it atomically."""
+        if not valid_id(entry):
+            raise InvalidInput(f"{entry!r} is not a valid id")
+        self.evict(incoming=source.stat().st_size, keep=frozenset())
+        tmp = self.data_dir(kind) / f".tmp-{entry}-{secrets.token_hex(6)}"
+        digests: list[str] = []
+        size = 0
+        try:
+            with open(source, "rb") as src, open(tmp, "wb") as dst:
+                while True:
+                    block = src.read(self.piece_size)
+                    if not block:
+                        break
+                    digests.append(hashlib.sha256(block).hexdigest())
+                    dst.write(block)
+                    size += len(block)
+                dst.flush()
+                os.fsync(dst.fileno())
+            manifest = Manifest(kind, entry, size, self.piece_size, tuple(digests), ref)
+            self._publish(manifest, tmp)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return manifest
+
+    def _publish(self, manifest: Manifest, data: Path) -> None:
+        """Rename fsynced ``data`` to the entry's final name, then write its manifest."""
+        final = self.data_dir(manifest.kind) / manifest.id
+        os.replace(data, final)
+        fsync_dir(final.parent)
+        write_atomically(
+            self._manifest_path(manifest.kind, manifest.id),
+            json.dumps(manifest.to_json()).encode(),
+        )
+        now = self._clock()
+        with self._lock:
+            self._entries[(manifest.kind, manifest.id)] = _Entry(manifest, now, now)
+        self.evict(keep=frozenset({(manifest.kind, manifest.id)}))
+
+    def remove(self, kind: Kind, entry: EntryId) -> None:
+        with self._lock:
+            self._entries.pop((kind, entry), None)
+        # Manifest first: an entry is never listed without its data.
+        self._manifest_path(kind, entry).unlink(missing_ok=True)
+        (self.data_dir(kind) / entry).unlink(missing_ok=True)
+
+    def evict(
+        self, *, incoming: int = 0, keep: frozenset[tuple[Kind, EntryId]] = frozenset()
+    ) -> tuple[EntryUse, ...]:
+        """Evict least recently used entries until the cache (plus ``incoming``) fits."""
+        with self._lock:
+            victims = choose_evictions(
+                self.entries(), max_bytes=self.max_bytes, incoming=incoming, keep=keep
+            )
+            for v in victims:
+                log.info("cache: evicting %s/%s (%d bytes)", v.kind.value, v.id, v.size)
+                self.remove(v.kind, v.id)
+        return victims
+
+    # --- pulls ---
+
+    def begin_pull(self, manifest: Manifest) -> PartialPull:
+        """Start or resume pulling ``manifest``'s entry; makes room for it first."""
+        key = (manifest.kind, manifest.id)
+        with self._lock:
+            if key in self._pulling:
+                raise InvalidInput(f"{manifest.kind.value}/{manifest.id} is already being pulled")
+            self._pulling.add(key)
+        try:
+            self.evict(incoming=manifest.size)
+            return PartialPull(self, manifest)
+        except BaseException:
+            with self._lock:
+                self._pulling.discard(key)
+            raise
+
+    def _end_pull(self, manifest: Manifest) -> None:
+        with self._lock:
+            self._pulling.discard((manifest.kind, manifest.id))
+
+
+class PartialPull:
+    """A pull in progress: verified pieces are written in place and logged once durable, so an
+    interrupted pull resumes with every piece it had verified."""
+
+    def __init__(self, store: CacheStore, manifest: Manifest) -> None:
+        self.store = store
+        self.manifest = manifest
+        base = store.data_dir(manifest.kind)
+        self.path = base / f".partial-{manifest.id}"
+        self.log_path = base / f".partial-{manifest.id}.log"
+        self.manifest_path = base / f".partial-{manifest.id}.json"
+        self.done: set[int] = set()
+        self._closed = False
+        pinned = json.dumps(manifest.to_json(), sort_keys=True).encode()
+        resumable = False
+        with contextlib.suppress(OSError):
+            resumable = (
+                self.manifest_path.read_bytes() == pinned
+                and self.path.stat().st_size == manifest.size
+            )
+        if resumable:
+            self.done = self._read_log()
+        else:
+            for p in (self.path, self.log_path):
+                p.unlink(missing_ok=True)
+            with open(self.path, "wb") as f:
+                f.truncate(manifest.size)
+            write_atomically(self.manifest_path, pinned)
+        self._fd = os.open(self.path, os.O_RDWR)
+        self._log = open(self.log_path, "a")  # noqa: SIM115 - closed in close()
+
+    def _read_log(self) -> set[int]:
+        done: set[int] = set()
+        count = piece_count(self.manifest.size, self.manifest.piece_size)
+        with contextlib.suppress(FileNotFoundError), open(self.log_path) as f:
+            for line in f:
+                if line.endswith("\n") and line[:-1].isdigit() and int(line) < count:
+                    done.add(int(line))
+        return done
+
+    @property
+    def missing(self) -> list[int]:
+        count = piece_count(self.manifest.size, self.manifest.piece_size)
+        return [i for i in range(count) if i not in self.done]
+
+    def write_piece(self, index: int, data: bytes | memoryview) -> bool:
+        """Verify a piece's sha256 and write it in place; False (nothing written) on mismatch.
+        Blocking: hashing and writing are meant to run in a thread."""
+        offset, length = self.manifest.piece_span(index)
+        if len(data) != length or hashlib.sha256(data).hexdigest() != self.manifest.pieces[index]:
+            return False
+        view = memoryview(data)
+        while view:
+            written = os.pwrite(self._fd, view, offset)
+            view, offset = view[written:], offset + written
+        return True
+
+    def record(self, indices: Iterable[int]) -> None:
+        """Make written pieces durable, then log them as done (what a resume keeps)."""
+        fresh = [i for i in indices if i not in self.done]
+        if not fresh:
+            return
+        os.fdatasync(self._fd)
+        self._log.write("".join(f"{i}\n" for i in fresh))
+        self._log.flush()
+        os.fsync(self._log.fileno())
+        self.done.update(fresh)
+
+    def commit(self) -> Manifest:
+        """Publish the completed entry atomically under its final name."""
+        if self.missing:
+            raise InvalidInput(f"{len(self.missing)} pieces still missing")
+        os.fsync(self._fd)
+        self.close()
+        self.store._publish(self.manifest, self.path)
+        for p in (self.log_path, self.manifest_path):
+            p.unlink(missing_ok=True)
+        return self.manifest
+
+    def close(self) -> None:
+        """Stop (keeping what was verified, for a resume)."""
+        if self._closed:
+            return
+        self._closed = True
+        os.close(self._fd)
+        self._log.close()
+        self.store._end_pull(self.manifest)
+
+    def status(self) -> dict[str, Any]:
+        return {"done": len(self.done), "missing": len(self.missing)}

@@ -1,0 +1,6 @@
+"""Pulling a checkpoint (or image) from several peers at once (chaos III).
+
+``assignment`` (shards to links by earliest completion, shard size, work stealing) and
+``estimation`` (link latency and rate) are pure; ``peers`` finds who holds an entry; ``puller``
+does the transfers; ``command`` is the ``tidelease cache`` subcommand. See docs/peer-cache.md.
+"""

@@ -1,0 +1,543 @@
+"""Pull an entry from several peers at once, verified, resumable, published atomically.
+
+1. Ask the :class:`PeerSource` who holds the entry; fetch its manifest from the first that
+   answers (or from the origin when nobody holds it).
+2. Open (or resume) the partial file: pieces verified by an earlier, interrupted pull are kept.
+3. Probe every holder (a 1-byte and a small range request) for request latency and rate.
+4. Choose the shard size and assign the missing shards by earliest completion (``assignment``).
+5. One worker per link sends its queue in order over a kept-alive connection; every piece is
+   hashed and written in a thread as it arrives, and recorded once durable. After each shard the
+   link's estimate is refreshed; a link that runs out of work steals the queued shard that would
+   finish last elsewhere, if it would finish earlier on the idle link.
+6. A link that fails (refused, reset, stalled) is dropped and its unfinished shards are assigned
+   to the others by earliest completion, or to the origin when no peer is left. A piece whose
+   hash does not match is fetched again, from another link when there is one; a link that sends
+   bad data twice is dropped.
+7. When every piece is verified, the file is fsynced and renamed to its final name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from common.errors import InvalidInput, TideleaseError
+from nodeagent.cache.manifest import Manifest, parse_manifest
+from nodeagent.cache.naming import EntryId, Kind
+from nodeagent.cache.store import CacheStore, PartialPull
+from nodeagent.pulling.assignment import (
+    Assignment,
+    LinkModel,
+    Shard,
+    assign,
+    choose_shard_size,
+    cut_shards,
+    steal,
+)
+from nodeagent.pulling.estimation import LinkEstimate, from_probe
+from nodeagent.pulling.peers import Peer, PeerSource
+
+log = logging.getLogger(__name__)
+
+Planner = Callable[[Sequence[Shard], Sequence[LinkModel]], Assignment]
+ORIGIN = "origin"
+
+
+class PullFailed(TideleaseError):
+    """No source could provide the entry."""
+
+
+class _LinkFailed(Exception):
+    """The link broke: connection refused, reset, stalled or answered nonsense."""
+
+
+@dataclass(frozen=True, slots=True)
+class PullSettings:
+    probe_bytes: int = 1 << 20
+    overhead: float = 0.05  # shard-size rule: request latency <= 5 % of a shard's time
+    shards_per_link: int = 4  # shard-size rule: at least this many shards per link
+    shard_bytes: int | None = None  # fixed shard size (a multiple of the piece size)
+    connect_timeout_s: float = 5.0
+    stall_timeout_s: float = 15.0  # no bytes for this long: the link is dead
+    max_bad_shards: int = 2  # a link sending bad data this often is dropped
+    max_piece_attempts: int = 5
+    steal: bool = True
+
+    def validate(self) -> list[str]:
+        problems = []
+        if self.probe_bytes < 2:
+            problems.append("probe_bytes must be at least 2")
+        if not 0 < self.overhead < 1:
+            problems.append("overhead must be in (0, 1)")
+        if self.shards_per_link < 1:
+            problems.append("shards_per_link must be at least 1")
+        if self.shard_bytes is not None and self.shard_bytes <= 0:
+            problems.append("shard_bytes must be positive")
+        return problems
+
+
+@dataclass(frozen=True, slots=True)
+class PullResult:
+    manifest: Manifest
+    seconds: float  # the whole pull, discovery to publication
+    transfer_s: float  # from the first shard request to the last verified piece
+    predicted_s: float  # the plan's makespan, from the probed estimates
+    shard_bytes: int
+    bytes_by_source: dict[str, int]
+    resumed_pieces: int
+    refetched_pieces: int
+    dropped: tuple[str, ...]
+    plan: dict[str, int]  # shards planned per link
+    estimates: dict[str, LinkEstimate]
+
+
+@dataclass(slots=True)
+class _Link:
+    peer: Peer
+    estimate: LinkEstimate
+    queue: list[Shard] = field(default_factory=list)
+    busy_until: float = 0.0
+    bad_shards: int = 0
+    alive: bool = True
+    sent: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.peer.name
+
+    def model(self, start_s: float = 0.0) -> LinkModel:
+        return LinkModel(self.name, self.estimate.rate, self.estimate.latency_s, start_s)
+
+
+def _url(peer: Peer, kind: Kind, entry: EntryId, what: str) -> str:
+    return f"{peer.url}/v1/{kind.value}/{entry}/{what}"
+
+
+class _Pull:
+    """One pull's shared state; workers run on one event loop, so no locks are needed beyond
+    the condition that wakes idle workers."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        headers: dict[str, str],
+        partial: PartialPull,
+        settings: PullSettings,
+        origin: Peer | None,
+    ) -> None:
+        self.session = session
+        self.headers = headers
+        self.partial = partial
+        self.manifest = partial.manifest
+        self.settings = settings
+        self.origin = origin
+        self.links: dict[str, _Link] = {}
+        self.missing: set[int] = set(partial.missing)
+        self.attempts: dict[int, int] = {}
+        self.refetched = 0
+        self.dropped: list[str] = []
+        self.changed = asyncio.Condition()
+        self.failure: Exception | None = None
+        self.group: asyncio.TaskGroup | None = None
+        self.t0 = time.monotonic()
+        self.last_piece_at = self.t0
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    # --- transfers ---
+
+    async def _get(
+        self, peer: Peer, start: int, length: int
+    ) -> tuple[aiohttp.ClientResponse, float]:
+        url = _url(peer, self.manifest.kind, self.manifest.id, "data")
+        headers = {**self.headers, "Range": f"bytes={start}-{start + length - 1}"}
+        t = time.monotonic()
+        try:
+            resp = await self.session.get(url, headers=headers)
+        except (aiohttp.ClientError, TimeoutError, OSError) as e:
+            raise _LinkFailed(f"{peer.name}: {e!r}") from e
+        if resp.status != 206 or resp.content_length != length:
+            resp.release()
+            raise _LinkFailed(f"{peer.name}: HTTP {resp.status} for a {length}-byte range")
+        return resp, time.monotonic() - t
+
+    async def probe(self, peer: Peer) -> LinkEstimate:
+        size = self.manifest.size
+        t = time.monotonic()
+        resp, _ = await self._get(peer, 0, 1)
+        try:
+            await resp.read()
+        except (aiohttp.ClientError, TimeoutError, OSError) as e:
+            raise _LinkFailed(f"{peer.name}: {e!r}") from e
+        finally:
+            resp.release()
+        tiny = time.monotonic() - t
+        small = min(self.settings.probe_bytes, size)
+        t = time.monotonic()
+        resp, first = await self._get(peer, size - small, small)
+        try:
+            await resp.read()
+        except (aiohttp.ClientError, TimeoutError, OSError) as e:
+            raise _LinkFailed(f"{peer.name}: {e!r}") from e
+        finally:
+            resp.release()
+        return from_probe(
+            tiny_s=tiny,
+            small_bytes=small,
+            small_first_byte_s=first,
+            small_total_s=time.monotonic() - t,
+        )
+
+    async def fetch(self, link: _Link, shard: Shard) -> list[int]:
+        """Fetch, verify and write one shard; the pieces that failed verification. Pieces
+        verified before a link failure are kept (recorded) before the failure is raised."""
+        t = time.monotonic()
+        resp, first = await self._get(link.peer, shard.offset, shard.length)
+        writes: list[tuple[int, asyncio.Task[bool]]] = []
+        broken: _LinkFailed | None = None
+        try:
+            for index in range(shard.first_piece, shard.first_piece + shard.pieces):
+                _, length = self.manifest.piece_span(index)
+                try:
+                    data = await resp.content.readexactly(length)
+                except (aiohttp.ClientError, TimeoutError, OSError, EOFError) as e:
+                    broken = _LinkFailed(f"{link.name}: {e!r}")
+                    break
+                # Hash and write in a thread while the next piece arrives.
+                task = asyncio.create_task(asyncio.to_thread(self.partial.write_piece, index, data))
+                writes.append((index, task))
+        finally:
+            resp.release()
+            results = await asyncio.gather(*(task for _, task in writes), return_exceptions=True)
+        good = [i for (i, _), ok in zip(writes, results, strict=True) if ok is True]
+        await asyncio.to_thread(self.partial.record, good)
+        self.missing.difference_update(good)
+        link.sent += sum(self.manifest.piece_span(i)[1] for i in good)
+        self.last_piece_at = time.monotonic()
+        for err in results:
+            if isinstance(err, BaseException):
+                raise err  # a local write failed: not the link's fault
+        if broken is not None:
+            raise broken
+        link.estimate = link.estimate.observe(shard.length, first, time.monotonic() - t)
+        return [i for i, _ in writes if i not in good]
+
+    # --- planning ---
+
+    def alive(self) -> list[_Link]:
+        return [link for link in self.links.values() if link.alive]
+
+    def backlog(self, link: _Link) -> float:
+        now = self.now()
+        model = link.model()
+        return max(link.busy_until, now) - now + sum(model.cost(s.length) for s in link.queue)
+
+    def distribute(self, shards: Sequence[Shard], avoid: str | None = None) -> None:
+        """Give ``shards`` to the live links by earliest completion, after their backlogs."""
+        if not shards:
+            return
+        targets = [link for link in self.alive() if link.name != avoid] or self.alive()
+        if not targets:
+            return
+        plan = assign(shards, [link.model(self.backlog(link)) for link in targets])
+        for link in targets:
+            link.queue.extend(plan.queues[link.name])
+
+    def _stealable(self, link: _Link) -> tuple[str, Shard] | None:
+        if not self.settings.steal:
+            return None
+        models = {name: other.model() for name, other in self.links.items() if other.alive}
+        queues = {name: other.queue for name, other in self.links.items() if other.alive}
+        busy = {name: other.busy_until for name, other in self.links.items()}
+        return steal(link.model(), queues, models, self.now(), busy)
+
+    def take(self, link: _Link) -> Shard | None:
+        if link.queue:
+            return link.queue.pop(0)
+        moved = self._stealable(link)
+        if moved is None:
+            return None
+        source, shard = moved
+        self.links[source].queue.remove(shard)
+        return shard
+
+    async def drop(self, link: _Link, reason: str, unfinished: Sequence[Shard]) -> None:
+        log.warning("pull %s: dropping %s: %s", self.manifest.id, link.name, reason)
+        link.alive = False
+        self.dropped.append(link.name)
+        orphans = [*unfinished, *link.queue]
+        link.queue.clear()
+        if not self.alive() and self.origin is not None and ORIGIN not in self.links:
+            await self.add_origin()
+        if not self.alive():
+            if self.missing:
+                self.failure = PullFailed(f"{self.manifest.id}: every source failed ({reason})")
+        else:
+            self.distribute(orphans)
+        async with self.changed:
+            self.changed.notify_all()
+
+    async def add_origin(self) -> None:
+        assert self.origin is not None
+        try:
+            estimate = await self.probe(self.origin)
+        except _LinkFailed as e:
+            log.warning("pull %s: origin unusable: %s", self.manifest.id, e)
+            return
+        link = _Link(self.origin, estimate)
+        self.links[ORIGIN] = link
+        assert self.group is not None
+        self.group.create_task(self.worker(link))
+
+    # --- workers ---
+
+    def finished(self) -> bool:
+        return not self.missing or self.failure is not None
+
+    async def worker(self, link: _Link) -> None:
+        while link.alive and not self.finished():
+            shard = self.take(link)
+            if shard is None:
+                async with self.changed:
+                    await self.changed.wait_for(
+                        lambda: (
+                            self.finished()
+                            or not link.alive
+                            or bool(link.queue)
+                            or self._stealable(link) is not None
+                        )
+                    )
+                continue
+            link.busy_until = self.now() + link.model().cost(shard.length)
+            try:
+                bad = await self.fetch(link, shard)
+            except _LinkFailed as e:
+                rest = [i for i in range(shard.first_piece, shard.first_piece + shard.pieces)]
+                rest = [i for i in rest if i in self.missing]
+                await self.drop(link, str(e), self.cut(rest))
+                return
+            finally:
+                link.busy_until = self.now()
+            if bad:
+                await self.refetch(link, bad)
+            async with self.changed:
+                self.changed.notify_all()
+
+    def cut(self, pieces: Sequence[int]) -> tuple[Shard, ...]:
+        return cut_shards(
+            pieces,
+            size=self.manifest.size,
+            piece_size=self.manifest.piece_size,
+            shard_pieces=max(1, len(pieces)),
+        )
+
+    async def refetch(self, link: _Link, bad: list[int]) -> None:
+        self.refetched += len(bad)
+        link.bad_shards += 1
+        log.warning(
+            "pull %s: %d piece(s) from %s failed verification; fetching again",
+            self.manifest.id,
+            len(bad),
+            link.name,
+        )
+        for i in bad:
+            self.attempts[i] = self.attempts.get(i, 0) + 1
+            if self.attempts[i] >= self.settings.max_piece_attempts:
+                self.failure = PullFailed(f"{self.manifest.id}: piece {i} never verified")
+                return
+        if link.bad_shards >= self.settings.max_bad_shards and len(self.alive()) > 1:
+            await self.drop(link, "sent data that failed verification", self.cut(bad))
+        else:
+            self.distribute(self.cut(bad), avoid=link.name)
+
+
+async def _manifest_from(
+    session: aiohttp.ClientSession,
+    headers: dict[str, str],
+    sources: Sequence[Peer],
+    kind: Kind,
+    entry: EntryId,
+) -> tuple[Manifest, list[Peer]]:
+    """The manifest, from the first source that gives a valid one; and the sources that answered
+    (a source that fails here is not used)."""
+    manifest: Manifest | None = None
+    usable: list[Peer] = []
+    for peer in sources:
+        try:
+            async with session.get(_url(peer, kind, entry, "manifest"), headers=headers) as resp:
+                if resp.status != 200:
+                    log.info("%s: no %s/%s (HTTP %d)", peer.name, kind.value, entry, resp.status)
+                    continue
+                got = parse_manifest(await resp.json())
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError, InvalidInput) as e:
+            log.info("%s: manifest of %s/%s unusable: %s", peer.name, kind.value, entry, e)
+            continue
+        if got.kind is not kind or got.id != entry:
+            continue
+        if manifest is None:
+            manifest = got
+        if got == manifest:
+            usable.append(peer)
+    if manifest is None:
+        raise PullFailed(f"no source has {kind.value}/{entry}")
+    return manifest, usable
+
+
+async def pull(
+    *,
+    store: CacheStore,
+    kind: Kind,
+    entry: EntryId,
+    peers: PeerSource,
+    headers: dict[str, str],
+    origin: str | None = None,
+    settings: PullSettings | None = None,
+    planner: Planner = assign,
+    ref: str | None = None,
+) -> PullResult:
+    """Pull ``kind/entry`` into ``store`` from the peers holding it (the origin if none)."""
+    settings = settings or PullSettings()
+    problems = settings.validate()
+    if problems:
+        raise InvalidInput(problems)
+    started = time.monotonic()
+    holders = await peers.holders(kind, entry, ref=ref)
+    origin_peer = Peer(ORIGIN, origin.rstrip("/")) if origin else None
+    timeout = aiohttp.ClientTimeout(
+        total=None, sock_connect=settings.connect_timeout_s, sock_read=settings.stall_timeout_s
+    )
+    connector = aiohttp.TCPConnector(limit=0, limit_per_host=4)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+        sources = list(holders)
+        try:
+            manifest, sources = await _manifest_from(session, headers, sources, kind, entry)
+        except PullFailed:
+            if origin_peer is None:
+                raise
+            manifest, sources = await _manifest_from(session, headers, [origin_peer], kind, entry)
+        partial = await asyncio.to_thread(store.begin_pull, manifest)
+        try:
+            return await _run(
+                session, headers, partial, sources, origin_peer, settings, planner, started
+            )
+        finally:
+            await asyncio.to_thread(partial.close)
+
+
+async def _run(
+    session: aiohttp.ClientSession,
+    headers: dict[str, str],
+    partial: PartialPull,
+    sources: list[Peer],
+    origin: Peer | None,
+    settings: PullSettings,
+    planner: Planner,
+    started: float,
+) -> PullResult:
+    manifest = partial.manifest
+    use_origin = origin if all(p.name != ORIGIN for p in sources) else None
+    state = _Pull(session, headers, partial, settings, use_origin)
+    resumed = len(partial.done)
+    if resumed:
+        log.info("pull %s: resuming with %d verified piece(s)", manifest.id, resumed)
+    probes = await asyncio.gather(*(state.probe(p) for p in sources), return_exceptions=True)
+    for peer, probed in zip(sources, probes, strict=True):
+        if isinstance(probed, LinkEstimate):
+            state.links[peer.name] = _Link(peer, probed)
+        elif isinstance(probed, _LinkFailed):
+            log.warning("pull %s: %s unusable: %s", manifest.id, peer.name, probed)
+            state.dropped.append(peer.name)
+        else:
+            raise probed
+    if not state.links and state.missing:
+        if state.origin is None:
+            raise PullFailed(f"{manifest.id}: no usable source")
+        origin_estimate = await state.probe(state.origin)
+        state.links[ORIGIN] = _Link(state.origin, origin_estimate)
+    missing_bytes = sum(manifest.piece_span(i)[1] for i in state.missing)
+    models = [link.model() for link in state.links.values()]
+    if settings.shard_bytes is not None:
+        shard_bytes = max(manifest.piece_size, settings.shard_bytes)
+    elif models:
+        shard_bytes = choose_shard_size(
+            missing_bytes,
+            models,
+            piece_size=manifest.piece_size,
+            overhead=settings.overhead,
+            shards_per_link=settings.shards_per_link,
+        ).shard_bytes
+    else:
+        shard_bytes = manifest.piece_size
+    shards = cut_shards(
+        state.missing,
+        size=manifest.size,
+        piece_size=manifest.piece_size,
+        shard_pieces=max(1, shard_bytes // manifest.piece_size),
+    )
+    plan = planner(shards, models) if models and shards else None
+    if plan is not None:
+        for name, queue in plan.queues.items():
+            state.links[name].queue.extend(queue)
+        log.info(
+            "pull %s: %d bytes in %d shards of %d over %d link(s), predicted %.2fs",
+            manifest.id,
+            missing_bytes,
+            len(shards),
+            shard_bytes,
+            len(models),
+            plan.makespan_s,
+        )
+    t_transfer = time.monotonic()
+    state.t0 = t_transfer
+    async with asyncio.TaskGroup() as group:
+        state.group = group
+        for link in list(state.links.values()):
+            group.create_task(state.worker(link))
+    if state.failure is not None:
+        raise state.failure
+    if state.missing:
+        raise PullFailed(f"{manifest.id}: {len(state.missing)} piece(s) could not be fetched")
+    transfer_s = state.last_piece_at - t_transfer
+    await asyncio.to_thread(partial.commit)
+    return PullResult(
+        manifest=manifest,
+        seconds=time.monotonic() - started,
+        transfer_s=max(0.0, transfer_s),
+        predicted_s=plan.makespan_s if plan is not None else 0.0,
+        shard_bytes=shard_bytes,
+        bytes_by_source={name: link.sent for name, link in state.links.items()},
+        resumed_pieces=resumed,
+        refetched_pieces=state.refetched,
+        dropped=tuple(state.dropped),
+        plan={name: len(q) for name, q in (plan.queues.items() if plan else ())},
+        estimates={name: link.estimate for name, link in state.links.items()},
+    )
+
+
+def bearer(token: bytes | str) -> dict[str, str]:
+    value = token.decode() if isinstance(token, bytes) else token
+    return {"Authorization": f"Bearer {value.strip()}"}
+
+
+def describe(result: PullResult) -> dict[str, Any]:
+    """A JSON-friendly summary (the command's output)."""
+    return {
+        "id": result.manifest.id,
+        "kind": result.manifest.kind.value,
+        "bytes": result.manifest.size,
+        "seconds": round(result.seconds, 3),
+        "transferSeconds": round(result.transfer_s, 3),
+        "predictedSeconds": round(result.predicted_s, 3),
+        "shardBytes": result.shard_bytes,
+        "bytesBySource": result.bytes_by_source,
+        "resumedPieces": result.resumed_pieces,
+        "refetchedPieces": result.refetched_pieces,
+        "dropped": list(result.dropped),
+    }
