@@ -91,8 +91,10 @@ async def _manifest(request: web.Request) -> web.Response:
     named = _entry(request)
     if isinstance(named, web.Response):
         return named
-    manifest = request.app[STORE_KEY].manifest(*named)
-    if manifest is None:
+    store = request.app[STORE_KEY]
+    manifest = store.manifest(*named)
+    # Only for an entry whose data would be served (a regular file inside the cache).
+    if manifest is None or await asyncio.to_thread(store.data_path, *named) is None:
         return _refuse(404, "no such entry")
     return web.json_response(manifest.to_json())
 

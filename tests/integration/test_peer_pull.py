@@ -1,0 +1,312 @@
+"""The puller against real cache servers on loopback, behind emulated links: several peers,
+a peer killed mid-pull, a tampered peer, an interrupted pull resumed, the origin fallback, and
+the final name never showing a partial file."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import threading
+from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
+
+import pytest
+
+from nodeagent.cache.manifest import Manifest
+from nodeagent.cache.naming import EntryId, Kind
+from nodeagent.cache.store import CacheStore
+from nodeagent.cache.testing import (
+    PeerNode,
+    clone_entry,
+    random_file,
+    start_peer,
+    write_token,
+)
+from nodeagent.pulling.assignment import Assignment, LinkModel, Shard, assign
+from nodeagent.pulling.peers import Peer, StaticPeers
+from nodeagent.pulling.puller import PullFailed, PullSettings, bearer, pull
+
+MIB = 1 << 20
+PIECE = 256 << 10
+CKPT = EntryId("job-a.step-1200")
+
+
+def overwrite(path: Path, offset: int, data: bytes) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(data)
+
+
+class Rig:
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.token_file = tmp / "token"
+        self.headers = bearer(write_token(self.token_file))
+        self.peers: list[PeerNode] = []
+        self.source = random_file(tmp / "source.bin", 24 * MIB + 12345)
+        self.seed = self.store("seed")
+        self.manifest = self.seed.add_file(Kind.CHECKPOINT, CKPT, self.source)
+        self.digest = hashlib.sha256(self.source.read_bytes()).hexdigest()
+
+    def store(self, name: str, max_bytes: int = 1 << 34) -> CacheStore:
+        return CacheStore(self.tmp / name, max_bytes=max_bytes, piece_size=PIECE)
+
+    async def peer(
+        self, name: str, rate: float, latency_s: float = 0.002, *, copy: bool = False
+    ) -> PeerNode:
+        store = self.store(name)
+        if copy:
+            store.add_file(Kind.CHECKPOINT, CKPT, self.source)
+        else:
+            clone_entry(self.seed, Kind.CHECKPOINT, CKPT, store)
+        node = await start_peer(store, self.token_file, rate=rate, latency_s=latency_s)
+        self.peers.append(node)
+        return node
+
+    def sources(self, nodes: Sequence[PeerNode]) -> StaticPeers:
+        return StaticPeers(Peer(f"peer{i}", n.url) for i, n in enumerate(nodes))
+
+    def pulled_digest(self, store: CacheStore) -> str:
+        path = store.data_path(Kind.CHECKPOINT, CKPT)
+        assert path is not None
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
+    r = Rig(tmp_path)
+    try:
+        yield r
+    finally:
+        for p in r.peers:
+            await p.stop()
+
+
+async def test_pull_from_three_peers_uses_all_and_verifies(rig: Rig) -> None:
+    nodes = [await rig.peer(f"p{i}", rate=r * MIB) for i, r in enumerate([20, 40, 80])]
+    dest = rig.store("dest")
+    result = await pull(
+        store=dest, kind=Kind.CHECKPOINT, entry=CKPT, peers=rig.sources(nodes), headers=rig.headers
+    )
+    assert rig.pulled_digest(dest) == rig.digest
+    assert dest.inventory()["checkpoints"] == [CKPT]
+    assert all(b > 0 for b in result.bytes_by_source.values()), result.bytes_by_source
+    assert sum(result.bytes_by_source.values()) == rig.manifest.size
+    # The fastest link carries the most.
+    assert result.bytes_by_source["peer2"] > result.bytes_by_source["peer0"]
+    assert not list(dest.data_dir(Kind.CHECKPOINT).glob(".partial-*"))
+
+
+async def test_peer_killed_mid_pull_completes_from_others(rig: Rig) -> None:
+    nodes = [await rig.peer(f"p{i}", rate=r * MIB) for i, r in enumerate([30, 30, 30])]
+    dest = rig.store("dest")
+    task = asyncio.create_task(
+        pull(
+            store=dest,
+            kind=Kind.CHECKPOINT,
+            entry=CKPT,
+            peers=rig.sources(nodes),
+            headers=rig.headers,
+            settings=PullSettings(shard_bytes=2 * MIB),
+        )
+    )
+    await asyncio.sleep(0.15)  # probes done, transfers under way
+    assert not task.done()
+    assert nodes[0].link is not None
+    await nodes[0].link.kill()
+    await nodes[0].runner.cleanup()
+    result = await asyncio.wait_for(task, 60)
+    assert result.dropped == ("peer0",)
+    assert rig.pulled_digest(dest) == rig.digest
+    assert result.bytes_by_source["peer1"] + result.bytes_by_source["peer2"] > 0.6 * (
+        rig.manifest.size
+    )
+
+
+async def test_tampered_shard_detected_and_fetched_again(rig: Rig) -> None:
+    good = await rig.peer("good", rate=40 * MIB)
+    bad = await rig.peer("bad", rate=40 * MIB, copy=True)
+    path = bad.store.data_path(Kind.CHECKPOINT, CKPT)
+    assert path is not None
+    # Flip bytes in three pieces, behind the manifest's back.
+    for offset in (0, 5 * MIB + 7, rig.manifest.size - 3):
+        overwrite(path, offset, b"\xffX\x00")
+    dest = rig.store("dest")
+    result = await pull(
+        store=dest,
+        kind=Kind.CHECKPOINT,
+        entry=CKPT,
+        peers=rig.sources([good, bad]),
+        headers=rig.headers,
+        settings=PullSettings(shard_bytes=MIB),
+    )
+    assert result.refetched_pieces >= 1
+    assert rig.pulled_digest(dest) == rig.digest
+
+
+async def test_tampered_only_source_fails_without_publishing(rig: Rig) -> None:
+    bad = await rig.peer("bad", rate=200 * MIB, copy=True)
+    path = bad.store.data_path(Kind.CHECKPOINT, CKPT)
+    assert path is not None
+    overwrite(path, MIB, b"tampered")
+    dest = rig.store("dest")
+    with pytest.raises(PullFailed, match="never verified"):
+        await pull(
+            store=dest,
+            kind=Kind.CHECKPOINT,
+            entry=CKPT,
+            peers=rig.sources([bad]),
+            headers=rig.headers,
+        )
+    assert dest.data_path(Kind.CHECKPOINT, CKPT) is None
+    assert not (dest.data_dir(Kind.CHECKPOINT) / CKPT).exists()
+
+
+async def test_interrupted_pull_resumes_with_verified_pieces(rig: Rig) -> None:
+    nodes = [await rig.peer(f"p{i}", rate=20 * MIB) for i in range(2)]
+    dest = rig.store("dest")
+    settings = PullSettings(shard_bytes=MIB)
+    task = asyncio.create_task(
+        pull(
+            store=dest,
+            kind=Kind.CHECKPOINT,
+            entry=CKPT,
+            peers=rig.sources(nodes),
+            headers=rig.headers,
+            settings=settings,
+        )
+    )
+    await asyncio.sleep(0.35)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not (dest.data_dir(Kind.CHECKPOINT) / CKPT).exists()
+    log = dest.data_dir(Kind.CHECKPOINT) / f".partial-{CKPT}.log"
+    kept = len(log.read_text().split())
+    assert kept > 0
+    # A new store over the same directory: as after an agent restart.
+    again = rig.store("dest")
+    result = await pull(
+        store=again,
+        kind=Kind.CHECKPOINT,
+        entry=CKPT,
+        peers=rig.sources(nodes),
+        headers=rig.headers,
+        settings=settings,
+    )
+    assert result.resumed_pieces == kept
+    assert sum(result.bytes_by_source.values()) == rig.manifest.size - kept * PIECE
+    assert rig.pulled_digest(again) == rig.digest
+
+
+async def test_falls_back_to_origin_when_no_peer_holds_it(rig: Rig) -> None:
+    origin = await rig.peer("origin", rate=100 * MIB)
+    empty = await start_peer(rig.store("empty"), rig.token_file, rate=100 * MIB)
+    rig.peers.append(empty)
+    dest = rig.store("dest")
+    result = await pull(
+        store=dest,
+        kind=Kind.CHECKPOINT,
+        entry=CKPT,
+        peers=StaticPeers([Peer("empty", empty.url)]),  # says it has it, answers 404
+        headers=rig.headers,
+        origin=origin.url,
+    )
+    assert result.bytes_by_source == {"origin": rig.manifest.size}
+    assert rig.pulled_digest(dest) == rig.digest
+
+
+async def test_all_peers_die_then_origin_finishes(rig: Rig) -> None:
+    origin = await rig.peer("origin", rate=60 * MIB)
+    only = await rig.peer("only", rate=30 * MIB)
+    dest = rig.store("dest")
+    task = asyncio.create_task(
+        pull(
+            store=dest,
+            kind=Kind.CHECKPOINT,
+            entry=CKPT,
+            peers=rig.sources([only]),
+            headers=rig.headers,
+            origin=origin.url,
+            settings=PullSettings(shard_bytes=MIB),
+        )
+    )
+    await asyncio.sleep(0.2)
+    assert only.link is not None
+    await only.link.kill()
+    await only.runner.cleanup()
+    result = await asyncio.wait_for(task, 60)
+    assert result.dropped == ("peer0",)
+    assert result.bytes_by_source["origin"] > 0
+    assert rig.pulled_digest(dest) == rig.digest
+
+
+async def test_final_name_never_shows_a_partial_file(rig: Rig) -> None:
+    nodes = [await rig.peer(f"p{i}", rate=60 * MIB) for i in range(2)]
+    dest = rig.store("dest")
+    final = dest.data_dir(Kind.CHECKPOINT) / CKPT
+    manifest = dest.root / "checkpoints" / "manifests" / f"{CKPT}.json"
+    seen: list[str] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            try:
+                st = os.stat(final)
+            except FileNotFoundError:
+                if manifest.exists():
+                    seen.append("manifest without data")
+                continue
+            if st.st_size != rig.manifest.size:
+                seen.append(f"size {st.st_size}")
+            else:
+                digest = hashlib.sha256(final.read_bytes()).hexdigest()
+                seen.append("complete" if digest == rig.digest else "wrong content")
+                return
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        await pull(
+            store=dest,
+            kind=Kind.CHECKPOINT,
+            entry=CKPT,
+            peers=rig.sources(nodes),
+            headers=rig.headers,
+            settings=PullSettings(shard_bytes=MIB),
+        )
+    finally:
+        await asyncio.sleep(0.05)
+        stop.set()
+        await asyncio.to_thread(watcher.join)
+    assert seen == ["complete"]
+
+
+async def test_even_split_planner_is_pluggable(rig: Rig) -> None:
+    nodes = [await rig.peer(f"p{i}", rate=r * MIB) for i, r in enumerate([20, 80])]
+    dest = rig.store("dest")
+
+    def even(shards: Sequence[Shard], links: Sequence[LinkModel]) -> Assignment:
+        plan = assign(shards, links)
+        queues = {link.name: tuple(shards[i :: len(links)]) for i, link in enumerate(links)}
+        return Assignment(queues, plan.finish_s, plan.makespan_s)
+
+    planner: Callable[[Sequence[Shard], Sequence[LinkModel]], Assignment] = even
+    result = await pull(
+        store=dest,
+        kind=Kind.CHECKPOINT,
+        entry=CKPT,
+        peers=rig.sources(nodes),
+        headers=rig.headers,
+        planner=planner,
+        settings=PullSettings(steal=False, shard_bytes=MIB),
+    )
+    assert result.bytes_by_source["peer0"] == pytest.approx(
+        result.bytes_by_source["peer1"], rel=0.1
+    )
+    assert rig.pulled_digest(dest) == rig.digest
+
+
+def test_manifest_type_is_frozen() -> None:
+    assert Manifest.__dataclass_params__.frozen  # type: ignore[attr-defined]
