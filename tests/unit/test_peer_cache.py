@@ -1,0 +1,265 @@
+"""Cache parts without a server: ids, ranges, manifests, LRU choice, credentials, link
+estimates, peers from GpuNodes, the store's eviction and atomic partial pulls; policy imports."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from common.errors import InvalidInput
+from nodeagent.cache.credentials import TokenFile, authorized
+from nodeagent.cache.eviction import EntryUse, choose_evictions
+from nodeagent.cache.manifest import Manifest, parse_manifest
+from nodeagent.cache.naming import EntryId, Kind, image_id, valid_id
+from nodeagent.cache.ranges import ByteRange, RangeRefused, parse_range
+from nodeagent.cache.store import CacheStore
+from nodeagent.pulling.estimation import LinkEstimate, from_probe
+from nodeagent.pulling.peers import Peer, holders_from_gpu_nodes
+from tests.imports import imported
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    ("value", "ok"),
+    [
+        ("job-a.step-1200", True),
+        ("a", True),
+        ("sha256-" + "0" * 64, True),
+        ("", False),
+        (".", False),
+        ("..", False),
+        ("a..b", False),
+        (".hidden", False),
+        ("a/b", False),
+        ("a\\b", False),
+        ("Upper", False),
+        ("trailing-", False),
+        ("a" * 253, True),
+        ("a" * 254, False),
+        ("caf\u00e9", False),
+        ("a\x00b", False),
+        ("a%2fb", False),
+    ],
+)
+def test_ids(value: str, ok: bool) -> None:
+    assert valid_id(value) is ok
+
+
+@pytest.mark.parametrize(
+    ("ref", "expected"),
+    [
+        ("reg.io/app@sha256:" + "ab" * 32, "sha256-" + "ab" * 32),
+        ("reg.io/team/app:1.2", "reg.io-team-app-1.2"),
+        ("///", "image"),
+    ],
+)
+def test_image_ids_are_valid(ref: str, expected: str) -> None:
+    assert image_id(ref) == expected
+    assert valid_id(image_id(ref))
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        (None, None),
+        ("bytes=0-99", ByteRange(0, 100)),
+        ("bytes=10-", ByteRange(10, 1000)),
+        ("bytes=-10", ByteRange(990, 1000)),
+        ("bytes=-5000", ByteRange(0, 1000)),
+        ("bytes=990-5000", ByteRange(990, 1000)),
+        ("bytes=5-4", RangeRefused(416, "inverted range")),
+        ("bytes=1000-", RangeRefused(416, "range starts at or past the end (1000 bytes)")),
+        ("bytes=-0", RangeRefused(416, "empty suffix range")),
+        ("bytes=-", RangeRefused(400, "empty range")),
+    ],
+)
+def test_ranges(header: str | None, expected: object) -> None:
+    assert parse_range(header, 1000) == expected
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        "bytes=0-1,2-3",
+        "bytes=0-5,3-9",
+        "bits=0-1",
+        "bytes=0x1-2",
+        "bytes=+1-2",
+        "bytes=1-2-3",
+        "bytes=" + "9" * 20 + "-",
+    ],
+)
+def test_refused_range_forms(header: str) -> None:
+    refused = parse_range(header, 1000)
+    assert isinstance(refused, RangeRefused)
+    assert refused.status == 400
+
+
+def test_manifest_round_trip_and_problems() -> None:
+    m = Manifest(Kind.CHECKPOINT, EntryId("ck"), 5000, 4096, ("a" * 64, "b" * 64))
+    assert parse_manifest(m.to_json()) == m
+    assert m.piece_span(1) == (4096, 904)
+    with pytest.raises(InvalidInput) as e:
+        parse_manifest({"kind": "x", "id": "../x", "size": -1, "pieceSize": 3, "pieces": ["z"]})
+    assert len(e.value.problems) == 5
+    with pytest.raises(InvalidInput, match="want 2"):
+        parse_manifest({**m.to_json(), "pieces": ["a" * 64]})
+
+
+def use(name: str, size: int, t: float) -> EntryUse:
+    return EntryUse(Kind.CHECKPOINT, EntryId(name), size, t)
+
+
+@pytest.mark.parametrize(
+    ("incoming", "keep", "evicted"),
+    [
+        pytest.param(0, frozenset(), [], id="fits"),
+        pytest.param(30, frozenset(), ["old"], id="oldest-first"),
+        pytest.param(60, frozenset(), ["old", "mid"], id="as-many-as-needed"),
+        pytest.param(30, frozenset({(Kind.CHECKPOINT, "old")}), ["mid"], id="kept-skipped"),
+        pytest.param(500, frozenset(), ["old", "mid", "new"], id="never-enough"),
+    ],
+)
+def test_lru_choice(
+    incoming: int, keep: frozenset[tuple[Kind, EntryId]], evicted: list[str]
+) -> None:
+    entries = [use("new", 30, 3.0), use("old", 30, 1.0), use("mid", 30, 2.0)]
+    chosen = choose_evictions(entries, max_bytes=100, incoming=incoming, keep=keep)
+    assert [c.id for c in chosen] == evicted
+
+
+@pytest.mark.parametrize(
+    ("header", "ok"),
+    [
+        ("Bearer s3cret-token-0123456789", True),
+        ("bearer s3cret-token-0123456789", True),
+        ("Bearer s3cret-token-012345678", False),
+        ("Basic s3cret-token-0123456789", False),
+        ("s3cret-token-0123456789", False),
+        ("Bearer", False),
+        (None, False),
+    ],
+)
+def test_authorized(header: str | None, ok: bool) -> None:
+    assert authorized(header, b"s3cret-token-0123456789") is ok
+
+
+def test_empty_or_short_token_admits_nobody(tmp_path: Path) -> None:
+    assert authorized("Bearer ", b"") is False
+    short = tmp_path / "t"
+    short.write_text("short\n")
+    assert TokenFile(short).token() == b""
+    assert TokenFile(tmp_path / "missing").token() == b""
+
+
+def test_estimates_from_probe_and_transfers() -> None:
+    est = from_probe(
+        tiny_s=0.01, small_bytes=1_000_000, small_first_byte_s=0.01, small_total_s=0.11
+    )
+    assert est.latency_s == pytest.approx(0.01)
+    assert est.rate == pytest.approx(10_000_000)
+    # A transfer twice as fast moves the rate halfway.
+    est = est.observe(2_000_000, 0.01, 0.11)
+    assert est.rate == pytest.approx(15_000_000)
+    assert est.samples == 2
+    # A stalled sample cannot zero or negate a link.
+    assert LinkEstimate(0.0, 1e6).observe(0, 5.0, 1.0).rate > 0
+
+
+def test_holders_from_gpu_nodes() -> None:
+    def node(name: str, cache: object) -> dict[str, object]:
+        return {"metadata": {"name": name}, "status": {"cache": cache}}
+
+    objects = [
+        node("b", {"endpoint": "http://10.0.0.2:8477/", "checkpoints": ["ck"]}),
+        node("a", {"endpoint": "http://10.0.0.1:8477", "checkpoints": ["ck", "other"]}),
+        node("self", {"endpoint": "http://10.0.0.9:8477", "checkpoints": ["ck"]}),
+        node("no-endpoint", {"checkpoints": ["ck"]}),
+        node("bad-endpoint", {"endpoint": "file:///etc", "checkpoints": ["ck"]}),
+        node("other", {"endpoint": "http://10.0.0.3:8477", "checkpoints": ["other"]}),
+        node("garbage", "not an object"),
+        {"metadata": {}},
+    ]
+    got = holders_from_gpu_nodes(objects, Kind.CHECKPOINT, EntryId("ck"), exclude="self")
+    assert got == [Peer("a", "http://10.0.0.1:8477"), Peer("b", "http://10.0.0.2:8477")]
+    img = [node("i", {"endpoint": "http://10.0.0.4:1", "images": ["reg/app:1"]})]
+    found = holders_from_gpu_nodes(img, Kind.IMAGE, image_id("reg/app:1"), ref="reg/app:1")
+    assert found == [Peer("i", "http://10.0.0.4:1")]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        self.t += 1
+        return self.t
+
+
+def test_store_evicts_least_recently_used(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.write_bytes(b"x" * 4000)
+    store = CacheStore(tmp_path / "c", max_bytes=10_000, piece_size=4096, clock=Clock())
+    for name in ("a", "b"):
+        store.add_file(Kind.CHECKPOINT, EntryId(name), src)
+    store.touch(Kind.CHECKPOINT, EntryId("a"))  # b is now the least recently used
+    store.add_file(Kind.CHECKPOINT, EntryId("c"), src)
+    assert store.inventory()["checkpoints"] == ["a", "c"]
+    assert not (store.data_dir(Kind.CHECKPOINT) / "b").exists()
+    # Reopened, the store finds its entries again.
+    again = CacheStore(tmp_path / "c", max_bytes=10_000, piece_size=4096)
+    assert again.inventory()["checkpoints"] == ["a", "c"]
+
+
+def test_store_drops_entries_whose_data_is_gone(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.write_bytes(b"y" * 5000)
+    store = CacheStore(tmp_path / "c", max_bytes=1 << 20, piece_size=4096)
+    store.add_file(Kind.IMAGE, image_id("reg/app:1"), src, ref="reg/app:1")
+    assert store.inventory() == {"checkpoints": [], "images": ["reg/app:1"]}
+    (store.data_dir(Kind.IMAGE) / image_id("reg/app:1")).unlink()
+    assert CacheStore(tmp_path / "c", max_bytes=1 << 20).inventory()["images"] == []
+
+
+def test_partial_pull_keeps_verified_pieces_and_publishes_atomically(tmp_path: Path) -> None:
+    data = bytes(range(256)) * 40  # 10240 bytes: pieces of 4096, 4096, 2048
+    pieces = tuple(hashlib.sha256(data[i : i + 4096]).hexdigest() for i in range(0, 10240, 4096))
+    manifest = Manifest(Kind.CHECKPOINT, EntryId("ck"), len(data), 4096, pieces)
+    store = CacheStore(tmp_path / "c", max_bytes=1 << 20, piece_size=4096)
+    partial = store.begin_pull(manifest)
+    with pytest.raises(InvalidInput, match="already being pulled"):
+        store.begin_pull(manifest)
+    assert partial.write_piece(0, data[:4096])
+    assert not partial.write_piece(1, b"\0" * 4096)  # tampered: refused, nothing written
+    partial.record([0])
+    partial.close()
+    final = store.data_dir(Kind.CHECKPOINT) / "ck"
+    assert not final.exists()
+    resumed = CacheStore(tmp_path / "c", max_bytes=1 << 20).begin_pull(manifest)
+    assert resumed.missing == [1, 2]
+    assert resumed.write_piece(1, data[4096:8192])
+    assert resumed.write_piece(2, data[8192:])
+    resumed.record([1, 2])
+    resumed.commit()
+    assert final.read_bytes() == data
+    assert sorted(p.name for p in final.parent.iterdir()) == ["ck"]
+
+
+PURE = [
+    "nodeagent/cache/naming.py",
+    "nodeagent/cache/ranges.py",
+    "nodeagent/cache/manifest.py",
+    "nodeagent/cache/eviction.py",
+    "nodeagent/pulling/assignment.py",
+    "nodeagent/pulling/estimation.py",
+]
+IO = {"aiohttp", "asyncio", "os", "socket", "subprocess", "pathlib", "shutil", "hashlib"}
+
+
+@pytest.mark.parametrize("module", PURE)
+def test_policy_modules_do_no_io(module: str) -> None:
+    bad = {n for n in imported(ROOT / module) if n.split(".")[0] in IO}
+    assert not bad, f"{module} imports {sorted(bad)}"
