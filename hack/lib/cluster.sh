@@ -53,6 +53,12 @@ TL_CLUSTER_KCM_BURST="${TL_CLUSTER_KCM_BURST:-400}"
 TL_CLUSTER_READY_TIMEOUT="${TL_CLUSTER_READY_TIMEOUT:-180}"
 TL_CLUSTER_VERBOSITY="${TL_CLUSTER_VERBOSITY:-1}"
 TL_CLUSTER_EXTENDER_LOG_LEVEL="${TL_CLUSTER_EXTENDER_LOG_LEVEL:-INFO}"
+# true: also join a real node (hack/realnode.sh: Debian's containerd and a real kubelet, root
+# only) named TL_CLUSTER_REAL_NODE_NAME, with TL_CLUSTER_REAL_NODE_GPUS fake GPUs served by the
+# tidelease agent's device plugin. It is tainted tidelease.io/real-node=true:NoSchedule.
+TL_CLUSTER_REAL_NODE="${TL_CLUSTER_REAL_NODE:-false}"
+TL_CLUSTER_REAL_NODE_NAME="${TL_CLUSTER_REAL_NODE_NAME:-real-0}"
+TL_CLUSTER_REAL_NODE_GPUS="${TL_CLUSTER_REAL_NODE_GPUS:-8}"
 # true: leave TL_CLUSTER_DIR (logs, data) behind when the cluster stops.
 TL_CLUSTER_KEEP_DIR="${TL_CLUSTER_KEEP_DIR:-false}"
 
@@ -69,6 +75,9 @@ TL_CLUSTER_KWOK_PID=""
 TL_CLUSTER_EXTENDER_PID=""
 TL_CLUSTER_SCHEDULER_PID=""
 TL_CLUSTER_PLAIN_SCHEDULER_PID=""
+TL_CLUSTER_REAL_NODE_PID=""
+TL_CLUSTER_REAL_NODE_IP=""
+TL_CLUSTER_REAL_NODE_CTRD_SOCK=""
 
 tl::cluster::state_file() {
   printf '%s/%s\n' "${1:-${TL_CLUSTER_DIR}}" "${TL_CLUSTER_STATE_NAME}"
@@ -88,6 +97,11 @@ tl::cluster::check_settings() {
   [[ "${TL_CLUSTER_NODES}" =~ ^[0-9]+$ ]] || tl::die "TL_CLUSTER_NODES must be a number"
   [[ "${TL_CLUSTER_GPUS_PER_NODE}" =~ ^[0-9]+$ ]] || tl::die "TL_CLUSTER_GPUS_PER_NODE must be a number"
   [[ "${TL_CLUSTER_NODE_LEASE_S}" =~ ^[1-9][0-9]*$ ]] || tl::die "TL_CLUSTER_NODE_LEASE_S must be a positive number"
+  [[ "${TL_CLUSTER_REAL_NODE}" =~ ^(true|false)$ ]] || tl::die "TL_CLUSTER_REAL_NODE must be true or false"
+  [[ "${TL_CLUSTER_REAL_NODE_GPUS}" =~ ^[0-9]+$ ]] || tl::die "TL_CLUSTER_REAL_NODE_GPUS must be a number"
+  if [[ "${TL_CLUSTER_REAL_NODE}" == true && "${EUID}" -ne 0 ]]; then
+    tl::die "a real node (-r) needs root: containerd, cgroups and mounts"
+  fi
   [[ "${TL_CLUSTER_DIR}" == /* ]] || tl::die "TL_CLUSTER_DIR must be an absolute path"
   [[ "${TL_CLUSTER_DIR}" =~ ^[A-Za-z0-9_./-]+$ ]] ||
     tl::die "TL_CLUSTER_DIR may only hold letters, digits and _ . / - (it goes into a state file)"
@@ -96,7 +110,9 @@ tl::cluster::check_settings() {
 # tl::cluster::require_binaries - every binary the cluster needs, with one clear hint if not.
 tl::cluster::require_binaries() {
   local name missing=()
-  for name in etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok; do
+  local -a names=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok)
+  [[ "${TL_CLUSTER_REAL_NODE}" != true ]] || names+=(kubelet)
+  for name in "${names[@]}"; do
     [[ -x "$(tl::bin_path "${name}")" ]] || missing+=("${name}")
   done
   if ((${#missing[@]} > 0)); then
@@ -371,6 +387,47 @@ tl::cluster::wait_nodes_ready() {
   done
 }
 
+# tl::cluster::kubelet_client_certs - a CA of its own and, signed by it, the API server's client
+# certificate for kubelets: the real node's kubelet admits only holders of that CA's certificates
+# (logs, exec, port-forward come from the API server). Adds the API server's flags.
+tl::cluster::kubelet_client_certs() {
+  local dir="${TL_CLUSTER_DIR}/auth/kubelet" log="${TL_CLUSTER_DIR}/logs/certs.log"
+  mkdir -p "${dir}"
+  {
+    openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=tidelease-kubelet-client-ca \
+      -keyout "${dir}/ca.key" -out "${dir}/ca.crt" &&
+      openssl req -newkey rsa:2048 -nodes -subj /O=system:masters/CN=kube-apiserver-kubelet-client \
+        -keyout "${dir}/client.key" -out "${dir}/client.csr" &&
+      openssl x509 -req -in "${dir}/client.csr" -CA "${dir}/ca.crt" -CAkey "${dir}/ca.key" \
+        -CAcreateserial -days 2 -out "${dir}/client.crt"
+  } >"${log}" 2>&1 || tl::cp::_fail "making the kubelet client certificates" "${log}"
+  chmod 0600 "${dir}"/*.key
+  TL_CLUSTER_KUBELET_CLIENT_CA="${dir}/ca.crt"
+  TL_CP_APISERVER_EXTRA_ARGS="${TL_CP_APISERVER_EXTRA_ARGS:-} --kubelet-client-certificate=${dir}/client.crt --kubelet-client-key=${dir}/client.key --kubelet-preferred-address-types=InternalIP"
+}
+
+# tl::cluster::start_real_node - hack/realnode.sh in DIR/realnode (its own supervisor: it drains
+# and removes everything when it gets SIGTERM, or when this shell is gone); waits until the node
+# is Ready and offers its GPUs.
+tl::cluster::start_real_node() {
+  local dir="${TL_CLUSTER_DIR}/realnode" log="${TL_CLUSTER_DIR}/logs/realnode.log" deadline
+  TL_REALNODE_PARENT_PID="$$" TL_CLUSTER_GPU_TYPE="${TL_CLUSTER_GPU_TYPE}" \
+    "${TL_HACK}/realnode.sh" -D "${dir}" -k "${TL_CP_KUBECONFIG}" -n "${TL_CLUSTER_REAL_NODE_NAME}" \
+    -g "${TL_CLUSTER_REAL_NODE_GPUS}" -c "${TL_CLUSTER_KUBELET_CLIENT_CA}" \
+    -L "${TL_CLUSTER_DIR}/logs/realnode" >"${log}" 2>&1 &
+  TL_CLUSTER_REAL_NODE_PID=$!
+  tl::cluster::record_pid TL_CLUSTER_REAL_NODE_PID "${TL_CLUSTER_REAL_NODE_PID}"
+  tl::log "starting real node ${TL_CLUSTER_REAL_NODE_NAME} (pid ${TL_CLUSTER_REAL_NODE_PID})"
+  deadline=$((SECONDS + TL_CLUSTER_READY_TIMEOUT))
+  until [[ -f "${dir}/realnode.env" ]]; do
+    tl::cp::_alive "${TL_CLUSTER_REAL_NODE_PID}" || tl::cp::_fail "real node" "${log}"
+    ((SECONDS < deadline)) || tl::cp::_fail "real node (not ready after ${TL_CLUSTER_READY_TIMEOUT}s)" "${log}"
+    sleep 0.3
+  done
+  TL_CLUSTER_REAL_NODE_IP="$(tl::cluster::read_state "${dir}/realnode.env" TL_REALNODE_IP)"
+  TL_CLUSTER_REAL_NODE_CTRD_SOCK="$(tl::cluster::read_state "${dir}/realnode.env" TL_REALNODE_CTRD_SOCK)"
+}
+
 # tl::cluster::write_state - the cluster's facts, KEY=VALUE per line, written atomically.
 tl::cluster::write_state() {
   local state tmp key value
@@ -392,6 +449,10 @@ tl::cluster::write_state() {
     TL_CLUSTER_NODE_PREFIX "${TL_CLUSTER_NODE_PREFIX}"
     TL_CLUSTER_GPUS_PER_NODE "${TL_CLUSTER_GPUS_PER_NODE}"
     TL_CLUSTER_GPU_TYPE "${TL_CLUSTER_GPU_TYPE}"
+    TL_CLUSTER_REAL_NODE "$([[ "${TL_CLUSTER_REAL_NODE}" == true ]] && printf '%s' "${TL_CLUSTER_REAL_NODE_NAME}")"
+    TL_CLUSTER_REAL_NODE_IP "${TL_CLUSTER_REAL_NODE_IP}"
+    TL_CLUSTER_REAL_NODE_GPUS "$([[ "${TL_CLUSTER_REAL_NODE}" == true ]] && printf '%s' "${TL_CLUSTER_REAL_NODE_GPUS}")"
+    TL_CLUSTER_REAL_NODE_CTRD_SOCK "${TL_CLUSTER_REAL_NODE_CTRD_SOCK}"
     TL_CLUSTER_LOGS "${TL_CLUSTER_DIR}/logs"
     TL_CLUSTER_KUBECTL "$(tl::bin kubectl)"
     TL_CLUSTER_SUPERVISOR_PID "$$"
@@ -402,6 +463,7 @@ tl::cluster::write_state() {
     TL_CLUSTER_EXTENDER_PID "${TL_CLUSTER_EXTENDER_PID}"
     TL_CLUSTER_SCHEDULER_PID "${TL_CLUSTER_SCHEDULER_PID}"
     TL_CLUSTER_PLAIN_SCHEDULER_PID "${TL_CLUSTER_PLAIN_SCHEDULER_PID}"
+    TL_CLUSTER_REAL_NODE_PID "${TL_CLUSTER_REAL_NODE_PID}"
   )
   : >"${tmp}"
   chmod 0600 "${tmp}"
@@ -421,6 +483,7 @@ tl::cluster::start() {
   start="$(tl::now_s)"
   tl::cluster::init_dir
   tl::cluster::record_pid TL_CLUSTER_SUPERVISOR_PID "$$"
+  [[ "${TL_CLUSTER_REAL_NODE}" != true ]] || tl::cluster::kubelet_client_certs
   tl::cp::start_etcd
   tl::cluster::record_pid TL_CLUSTER_ETCD_PID "${TL_CP_ETCD_PID}"
   tl::cp::start_apiserver
@@ -447,6 +510,7 @@ tl::cluster::start() {
       "${TL_CLUSTER_DIR}/logs/kube-scheduler-${TL_CLUSTER_PLAIN_SCHEDULER_NAME}.log"
   fi
   tl::cluster::wait_nodes_ready "${TL_CLUSTER_NODES}"
+  [[ "${TL_CLUSTER_REAL_NODE}" != true ]] || tl::cluster::start_real_node
   tl::cluster::write_state
   tl::log "cluster ready in $(tl::elapsed "${start}")s: ${TL_CLUSTER_NODES} kwok GPU nodes, extender ${TL_CLUSTER_EXTENDER_URL}, state $(tl::cluster::state_file)"
 }
@@ -457,7 +521,7 @@ tl::cluster::component_died() {
   for name in etcd:"${TL_CP_ETCD_PID}" kube-apiserver:"${TL_CP_APISERVER_PID}" \
     kube-controller-manager:"${TL_CLUSTER_KCM_PID}" kwok:"${TL_CLUSTER_KWOK_PID}" \
     extender:"${TL_CLUSTER_EXTENDER_PID}" kube-scheduler:"${TL_CLUSTER_SCHEDULER_PID}" \
-    plain-scheduler:"${TL_CLUSTER_PLAIN_SCHEDULER_PID}"; do
+    plain-scheduler:"${TL_CLUSTER_PLAIN_SCHEDULER_PID}" real-node:"${TL_CLUSTER_REAL_NODE_PID}"; do
     pid="${name#*:}"
     [[ -n "${pid}" ]] || continue
     if ! tl::cp::_alive "${pid}"; then
@@ -471,6 +535,11 @@ tl::cluster::component_died() {
 # tl::cluster::stop - stop what this shell started, dependents first; then remove the state file,
 # and the directory unless TL_CLUSTER_KEEP_DIR=true. Idempotent; meant for an EXIT trap.
 tl::cluster::stop() {
+  # First, while the API server runs: the real node drains its pods through it.
+  if [[ -n "${TL_CLUSTER_REAL_NODE_PID}" ]]; then
+    TL_CP_STOP_TIMEOUT=60 tl::cp::_kill "real node" "${TL_CLUSTER_REAL_NODE_PID}"
+  fi
+  TL_CLUSTER_REAL_NODE_PID=""
   tl::cp::_kill "kube-scheduler ${TL_CLUSTER_PLAIN_SCHEDULER_NAME}" "${TL_CLUSTER_PLAIN_SCHEDULER_PID}"
   TL_CLUSTER_PLAIN_SCHEDULER_PID=""
   tl::cp::_kill kube-scheduler "${TL_CLUSTER_SCHEDULER_PID}"

@@ -118,6 +118,15 @@ s.close()'
   tl::die "no free port found"
 }
 
+# tl::umount_under DIR - lazily unmount every mount point under DIR (innermost first).
+tl::umount_under() {
+  local mnt
+  while read -r mnt; do
+    umount -l "${mnt}" 2>/dev/null || true
+  done < <(awk -v d="${1%/}/" 'index($5, d) == 1 || $5 == substr(d, 1, length(d) - 1) { print $5 }' \
+    /proc/self/mountinfo | sort -r)
+}
+
 # tl::now_s - seconds since the epoch with a fractional part (for timings).
 tl::now_s() {
   date +%s.%N

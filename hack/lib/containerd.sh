@@ -69,7 +69,7 @@ tl::ctrd::init() {
   TL_CTRD_SUBNET="10.$((128 + (n >> 8) % 128)).$((n % 256)).0/24"
   # The cgroup (in every hierarchy) under which this containerd's pods run.
   TL_CTRD_CGROUP="/tidelease-${id}"
-  TL_CTRD_LOG="${dir}/containerd.log"
+  TL_CTRD_LOG="${TL_CTRD_LOG_DIR:-${dir}}/containerd.log"
   mkdir -p "${dir}/root" "${dir}/state" "${dir}/cni/net.d" "${dir}/cni/ipam" "${dir}/runc" "${dir}/images"
   cat >"${dir}/config.toml" <<EOF
 version = 2
@@ -173,7 +173,7 @@ tl::ctrd::_kill_tasks() {
 # tl::ctrd::stop - stop containerd, then remove what it leaves behind even when it was killed:
 # shims and their containers, mounts under the directory, the bridge, the cgroups. Idempotent.
 tl::ctrd::stop() {
-  local pid deadline mnt d
+  local pid deadline d
   [[ -n "${TL_CTRD_DIR:-}" ]] || return 0
   if [[ -n "${TL_CTRD_PID}" ]] && kill -0 "${TL_CTRD_PID}" 2>/dev/null; then
     tl::ctrd::_kill_tasks
@@ -193,10 +193,8 @@ tl::ctrd::stop() {
     [[ -d "${d}" ]] || continue
     find "${d}" -name cgroup.procs -exec cat {} + 2>/dev/null | xargs -r kill -KILL 2>/dev/null || true
   done < <(tl::ctrd::_cgroup_dirs)
-  # Mounts under the directory (rootfs overlays, netns files, shm), innermost first.
-  while read -r mnt; do
-    umount -l "${mnt}" 2>/dev/null || true
-  done < <(awk -v d="${TL_CTRD_DIR}/" 'index($5, d) == 1 { print $5 }' /proc/self/mountinfo | sort -r)
+  # Mounts under the directory (rootfs overlays, netns files, shm).
+  tl::umount_under "${TL_CTRD_DIR}"
   ip link delete "${TL_CTRD_BRIDGE}" >/dev/null 2>&1 || true
   sleep 0.2
   while read -r d; do

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.background import running
-from tests.e2e.harness import Cluster, NodeGroup, unique
+from tests.e2e.harness import Cluster, NodeGroup, RealNode, unique
 
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 300
@@ -36,6 +36,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         "TL_CLUSTER_NODES": str(NODES),
         "TL_CLUSTER_PARENT_PID": str(os.getpid()),
         "TL_CLUSTER_KEEP_DIR": "true",
+        # A real kubelet node beside the kwok ones (hack/realnode.sh; needs root).
+        "TL_CLUSTER_REAL_NODE": os.environ.get("TIDELEASE_E2E_REAL_NODE", "true"),
     }
     try:
         with running(
@@ -51,6 +53,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             yield _running
     finally:
         _running = None
+
+
+@pytest.fixture
+def real_node(cluster: Cluster) -> RealNode:
+    """The cluster's real kubelet node; a failure (never a skip) when it has none."""
+    if cluster.real_node is None:
+        pytest.fail("the cluster has no real node (TIDELEASE_E2E_REAL_NODE=false?)", pytrace=False)
+    return cluster.real_node
 
 
 @pytest.fixture
@@ -75,5 +85,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     outcome = yield
     report = outcome.get_result()  # type: ignore[attr-defined]
     if report.failed and report.when == "call" and _running is not None:
-        for name in ("extender.log", "kube-scheduler-default-scheduler.log"):
+        for name in (
+            "extender.log",
+            "kube-scheduler-default-scheduler.log",
+            "realnode.log",
+            "realnode/kubelet.log",
+            "realnode/agent.log",
+        ):
             report.sections.append((f"cluster log {name}", _running.log_tail(name, 60)))

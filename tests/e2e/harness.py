@@ -31,6 +31,59 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:6]}"
 
 
+REAL_NODE_TAINT = "tidelease.io/real-node"
+
+
+@dataclass(frozen=True)
+class RealNode:
+    """The node that a real kubelet runs, on Debian's containerd, with fake GPUs."""
+
+    name: str
+    ip: str
+    gpus: int
+    containerd_socket: Path
+
+    @classmethod
+    def from_state(cls, facts: dict[str, str]) -> RealNode | None:
+        if not facts.get("TL_CLUSTER_REAL_NODE"):
+            return None
+        return cls(
+            name=facts["TL_CLUSTER_REAL_NODE"],
+            ip=facts["TL_CLUSTER_REAL_NODE_IP"],
+            gpus=int(facts["TL_CLUSTER_REAL_NODE_GPUS"]),
+            containerd_socket=Path(facts["TL_CLUSTER_REAL_NODE_CTRD_SOCK"]),
+        )
+
+    def pod(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        gpus: int = 0,
+        image: str = "docker.io/local/app:v1",
+        annotations: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
+        """A pod for this node: hack/images.py's local image (never pulled), the node's
+        taint tolerated, the node selected by its hostname label."""
+        container: dict[str, Any] = {"name": "app", "image": image, "imagePullPolicy": "Never"}
+        if gpus:
+            container["resources"] = {"limits": {GPU: str(gpus)}}
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "annotations": annotations or {}},
+            "spec": {
+                "automountServiceAccountToken": False,
+                "terminationGracePeriodSeconds": 1,
+                "nodeSelector": {"kubernetes.io/hostname": self.name},
+                "tolerations": [
+                    {"key": REAL_NODE_TAINT, "operator": "Exists", "effect": "NoSchedule"}
+                ],
+                "containers": [container],
+            },
+        }
+
+
 @dataclass
 class Cluster:
     """What a test needs of the running cluster; built from DIR/cluster.env."""
@@ -44,6 +97,7 @@ class Cluster:
     kubectl_path: Path
     logs: Path
     nodes: tuple[str, ...]  # the kwok GPU nodes cluster-up made (untainted, shared)
+    real_node: RealNode | None  # the kubelet node (hack/realnode.sh), when there is one
     kube: Kube = field(init=False)
 
     def __post_init__(self) -> None:
@@ -63,6 +117,7 @@ class Cluster:
             kubectl_path=Path(facts["TL_CLUSTER_KUBECTL"]),
             logs=Path(facts["TL_CLUSTER_LOGS"]),
             nodes=tuple(f"{prefix}-{i}" for i in range(count)),
+            real_node=RealNode.from_state(facts),
         )
 
     def kubectl(self, *args: str, input: str | None = None) -> str:
@@ -78,6 +133,33 @@ class Cluster:
         if done.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed: {done.stderr}")
         return done.stdout
+
+    def wait_running(self, namespace: str, name: str, timeout: float = 60) -> dict[str, Any]:
+        """The pod once all its containers run and it has an IP."""
+
+        def running() -> dict[str, Any] | None:
+            pod = self.kube.get("Pod", name, namespace)
+            status = (pod or {}).get("status") or {}
+            containers = status.get("containerStatuses") or []
+            if (
+                status.get("phase") == "Running"
+                and status.get("podIP")
+                and containers
+                and all("running" in (c.get("state") or {}) for c in containers)
+            ):
+                return pod
+            return None
+
+        return wait_for(
+            running,
+            what=f"pod {namespace}/{name} to run",
+            timeout=timeout,
+            describe=lambda: self.describe_pod(namespace, name),
+        )
+
+    def exec(self, namespace: str, pod: str, *command: str) -> str:
+        """``command``'s stdout in the pod's container (through the API server and kubelet)."""
+        return self.kubectl("exec", "-n", namespace, pod, "--", *command)
 
     def log_tail(self, name: str, lines: int = 40) -> str:
         path = self.logs / name

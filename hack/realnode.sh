@@ -1,0 +1,246 @@
+#!/usr/bin/env bash
+# A real node for the local cluster: Debian's containerd and a real kubelet (built by
+# hack/build-binaries.sh), joined to the API server of KUBECONFIG as node NAME, running pods from
+# the local images of hack/images.py (imagePullPolicy: Never). With -g N, the tidelease node
+# agent runs beside it with N fake GPUs: its device plugin registers with this kubelet, so the
+# node offers nvidia.com/gpu and containers get the devices the extender chose.
+#
+# usage: hack/realnode.sh -D DIR -k KUBECONFIG -n NAME [-g GPUS] [-c KUBELET_CLIENT_CA] [-L LOGS]
+#
+# Runs in the foreground until SIGINT/SIGTERM or until TL_REALNODE_PARENT_PID exits; then it
+# deletes the node's pods, stops the agent, the kubelet and containerd, and removes everything
+# (containers, mounts, bridge, cgroups, DIR; the logs stay when -L puts them elsewhere). Once the node is Ready (and with -g, offers its GPUs)
+# it writes DIR/realnode.env (KEY=VALUE lines: TL_REALNODE_NAME, TL_REALNODE_IP,
+# TL_REALNODE_CTRD_SOCK, ...).
+#
+# The node carries the taint tidelease.io/real-node=true:NoSchedule, so only pods that tolerate
+# it land here. Everything runs in a private mount namespace: the kubelet insists on
+# /var/lib/kubelet/device-plugins whatever its --root-dir, and there it sees DIR/device-plugins
+# instead, so two runs on one machine never share a device-plugin directory. The kubelet serves
+# on the host's address (a kubelet refuses a loopback node IP) and admits only clients with a
+# certificate from KUBELET_CLIENT_CA (the API server's kubelet client certificate); without -c it
+# falls back to anonymous access. See docs/real-node.md.
+set -o errexit -o nounset -o pipefail
+
+source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
+source "${TL_HACK}/lib/containerd.sh"
+source "${TL_HACK}/lib/python.sh"
+
+usage() { sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+
+DIR="" KUBECONFIG_PATH="" NAME="" GPUS=0 CLIENT_CA="" LOGS=""
+while getopts ":D:k:n:g:c:L:h" opt; do
+  case "${opt}" in
+    D) DIR="$(realpath -m -- "${OPTARG}")" ;;
+    k) KUBECONFIG_PATH="$(realpath -- "${OPTARG}")" ;;
+    n) NAME="${OPTARG}" ;;
+    g) GPUS="${OPTARG}" ;;
+    c) CLIENT_CA="$(realpath -- "${OPTARG}")" ;;
+    L) LOGS="$(realpath -m -- "${OPTARG}")" ;;
+    h) usage; exit 0 ;;
+    *) usage >&2; exit 2 ;;
+  esac
+done
+[[ -n "${DIR}" && -n "${KUBECONFIG_PATH}" && -n "${NAME}" ]] || { usage >&2; exit 2; }
+[[ "${GPUS}" =~ ^[0-9]+$ ]] || tl::die "-g wants a number of GPUs"
+[[ "${NAME}" =~ ^[a-z0-9]([-a-z0-9]*[a-z0-9])?$ ]] || tl::die "-n ${NAME}: not a node name"
+
+PLUGIN_DIR_IN_NS=/var/lib/kubelet/device-plugins
+TAINT_KEY=tidelease.io/real-node
+STOP_TIMEOUT="${TL_REALNODE_STOP_TIMEOUT:-30}"
+READY_TIMEOUT="${TL_REALNODE_READY_TIMEOUT:-120}"
+
+# A mount namespace of our own (see above); everything below runs in it.
+if [[ "${TL_REALNODE_IN_NS:-}" != 1 ]]; then
+  [[ "${EUID}" -eq 0 ]] || tl::die "a real node needs root (containerd, cgroups, mounts)"
+  TL_REALNODE_IN_NS=1 exec unshare --mount --propagation private -- "${BASH_SOURCE[0]}" "$@"
+fi
+
+[[ ! -e "${DIR}" || -z "$(ls -A "${DIR}")" ]] || tl::die "${DIR} must be absent or empty"
+LOGS="${LOGS:-${DIR}/logs}"
+mkdir -p "${LOGS}" "${DIR}/device-plugins" "${DIR}/kubelet"
+TL_CTRD_LOG_DIR="${LOGS}"
+KUBELET="$(tl::bin kubelet)"
+KUBECTL="$(tl::bin kubectl)"
+KUBELET_PID="" AGENT_PID=""
+
+kubectl() { "${KUBECTL}" --kubeconfig "${KUBECONFIG_PATH}" "$@"; }
+
+# host_ip - the host's first global IPv4 address: the node's InternalIP.
+host_ip() {
+  ip -4 -o addr show scope global | awk '{ split($4, a, "/"); print a[1]; exit }'
+}
+
+stop_pid() {
+  local name="$1" pid="$2" deadline
+  [[ -n "${pid}" ]] && kill -0 "${pid}" 2>/dev/null || return 0
+  tl::log "stopping ${name} (pid ${pid})"
+  kill -TERM "${pid}" 2>/dev/null || true
+  deadline=$((SECONDS + 10))
+  while kill -0 "${pid}" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.1; done
+  kill -KILL "${pid}" 2>/dev/null || true
+}
+
+# drain - delete the node's pods and let the kubelet tear their sandboxes down (network
+# included) while it still runs; whatever is left is killed by tl::ctrd::stop.
+drain() {
+  local deadline
+  [[ -n "${KUBELET_PID}" ]] && kill -0 "${KUBELET_PID}" 2>/dev/null || return 0
+  kubectl delete pods --all-namespaces --field-selector "spec.nodeName=${NAME}" \
+    --grace-period=0 --force --wait=false >/dev/null 2>&1 || true
+  deadline=$((SECONDS + STOP_TIMEOUT))
+  while [[ -n "$(tl::ctrd::ctr tasks ls -q 2>/dev/null)" ]] && ((SECONDS < deadline)); do
+    sleep 0.3
+  done
+}
+
+cleanup() {
+  local rc=$?
+  trap - EXIT
+  trap '' INT TERM HUP
+  rm -f "${DIR}/realnode.env"
+  drain
+  stop_pid "tidelease agent" "${AGENT_PID}"
+  stop_pid kubelet "${KUBELET_PID}"
+  kubectl delete node "${NAME}" --wait=false >/dev/null 2>&1 || true
+  tl::ctrd::stop
+  # The kubelet's own (its root directory, pod volumes) and ours.
+  tl::umount_under "${DIR}"
+  umount "${PLUGIN_DIR_IN_NS}" 2>/dev/null || true
+  rm -rf -- "${DIR}"
+  exit "${rc}"
+}
+trap cleanup EXIT
+trap 'exit 0' INT TERM HUP
+
+tl::ctrd::ensure_packages
+tl::py::ensure >&2
+NODE_IP="$(host_ip)"
+[[ -n "${NODE_IP}" ]] ||
+  tl::die "no global IPv4 address on this host: a kubelet needs a non-loopback node IP"
+
+# The kubelet's fixed device-plugin directory, ours in this namespace.
+mkdir -p "${PLUGIN_DIR_IN_NS}"
+mount --bind "${DIR}/device-plugins" "${PLUGIN_DIR_IN_NS}"
+
+tl::ctrd::init "${DIR}/containerd"
+tl::ctrd::start
+tl::ctrd::import_images
+
+PORT="$(tl::free_port)"
+HEALTHZ_PORT="$(tl::free_port)"
+if [[ -n "${CLIENT_CA}" ]]; then
+  AUTHN="{anonymous: {enabled: false}, webhook: {enabled: false}, x509: {clientCAFile: ${CLIENT_CA}}}"
+else
+  tl::warn "no kubelet client CA (-c): the kubelet on ${NODE_IP}:${PORT} admits anonymous clients"
+  AUTHN="{anonymous: {enabled: true}, webhook: {enabled: false}}"
+fi
+cat >"${DIR}/kubelet.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+authentication: ${AUTHN}
+# Whoever holds a certificate of the client CA (the API server) may do anything.
+authorization: {mode: AlwaysAllow}
+containerRuntimeEndpoint: unix://${TL_CTRD_SOCK}
+address: ${NODE_IP}
+port: ${PORT}
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: ${HEALTHZ_PORT}
+# PID 1 is not systemd, and this host mixes cgroup v1 hierarchies with an empty unified one.
+cgroupDriver: cgroupfs
+failCgroupV1: false
+cgroupRoot: ${TL_CTRD_CGROUP}
+cgroupsPerQOS: true
+enforceNodeAllocatable: []
+failSwapOn: false
+resolvConf: ""
+clusterDomain: cluster.local
+# A shared test machine: no evictions and no image garbage collection by disk pressure.
+evictionHard: {}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+registerWithTaints:
+- {key: ${TAINT_KEY}, value: "true", effect: NoSchedule}
+EOF
+
+"${KUBELET}" \
+  --config="${DIR}/kubelet.yaml" \
+  --kubeconfig="${KUBECONFIG_PATH}" \
+  --hostname-override="${NAME}" \
+  --node-ip="${NODE_IP}" \
+  --root-dir="${DIR}/kubelet" \
+  --cert-dir="${DIR}/kubelet/pki" \
+  --node-labels="type=real,nvidia.com/gpu.product=${TL_CLUSTER_GPU_TYPE:-H20}" \
+  --v="${TL_REALNODE_VERBOSITY:-1}" \
+  >"${LOGS}/kubelet.log" 2>&1 &
+KUBELET_PID=$!
+tl::log "started kubelet for node ${NAME} on ${NODE_IP}:${PORT} (pid ${KUBELET_PID})"
+
+# wait_for WHAT CHECK... - until CHECK succeeds; fail early if the kubelet (or agent) exits.
+wait_for() {
+  local what="$1" deadline
+  shift
+  deadline=$((SECONDS + READY_TIMEOUT))
+  until "$@" >/dev/null 2>&1; do
+    kill -0 "${KUBELET_PID}" 2>/dev/null ||
+      { tail -n 30 "${LOGS}/kubelet.log" >&2; tl::die "the kubelet exited"; }
+    if [[ -n "${AGENT_PID}" ]] && ! kill -0 "${AGENT_PID}" 2>/dev/null; then
+      tail -n 30 "${LOGS}/agent.log" >&2
+      tl::die "the tidelease agent exited"
+    fi
+    ((SECONDS < deadline)) || tl::die "${what} not seen after ${READY_TIMEOUT}s; see ${LOGS}"
+    sleep 0.3
+  done
+}
+
+node_ready() {
+  [[ "$(kubectl get node "${NAME}" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" == True ]]
+}
+
+node_offers_gpus() {
+  [[ "$(kubectl get node "${NAME}" -o jsonpath='{.status.allocatable.nvidia\.com/gpu}')" == "${GPUS}" ]]
+}
+
+wait_for "node ${NAME} Ready" node_ready
+
+if ((GPUS > 0)); then
+  # Stand-ins for /dev/nvidiaN (the null device's numbers) that containers get as their GPUs.
+  mkdir -p "${DIR}/fakedev/dev"
+  for ((i = 0; i < GPUS; i++)); do mknod -m 0666 "${DIR}/fakedev/dev/nvidia${i}" c 1 3; done
+  kubectl create namespace tidelease-system >/dev/null 2>&1 || true
+  "${TL_VENV}/bin/tidelease" agent --node "${NAME}" --kubeconfig "${KUBECONFIG_PATH}" \
+    --backend fake --fake-gpus "${GPUS}" --cycle 1 --quiet-period 3 \
+    --device-plugin-dir "${DIR}/device-plugins" --host-device-root "${DIR}/fakedev" \
+    >"${LOGS}/agent.log" 2>&1 &
+  AGENT_PID=$!
+  tl::log "started tidelease agent with ${GPUS} fake GPUs (pid ${AGENT_PID})"
+  wait_for "nvidia.com/gpu: ${GPUS} on node ${NAME}" node_offers_gpus
+fi
+
+cat >"${DIR}/realnode.env.tmp" <<EOF
+TL_REALNODE_NAME=${NAME}
+TL_REALNODE_IP=${NODE_IP}
+TL_REALNODE_GPUS=${GPUS}
+TL_REALNODE_TAINT=${TAINT_KEY}
+TL_REALNODE_CTRD_SOCK=${TL_CTRD_SOCK}
+TL_REALNODE_SUBNET=${TL_CTRD_SUBNET}
+TL_REALNODE_LOGS=${LOGS}
+TL_REALNODE_PID=$$
+TL_REALNODE_KUBELET_PID=${KUBELET_PID}
+TL_REALNODE_AGENT_PID=${AGENT_PID}
+EOF
+mv "${DIR}/realnode.env.tmp" "${DIR}/realnode.env"
+tl::log "real node ${NAME} ready"
+
+PARENT="${TL_REALNODE_PARENT_PID:-}"
+while true; do
+  sleep 1 &
+  wait $! || true
+  if [[ -n "${PARENT}" ]] && ! kill -0 "${PARENT}" 2>/dev/null; then
+    tl::log "parent ${PARENT} is gone; stopping node ${NAME}"
+    exit 0
+  fi
+  kill -0 "${KUBELET_PID}" 2>/dev/null || tl::die "the kubelet exited; see ${LOGS}/kubelet.log"
+  kill -0 "${TL_CTRD_PID}" 2>/dev/null || tl::die "containerd exited; see ${TL_CTRD_LOG}"
+done
