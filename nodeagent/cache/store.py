@@ -257,6 +257,21 @@ class CacheStore:
             self._entries[(manifest.kind, manifest.id)] = _Entry(manifest, now, now)
         self.evict(keep=frozenset({(manifest.kind, manifest.id)}))
 
+    def adopt(self, manifest: Manifest, path: Path) -> None:
+        """Take ``path`` (a complete, fsynced file in the entry's data directory, under a
+        temporary name) as the entry described by ``manifest``, without hashing it again."""
+        if not valid_id(manifest.id):
+            raise InvalidInput(f"{manifest.id!r} is not a valid id")
+        if path.parent != self.data_dir(manifest.kind) or not path.name.startswith(".tmp-"):
+            raise InvalidInput("adopt takes a .tmp- file in the entry's data directory")
+        if path.stat().st_size != manifest.size:
+            raise InvalidInput(f"{path.name}: size differs from the manifest's {manifest.size}")
+        self._publish(manifest, path)
+
+    def temp_path(self, kind: Kind, entry: EntryId) -> Path:
+        """A fresh temporary name in ``kind``'s data directory (for :meth:`adopt`)."""
+        return self.data_dir(kind) / f".tmp-{entry}-{secrets.token_hex(6)}"
+
     def remove(self, kind: Kind, entry: EntryId) -> None:
         with self._lock:
             self._entries.pop((kind, entry), None)

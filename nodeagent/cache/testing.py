@@ -214,9 +214,9 @@ def clone_entry(source: CacheStore, kind: Kind, entry: EntryId, dest: CacheStore
     src = source.data_path(kind, entry)
     if manifest is None or src is None:
         raise KeyError(f"{kind.value}/{entry}")
-    tmp = dest.data_dir(kind) / f".tmp-{entry}-{secrets.token_hex(6)}"
+    tmp = dest.temp_path(kind, entry)
     try:
         os.link(src, tmp)
     except OSError:
         shutil.copyfile(src, tmp)
-    dest._publish(manifest, tmp)
+    dest.adopt(manifest, tmp)

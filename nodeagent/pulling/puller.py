@@ -59,7 +59,7 @@ class _LinkFailed(Exception):
 
 @dataclass(frozen=True, slots=True)
 class PullSettings:
-    probe_bytes: int = 1 << 20
+    probe_bytes: int = 4 << 20  # rate probe: a real piece up to twice this, else this much
     overhead: float = 0.05  # shard-size rule: request latency <= 5 % of a shard's time
     shards_per_link: int = 4  # shard-size rule: at least this many shards per link
     shard_bytes: int | None = None  # fixed shard size (a multiple of the piece size)
@@ -168,7 +168,10 @@ class _Pull:
             raise _LinkFailed(f"{peer.name}: HTTP {resp.status} for a {length}-byte range")
         return resp, time.monotonic() - t
 
-    async def probe(self, peer: Peer) -> LinkEstimate:
+    async def probe(self, peer: Peer, shard: Shard | None = None) -> _Link:
+        """Time a 1-byte range (latency), then real pieces of about ``probe_bytes`` (rate),
+        verified and kept like any other shard: the probe costs no extra bytes. Without pieces
+        to spare, a range of ``probe_bytes`` from the end is timed and dropped."""
         size = self.manifest.size
         t = time.monotonic()
         resp, _ = await self._get(peer, 0, 1)
@@ -179,25 +182,33 @@ class _Pull:
         finally:
             resp.release()
         tiny = time.monotonic() - t
-        small = min(self.settings.probe_bytes, size)
-        t = time.monotonic()
-        resp, first = await self._get(peer, size - small, small)
-        try:
-            await resp.read()
-        except (aiohttp.ClientError, TimeoutError, OSError) as e:
-            raise _LinkFailed(f"{peer.name}: {e!r}") from e
-        finally:
-            resp.release()
-        return from_probe(
-            tiny_s=tiny,
-            small_bytes=small,
-            small_first_byte_s=first,
-            small_total_s=time.monotonic() - t,
+        link = _Link(peer, LinkEstimate(tiny, 1.0))
+        if shard is not None:
+            bad, first, total = await self.fetch(link, shard)
+            length = shard.length
+            if bad:  # left missing: planned like the rest, but counted against the link
+                self.refetched += len(bad)
+                link.bad_shards += 1
+        else:
+            length = min(self.settings.probe_bytes, size)
+            t = time.monotonic()
+            resp, first = await self._get(peer, size - length, length)
+            try:
+                await resp.read()
+            except (aiohttp.ClientError, TimeoutError, OSError) as e:
+                raise _LinkFailed(f"{peer.name}: {e!r}") from e
+            finally:
+                resp.release()
+            total = time.monotonic() - t
+        link.estimate = from_probe(
+            tiny_s=tiny, small_bytes=length, small_first_byte_s=first, small_total_s=total
         )
+        return link
 
-    async def fetch(self, link: _Link, shard: Shard) -> list[int]:
-        """Fetch, verify and write one shard; the pieces that failed verification. Pieces
-        verified before a link failure are kept (recorded) before the failure is raised."""
+    async def fetch(self, link: _Link, shard: Shard) -> tuple[list[int], float, float]:
+        """Fetch, verify and write one shard: (pieces that failed verification, seconds to the
+        first byte, seconds in all). Pieces verified before a link failure are kept (recorded)
+        before the failure is raised."""
         t = time.monotonic()
         resp, first = await self._get(link.peer, shard.offset, shard.length)
         writes: list[tuple[int, asyncio.Task[bool]]] = []
@@ -226,8 +237,7 @@ class _Pull:
                 raise err  # a local write failed: not the link's fault
         if broken is not None:
             raise broken
-        link.estimate = link.estimate.observe(shard.length, first, time.monotonic() - t)
-        return [i for i, _ in writes if i not in good]
+        return [i for i, _ in writes if i not in good], first, time.monotonic() - t
 
     # --- planning ---
 
@@ -287,11 +297,10 @@ class _Pull:
     async def add_origin(self) -> None:
         assert self.origin is not None
         try:
-            estimate = await self.probe(self.origin)
+            link = await self.probe(self.origin)
         except _LinkFailed as e:
             log.warning("pull %s: origin unusable: %s", self.manifest.id, e)
             return
-        link = _Link(self.origin, estimate)
         self.links[ORIGIN] = link
         assert self.group is not None
         self.group.create_task(self.worker(link))
@@ -317,10 +326,11 @@ class _Pull:
                 continue
             link.busy_until = self.now() + link.model().cost(shard.length)
             try:
-                bad = await self.fetch(link, shard)
+                bad, first, total = await self.fetch(link, shard)
+                link.estimate = link.estimate.observe(shard.length, first, total)
             except _LinkFailed as e:
-                rest = [i for i in range(shard.first_piece, shard.first_piece + shard.pieces)]
-                rest = [i for i in rest if i in self.missing]
+                span = range(shard.first_piece, shard.first_piece + shard.pieces)
+                rest = [i for i in span if i in self.missing]
                 await self.drop(link, str(e), self.cut(rest))
                 return
             finally:
@@ -447,10 +457,22 @@ async def _run(
     resumed = len(partial.done)
     if resumed:
         log.info("pull %s: resuming with %d verified piece(s)", manifest.id, resumed)
-    probes = await asyncio.gather(*(state.probe(p) for p in sources), return_exceptions=True)
+    # Each link probes with its own run of missing pieces from the end (about probe_bytes),
+    # when the entry is large enough to spare them.
+    per_probe = max(1, settings.probe_bytes // manifest.piece_size)
+    spare: tuple[Shard, ...] = ()
+    if len(state.missing) >= 4 * per_probe * len(sources):
+        tail = sorted(state.missing)[-per_probe * len(sources) :]
+        spare = cut_shards(
+            tail, size=manifest.size, piece_size=manifest.piece_size, shard_pieces=per_probe
+        )
+    probes = await asyncio.gather(
+        *(state.probe(p, spare[i] if i < len(spare) else None) for i, p in enumerate(sources)),
+        return_exceptions=True,
+    )
     for peer, probed in zip(sources, probes, strict=True):
-        if isinstance(probed, LinkEstimate):
-            state.links[peer.name] = _Link(peer, probed)
+        if isinstance(probed, _Link):
+            state.links[peer.name] = probed
         elif isinstance(probed, _LinkFailed):
             log.warning("pull %s: %s unusable: %s", manifest.id, peer.name, probed)
             state.dropped.append(peer.name)
@@ -459,8 +481,7 @@ async def _run(
     if not state.links and state.missing:
         if state.origin is None:
             raise PullFailed(f"{manifest.id}: no usable source")
-        origin_estimate = await state.probe(state.origin)
-        state.links[ORIGIN] = _Link(state.origin, origin_estimate)
+        state.links[ORIGIN] = await state.probe(state.origin)
     missing_bytes = sum(manifest.piece_span(i)[1] for i in state.missing)
     models = [link.model() for link in state.links.values()]
     if settings.shard_bytes is not None:
