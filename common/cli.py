@@ -10,9 +10,13 @@ import signal
 import socket
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from common.errors import InvalidInput
 from common.logsetup import setup_logging
+
+if TYPE_CHECKING:
+    from common.kubeclient import KubeClient
 
 log = logging.getLogger("tidelease")
 
@@ -61,14 +65,36 @@ def _extender(args: argparse.Namespace) -> int:
                 identity=identity,
             )
             leasing = Leasing(KubeWorld(writer), elector)
+        operator = None
+        if args.hot_restart_operator:
+            operator = asyncio.create_task(_hot_restart_operator(writer, settings.agent_namespace))
         try:
             await run_extender(store=kube, settings=settings, stop=stop, leasing=leasing)
         finally:
+            if operator is not None:
+                operator.cancel()
+                await asyncio.gather(operator, return_exceptions=True)
             await kube.close()
             await writer.close()
 
     asyncio.run(main())
     return 0
+
+
+async def _hot_restart_operator(kube: KubeClient, namespace: str) -> None:
+    """The hot-restart operator, leader-elected among the extender replicas."""
+    from common.leaderelection import LeaderElector
+    from extender.hotrestarting import (
+        LEASE_NAME,
+        HotRestartOperator,
+        KubeRequests,
+        run_hot_restart_operator,
+    )
+
+    identity = os.environ.get("POD_NAME") or socket.gethostname()
+    elector = LeaderElector(kube, namespace=namespace, name=LEASE_NAME, identity=identity)
+    operator = HotRestartOperator(requests=KubeRequests(kube))
+    await elector.run(lambda: run_hot_restart_operator(kube=kube, operator=operator))
 
 
 def _agent(args: argparse.Namespace) -> int:
@@ -93,6 +119,8 @@ def _agent(args: argparse.Namespace) -> int:
         ignored = frozenset()
     if args.quiet_period <= 0 or args.cycle <= 0:
         problems.append("--quiet-period and --cycle must be positive")
+    if args.hot_restart_timeout <= 0:
+        problems.append("--hot-restart-timeout must be positive")
     if problems:
         raise InvalidInput(problems)
     settings = AgentSettings(
@@ -138,6 +166,23 @@ def _agent(args: argparse.Namespace) -> int:
                     run_device_plugin(source=source, lookup=lookup, settings=plugin_settings)
                 )
             )
+        runtime = None
+        if args.cri_endpoint:
+            from nodeagent.cri.client import GrpcRuntime
+            from nodeagent.restarting.podwatch import (
+                KubePods,
+                PodRestarter,
+                PodRestartSettings,
+                run_pod_hot_restarts,
+            )
+
+            runtime = GrpcRuntime(args.cri_endpoint)
+            restarter = PodRestarter(
+                runtime=runtime,
+                pods=KubePods(kube),
+                settings=PodRestartSettings(node=node, restart_timeout_s=args.hot_restart_timeout),
+            )
+            tasks.append(asyncio.create_task(run_pod_hot_restarts(kube=kube, restarter=restarter)))
         try:
             await asyncio.wait(
                 [*tasks, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED
@@ -149,6 +194,8 @@ def _agent(args: argparse.Namespace) -> int:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            if runtime is not None:
+                await runtime.close()
             await kube.close()
             reader.close()
 
@@ -211,6 +258,11 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also run the leasing controller (leader-elected among the replicas)",
     )
+    ext.add_argument(
+        "--hot-restart-operator",
+        action="store_true",
+        help="also run the hot-restart operator (leader-elected; docs/hot-restart.md)",
+    )
     ext.set_defaults(run=_extender)
 
     agent = sub.add_parser("agent", help="run the node agent (DaemonSet on GPU nodes)")
@@ -254,6 +306,17 @@ def parser() -> argparse.ArgumentParser:
         "--no-device-plugin",
         action="store_true",
         help="do not serve the kubelet device plugin (nodes without a kubelet, e.g. kwok)",
+    )
+    agent.add_argument(
+        "--cri-endpoint",
+        help="the node's CRI socket (unix:///run/containerd/containerd.sock): turns on hot "
+        "restarts of this node's pods (default: off)",
+    )
+    agent.add_argument(
+        "--hot-restart-timeout",
+        type=float,
+        default=120.0,
+        help="seconds from the image patch to the new container running, else rolled back",
     )
     agent.set_defaults(run=_agent)
 

@@ -23,6 +23,12 @@ ANN_DEVICE_NODE: Final = f"{PREFIX}/devices-node"  # the node those devices are 
 ANN_DEVICES_ASSIGNED: Final = f"{PREFIX}/devices-assigned"  # set by the device plugin: "true"
 ANN_RECLAIM_NOTICE: Final = f"{PREFIX}/reclaim-notice"  # on a borrower: evicted after this time
 
+# --- hot restart in place (docs/hot-restart.md) ---
+ANN_HOT_RESTART: Final = f"{PREFIX}/hot-restart"  # "true": image changes restart in place
+ANN_HOT_RESTART_IMAGE: Final = f"{PREFIX}/hot-restart-image"  # <container>=<image>, by the user
+ANN_HOT_RESTART_REQUEST: Final = f"{PREFIX}/hot-restart-request"  # JSON, by the operator
+ANN_HOT_RESTART_STATUS: Final = f"{PREFIX}/hot-restart-status"  # JSON, by the node agent
+
 # --- custom resources ---
 GROUP: Final = PREFIX
 VERSION: Final = "v1alpha1"

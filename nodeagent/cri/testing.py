@@ -3,7 +3,8 @@
 It keeps images, sandboxes and containers as containerd does (a container's (name, attempt) is
 unique in its sandbox; a stopped container cannot be started again; removing a sandbox removes
 its containers), answers with the same errors (NotFound, RuntimeFailed), and can be told to fail:
-``unpullable`` images fail to pull, ``break_at`` makes the runtime unreachable (Unavailable for
+``unpullable`` images fail to pull, containers of ``unstartable`` images fail to start,
+``break_at`` makes the runtime unreachable (Unavailable for
 every call) from a given call on, as when its socket goes away mid-way. No I/O, no sleeps.
 """
 
@@ -53,6 +54,7 @@ class FakeRuntime:
     images: set[str] = field(default_factory=lambda: {"docker.io/local/pause:v1"})
     unpullable: set[str] = field(default_factory=set)
     pullable: set[str] = field(default_factory=set)  # images a pull adds
+    unstartable: set[str] = field(default_factory=set)  # images whose containers fail to start
     # Unreachable from the n-th call of this method on, e.g. ("RemoveContainer", 1).
     break_at: tuple[str, int] | None = None
     calls: list[str] = field(default_factory=list)
@@ -187,6 +189,8 @@ class FakeRuntime:
     async def start_container(self, container_id: str) -> None:
         self._enter("StartContainer")
         c = self._container(container_id)
+        if c.config.image.image in self.unstartable:
+            raise RuntimeFailed("StartContainer", "UNKNOWN", "exec: no such file or directory")
         if c.state is not ContainerState.CREATED:
             raise RuntimeFailed(
                 "StartContainer", "UNKNOWN", f"container is in {c.state.name} state"

@@ -1,0 +1,127 @@
+"""The hot-restart operator (control plane): watches pods, writes hot-restart requests that the
+pods' node agents carry out in place (:mod:`extender.hotrestartpolicy` decides;
+:mod:`nodeagent.restarting.podwatch` executes). Runs in the extender deployment under its own
+leader election (``tidelease extender --hot-restart-operator``)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from common import contract
+from common.errors import Conflict, NotFound, TideleaseError
+from common.kubeclient import KubeClient
+from common.waiting import wait_event
+from extender.hotrestartpolicy import Reject, WriteRequest, decide
+from nodeagent.restarting.podwatch import KubePods
+from nodeagent.restarting.requests import PodView, Request, pod_view
+
+log = logging.getLogger(__name__)
+
+LEASE_NAME = "tidelease-hot-restart-operator"
+
+
+class Requests(Protocol):
+    async def request(self, pod: PodView, request: Request) -> None: ...
+
+    async def reject(self, pod: PodView, reject: Reject) -> None: ...
+
+
+class KubeRequests:
+    def __init__(self, kube: KubeClient) -> None:
+        self._kube = kube
+        self._pods = KubePods(kube, component="tidelease-hot-restart-operator")
+
+    async def request(self, pod: PodView, request: Request) -> None:
+        # resourceVersion: a compare-and-swap, so a wish changed meanwhile is seen first.
+        await self._kube.json(
+            "PATCH",
+            f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}",
+            body={
+                "metadata": {
+                    "uid": pod.uid,
+                    "resourceVersion": pod.resource_version,
+                    "annotations": {contract.ANN_HOT_RESTART_REQUEST: request.to_annotation()},
+                }
+            },
+            content_type="application/merge-patch+json",
+        )
+        await self._pods.event(
+            pod,
+            "HotRestartRequested",
+            f"container {request.container}: restart in place on {request.image} "
+            f"(request {request.id})",
+            warning=False,
+        )
+
+    async def reject(self, pod: PodView, reject: Reject) -> None:
+        await self._pods.write(pod, reject.status, None)
+        await self._pods.event(pod, "HotRestartRejected", reject.status.reason, warning=True)
+
+
+class HotRestartOperator:
+    def __init__(self, *, requests: Requests, clock: Callable[[], float] = time.time) -> None:
+        self.requests, self.clock = requests, clock
+
+    async def step(self, raw: dict[str, Any]) -> None:
+        pod = pod_view(raw)
+        action = decide(pod, self.clock())
+        if isinstance(action, WriteRequest):
+            log.info("pod %s: hot restart requested: %s", pod.key, action.why)
+            await self.requests.request(pod, action.request)
+        elif isinstance(action, Reject):
+            log.warning("pod %s: hot restart rejected: %s", pod.key, action.status.reason)
+            await self.requests.reject(pod, action)
+
+
+async def run_hot_restart_operator(
+    *, kube: KubeClient, operator: HotRestartOperator, ready: asyncio.Event | None = None
+) -> None:
+    """Watch every pod; step opted-in pods on each change, until cancelled."""
+    latest: dict[str, dict[str, Any]] = {}
+    dirty: set[str] = set()
+    changed = asyncio.Event()
+
+    async def watch() -> None:
+        async for event, obj in kube.list_watch("/api/v1/pods"):
+            if event == "SYNCED":
+                if ready is not None:
+                    ready.set()
+                continue
+            meta = obj.get("metadata") or {}
+            key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+            ann = meta.get("annotations") or {}
+            if event == "DELETED" or contract.ANN_HOT_RESTART not in ann:
+                latest.pop(key, None)
+                continue
+            latest[key] = obj
+            dirty.add(key)
+            changed.set()
+
+    watcher = asyncio.create_task(watch(), name="hot-restart-operator-watch")
+    retry: set[str] = set()
+    try:
+        while True:
+            if watcher.done():
+                watcher.result()
+            changed.clear()
+            keys, retry = dirty | retry, set()
+            dirty.clear()
+            for key in keys:
+                raw = latest.get(key)
+                if raw is None:
+                    continue
+                try:
+                    await operator.step(raw)
+                except (Conflict, NotFound) as e:
+                    log.debug("pod %s: %s (the watch brings the new version)", key, e)
+                except TideleaseError as e:
+                    log.warning("pod %s: hot restart request failed (retrying): %s", key, e)
+                    retry.add(key)
+            await wait_event(changed, 2.0 if retry else 30.0)
+    finally:
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)

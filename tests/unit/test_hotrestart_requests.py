@@ -1,0 +1,376 @@
+"""The hot-restart annotation contract, the node agent's decision for kubelet-managed pods, its
+executor on fakes (a pod the test plays kubelet for), and the operator's decision."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from common import contract
+from common.errors import InvalidInput
+from extender.hotrestartpolicy import Reject, WriteRequest
+from extender.hotrestartpolicy import decide as operator_decide
+from nodeagent.cri.testing import FakeRuntime
+from nodeagent.restarting.podwatch import PodRestarter, PodRestartSettings
+from nodeagent.restarting.requests import (
+    Begin,
+    Finish,
+    Phase,
+    PodView,
+    Request,
+    Status,
+    Wait,
+    decide,
+    normalized,
+    parse_request,
+    parse_status,
+    parse_wish,
+    pod_view,
+)
+
+V1, V2 = "local/app:v1", "local/app:v2"
+REQ = Request("r1", "app", V2)
+
+
+def pod(
+    *,
+    image: str = V1,
+    cid: str = "containerd://old",
+    running_image: str = "docker.io/local/app:v1",
+    running: bool = True,
+    waiting: str = "",
+    ann: dict[str, str] | None = None,
+    phase: str = "Running",
+) -> dict[str, Any]:
+    state: dict[str, Any] = {"running": {}} if running else {"waiting": {"reason": waiting}}
+    return {
+        "metadata": {
+            "namespace": "ns",
+            "name": "trainer-0",
+            "uid": "uid-1",
+            "resourceVersion": "7",
+            "annotations": {contract.ANN_HOT_RESTART: "true", **(ann or {})},
+        },
+        "spec": {"nodeName": "n1", "containers": [{"name": "app", "image": image}]},
+        "status": {
+            "phase": phase,
+            "containerStatuses": [
+                {"name": "app", "containerID": cid, "image": running_image, "state": state}
+            ],
+        },
+    }
+
+
+def requested(status: Status | None = None, **kw: Any) -> dict[str, Any]:
+    ann = {contract.ANN_HOT_RESTART_REQUEST: REQ.to_annotation()}
+    if status is not None:
+        ann[contract.ANN_HOT_RESTART_STATUS] = status.to_annotation()
+    return pod(ann=ann, **kw)
+
+
+def restarting(started_at: float = 100.0) -> Status:
+    return Status(
+        "r1",
+        Phase.RESTARTING,
+        "app",
+        V2,
+        old_image=V1,
+        old_container_id="containerd://old",
+        started_at=started_at,
+    )
+
+
+# --- the contract ---
+
+
+def test_request_and_status_round_trip() -> None:
+    assert parse_request(REQ.to_annotation()) == REQ
+    done = Status("r1", Phase.SUCCEEDED, "app", V2, "ok", V1, "a", "b", 1.0, 3.5)
+    assert parse_status(done.to_annotation()) == done
+    assert '"durationSeconds":2.5' in done.to_annotation()
+
+
+@pytest.mark.parametrize(
+    "value", ["", "{}", "[]", '{"id":"x","container":"app"}', "not json"], ids=str
+)
+def test_bad_requests_are_invalid(value: str) -> None:
+    with pytest.raises(InvalidInput):
+        parse_request(value)
+
+
+@pytest.mark.parametrize(
+    ("value", "want"),
+    [
+        ("app=local/app:v2", ("app", "local/app:v2")),
+        (" app = reg.example:5000/x/app@sha256:ab ", ("app", "reg.example:5000/x/app@sha256:ab")),
+    ],
+)
+def test_parse_wish(value: str, want: tuple[str, str]) -> None:
+    assert parse_wish(value) == want
+
+
+@pytest.mark.parametrize("value", ["app", "=img", "app=", "app=a b"])
+def test_bad_wishes(value: str) -> None:
+    with pytest.raises(InvalidInput):
+        parse_wish(value)
+
+
+@pytest.mark.parametrize(
+    ("image", "want"),
+    [
+        ("busybox", "docker.io/library/busybox:latest"),
+        ("local/app:v2", "docker.io/local/app:v2"),
+        ("docker.io/local/app:v2", "docker.io/local/app:v2"),
+        ("localhost:5000/app", "localhost:5000/app:latest"),
+        ("reg.example/app@sha256:ab", "reg.example/app@sha256:ab"),
+    ],
+)
+def test_normalized(image: str, want: str) -> None:
+    assert normalized(image) == want
+
+
+def test_unreadable_annotations_are_problems_not_crashes() -> None:
+    raw = pod(ann={contract.ANN_HOT_RESTART_REQUEST: "{", contract.ANN_HOT_RESTART_STATUS: "1"})
+    view = pod_view(raw)
+    assert view.request is None
+    assert view.status is None
+    assert len(view.problems) == 2
+
+
+# --- the node agent's decision ---
+
+
+@pytest.mark.parametrize(
+    ("raw", "now", "want"),
+    [
+        pytest.param(pod(), 0.0, None, id="no-request"),
+        pytest.param(requested(), 0.0, Begin(REQ, V1, "containerd://old"), id="new-request"),
+        pytest.param(
+            requested(Status("r0", Phase.SUCCEEDED, "app", V1)),
+            0.0,
+            Begin(REQ, V1, "containerd://old"),
+            id="older-status",
+        ),
+        pytest.param(
+            requested(Status("r1", Phase.FAILED, "app", V2)), 0.0, None, id="failed-stays"
+        ),
+        pytest.param(requested(restarting(), image=V2), 110.0, Wait(220.0), id="waiting"),
+    ],
+)
+def test_agent_decision(raw: dict[str, Any], now: float, want: object) -> None:
+    assert decide(pod_view(raw), now, timeout_s=120.0) == want
+
+
+def test_agent_success_when_a_new_container_of_the_new_image_runs() -> None:
+    raw = requested(
+        restarting(), image=V2, cid="containerd://new", running_image="docker.io/local/app:v2"
+    )
+    got = decide(pod_view(raw), 103.0, timeout_s=120.0)
+    assert isinstance(got, Finish)
+    assert got.status.phase is Phase.SUCCEEDED
+    assert got.status.new_container_id == "containerd://new"
+    assert got.rollback_to == ""
+    assert got.status.finished_at - got.status.started_at == 3.0
+
+
+@pytest.mark.parametrize(
+    ("raw", "now", "phrase"),
+    [
+        pytest.param(
+            requested(restarting(), image=V2, running=False, waiting="CrashLoopBackOff"),
+            101.0,
+            "CrashLoopBackOff",
+            id="crashloop",
+        ),
+        pytest.param(
+            requested(restarting(), image=V2, running=False, waiting="ContainerCreating"),
+            300.0,
+            "within 120 s",
+            id="timeout",
+        ),
+    ],
+)
+def test_agent_rolls_back_a_restart_that_does_not_come_up(
+    raw: dict[str, Any], now: float, phrase: str
+) -> None:
+    got = decide(pod_view(raw), now, timeout_s=120.0)
+    assert isinstance(got, Finish)
+    assert got.status.phase is Phase.FAILED
+    assert phrase in got.status.reason
+    assert got.rollback_to == V1
+
+
+def test_agent_rejects_a_request_for_an_unknown_container() -> None:
+    raw = pod(ann={contract.ANN_HOT_RESTART_REQUEST: Request("r1", "nope", V2).to_annotation()})
+    got = decide(pod_view(raw), 5.0, timeout_s=120.0)
+    assert isinstance(got, Finish)
+    assert got.status.phase is Phase.FAILED
+    assert "no container 'nope'" in got.status.reason
+
+
+# --- the agent's executor, with the test as kubelet ---
+
+
+@dataclass
+class FakePods:
+    """Applies the agent's writes to one pod object, as the API server would."""
+
+    raw: dict[str, Any]
+    events: list[tuple[str, str]] = field(default_factory=list)
+
+    async def write(self, pod: PodView, status: Status, image: tuple[str, str] | None) -> None:
+        ann = self.raw["metadata"]["annotations"]
+        ann[contract.ANN_HOT_RESTART_STATUS] = status.to_annotation()
+        if image is not None:
+            for c in self.raw["spec"]["containers"]:
+                if c["name"] == image[0]:
+                    c["image"] = image[1]
+
+    async def event(self, pod: PodView, reason: str, message: str, warning: bool) -> None:
+        self.events.append((reason, message))
+
+    def view(self) -> PodView:
+        return pod_view(copy.deepcopy(self.raw))
+
+    def kubelet_restarts(self, cid: str, image: str, running: bool = True) -> None:
+        (cs,) = self.raw["status"]["containerStatuses"]
+        cs.update(containerID=cid, image=image)
+        cs["state"] = {"running": {}} if running else {"waiting": {"reason": "ErrImagePull"}}
+
+
+@dataclass
+class Clock:
+    now: float = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def agent(rt: FakeRuntime, pods: FakePods, clock: Clock) -> PodRestarter:
+    return PodRestarter(runtime=rt, pods=pods, settings=PodRestartSettings(node="n1"), clock=clock)
+
+
+async def test_agent_pulls_patches_and_reports_success() -> None:
+    rt = FakeRuntime(images=set(), pullable={V2})
+    pods, clock = FakePods(requested()), Clock()
+    restarter = agent(rt, pods, clock)
+    assert await restarter.handle(pods.view()) == 101.0
+    assert rt.calls == ["ImageStatus", "PullImage"]
+    view = pods.view()
+    assert view.images["app"] == V2
+    assert view.status is not None
+    assert view.status.phase is Phase.RESTARTING
+    assert view.status.old_container_id == "containerd://old"
+    clock.now = 102.0
+    assert await restarter.handle(view) == 103.0  # the kubelet has not restarted it yet
+    pods.kubelet_restarts("containerd://new", "docker.io/local/app:v2")
+    clock.now = 104.5
+    assert await restarter.handle(pods.view()) is None
+    done = pods.view().status
+    assert done is not None
+    assert (done.phase, done.new_container_id) == (Phase.SUCCEEDED, "containerd://new")
+    assert pods.events == [
+        ("HotRestarted", "container app: restarted in place on the new image (4.5 s)")
+    ]
+    assert await restarter.handle(pods.view()) is None  # done: nothing more
+
+
+async def test_agent_failed_pull_leaves_the_pod_untouched() -> None:
+    rt = FakeRuntime(images=set(), unpullable={V2})
+    pods = FakePods(requested())
+    await agent(rt, pods, Clock()).handle(pods.view())
+    view = pods.view()
+    assert view.images["app"] == V1
+    assert view.status is not None
+    assert view.status.phase is Phase.FAILED
+    assert "left untouched" in view.status.reason
+    assert pods.events[0][0] == "HotRestartFailed"
+
+
+async def test_agent_sets_the_old_image_back_when_the_new_one_fails() -> None:
+    rt = FakeRuntime(images={V2})
+    pods, clock = FakePods(requested()), Clock()
+    restarter = agent(rt, pods, clock)
+    await restarter.handle(pods.view())
+    pods.kubelet_restarts("containerd://new", "docker.io/local/app:v2", running=False)
+    await restarter.handle(pods.view())
+    view = pods.view()
+    assert view.images["app"] == V1
+    assert view.status is not None
+    assert view.status.phase is Phase.FAILED
+
+
+# --- the operator's decision ---
+
+
+def wish(value: str, **kw: Any) -> PodView:
+    raw = pod(**kw)
+    raw["metadata"]["annotations"][contract.ANN_HOT_RESTART_IMAGE] = value
+    return pod_view(raw)
+
+
+def test_operator_requests_a_changed_image() -> None:
+    got = operator_decide(wish(f"app={V2}"), now=1.0)
+    assert isinstance(got, WriteRequest)
+    assert (got.request.container, got.request.image) == ("app", V2)
+    again = operator_decide(wish(f"app={V2}"), now=1.0)
+    assert isinstance(again, WriteRequest)
+    assert again.request.id == got.request.id  # same wish, same version: same id
+
+
+@pytest.mark.parametrize(
+    "view",
+    [
+        pytest.param(pod_view(pod()), id="no-wish"),
+        pytest.param(wish(f"app={V1}"), id="already-running-it"),
+        pytest.param(wish(f"app={V2}", phase="Pending"), id="not-running-yet"),
+        pytest.param(
+            wish(f"app={V2}", ann={contract.ANN_HOT_RESTART_REQUEST: REQ.to_annotation()}),
+            id="already-requested",
+        ),
+        pytest.param(
+            wish(
+                "app=local/app:v3",
+                ann={contract.ANN_HOT_RESTART_REQUEST: REQ.to_annotation()},
+            ),
+            id="one-at-a-time",
+        ),
+    ],
+)
+def test_operator_leaves_alone(view: PodView) -> None:
+    assert operator_decide(view, now=1.0) is None
+
+
+def test_operator_not_opted_in() -> None:
+    raw = pod()
+    raw["metadata"]["annotations"] = {contract.ANN_HOT_RESTART_IMAGE: f"app={V2}"}
+    assert operator_decide(pod_view(raw), now=1.0) is None
+
+
+def test_operator_next_wish_after_the_last_request_ended() -> None:
+    done = Status("r1", Phase.SUCCEEDED, "app", V2)
+    view = wish(
+        "app=local/app:v3",
+        image=V2,
+        ann={
+            contract.ANN_HOT_RESTART_REQUEST: REQ.to_annotation(),
+            contract.ANN_HOT_RESTART_STATUS: done.to_annotation(),
+        },
+    )
+    got = operator_decide(view, now=1.0)
+    assert isinstance(got, WriteRequest)
+    assert got.request.image == "local/app:v3"
+
+
+@pytest.mark.parametrize("value", ["nope=local/app:v2", "garbage"])
+def test_operator_rejects_impossible_wishes_once(value: str) -> None:
+    got = operator_decide(wish(value), now=1.0)
+    assert isinstance(got, Reject)
+    assert got.status.phase is Phase.FAILED
+    assert "nothing was changed" in got.status.reason
+    raw = pod(ann={contract.ANN_HOT_RESTART_STATUS: got.status.to_annotation()})
+    raw["metadata"]["annotations"][contract.ANN_HOT_RESTART_IMAGE] = value
+    assert operator_decide(pod_view(raw), now=2.0) is None
