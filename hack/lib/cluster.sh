@@ -209,13 +209,15 @@ tl::cluster::_wait_http() {
   done
 }
 
-# tl::cluster::apply_manifests - every CRD of manifests/crds (waited for) and tidelease's
-# PriorityClasses, through their kustomizations.
+# tl::cluster::apply_manifests - every CRD of manifests/crds (waited for), tidelease's
+# PriorityClasses, through their kustomizations, and the tidelease-system namespace (agents'
+# heartbeats, the leasing controller's leader election).
 tl::cluster::apply_manifests() {
   local log="${TL_CLUSTER_DIR}/logs/apply.log"
   {
     tl::cluster::_kubectl apply -k "${TL_ROOT}/manifests/crds" &&
       tl::cluster::_kubectl apply -k "${TL_ROOT}/manifests/priorityclasses" &&
+      tl::cluster::_kubectl apply -f "${TL_ROOT}/manifests/extender/namespace.yaml" &&
       tl::cluster::_kubectl wait --for condition=established --timeout=60s crd --all
   } >"${log}" 2>&1 || tl::cp::_fail "applying manifests/crds and manifests/priorityclasses" "${log}"
 }
@@ -283,14 +285,15 @@ EOF
   tl::log "started kwok (pid ${TL_CLUSTER_KWOK_PID})"
 }
 
-# tl::cluster::start_extender - the tidelease extender (.venv) on a free loopback port.
+# tl::cluster::start_extender - the tidelease extender (.venv) on a free loopback port, with the
+# leasing controller, as manifests/extender deploys it.
 # TIDELEASE_EXTENDER_* variables in the environment reach it (see extender/settings.py).
 tl::cluster::start_extender() {
   local port log="${TL_CLUSTER_DIR}/logs/extender.log"
   port="$(tl::free_port)"
   TL_CLUSTER_EXTENDER_URL="http://127.0.0.1:${port}"
   "${TL_VENV}/bin/tidelease" --log-level "${TL_CLUSTER_EXTENDER_LOG_LEVEL}" extender \
-    --kubeconfig "${TL_CP_KUBECONFIG}" --host 127.0.0.1 --port "${port}" \
+    --kubeconfig "${TL_CP_KUBECONFIG}" --host 127.0.0.1 --port "${port}" --leasing-controller \
     >"${log}" 2>&1 &
   TL_CLUSTER_EXTENDER_PID=$!
   tl::cluster::record_pid TL_CLUSTER_EXTENDER_PID "${TL_CLUSTER_EXTENDER_PID}"

@@ -31,6 +31,12 @@ _KINDS: dict[str, tuple[str, str, bool]] = {
         contract.PLURAL_GPU_NODE,
         False,
     ),
+    "StatefulSet": ("/apis/apps/v1", "statefulsets", True),
+    contract.KIND_GPU_LEASE: (
+        f"/apis/{contract.GROUP}/{contract.VERSION}",
+        contract.PLURAL_GPU_LEASE,
+        True,
+    ),
     contract.KIND_GPU_ALLOCATION: (
         f"/apis/{contract.GROUP}/{contract.VERSION}",
         contract.PLURAL_GPU_ALLOCATION,

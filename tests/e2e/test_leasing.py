@@ -1,0 +1,218 @@
+"""Right-of-return leasing on the local cluster: the real StatefulSet controller scales the owner,
+the real kube-scheduler places every pod through the extender, and the leasing controller runs in
+the extender process (as manifests/extender deploys it).
+
+An online job ``recsys`` (a StatefulSet of 4-GPU replicas) holds 16 GPUs; its GpuLease lends 8,
+borrowers run on them, then the lease asks for 16 again: the borrowers get a notice, are evicted
+after the grace period, and the owner's new replicas land on the very devices it lent. With one
+lent device made unhealthy, the replica that held it gets standby devices of the same type and
+tier instead.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from common import builders, contract
+from common.model import Priority, Tier
+from tests.e2e.harness import BORROWER, ONLINE, Cluster, NodeGroup, devices_of
+from tests.e2e.kube import wait_for
+
+pytestmark = pytest.mark.cluster
+
+GRACE_S = 2
+REPLICA_GPUS = 4
+
+
+def lent_devices(lease: dict[str, Any]) -> set[str]:
+    return {
+        u for g in (lease.get("status") or {}).get("lent") or [] for u in g.get("devices") or []
+    }
+
+
+class Job:
+    """The owner's StatefulSet and GpuLease in one namespace, on one node group."""
+
+    def __init__(self, cluster: Cluster, group: NodeGroup, namespace: str) -> None:
+        self.cluster, self.group, self.ns = cluster, group, namespace
+        kube = cluster.kube
+        template = group.pod(
+            namespace,
+            "template",
+            REPLICA_GPUS,
+            priority=Priority.HIGH,
+            owner="recsys",
+            tier=Tier.HA,
+            priority_class=ONLINE,
+        )
+        kube.create(
+            {
+                "apiVersion": "apps/v1",
+                "kind": "StatefulSet",
+                "metadata": {"name": "recsys", "namespace": namespace},
+                "spec": {
+                    "replicas": 4,
+                    "serviceName": "recsys",
+                    "podManagementPolicy": "Parallel",
+                    "selector": {"matchLabels": {"app": "recsys"}},
+                    "template": {
+                        "metadata": {
+                            "labels": {"app": "recsys"},
+                            "annotations": template["metadata"]["annotations"],
+                        },
+                        "spec": template["spec"],
+                    },
+                },
+            }
+        )
+        kube.create(
+            {
+                "apiVersion": contract.API_VERSION,
+                "kind": contract.KIND_GPU_LEASE,
+                "metadata": {"name": "recsys", "namespace": namespace},
+                "spec": {
+                    "owner": "recsys",
+                    "gpusPerReplica": REPLICA_GPUS,
+                    "desiredGPUs": 16,
+                    "graceSeconds": GRACE_S,
+                    "workload": {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "recsys"},
+                },
+            }
+        )
+
+    def lease(self) -> dict[str, Any]:
+        lease = self.cluster.kube.get(contract.KIND_GPU_LEASE, "recsys", self.ns)
+        assert lease is not None
+        return lease
+
+    def set_desired(self, gpus: int) -> None:
+        self.cluster.kube.patch(
+            contract.KIND_GPU_LEASE, "recsys", {"spec": {"desiredGPUs": gpus}}, self.ns
+        )
+
+    def placed(self, prefix: str) -> dict[str, list[str]]:
+        """Bound, not terminating pods named ``prefix*``, with their devices."""
+        return {
+            p["metadata"]["name"]: devices_of(p)
+            for p in self.cluster.kube.list("Pod", self.ns)
+            if p["metadata"]["name"].startswith(prefix)
+            and p["spec"].get("nodeName")
+            and not p["metadata"].get("deletionTimestamp")
+            and devices_of(p)
+        }
+
+    def describe(self) -> str:
+        return f"lease status: {self.lease().get('status')}\npods: {self.placed('')}"
+
+    def wait_placed(
+        self, prefix: str, names: set[str], timeout: float = 60
+    ) -> dict[str, list[str]]:
+        def placed() -> dict[str, list[str]] | None:
+            now = self.placed(prefix)
+            return now if set(now) == names else None
+
+        return wait_for(
+            placed, what=f"pods {sorted(names)} placed", timeout=timeout, describe=self.describe
+        )
+
+    def wait_steady(self, what: str, check: Any, timeout: float = 60) -> dict[str, Any]:
+        def steady() -> dict[str, Any] | None:
+            status = self.lease().get("status") or {}
+            return status if status.get("phase") == "Steady" and check(status) else None
+
+        return wait_for(steady, what=what, timeout=timeout, describe=self.describe)
+
+    def lend_half(self) -> set[str]:
+        """16 GPUs placed, then 8 lent: the devices lent (tagged for the owner)."""
+        self.wait_placed("recsys-", {f"recsys-{i}" for i in range(4)})
+        self.set_desired(8)
+        status = self.wait_steady("8 devices lent", lambda s: len(lent_devices({"status": s})) == 8)
+        self.wait_placed("recsys-", {"recsys-0", "recsys-1"})
+        return lent_devices({"status": status})
+
+    def borrow(self, lent: set[str]) -> dict[str, list[str]]:
+        for i in range(2):
+            self.group.create_pod(
+                self.ns,
+                f"finetune-{i}",
+                REPLICA_GPUS,
+                priority=Priority.LOW,
+                priority_class=BORROWER,
+            )
+        placed = self.wait_placed("finetune-", {"finetune-0", "finetune-1"})
+        assert {u for d in placed.values() for u in d} <= lent, placed
+        return placed
+
+
+@pytest.fixture
+def job(cluster: Cluster, group: NodeGroup, namespace: str) -> Job:
+    cluster.ensure_priority_class(BORROWER, 10)
+    for suffix in ("n1", "n2"):
+        group.add_node(suffix, lambda name: builders.devices(name, 8))
+    group.add_node("s1", lambda name: builders.devices(name, 4, standby=True))
+    group.wait_ready()
+    return Job(cluster, group, namespace)
+
+
+def test_lend_borrow_reclaim_gives_the_owner_the_same_devices(job: Job) -> None:
+    lent = job.lend_half()
+    job.borrow(lent)
+
+    start = time.monotonic()
+    job.set_desired(16)
+    status = job.wait_steady("the reclaim to finish", lambda s: s.get("reclaims"))
+    took = time.monotonic() - start
+
+    assert took <= GRACE_S + 10, f"reclaim took {took:.1f} s"
+    placed = job.wait_placed("recsys-", {f"recsys-{i}" for i in range(4)})
+    assert set(placed["recsys-2"]) | set(placed["recsys-3"]) == lent  # the same UUIDs
+    assert (status["returned"], status["backfilled"]) == (8, 0)
+    assert not job.placed("finetune-"), "the borrowers were not evicted"
+    # The borrowers were told first: the notice annotation and an Event.
+    events = job.cluster.kube.list("Event", job.ns)
+    noticed = {
+        e["involvedObject"]["name"]
+        for e in events
+        if e["involvedObject"]["name"].startswith("finetune-")
+    }
+    assert noticed == {"finetune-0", "finetune-1"}, [e.get("reason") for e in events]
+    every = [u for d in placed.values() for u in d]
+    assert len(every) == len(set(every))
+    for node in job.group.nodes:
+        tagged = [d for d in job.cluster.gpu_node_uuids(node).values() if d.get("owner")]
+        assert not tagged, f"{node} still has devices tagged after the reclaim: {tagged}"
+    print(f"reclaim took {took:.2f} s (grace {GRACE_S} s)")
+
+
+def test_a_lent_device_that_failed_is_backfilled_from_standby(job: Job) -> None:
+    lent = job.lend_half()
+    _, n2, s1 = job.group.nodes
+    devices = job.cluster.gpu_node_uuids(n2)
+    broken = next(u for u in sorted(lent) if u in devices)
+    gpu_node = job.cluster.kube.get(contract.KIND_GPU_NODE, n2)
+    assert gpu_node is not None
+    for d in gpu_node["status"]["devices"]:
+        if d["uuid"] == broken:
+            d["health"] = "Unhealthy"
+    job.cluster.kube.patch(
+        contract.KIND_GPU_NODE, n2, {"status": gpu_node["status"]}, subresource="status"
+    )
+
+    job.set_desired(16)
+    status = job.wait_steady("the reclaim to finish", lambda s: s.get("reclaims"))
+    placed = job.wait_placed("recsys-", {f"recsys-{i}" for i in range(4)})
+    standby = job.cluster.gpu_node_uuids(s1)
+    new = set(placed["recsys-2"]) | set(placed["recsys-3"])
+    assert broken not in new
+    assert len(new & lent) == 4  # the replica whose lent devices are all healthy got them back
+    backfill = new & set(standby)
+    assert len(backfill) == 4  # the other went to the standby node, same type and tier
+    for u in backfill:
+        assert (standby[u]["type"], standby[u]["tier"]) == (
+            devices[broken]["type"],
+            devices[broken]["tier"],
+        )
+    assert (status["returned"], status["backfilled"]) == (4, 4)
