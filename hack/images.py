@@ -7,7 +7,9 @@ config naming the command. The tarballs import with ``ctr -n k8s.io images impor
 named ``local/app:v1`` is stored as ``docker.io/local/app:v1``. Builds are deterministic (fixed
 mtimes), so the same busybox gives the same image ids run after run.
 
-usage: hack/images.py OUT_DIR [NAME ...]    (default: every image below; prints one path per line)
+usage: hack/images.py OUT_DIR [NAME ...]    (default: every image of IMAGES; prints one path per line)
+
+The images of EXTRA (large ones, for benchmarks) are built only when named.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import argparse
 import hashlib
 import io
 import json
+import random
 import shutil
 import sys
 import tarfile
@@ -40,6 +43,8 @@ class Image:
     name: str  # repository:tag, stored by containerd as docker.io/<name>
     cmd: tuple[str, ...]
     env: tuple[str, ...] = ("PATH=/bin",)
+    padding_mib: int = 0  # a second layer of this many MiB of incompressible bytes
+    seed: int = 0  # of the padding: distinct seeds, distinct content (no shared blobs)
 
 
 IMAGES = {
@@ -48,6 +53,14 @@ IMAGES = {
     "app-v1": Image("local/app:v1", ("/bin/sh", "-c", _APP.format(version="v1"))),
     "app-v2": Image("local/app:v2", ("/bin/sh", "-c", _APP.format(version="v2"))),
 }
+
+
+# Built only when named: images whose size matters (the prelaunch benchmark's pulls).
+EXTRA = {
+    "bulk-a": Image("local/bulk:a", ("/bin/sleep", "3600"), padding_mib=32, seed=1),
+    "bulk-b": Image("local/bulk:b", ("/bin/sleep", "3600"), padding_mib=96, seed=2),
+}
+KNOWN = {**IMAGES, **EXTRA}
 
 
 def _entry(name: str, kind: bytes, mode: int, **extra: object) -> tarfile.TarInfo:
@@ -72,19 +85,29 @@ def _layer(busybox: Path) -> bytes:
     return buf.getvalue()
 
 
+def _padding(image: Image) -> bytes:
+    """A layer holding /pad: ``padding_mib`` MiB of pseudo-random bytes, fixed by the seed."""
+    data = random.Random(image.seed).randbytes(image.padding_mib << 20)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        tar.addfile(_entry("pad", tarfile.REGTYPE, 0o644, size=len(data)), io.BytesIO(data))
+    return buf.getvalue()
+
+
 def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(_entry(name, tarfile.REGTYPE, 0o644, size=len(data)), io.BytesIO(data))
 
 
 def build(image: Image, layer: bytes, out: Path) -> Path:
     """Write ``image`` as a docker-archive tarball under ``out``; its path."""
-    layer_id = hashlib.sha256(layer).hexdigest()
+    layers = [layer] + ([_padding(image)] if image.padding_mib else [])
+    layer_ids = [hashlib.sha256(data).hexdigest() for data in layers]
     config = json.dumps(
         {
             "architecture": "amd64",
             "os": "linux",
             "config": {"Cmd": list(image.cmd), "Env": list(image.env)},
-            "rootfs": {"type": "layers", "diff_ids": [f"sha256:{layer_id}"]},
+            "rootfs": {"type": "layers", "diff_ids": [f"sha256:{i}" for i in layer_ids]},
         },
         sort_keys=True,
     ).encode()
@@ -93,14 +116,15 @@ def build(image: Image, layer: bytes, out: Path) -> Path:
         {
             "Config": f"{config_id}.json",
             "RepoTags": [image.name],
-            "Layers": [f"{layer_id}/layer.tar"],
+            "Layers": [f"{i}/layer.tar" for i in layer_ids],
         }
     ]
     path = out / (image.name.replace("/", "_").replace(":", "_") + ".tar")
     tmp = path.with_suffix(".tmp")
     with tarfile.open(tmp, "w") as tar:
         _add(tar, f"{config_id}.json", config)
-        _add(tar, f"{layer_id}/layer.tar", layer)
+        for layer_id, data in zip(layer_ids, layers, strict=True):
+            _add(tar, f"{layer_id}/layer.tar", data)
         _add(tar, "manifest.json", json.dumps(manifest).encode())
     tmp.replace(path)
     return path
@@ -111,9 +135,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("out", type=Path)
     parser.add_argument("names", nargs="*", help=f"images to build (default: {', '.join(IMAGES)})")
     args = parser.parse_args(argv)
-    unknown = [n for n in args.names if n not in IMAGES]
+    unknown = [n for n in args.names if n not in KNOWN]
     if unknown:
-        parser.error(f"unknown images: {', '.join(unknown)} (known: {', '.join(IMAGES)})")
+        parser.error(f"unknown images: {', '.join(unknown)} (known: {', '.join(KNOWN)})")
     busybox = shutil.which("busybox")
     if busybox is None:
         print("busybox not found (install Debian's busybox-static)", file=sys.stderr)
@@ -121,7 +145,7 @@ def main(argv: list[str]) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     layer = _layer(Path(busybox))
     for name in args.names or IMAGES:
-        print(build(IMAGES[name], layer, args.out))
+        print(build(KNOWN[name], layer, args.out))
     return 0
 
 
