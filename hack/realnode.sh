@@ -3,7 +3,8 @@
 # hack/build-binaries.sh), joined to the API server of KUBECONFIG as node NAME, running pods from
 # the local images of hack/images.py (imagePullPolicy: Never). With -g N, the tidelease node
 # agent runs beside it with N fake GPUs: its device plugin registers with this kubelet, so the
-# node offers nvidia.com/gpu and containers get the devices the extender chose.
+# node offers nvidia.com/gpu and containers get the devices the extender chose; and it does
+# the node's hot restarts through this containerd (docs/hot-restart.md).
 #
 # usage: hack/realnode.sh -D DIR -k KUBECONFIG -n NAME [-g GPUS] [-c KUBELET_CLIENT_CA] [-L LOGS]
 #
@@ -212,6 +213,7 @@ if ((GPUS > 0)); then
   "${TL_VENV}/bin/tidelease" agent --node "${NAME}" --kubeconfig "${KUBECONFIG_PATH}" \
     --backend fake --fake-gpus "${GPUS}" --cycle 1 --quiet-period 3 \
     --device-plugin-dir "${DIR}/device-plugins" --host-device-root "${DIR}/fakedev" \
+    --cri-endpoint "unix://${TL_CTRD_SOCK}" \
     >"${LOGS}/agent.log" 2>&1 &
   AGENT_PID=$!
   tl::log "started tidelease agent with ${GPUS} fake GPUs (pid ${AGENT_PID})"
