@@ -143,6 +143,9 @@ def _agent(args: argparse.Namespace) -> int:
         plugin_problems = plugin_settings.validate()
         if plugin_problems:
             raise InvalidInput(plugin_problems)
+    from nodeagent.pulling.command import agent_inventory, open_agent_cache
+
+    cache = open_agent_cache(args)  # the peer cache, when --cache-dir is given
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -155,10 +158,16 @@ def _agent(args: argparse.Namespace) -> int:
         tasks = [
             asyncio.create_task(
                 run_agent(
-                    reader=reader, publisher=publisher, settings=settings, on_change=source.set
+                    reader=reader,
+                    publisher=publisher,
+                    settings=settings,
+                    on_change=source.set,
+                    cache_inventory=agent_inventory(cache),
                 )
             )
         ]
+        if cache is not None:
+            tasks.append(asyncio.create_task(cache.run()))
         if not args.no_device_plugin:
             lookup = KubePodLookup(kube, timeout_s=plugin_settings.api_timeout_s)
             tasks.append(
@@ -319,6 +328,10 @@ def parser() -> argparse.ArgumentParser:
         help="seconds from the image patch to the new container running, else rolled back",
     )
     agent.set_defaults(run=_agent)
+    from nodeagent.pulling.command import add_agent_flags, add_cache_command
+
+    add_agent_flags(agent)
+    add_cache_command(sub)  # tidelease cache pull|add|ls
 
     # The simulator (numpy, matplotlib) loads only when asked for: the agent stays small.
     sim = sub.add_parser(

@@ -144,8 +144,8 @@ class NodeView:
     def health(self) -> dict[str, DeviceHealth]:
         return self.tracker.states()
 
-    def status(self, now: float) -> dict[str, Any]:
-        """The GpuNode status to publish."""
+    def status(self, now: float, cache: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The GpuNode status to publish; ``cache`` is the peer cache's inventory, if any."""
         devices = []
         for info in self.infos:
             state = self.tracker.state(info.uuid)
@@ -162,7 +162,7 @@ class NodeView:
         status: dict[str, Any] = {
             "devices": devices,
             "availability": self.history.to_json(),
-            "cache": {"images": [], "checkpoints": []},
+            "cache": cache if cache is not None else {"images": [], "checkpoints": []},
             "observedAt": rfc3339(now),
         }
         if self.assessed_at is not None:
@@ -188,8 +188,10 @@ async def run_agent(
     clock: Clock = time.time,
     on_change: Callable[[tuple[PluginDevice, ...]], object] | None = None,
     ready: asyncio.Event | None = None,
+    cache_inventory: Callable[[], dict[str, Any]] | None = None,
 ) -> None:
-    """Watch the node's GPUs and publish what is seen, until cancelled."""
+    """Watch the node's GPUs and publish what is seen, until cancelled. ``cache_inventory``
+    gives the peer cache's contents (docs/peer-cache.md); a change is published next cycle."""
     infos = await asyncio.to_thread(reader.devices)
     view = NodeView(infos, settings, await publisher.load())
     log.info(
@@ -207,8 +209,10 @@ async def run_agent(
             dirty = True
             wake.set()
 
+    cache: dict[str, Any] | None = None
+
     async def publish(now: float) -> None:
-        await publisher.publish(view.status(now))
+        await publisher.publish(view.status(now, cache))
         if on_change is not None:
             on_change(plugin_devices(infos, view.health()))
 
@@ -222,6 +226,10 @@ async def run_agent(
             now = clock()
             dirty |= view.on_samples(samples, now)
             dirty |= view.assess(now)
+            if cache_inventory is not None:
+                held = await asyncio.to_thread(cache_inventory)
+                dirty |= held != cache
+                cache = held
             if dirty or now - last_flush >= settings.flush_interval_s:
                 try:
                     await publish(now)

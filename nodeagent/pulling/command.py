@@ -1,0 +1,232 @@
+"""Command-line wiring of the peer cache: the agent's ``--cache-*`` flags and ``tidelease cache``.
+
+tidelease agent ... --cache-dir /var/cache/tidelease --cache-token-file /etc/.../token
+tidelease cache pull <id> --cache-dir DIR --token-file FILE [--peer URL]... [--origin URL]
+tidelease cache add <id> <file> --cache-dir DIR [--image-ref REF]
+tidelease cache ls --cache-dir DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from common.errors import InvalidInput
+
+# The flags are registered on every start of the command; what serves and pulls loads only
+# when used.
+if TYPE_CHECKING:
+    from nodeagent.cache.serving import ServeSettings
+    from nodeagent.cache.store import CacheStore
+
+DEFAULT_CACHE_PORT = 8477
+DEFAULT_MAX_BYTES = 200 << 30
+MAX_PUBLISHED = 512  # the GpuNode schema's maxItems per list
+
+
+def _size(text: str) -> int:
+    """Bytes from ``123``, ``500Mi``, ``200Gi``, ``1Ti`` (binary suffixes)."""
+    units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
+    for suffix, factor in units.items():
+        if text.endswith(suffix):
+            return int(float(text[: -len(suffix)]) * factor)
+    return int(text)
+
+
+def add_agent_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("peer cache (off unless --cache-dir is given; docs/peer-cache.md)")
+    g.add_argument("--cache-dir", type=Path, help="the node's checkpoint and image cache")
+    g.add_argument("--cache-port", type=int, default=DEFAULT_CACHE_PORT, help="serving port")
+    g.add_argument(
+        "--cache-token-file",
+        type=Path,
+        default=Path("/etc/tidelease/cache-token/token"),
+        help="bearer token peers must present (a mounted Secret)",
+    )
+    g.add_argument(
+        "--cache-max-bytes", type=_size, default=DEFAULT_MAX_BYTES, help="size bound, e.g. 200Gi"
+    )
+    g.add_argument(
+        "--cache-advertise",
+        help="URL peers reach this cache at (default: http://$POD_IP:<cache-port>)",
+    )
+
+
+@dataclass
+class AgentCache:
+    """The agent's cache: what it publishes on the GpuNode, and the server task."""
+
+    store: CacheStore
+    serve: ServeSettings
+    endpoint: str | None
+
+    def inventory(self) -> dict[str, Any]:
+        from nodeagent.cache.naming import Kind
+
+        """``status.cache`` of the GpuNode: ids and refs held (most recently used first when
+        there are more than the schema allows), and the endpoint when there is one."""
+        by_use = sorted(self.store.entries(), key=lambda e: -e.last_used)
+        held = self.store.inventory()
+        keep = {(e.kind, e.id) for e in by_use[: 2 * MAX_PUBLISHED]}
+        ckpts = [c for c in held["checkpoints"] if (Kind.CHECKPOINT, c) in keep][:MAX_PUBLISHED]
+        images = held["images"][:MAX_PUBLISHED]
+        out: dict[str, Any] = {"checkpoints": ckpts, "images": images}
+        if self.endpoint:
+            out["endpoint"] = self.endpoint
+        return out
+
+    def run(self) -> Coroutine[Any, Any, None]:
+        from nodeagent.cache.serving import run_cache_server
+
+        return run_cache_server(store=self.store, settings=self.serve)
+
+
+def open_agent_cache(args: argparse.Namespace) -> AgentCache | None:
+    """The cache the agent's flags ask for, or None when ``--cache-dir`` is not given."""
+    if args.cache_dir is None:
+        return None
+    from nodeagent.cache.serving import ServeSettings
+    from nodeagent.cache.store import CacheStore
+
+    serve = ServeSettings(port=args.cache_port, token_file=args.cache_token_file)
+    problems = serve.validate()
+    if args.cache_max_bytes <= 0:
+        problems.append("--cache-max-bytes must be positive")
+    if problems:
+        raise InvalidInput(problems)
+    endpoint = args.cache_advertise
+    if endpoint is None and os.environ.get("POD_IP"):
+        endpoint = f"http://{os.environ['POD_IP']}:{args.cache_port}"
+    store = CacheStore(args.cache_dir, max_bytes=args.cache_max_bytes)
+    return AgentCache(store, serve, endpoint)
+
+
+def agent_inventory(cache: AgentCache | None) -> Callable[[], dict[str, Any]] | None:
+    return cache.inventory if cache is not None else None
+
+
+# --- tidelease cache ---
+
+
+def add_cache_command(sub: Any) -> None:
+    """Register ``tidelease cache`` on the top-level subparsers."""
+    from nodeagent.cache.naming import Kind
+
+    p = sub.add_parser("cache", help="the peer checkpoint/image cache: pull, add, ls")
+    verbs = p.add_subparsers(dest="cache_verb", required=True)
+
+    def common(q: argparse.ArgumentParser) -> None:
+        q.add_argument("--cache-dir", type=Path, required=True)
+        q.add_argument("--cache-max-bytes", type=_size, default=DEFAULT_MAX_BYTES)
+
+    pl = verbs.add_parser("pull", help="pull an entry from the peers holding it")
+    pl.add_argument("id", help="checkpoint id (or image id with --kind images)")
+    pl.add_argument("--kind", choices=[k.value for k in Kind], default=Kind.CHECKPOINT.value)
+    common(pl)
+    pl.add_argument("--token-file", type=Path, required=True, help="the peers' bearer token")
+    pl.add_argument(
+        "--peer",
+        action="append",
+        default=[],
+        help="peer URL (repeat); default: the GpuNodes that publish the entry",
+    )
+    pl.add_argument("--origin", help="URL of a server with the same API, used when no peer can")
+    pl.add_argument("--kubeconfig", type=Path, help="for finding peers (default: in-cluster)")
+    pl.add_argument("--node", default=os.environ.get("NODE_NAME"), help="this node (excluded)")
+    pl.add_argument("--shard-bytes", type=_size, help="fixed shard size (default: the rule)")
+    pl.set_defaults(run=_pull)
+
+    add = verbs.add_parser("add", help="put a local file into the cache")
+    add.add_argument("id", help="checkpoint id (ignored for --image-ref: derived from it)")
+    add.add_argument("file", type=Path)
+    add.add_argument("--image-ref", help="the file is an image archive of this reference")
+    common(add)
+    add.set_defaults(run=_add)
+
+    ls = verbs.add_parser("ls", help="list the cache's entries")
+    common(ls)
+    ls.set_defaults(run=_ls)
+
+
+def _pull(args: argparse.Namespace) -> int:
+    from nodeagent.cache.credentials import TokenFile
+    from nodeagent.cache.naming import Kind, parse_id
+    from nodeagent.cache.store import CacheStore
+    from nodeagent.pulling.peers import GpuNodePeers, Peer, PeerSource, StaticPeers
+    from nodeagent.pulling.puller import PullFailed, PullSettings, describe, pull
+
+    kind = Kind(args.kind)
+    entry = parse_id(args.id)
+    if entry is None:
+        raise InvalidInput(f"{args.id!r} is not a valid id")
+    store = CacheStore(args.cache_dir, max_bytes=args.cache_max_bytes)
+    token = TokenFile(args.token_file)
+    if not token.token():
+        raise InvalidInput(f"{args.token_file}: no usable token")
+
+    async def main() -> dict[str, Any]:
+        kube = None
+        peers: PeerSource
+        if args.peer:
+            peers = StaticPeers(Peer(f"peer{i}", u) for i, u in enumerate(args.peer))
+        else:
+            from common.kubeclient import KubeClient
+
+            kube = await KubeClient.connect(args.kubeconfig)
+            peers = GpuNodePeers(kube, self_node=args.node)
+        try:
+            result = await pull(
+                store=store,
+                kind=kind,
+                entry=entry,
+                peers=peers,
+                headers=token.header(),
+                origin=args.origin,
+                settings=PullSettings(shard_bytes=args.shard_bytes),
+            )
+        finally:
+            if kube is not None:
+                await kube.close()
+        return describe(result)
+
+    try:
+        summary = asyncio.run(main())
+    except PullFailed as e:
+        print(f"tidelease cache pull: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def _add(args: argparse.Namespace) -> int:
+    from nodeagent.cache.naming import EntryId, Kind, image_id, parse_id
+    from nodeagent.cache.store import CacheStore
+
+    store = CacheStore(args.cache_dir, max_bytes=args.cache_max_bytes)
+    if args.image_ref:
+        manifest = store.add_file(
+            Kind.IMAGE, image_id(args.image_ref), args.file, ref=args.image_ref
+        )
+    else:
+        entry = parse_id(args.id)
+        if entry is None:
+            raise InvalidInput(f"{args.id!r} is not a valid id")
+        manifest = store.add_file(Kind.CHECKPOINT, EntryId(entry), args.file)
+    print(json.dumps({"kind": manifest.kind.value, "id": manifest.id, "bytes": manifest.size}))
+    return 0
+
+
+def _ls(args: argparse.Namespace) -> int:
+    from nodeagent.cache.store import CacheStore
+
+    store = CacheStore(args.cache_dir, max_bytes=args.cache_max_bytes)
+    for e in sorted(store.entries(), key=lambda e: -e.last_used):
+        sys.stdout.write(f"{e.kind.value}\t{e.id}\t{e.size}\n")
+    return 0

@@ -1,0 +1,98 @@
+"""The agent publishes its peer cache's inventory on the GpuNode, in the schema's form."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from common import contract
+from nodeagent.agent import AgentSettings, NodeView, run_agent
+from nodeagent.cache.naming import EntryId, Kind
+from nodeagent.nvml import NvmlReader
+from nodeagent.nvmlfake import FakeNvml, full_gpu
+from nodeagent.publishing import MemoryPublisher
+from nodeagent.pulling.command import add_agent_flags, open_agent_cache
+from tests.unit.test_manifests import crd_schema
+
+
+def agent_args(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    add_agent_flags(p)
+    return p.parse_args(list(argv))
+
+
+def test_cache_is_off_by_default() -> None:
+    assert open_agent_cache(agent_args()) is None
+
+
+def test_bad_cache_flags_are_reported_together(tmp_path: Path) -> None:
+    from common.errors import InvalidInput
+
+    with pytest.raises(InvalidInput) as e:
+        open_agent_cache(
+            agent_args(
+                "--cache-dir", str(tmp_path), "--cache-port", "70000", "--cache-max-bytes", "0"
+            )
+        )
+    assert len(e.value.problems) == 2
+
+
+def test_inventory_is_published_in_the_schema(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("POD_IP", "10.1.2.3")
+    cache = open_agent_cache(
+        agent_args("--cache-dir", str(tmp_path / "c"), "--cache-max-bytes", "1Mi")
+    )
+    assert cache is not None
+    src = tmp_path / "ck"
+    src.write_bytes(b"z" * 1000)
+    cache.store.add_file(Kind.CHECKPOINT, EntryId("job-a.step-3"), src)
+    cache.store.add_file(Kind.IMAGE, EntryId("reg-app-1"), src, ref="reg/app:1")
+    inventory = cache.inventory()
+    assert inventory == {
+        "checkpoints": ["job-a.step-3"],
+        "images": ["reg/app:1"],
+        "endpoint": "http://10.1.2.3:8477",
+    }
+    view = NodeView([], AgentSettings(node="n1"), None)
+    status = view.status(100.0, inventory)
+    assert status["cache"] == inventory
+    obj = {
+        "apiVersion": contract.API_VERSION,
+        "kind": contract.KIND_GPU_NODE,
+        "metadata": {"name": "n1"},
+        "spec": {},
+        "status": status,
+    }
+    jsonschema.validate(obj, crd_schema(contract.PLURAL_GPU_NODE))
+
+
+async def test_run_agent_publishes_inventory_changes() -> None:
+    held = {"checkpoints": [], "images": []}
+    publisher = MemoryPublisher()
+    ready = asyncio.Event()
+    task = asyncio.create_task(
+        run_agent(
+            reader=NvmlReader(FakeNvml([full_gpu(0)])),
+            publisher=publisher,
+            settings=AgentSettings(node="n1", cycle_s=0.01, heartbeat_s=60),
+            ready=ready,
+            cache_inventory=lambda: dict(held),
+        )
+    )
+    try:
+        await asyncio.wait_for(ready.wait(), 5)
+        held = {"checkpoints": ["ck"], "images": [], "endpoint": "http://10.0.0.1:8477"}
+        for _ in range(500):
+            if publisher.statuses[-1]["cache"].get("checkpoints") == ["ck"]:
+                break
+            await asyncio.sleep(0.01)
+        assert publisher.statuses[-1]["cache"] == held
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
