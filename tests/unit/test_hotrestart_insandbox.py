@@ -201,4 +201,11 @@ async def test_runtime_gone_mid_way(
     ids=["untouched", "restored", "gone"],
 )
 def test_failure_reason(kwargs: dict[str, bool], text: str) -> None:
-    assert failure_reason(Step.PULL, "boom", **kwargs) == text
+    got = failure_reason(
+        Step.PULL,
+        "boom",
+        runtime_gone=kwargs["runtime_gone"],
+        old_stopped=kwargs["old_stopped"],
+        restored=kwargs["restored"],
+    )
+    assert got == text

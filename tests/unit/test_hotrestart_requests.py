@@ -3,7 +3,9 @@ executor on fakes (a pod the test plays kubelet for), and the operator's decisio
 
 from __future__ import annotations
 
+import asyncio
 import copy
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,10 +13,11 @@ import pytest
 
 from common import contract
 from common.errors import InvalidInput
+from extender.hotrestarting import HotRestartOperator, run_hot_restart_operator
 from extender.hotrestartpolicy import Reject, WriteRequest
 from extender.hotrestartpolicy import decide as operator_decide
 from nodeagent.cri.testing import FakeRuntime
-from nodeagent.restarting.podwatch import PodRestarter, PodRestartSettings
+from nodeagent.restarting.podwatch import PodRestarter, PodRestartSettings, run_pod_hot_restarts
 from nodeagent.restarting.requests import (
     Begin,
     Finish,
@@ -30,6 +33,7 @@ from nodeagent.restarting.requests import (
     parse_wish,
     pod_view,
 )
+from tests.polling import eventually
 
 V1, V2 = "local/app:v1", "local/app:v2"
 REQ = Request("r1", "app", V2)
@@ -374,3 +378,78 @@ def test_operator_rejects_impossible_wishes_once(value: str) -> None:
     raw = pod(ann={contract.ANN_HOT_RESTART_STATUS: got.status.to_annotation()})
     raw["metadata"]["annotations"][contract.ANN_HOT_RESTART_IMAGE] = value
     assert operator_decide(pod_view(raw), now=2.0) is None
+
+
+# --- the watch loops, on a scripted watch ---
+
+
+class ScriptedWatch:
+    """list_watch that yields the given events, then waits forever (until cancelled)."""
+
+    def __init__(self, events: list[tuple[str, dict[str, Any]]]) -> None:
+        self.events = events
+        self.queries: list[dict[str, Any] | None] = []
+
+    async def list_watch(
+        self, path: str, query: dict[str, Any] | None = None
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        self.queries.append(query)
+        for event in self.events:
+            yield event
+        await asyncio.Event().wait()
+
+
+async def test_agent_loop_steps_requested_pods_of_its_node() -> None:
+    pods = FakePods(requested())
+    rt = FakeRuntime(images={V2})
+    watch = ScriptedWatch([("ADDED", copy.deepcopy(pods.raw)), ("SYNCED", {})])
+    restarter = agent(rt, pods, Clock())
+    task = asyncio.create_task(
+        run_pod_hot_restarts(kube=watch, restarter=restarter)  # type: ignore[arg-type]
+    )
+    try:
+        await eventually(lambda: _phase(pods), within_s=5)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert watch.queries == [{"fieldSelector": "spec.nodeName=n1"}]
+    assert pods.view().images["app"] == V2
+
+
+async def _phase(pods: FakePods) -> Phase | None:
+    status = pods.view().status
+    return status.phase if status is not None and status.phase is Phase.RESTARTING else None
+
+
+@dataclass
+class FakeRequests:
+    written: list[Request] = field(default_factory=list)
+
+    async def request(self, pod: PodView, request: Request) -> None:
+        self.written.append(request)
+
+    async def reject(self, pod: PodView, reject: Reject) -> None:
+        raise AssertionError(reject)
+
+
+async def test_operator_loop_requests_opted_in_wishes() -> None:
+    raw = pod()
+    raw["metadata"]["annotations"][contract.ANN_HOT_RESTART_IMAGE] = f"app={V2}"
+    plain = pod()
+    plain["metadata"]["annotations"] = {}
+    watch = ScriptedWatch([("ADDED", plain), ("ADDED", raw), ("SYNCED", {})])
+    requests = FakeRequests()
+    operator = HotRestartOperator(requests=requests, clock=lambda: 1.0)
+    task = asyncio.create_task(
+        run_hot_restart_operator(kube=watch, operator=operator)  # type: ignore[arg-type]
+    )
+
+    async def written() -> list[Request]:
+        return requests.written
+
+    try:
+        (req,) = await eventually(written, within_s=5)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert (req.container, req.image) == ("app", V2)
