@@ -1,21 +1,26 @@
 """The filter verb's decision: which candidate nodes can host a pod. Pure over the cluster view.
 
 The standby pool is the last resort of a reclaim (Algorithm 1, lines 19-23): while the owner's
-pod can be placed on usable devices, here or after evicting borrowers of its lent devices, nodes
-that would need standby devices are rejected, so kube-scheduler reclaims the lent devices
+pod can be placed on usable devices, here or after evicting borrowers of its own lent devices,
+nodes that would need standby devices are rejected, so kube-scheduler reclaims the lent devices
 (through the preempt verb) instead of spending standby capacity. kube-scheduler runs preemption
 only when no node passes the filter, which is why this is decided over all candidate nodes.
+Evicting other borrowers (of untagged devices, or of other jobs' lent ones) is not reclaiming:
+Algorithm 1's usable devices are the free ones and the owner's own tagged ones, so where only
+that would make room, the reclaim takes standby devices, and evicts such borrowers only when
+even the standby pool cannot place it.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from common.model import DeviceClass, PodRequest
 from extender.clusterstate import ClusterState, NodeState, Signature
 from extender.placement import NodePlan, Verdict, placement_shape, plan_node
-from extender.preemption import freeable, resolvable_counts
+from extender.preemption import freeable, may_evict, resolvable_counts
 
 AGENT_SILENT = "tidelease: node agent silent for too long; its GPUs are not offered"
 NO_INVENTORY = (
@@ -24,6 +29,13 @@ NO_INVENTORY = (
 LENT_ELSEWHERE = "tidelease: the owner's own lent GPUs are free on another node (right of return)"
 STANDBY_KEPT = (
     "tidelease: standby GPUs are kept for reclaims that the owner's lent or free GPUs cannot meet"
+)
+STANDBY_ELSEWHERE = (
+    "tidelease: more of the standby GPUs a reclaim needs, or better ones, are on another node"
+)
+RECLAIM_OWN_FIRST = (
+    "tidelease: a reclaim evicts the borrowers of the owner's own lent GPUs, not others, "
+    "while it can"
 )
 
 
@@ -112,11 +124,17 @@ def filter_nodes(cluster: ClusterState, req: PodRequest, names: Iterable[str]) -
 
     decision, plans = _evaluate(cluster, known, req)
     if req.reclaim:
-        without_standby, strict_plans = _evaluate(cluster, known, replace(req, reclaim=False))
-        if without_standby.passed or without_standby.failed:
-            # The owner's pod fits, or will after evicting borrowers, without the standby pool.
+        plain = replace(req, reclaim=False)
+        without_standby, strict_plans = _evaluate(cluster, known, plain)
+        own = own_resolvable(cluster, without_standby.failed, plain)
+        if without_standby.passed or own:
+            # The owner's pod fits without the standby pool, or will after evicting the
+            # borrowers of its own lent devices.
             with_standby = plans  # memoized per node state, like every plan here
             decision, plans = without_standby, strict_plans
+            for name in [n for n in decision.failed if n not in own]:
+                decision.unresolvable[name] = RECLAIM_OWN_FIRST
+                del decision.failed[name]
             for name, plan in strict_plans.items():
                 needs_standby = not plan.fits and with_standby[name].fits
                 if needs_standby and name not in decision.failed:
@@ -126,21 +144,58 @@ def filter_nodes(cluster: ClusterState, req: PodRequest, names: Iterable[str]) -
     return decision
 
 
-def _own_share(plan: NodePlan, req: PodRequest) -> float:
+def own_resolvable(cluster: ClusterState, names: Iterable[str], req: PodRequest) -> set[str]:
+    """Of these nodes, those where the owner's pod fits once the pods borrowing its own lent
+    devices are evicted (all their devices freed), other pods staying."""
+    owner = req.owner
+    out: set[str] = set()
+    if owner is None:
+        return out
+    memo: dict[tuple[Signature, frozenset[tuple[DeviceClass, int]]], bool] = {}
+    verdicts: dict[DeviceClass, Verdict] = {}
+    for name in names:
+        state = cluster.nodes.get(name)  # type: ignore[call-overload]
+        if state is None:
+            continue
+        counts: Counter[DeviceClass] = Counter()
+        for a in state.allocations.values():
+            classes = state.held_classes.get(a.holder.pod_uid, ())
+            if may_evict(a.holder, req) and any(c.owner == owner for c in classes):
+                counts.update(classes)
+        if not counts:
+            continue
+        key = (state.signature, frozenset(counts.items()))
+        fits = memo.get(key)
+        if fits is None:
+            fits = memo[key] = resolvable_counts(state.free, counts.items(), req, verdicts)
+        if fits:
+            out.add(name)
+    return out
+
+
+def _return_share(plan: NodePlan, req: PodRequest) -> tuple[float, float, float]:
+    """Of the devices the plan takes: the share that are the owner's own lent ones, then the
+    share from the standby pool (the rest are other devices: a stand-in takes as few as it
+    can), then their mean tier (a stand-in replaces lent devices that cannot come back, so it
+    takes the best tiers it can: equal or better, FETCHSTANDBY(k, r) of Algorithm 1)."""
+    if not plan.taken:
+        return (0.0, 0.0, 0.0)
     own = sum(n for c, n in plan.take if c.owner is not None and c.owner == req.owner)
-    return own / plan.taken if plan.taken else 0.0
+    tiers = sum(int(c.tier) * n for c, n in plan.take)
+    return (own / plan.taken, plan.standby_used / plan.taken, tiers / plan.taken)
 
 
 def _right_of_return(decision: FilterDecision, plans: dict[str, NodePlan], req: PodRequest) -> None:
-    """A reclaim goes where it takes back the most of its own lent devices: nodes that would
-    give it fewer are rejected while better ones pass (scores alone could be outweighed by
+    """A reclaim goes where it takes back the most of its own lent devices, and where it needs
+    standby devices, where it takes the most of them, of the best tiers: nodes that would give
+    it less are rejected while better ones pass (scores alone could be outweighed by
     kube-scheduler's own plugins)."""
-    shares = {name: _own_share(plans[name], req) for name in decision.passed}
-    best = max(shares.values(), default=0.0)
-    if best <= 0:
+    shares = {name: _return_share(plans[name], req) for name in decision.passed}
+    best = max(shares.values(), default=(0.0, 0.0, 0.0))
+    if best[:2] <= (0.0, 0.0):
         return
     keep = [name for name in decision.passed if shares[name] >= best]
     for name in decision.passed:
         if shares[name] < best:
-            decision.unresolvable[name] = LENT_ELSEWHERE
+            decision.unresolvable[name] = LENT_ELSEWHERE if best[0] > 0 else STANDBY_ELSEWHERE
     decision.passed[:] = keep

@@ -7,13 +7,14 @@ is one implementation of every rule:
   desired count);
 * :func:`replicas_to_release` — which replicas go on a scale-down (highest ordinals first, as a
   StatefulSet removes them);
-* :func:`devices_to_tag` — of the devices those replicas release, the HA and MA ones are tagged
-  with the owner (lent, to come back); LA devices go back to the platform untagged;
+* :func:`devices_to_tag` — the devices those replicas release are tagged with the owner (lent,
+  to come back), every one of them but the standby devices they had on loan;
 * :func:`plan_reclaim` — on a scale-up: which lent devices can come back, which borrowers hold
   them (notice, then eviction after the grace period), and how many devices of which type and
   tier the standby pool must backfill for those that cannot;
 * :func:`standby_topup` — which free untagged devices rejoin the standby pool so that it holds
-  its target per GPU type and tier again.
+  its target per GPU type and tier again; :func:`standby_excess` — which free standby devices
+  leave it where it holds more (loans given back add to it).
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from datetime import UTC, datetime
 from common.model import Device, GpuUuid, Holder, JobName, Priority, Tier
 
 TypeTier = tuple[str, Tier]  # what a standby device must match: GPU type and tier
-LENDABLE_TIERS = frozenset({Tier.HA, Tier.MA})
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,8 +80,18 @@ def replicas_to_release(pod_names: Iterable[str], target_replicas: int) -> list[
 
 
 def devices_to_tag(released: Iterable[Device]) -> tuple[Device, ...]:
-    """Released devices to tag with the owner: HA and MA, healthy (weflex 3.5)."""
-    return tuple(d for d in released if d.tier in LENDABLE_TIERS and d.cls.healthy)
+    """Released devices to tag with the owner: all of them, whatever their tier or health, except
+    standby devices the replica had on loan from the pool (those go back to the pool).
+
+    weflex 3.5 tags only HA and MA devices, because its pods take devices across nodes. A
+    tidelease replica takes all its GPUs on one node, so an untagged device among those it
+    released would be one that borrowers take first (they prefer untagged devices) and that
+    nobody evicts at reclaim: the replica could not come back to its own devices and would go to
+    whatever is free, of the cluster's average tier (with 8-GPU replicas and 6 % LA devices, four
+    replicas in ten). A device that is unhealthy when released is tagged too: it comes back once
+    repaired, instead of leaving such a hole. The owner keeps its tier mix exactly.
+    """
+    return tuple(d for d in released if not d.cls.standby)
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,21 +156,54 @@ def standby_topup(
     free_untagged: Iterable[Device],
     pool: Mapping[TypeTier, int],
     targets: Mapping[TypeTier, int],
+    standby: Iterable[Device] = (),
 ) -> tuple[Device, ...]:
     """Free, healthy, untagged devices to add to the standby pool, per type and tier, until it
-    holds its target again. Whole nodes first (a standby node is easier to prewarm), then by
-    node and index, so the choice is deterministic."""
+    holds its target again.
+
+    Whole nodes first: a replica takes all its GPUs on one node, so standby devices scattered
+    one per node could stand in for nothing larger than a one-GPU pod (and a standby node is
+    easier to prewarm). Nodes are taken in order of how many of their devices would be standby
+    with every free one added (``standby``: the pool's current devices), then by node and
+    index, so the choice is deterministic.
+    """
     by_key: dict[TypeTier, list[Device]] = {}
+    per_node: Counter[str] = Counter(d.node for d in standby)
     for d in free_untagged:
         if d.cls.healthy and d.cls.owner is None and not d.cls.standby:
             by_key.setdefault((d.gpu_type, d.tier), []).append(d)
+            per_node[d.node] += 1
     chosen: list[Device] = []
     for key, target in sorted(targets.items(), key=lambda kv: (kv[0][0], int(kv[0][1]))):
         missing = target - pool.get(key, 0)
         if missing <= 0:
             continue
         candidates = by_key.get(key, [])
-        per_node = Counter(d.node for d in candidates)
         candidates.sort(key=lambda d: (-per_node[d.node], d.node, d.index))
         chosen.extend(candidates[:missing])
+    return tuple(chosen)
+
+
+def standby_excess(
+    free_standby: Iterable[Device],
+    pool: Mapping[TypeTier, int],
+    targets: Mapping[TypeTier, int],
+) -> tuple[Device, ...]:
+    """Free standby devices to give back to the platform where the pool holds more than its
+    target for their type and tier (devices a stand-in replica held on loan join the pool when
+    it is released). Nodes with the fewest standby devices go first, keeping whole standby
+    nodes; then by node and index."""
+    by_key: dict[TypeTier, list[Device]] = {}
+    per_node: Counter[str] = Counter()
+    for d in free_standby:
+        if d.cls.standby and d.cls.owner is None:
+            by_key.setdefault((d.gpu_type, d.tier), []).append(d)
+            per_node[d.node] += 1
+    chosen: list[Device] = []
+    for key in sorted(by_key, key=lambda k: (k[0], int(k[1]))):
+        extra = pool.get(key, 0) - targets.get(key, 0)
+        if extra <= 0:
+            continue
+        candidates = sorted(by_key[key], key=lambda d: (per_node[d.node], d.node, d.index))
+        chosen.extend(candidates[:extra])
     return tuple(chosen)

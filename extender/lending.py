@@ -5,13 +5,22 @@ One action per step, each idempotent, each decided afresh from the stored lease 
 observed cluster: a controller killed between any two steps (or in the middle of one) decides
 the same next step when it comes back, so nothing is lost and nothing is granted twice.
 
-Scale-down (lend): record the devices to lend in the status, tag them with the owner, then scale
-the workload down; its pods go and their tagged devices are free for borrowers.
+Scale-down (lend): record the devices to lend in the status, tag them with the owner, give the
+standby devices the released replicas had on loan back to the pool, then scale the workload
+down; its pods go and their tagged devices are free for borrowers.
 Scale-up (reclaim): record the reclaim and its deadline (now + grace), give every borrower of a
 lent device notice, evict those still there at the deadline, scale the workload up (the
-extender sends the owner's pods back to their own lent devices, and to standby devices of the
-same type and tier for those that cannot come back), and once all its pods are placed, clear
-the tags and the standby flags of the devices it now holds.
+extender sends the owner's pods back to their own lent devices, and to standby devices for
+those that cannot come back), and once all its pods are placed, clear the tags of the lent
+devices it holds again and mark the standby devices it holds as its loans.
+
+Loans: a standby device a reclaim takes stands in for a lent device that could not come back
+(failed, or on a node gone). It keeps its standby flag and is tagged with the owner while the
+owner holds it, and goes back to the pool when the replica holding it is released; the lent
+device it stands in for stays lent, and comes back at a later reclaim once it can. So the
+devices the owner holds or has lent are always the devices it held before lending: the same
+number, of the same types and tiers (weflex 3.5: "the stable proportion of HA devices"), with
+nothing lent twice and nothing kept for good from the standby pool.
 """
 
 from __future__ import annotations
@@ -99,6 +108,25 @@ Action = WriteStatus | SetTags | ScaleTo | Notify | Evict | Wait
 
 def _tag(dev: Device, owner: JobName | None, standby: bool) -> TagChange:
     return TagChange(dev.node, dev.uuid, owner, standby)
+
+
+def _loans(pods: Sequence[OwnerPod], view: View, lent: set[GpuUuid]) -> set[GpuUuid]:
+    """The devices the owner holds on loan: standby devices, and every other device of a pod
+    that holds one, but its own lent devices (a stand-in replica holds all it took beside its
+    own devices on loan, so that none of them is lent later as if it were the owner's)."""
+    out: set[GpuUuid] = set()
+    for p in pods:
+        if not p.node:
+            continue
+        devs = [view.devices[u] for u in p.devices if u in view.devices]
+        if any(d.cls.standby for d in devs):
+            out.update(d.uuid for d in devs if d.uuid not in lent)
+    return out
+
+
+def _on_loan(dev: Device, owner: JobName) -> bool:
+    """A standby device the owner holds as a stand-in (marked when its reclaim completed)."""
+    return dev.cls.standby and dev.cls.owner == owner
 
 
 def choose_groups(groups: Sequence[LentGroup], count: int, view: View) -> list[LentGroup]:
@@ -190,6 +218,18 @@ def decide(
                 tuple(_tag(d, spec.owner, False) for d in untagged),
                 f"tag {len(untagged)} lent device(s) with owner {spec.owner}",
             )
+        loans = [
+            view.devices[u]
+            for p in pods
+            if p.name in released
+            for u in p.devices
+            if u in view.devices and _on_loan(view.devices[u], spec.owner)
+        ]
+        if loans:
+            return SetTags(
+                tuple(_tag(d, None, True) for d in loans),
+                f"give {len(loans)} standby device(s) on loan back to the pool",
+            )
         return ScaleTo(target)
     if status.phase == "Lending":
         return WriteStatus(replace(status, phase="Steady"), "scaled down; devices lent")
@@ -223,7 +263,13 @@ def _reclaim(
             return Wait(now + POD_WAIT_S, f"{len(placed)} of {target} pods placed")
         held = {u for p in placed for u in p.devices}
         lent = set(status.lent)
-        backfilled = sum(1 for u in held if u in view.devices and view.devices[u].cls.standby)
+        backfilled = sum(
+            1
+            for u in held
+            if u in view.devices
+            and view.devices[u].cls.standby
+            and not _on_loan(view.devices[u], spec.owner)
+        )
         return WriteStatus(
             replace(
                 status,
@@ -235,25 +281,25 @@ def _reclaim(
             f"{backfilled} from standby",
         )
     held = {u for p in pods if p.node for u in p.devices}
-    lost = {
-        d.uuid
-        for d in plan_reclaim(spec.owner, reclaimed, view.devices, view.holders, view.offering).lost
-    }
-    lost |= {u for u in reclaimed if u not in view.devices}
-    # Back: what the owner holds again. Forgone: reclaimed devices that cannot come back. The
-    # rest stays lent, even if a new replica took another group than the one reclaimed.
-    done = (held & set(status.lent)) | lost
+    # Back: what the owner holds again. Forgone: reclaimed devices on nodes that are gone. The
+    # rest stays lent, even if a new replica took another group than the one reclaimed, or a
+    # standby device on loan stands in for it (a failed device stays lent: it comes back once
+    # repaired, and its stand-in goes back to the pool).
+    gone = {u for u in reclaimed if u not in view.devices}
+    done = (held & set(status.lent)) | gone
     changes = [
         _tag(view.devices[u], None, False)
         for u in sorted(done)
         if u in view.devices and view.devices[u].cls.owner is not None
     ] + [
-        _tag(view.devices[u], None, False)
-        for u in sorted(held)
-        if u in view.devices and view.devices[u].cls.standby
+        _tag(view.devices[u], spec.owner, True)
+        for u in sorted(_loans(pods, view, set(status.lent)))
+        if view.devices[u].cls.owner != spec.owner or not view.devices[u].cls.standby
     ]
     if changes:
-        return SetTags(tuple(changes), "clear the tags of returned and backfilled devices")
+        return SetTags(
+            tuple(changes), "clear the tags of returned devices, mark standby devices on loan"
+        )
     still = [
         LentGroup(g.replica, tuple(u for u in g.devices if u not in done)) for g in status.groups
     ]

@@ -5,7 +5,13 @@ from __future__ import annotations
 from common import builders
 from common.model import Priority, Tier
 from common.podrequest import parse_pod
-from extender.filtering import NO_INVENTORY, STANDBY_KEPT, filter_nodes
+from extender.filtering import (
+    NO_INVENTORY,
+    RECLAIM_OWN_FIRST,
+    STANDBY_ELSEWHERE,
+    STANDBY_KEPT,
+    filter_nodes,
+)
 from tests.unit.cluster import allocate, cluster, holder
 
 U = builders.device_uuid
@@ -80,6 +86,50 @@ def test_reclaim_backfills_from_standby_when_lent_devices_cannot_return() -> Non
     d = filter_nodes(state, parse_pod(pod), ["lent", "standby", "standby-ma"])
     assert d.passed == ["standby"]
     assert "below the required reliability tier" in d.unresolvable["standby-ma"]
+
+
+def test_reclaim_takes_standby_before_evicting_borrowers_of_other_devices() -> None:
+    """Algorithm 1: a reclaim's usable devices are the free ones and its own lent ones; room
+    made by evicting borrowers of untagged devices is not reclaiming, standby comes first."""
+    state = cluster(
+        builders.gpu_node("busy", builders.devices("busy", 4)),
+        builders.gpu_node("standby", builders.devices("standby", 4, standby=True)),
+    )
+    allocate(state, "busy", [(holder("borrower"), [U("busy", i) for i in range(4)])])
+    pod = builders.pod("o", 4, priority=Priority.HIGH, owner="a", reclaim=True, pod_priority=1000)
+    d = filter_nodes(state, parse_pod(pod), ["busy", "standby"])
+    assert d.passed == ["standby"]
+    # Borrowers of the owner's own lent devices are reclaimed before standby is spent.
+    state = cluster(
+        builders.gpu_node("lent", builders.devices("lent", 4, owner="a")),
+        builders.gpu_node("busy", builders.devices("busy", 4)),
+        builders.gpu_node("standby", builders.devices("standby", 4, standby=True)),
+    )
+    allocate(state, "lent", [(holder("b1"), [U("lent", i) for i in range(4)])])
+    allocate(state, "busy", [(holder("b2"), [U("busy", i) for i in range(4)])])
+    d = filter_nodes(state, parse_pod(pod), ["lent", "busy", "standby"])
+    assert (d.passed, list(d.failed)) == ([], ["lent"])
+    assert d.unresolvable["busy"] == RECLAIM_OWN_FIRST
+    assert d.unresolvable["standby"] == STANDBY_KEPT
+
+
+def test_a_stand_in_takes_the_node_with_the_most_standby_devices_of_the_best_tiers() -> None:
+    state = cluster(
+        builders.gpu_node(
+            "mixed",
+            builders.devices("mixed", 2, standby=True) + builders.devices("mixed", 2, start=2),
+        ),
+        builders.gpu_node("ma", builders.devices("ma", 4, standby=True, tier=Tier.MA)),
+        builders.gpu_node("ha", builders.devices("ha", 4, standby=True)),
+    )
+    busy = [(holder(f"b{i}"), [U("busy", i)]) for i in range(4)]
+    state.apply_gpu_node("ADDED", builders.gpu_node("busy", builders.devices("busy", 4)))
+    allocate(state, "busy", busy)
+    pod = builders.pod("o", 4, priority=Priority.HIGH, owner="a", reclaim=True, pod_priority=1000)
+    d = filter_nodes(state, parse_pod(pod), ["mixed", "ma", "ha", "busy"])
+    assert d.passed == ["ha"]
+    assert d.unresolvable["ma"] == STANDBY_ELSEWHERE
+    assert d.unresolvable["mixed"] == STANDBY_ELSEWHERE
 
 
 def lease(node: str, renewed: str) -> dict:

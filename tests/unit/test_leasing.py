@@ -54,14 +54,17 @@ def test_replicas() -> None:
     assert replicas_to_release(names, 0) == sorted(names, key=lambda n: int(n.split("-")[1]))
 
 
-def test_only_healthy_ha_and_ma_devices_are_tagged() -> None:
+def test_every_released_device_is_tagged_but_standby_loans() -> None:
+    """A replica comes back to a whole node: LA and unhealthy devices are tagged too, so that
+    no borrower sits on a device it needs; standby devices on loan go back to the pool."""
     devs = (
         builders.devices("n", 2)
         + builders.devices("n", 1, tier=Tier.MA, start=2)
         + builders.devices("n", 1, tier=Tier.LA, start=3)
         + builders.devices("n", 1, healthy=False, start=4)
+        + builders.devices("n", 1, standby=True, owner="job", start=5)
     )
-    assert [d.index for d in devices_to_tag(devs)] == [0, 1, 2]
+    assert [d.index for d in devices_to_tag(devs)] == [0, 1, 2, 3, 4]
 
 
 def test_reclaim_plan() -> None:
@@ -99,3 +102,16 @@ def test_standby_topup_whole_nodes_first_and_only_what_is_missing() -> None:
     chosen = standby_topup(free, {("H20", Tier.HA): 1}, {("H20", Tier.HA): 5, ("H20", Tier.MA): 0})
     assert [(d.node, d.index) for d in chosen] == [("y", i) for i in range(4)]
     assert standby_topup(free, {("H20", Tier.HA): 5}, {("H20", Tier.HA): 5}) == ()
+
+
+def test_standby_topup_completes_nodes_that_hold_standby_devices() -> None:
+    """A node with 6 standby devices and 2 free ones becomes a whole standby node (one
+    8-GPU replica can stand in there) before a node with more free devices is started."""
+    pool_devs = builders.devices("a", 6, standby=True)
+    free = builders.devices("a", 2, start=6, tier=Tier.MA) + builders.devices("b", 4)
+    targets = {("H20", Tier.HA): 8, ("H20", Tier.MA): 2}
+    chosen = standby_topup(free, {("H20", Tier.HA): 6}, targets, pool_devs)
+    assert sorted((d.node, d.index) for d in chosen) == [("a", 6), ("a", 7), ("b", 0), ("b", 1)]
+    # without knowing the pool's devices, the node with the most free devices comes first
+    chosen = standby_topup(free, {("H20", Tier.HA): 6}, {("H20", Tier.MA): 1})
+    assert [(d.node, d.index) for d in chosen] == [("a", 6)]

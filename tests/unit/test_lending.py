@@ -60,15 +60,21 @@ def test_scale_down_records_then_tags_then_scales() -> None:
     devs, view = world()
     step = decide(lease(8), 4, pods(devs, 4), view, NOW)
     assert isinstance(step, WriteStatus)
-    # recsys-2 and -3 go; of their devices only the HA ones (b 0-3) are lent, not LA (b 4-7).
-    assert step.status.lent == tuple(d.uuid for d in devs[8:12])
+    # recsys-2 and -3 go; all their devices are lent, the HA ones (b 0-3) and the LA ones (b 4-7)
+    assert step.status.lent == tuple(d.uuid for d in devs[8:16])
     assert (step.status.phase, step.status.target_replicas) == ("Lending", 2)
     recorded = lease(8, step.status)
     step = decide(recorded, 4, pods(devs, 4), view, NOW)
     assert isinstance(step, SetTags)
     assert {(c.node, c.owner) for c in step.changes} == {("b", OWNER)}
-    assert len(step.changes) == 4
-    _, tagged = world(lent_owner=True)
+    assert len(step.changes) == 8
+    tagged = replace(
+        view,
+        devices={
+            **view.devices,
+            **{d.uuid: replace(d, cls=d.cls._replace(owner=OWNER)) for d in devs[8:16]},
+        },
+    )
     step = decide(recorded, 4, pods(devs, 4), tagged, NOW)
     assert step == ScaleTo(2)
     step = decide(recorded, 2, pods(devs, 2), tagged, NOW)
@@ -140,7 +146,7 @@ def test_reclaim_finishes_once_the_owners_pods_are_placed() -> None:
     assert done.status.last_reclaim_s == 52
 
 
-def test_backfilled_standby_devices_are_counted_and_released_from_the_pool() -> None:
+def test_backfilled_standby_devices_are_counted_and_kept_on_loan() -> None:
     devs, view = world(lent_owner=True)
     spare = builders.devices("s", 4, standby=True)
     view = View({**view.devices, **{d.uuid: d for d in spare}}, {}, {**view.offering, "s": True})
@@ -153,9 +159,84 @@ def test_backfilled_standby_devices_are_counted_and_released_from_the_pool() -> 
     step = decide(lease(16, status), 4, placed, view, NOW + 5)
     assert isinstance(step, WriteStatus)
     assert (step.status.returned, step.status.backfilled) == (4, 4)
-    step = decide(lease(16, step.status), 4, placed, view, NOW + 6)
+    finalizing = step.status
+    step = decide(lease(16, finalizing), 4, placed, view, NOW + 6)
     assert isinstance(step, SetTags)
-    assert {c.node for c in step.changes if not c.standby} == {"b", "s"}
+    # the lent devices are the owner's again; the standby ones are its loans, still standby
+    assert {(c.node, c.owner, c.standby) for c in step.changes} == {
+        ("b", None, False),
+        ("s", OWNER, True),
+    }
+    changed = {
+        c.uuid: view.devices[c.uuid].cls._replace(owner=c.owner, standby=c.standby)
+        for c in step.changes
+    }
+    after = replace(
+        view,
+        devices={u: replace(d, cls=changed.get(u, d.cls)) for u, d in view.devices.items()},
+    )
+    done = decide(lease(16, finalizing), 4, placed, after, NOW + 7)
+    assert isinstance(done, WriteStatus)
+    assert (done.status.phase, done.status.backfilled) == ("Steady", 4)
+    # A later reclaim does not count the loans it did not make.
+    later = replace(done.status, phase="Reclaiming", target_replicas=4, reclaiming=())
+    step = decide(lease(16, later), 4, placed, after, NOW + 100)
+    assert isinstance(step, WriteStatus)
+    assert step.status.backfilled == 4
+
+
+def test_a_released_replica_gives_its_loans_back_to_the_pool() -> None:
+    devs, view = world()
+    loans = builders.devices("s", 4, standby=True, owner=OWNER)
+    view = View({**view.devices, **{d.uuid: d for d in loans}}, {}, {**view.offering, "s": True})
+    running = [
+        *pods(devs, 3),
+        OwnerPod("recsys-3", "uid-3", "s", tuple(d.uuid for d in loans)),
+    ]
+    step = decide(lease(12), 4, running, view, NOW)
+    assert isinstance(step, WriteStatus)
+    assert step.status.lent == ()  # loans are not lent
+    recorded = step.status
+    step = decide(lease(12, recorded), 4, running, view, NOW)
+    assert isinstance(step, SetTags)
+    assert {(c.node, c.owner, c.standby) for c in step.changes} == {("s", None, True)}
+    back = replace(
+        view,
+        devices={
+            **view.devices,
+            **{d.uuid: builders.devices("s", 4, standby=True)[d.index] for d in loans},
+        },
+    )
+    assert decide(lease(12, recorded), 4, running, back, NOW) == ScaleTo(3)
+
+
+def test_a_failed_lent_device_stays_lent_while_a_standby_device_stands_in() -> None:
+    """The owner's failed device is still its own: it stays lent (it comes back once repaired)
+    and the replica runs on a standby device on loan meanwhile."""
+    devs, view = world(lent_owner=True)
+    broken = devs[8]
+    spare = builders.devices("s", 4, standby=True)
+    devices = {**view.devices, **{d.uuid: d for d in spare}}
+    devices[broken.uuid] = replace(broken, cls=broken.cls._replace(healthy=False))
+    view = View(devices, {}, {**view.offering, "s": True})
+    status = replace(reclaiming_status(devs, deadline=NOW), finalizing=True)
+    placed = [*pods(devs, 2), OwnerPod("recsys-2", "uid-2", "s", tuple(d.uuid for d in spare))]
+    step = decide(lease(16, status), 3, placed, view, NOW + 5)
+    assert isinstance(step, SetTags)
+    assert {(c.node, c.owner, c.standby) for c in step.changes} == {("s", OWNER, True)}
+    marked = replace(
+        view,
+        devices={
+            **devices,
+            **{d.uuid: replace(d, cls=d.cls._replace(owner=OWNER)) for d in spare},
+        },
+    )
+    done = decide(lease(16, status), 3, placed, marked, NOW + 6)
+    assert isinstance(done, WriteStatus)
+    assert done.status.phase == "Steady"
+    assert done.status.lent == tuple(d.uuid for d in devs[8:12])
+    # it now stands for a replica past the running ones
+    assert [g.replica for g in done.status.groups] == ["recsys-4"]
 
 
 def test_resuming_after_a_notice_was_sent_but_not_recorded() -> None:
