@@ -86,8 +86,14 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
 async def test_pull_from_three_peers_uses_all_and_verifies(rig: Rig) -> None:
     nodes = [await rig.peer(f"p{i}", rate=r * MIB) for i, r in enumerate([20, 40, 80])]
     dest = rig.store("dest")
+    # 1 MiB shards: 24 of them, enough for the slowest link to be worth a share.
     result = await pull(
-        store=dest, kind=Kind.CHECKPOINT, entry=CKPT, peers=rig.sources(nodes), headers=rig.headers
+        store=dest,
+        kind=Kind.CHECKPOINT,
+        entry=CKPT,
+        peers=rig.sources(nodes),
+        headers=rig.headers,
+        settings=PullSettings(shard_bytes=MIB),
     )
     assert rig.pulled_digest(dest) == rig.digest
     assert dest.inventory()["checkpoints"] == [CKPT]
