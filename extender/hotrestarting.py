@@ -1,7 +1,8 @@
 """The hot-restart operator (control plane): watches pods, writes hot-restart requests that the
 pods' node agents carry out in place (:mod:`extender.hotrestartpolicy` decides;
-:mod:`nodeagent.restarting.podwatch` executes). Runs in the extender deployment under its own
-leader election (``tidelease extender --hot-restart-operator``)."""
+:mod:`nodeagent.restarting.podwatch` executes); watches StatefulSets too, and turns a template
+image change of an opted-in one (``OnDelete``) into wishes on its pods. Runs in the extender
+deployment under its own leader election (``tidelease extender --hot-restart-operator``)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,15 @@ from common import contract
 from common.errors import Conflict, NotFound, TideleaseError
 from common.kubeclient import KubeClient
 from common.waiting import wait_event
-from extender.hotrestartpolicy import Reject, WriteRequest, decide
+from extender.hotrestartpolicy import (
+    Reject,
+    Template,
+    WriteRequest,
+    decide,
+    owner_key,
+    template_wish,
+    workload_template,
+)
 from nodeagent.restarting.podwatch import KubePods
 from nodeagent.restarting.requests import PodView, Request, pod_view
 
@@ -26,6 +35,8 @@ LEASE_NAME = "tidelease-hot-restart-operator"
 
 class Requests(Protocol):
     async def request(self, pod: PodView, request: Request) -> None: ...
+
+    async def wish(self, pod: PodView, wish: str, workload: str) -> None: ...
 
     async def reject(self, pod: PodView, reject: Reject) -> None: ...
 
@@ -57,6 +68,23 @@ class KubeRequests:
             warning=False,
         )
 
+    async def wish(self, pod: PodView, wish: str, workload: str) -> None:
+        await self._kube.json(
+            "PATCH",
+            f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}",
+            body={
+                "metadata": {
+                    "uid": pod.uid,
+                    "resourceVersion": pod.resource_version,
+                    "annotations": {contract.ANN_HOT_RESTART_IMAGE: wish},
+                }
+            },
+            content_type="application/merge-patch+json",
+        )
+        await self._pods.event(
+            pod, "HotRestartWished", f"{workload}'s template changed: {wish}", warning=False
+        )
+
     async def reject(self, pod: PodView, reject: Reject) -> None:
         await self._pods.write(pod, reject.status, None)
         await self._pods.event(pod, "HotRestartRejected", reject.status.reason, warning=True)
@@ -66,8 +94,13 @@ class HotRestartOperator:
     def __init__(self, *, requests: Requests, clock: Callable[[], float] = time.time) -> None:
         self.requests, self.clock = requests, clock
 
-    async def step(self, raw: dict[str, Any]) -> None:
+    async def step(self, raw: dict[str, Any], template: Template | None = None) -> None:
         pod = pod_view(raw)
+        wish = None if template is None else template_wish(template, pod)
+        if template is not None and wish is not None:
+            log.info("pod %s: following %s's template: %s", pod.key, template.key, wish)
+            await self.requests.wish(pod, wish, template.key)
+            return  # the watch brings the pod with its wish back
         action = decide(pod, self.clock())
         if isinstance(action, WriteRequest):
             log.info("pod %s: hot restart requested: %s", pod.key, action.why)
@@ -80,33 +113,64 @@ class HotRestartOperator:
 async def run_hot_restart_operator(
     *, kube: KubeClient, operator: HotRestartOperator, ready: asyncio.Event | None = None
 ) -> None:
-    """Watch every pod; step opted-in pods on each change, until cancelled."""
+    """Watch every pod and StatefulSet; step opted-in pods on each change, until cancelled."""
     latest: dict[str, dict[str, Any]] = {}
+    owners: dict[str, str] = {}  # pod key -> its StatefulSet's key
+    templates: dict[str, Template] = {}  # opted-in StatefulSets by key
     dirty: set[str] = set()
     changed = asyncio.Event()
+    synced: set[str] = set()
 
-    async def watch() -> None:
+    def on_synced(what: str) -> None:
+        synced.add(what)
+        if ready is not None and len(synced) == 2:
+            ready.set()
+
+    async def watch_pods() -> None:
         async for event, obj in kube.list_watch("/api/v1/pods"):
             if event == "SYNCED":
-                if ready is not None:
-                    ready.set()
+                on_synced("pods")
                 continue
             meta = obj.get("metadata") or {}
             key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
             ann = meta.get("annotations") or {}
             if event == "DELETED" or contract.ANN_HOT_RESTART not in ann:
                 latest.pop(key, None)
+                owners.pop(key, None)
                 continue
             latest[key] = obj
+            owner = owner_key(obj)
+            if owner is not None:
+                owners[key] = owner
             dirty.add(key)
             changed.set()
 
-    watcher = asyncio.create_task(watch(), name="hot-restart-operator-watch")
+    async def watch_statefulsets() -> None:
+        async for event, obj in kube.list_watch("/apis/apps/v1/statefulsets"):
+            if event == "SYNCED":
+                on_synced("statefulsets")
+                continue
+            meta = obj.get("metadata") or {}
+            key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+            template = None if event == "DELETED" else workload_template(obj)
+            if template is None:
+                templates.pop(key, None)
+                continue
+            if templates.get(key) != template:
+                templates[key] = template
+                dirty.update(k for k, owner in owners.items() if owner == key)
+                changed.set()
+
+    watchers = [
+        asyncio.create_task(watch_pods(), name="hot-restart-operator-pods"),
+        asyncio.create_task(watch_statefulsets(), name="hot-restart-operator-statefulsets"),
+    ]
     retry: set[str] = set()
     try:
         while True:
-            if watcher.done():
-                watcher.result()
+            for watcher in watchers:
+                if watcher.done():
+                    watcher.result()
             changed.clear()
             keys, retry = dirty | retry, set()
             dirty.clear()
@@ -114,8 +178,9 @@ async def run_hot_restart_operator(
                 raw = latest.get(key)
                 if raw is None:
                     continue
+                owner = owners.get(key)
                 try:
-                    await operator.step(raw)
+                    await operator.step(raw, templates.get(owner) if owner else None)
                 except (Conflict, NotFound) as e:
                     log.debug("pod %s: %s (the watch brings the new version)", key, e)
                 except TideleaseError as e:
@@ -123,5 +188,6 @@ async def run_hot_restart_operator(
                     retry.add(key)
             await wait_event(changed, 2.0 if retry else 30.0)
     finally:
-        watcher.cancel()
-        await asyncio.gather(watcher, return_exceptions=True)
+        for watcher in watchers:
+            watcher.cancel()
+        await asyncio.gather(*watchers, return_exceptions=True)

@@ -7,12 +7,18 @@ operator writes ``tidelease.io/hot-restart-request`` with a new id; one request 
 time (a newer wish waits until the current request ends); a request that failed is not
 retried for the same wish (change the wish, or set it again, to retry). Wishes that can never
 be carried out (malformed, unknown container) get a Failed status and an Event.
+
+Workloads: when a StatefulSet with ``updateStrategy: OnDelete`` whose pod template is opted in
+changes a container's image, the operator writes the wish on each of its pods (``template_wish``),
+so a template change becomes a hot restart of every pod instead of a re-creation.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+from common import contract
 from common.errors import InvalidInput
 from nodeagent.restarting.requests import (
     Phase,
@@ -77,3 +83,56 @@ def decide(pod: PodView, now: float) -> OperatorAction:
     return WriteRequest(
         request, f"{container}: {pod.images[container]} -> {image} on node {pod.node}"
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Template:
+    """An opted-in workload's pod template, as far as hot restarts go: a StatefulSet with
+    ``updateStrategy: OnDelete`` (its controller then leaves running pods alone) whose template
+    carries ``tidelease.io/hot-restart: "true"``."""
+
+    key: str  # namespace/name of the workload
+    images: dict[str, str]  # container -> image
+
+
+def template_wish(template: Template, pod: PodView) -> str | None:
+    """The wish that brings ``pod`` to its workload's template, one container at a time (the
+    first, by name, whose image differs); None when the pod is there already, or when that wish
+    is on the pod already."""
+    if not pod.opted_in:
+        return None
+    for container in sorted(template.images):
+        current = pod.images.get(container)
+        if current is None or same_image(current, template.images[container]):
+            continue
+        wish = f"{container}={template.images[container]}"
+        return None if pod.wish == wish else wish
+    return None
+
+
+def workload_template(raw: dict[str, Any]) -> Template | None:
+    """The Template of a StatefulSet object, or None when it is not opted in (no annotation on
+    its pod template, or an update strategy under which its controller re-creates pods)."""
+    meta = raw.get("metadata") or {}
+    spec = raw.get("spec") or {}
+    if (spec.get("updateStrategy") or {}).get("type") != "OnDelete":
+        return None
+    pod_template = spec.get("template") or {}
+    annotations = (pod_template.get("metadata") or {}).get("annotations") or {}
+    if annotations.get(contract.ANN_HOT_RESTART) != "true":
+        return None
+    images = {
+        str(c.get("name")): str(c.get("image"))
+        for c in (pod_template.get("spec") or {}).get("containers") or []
+        if c.get("name") and c.get("image")
+    }
+    return Template(f"{meta.get('namespace', '')}/{meta.get('name', '')}", images)
+
+
+def owner_key(raw: dict[str, Any]) -> str | None:
+    """namespace/name of the StatefulSet that controls a pod, if one does."""
+    meta = raw.get("metadata") or {}
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("kind") == "StatefulSet" and ref.get("controller"):
+            return f"{meta.get('namespace', '')}/{ref.get('name', '')}"
+    return None

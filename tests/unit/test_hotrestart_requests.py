@@ -428,6 +428,9 @@ class FakeRequests:
     async def request(self, pod: PodView, request: Request) -> None:
         self.written.append(request)
 
+    async def wish(self, pod: PodView, wish: str, workload: str) -> None:
+        raise AssertionError(wish)
+
     async def reject(self, pod: PodView, reject: Reject) -> None:
         raise AssertionError(reject)
 
