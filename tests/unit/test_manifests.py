@@ -88,3 +88,33 @@ def test_extender_settings_configmap_is_valid(tmp_path: Path) -> None:
     jsonschema.validate(lease, crd_schema(contract.PLURAL_GPU_LEASE))
     parsed = parse_gpu_lease(lease)
     assert [e.gpus for e in parsed.spec.schedule] == [32, 8]
+
+
+def _containers(kind: str) -> list[tuple[Path, dict[str, Any]]]:
+    found = []
+    for path in MANIFESTS.rglob("*.yaml"):
+        for doc in load(path):
+            if doc.get("kind") == kind:
+                for c in doc["spec"]["template"]["spec"]["containers"]:
+                    found.append((path, c))
+    return found
+
+
+@pytest.mark.parametrize("kind", ["Deployment", "DaemonSet"])
+def test_deployed_command_lines_are_ones_tidelease_accepts(kind: str) -> None:
+    """Every flag in the shipped manifests exists, with a value of the right form (a renamed or
+    mistyped flag would crash-loop the pods)."""
+    from common.cli import parser
+
+    containers = [
+        (p, c) for p, c in _containers(kind) if c.get("image", "").startswith("tidelease")
+    ]
+    assert containers, f"no tidelease {kind} in manifests/"
+    for path, container in containers:
+        env = {e["name"]: "10.0.0.7" for e in container.get("env") or []}
+        args = [a.replace("$(POD_IP)", env.get("POD_IP", "$(POD_IP)")) for a in container["args"]]
+        try:
+            parsed = parser().parse_args(args)
+        except SystemExit:
+            pytest.fail(f"{path}: tidelease rejects {args}")
+        assert callable(parsed.run), path
