@@ -19,15 +19,26 @@ from common.errors import InvalidInput
 from extender.simulation.controlling import Policy
 from extender.simulation.executing import Runner
 from extender.simulation.loading import cluster_document, load_cluster, load_trace, trace_csv
-from extender.simulation.reporting import describe, policy_table, sizing_table
+from extender.simulation.reporting import describe, findings, policy_table, sizing_table
 from extender.simulation.scenario import Scenario, check, draw_failures
 from extender.simulation.simulating import RunResult, SimSettings
-from extender.simulation.sizing import DEFAULT_SIZES, TARGET, Sizing, sweep
+from extender.simulation.sizing import TARGET, Sizing, default_sizes, sweep
 from extender.simulation.tides import DEFAULT_DAYS, default_cluster, default_trace
 
 DEFAULT_OUT = Path("tidelease-sim-out")
-DEFAULT_STANDBY = 256  # GPUs, when the sweep does not choose
+# Standby pool without a sweep: this share of the cluster's GPUs, in whole nodes. The sweep on
+# the built-in cluster and its failure model finds the smallest pool meeting 99.9 % of full
+# reclaims at about this share (docs/simulator.md has the table); it grows with the failure
+# rate, not with the cluster's size.
+STANDBY_SHARE = 0.01
 ORDER = (Policy.RIGHT_OF_RETURN, Policy.NO_RETURN, Policy.NO_SCALING)
+
+
+def default_standby(total_gpus: int, node_gpus: int = 8) -> int:
+    """The standby pool (GPUs) when the sweep does not choose: ``STANDBY_SHARE`` of the
+    cluster, rounded up to whole nodes (a replica stands in on a whole node)."""
+    node = max(1, node_gpus)
+    return -(-round(STANDBY_SHARE * total_gpus) // node) * node
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -63,14 +74,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--sweep-sizes",
-        default=",".join(str(s) for s in DEFAULT_SIZES),
-        help="standby sizes (GPUs) the sweep tries, comma-separated",
+        help="standby sizes (GPUs) the sweep tries, comma-separated (default: 0 to 5%% of the "
+        "cluster's GPUs in whole nodes)",
     )
     parser.add_argument(
         "--standby",
         type=int,
         help="standby pool (GPUs) of the right-of-return run (default: the sweep's answer, or "
-        f"its largest size if none meets the target; without a sweep {DEFAULT_STANDBY})",
+        f"its largest size if none meets the target; without a sweep {100 * STANDBY_SHARE:g}%% "
+        "of the cluster's GPUs in whole nodes)",
+    )
+    parser.add_argument(
+        "--failure-scale",
+        type=float,
+        default=1.0,
+        help="multiply the failure model's rates (default 1; ignored with a trace's failures)",
     )
     parser.add_argument(
         "--policies",
@@ -119,6 +137,8 @@ def scenario_from(args: argparse.Namespace) -> Scenario:
         problems.append(f"--days: want a positive number, got {args.days:g}")
     if args.scale <= 0:
         problems.append(f"--scale: want a positive number, got {args.scale:g}")
+    if args.failure_scale < 0:
+        problems.append(f"--failure-scale: want a non-negative number, got {args.failure_scale:g}")
     if problems:
         raise InvalidInput(problems)
     spec = load_cluster(args.cluster) if args.cluster else default_cluster(args.scale)
@@ -132,7 +152,13 @@ def scenario_from(args: argparse.Namespace) -> Scenario:
             raise InvalidInput(problems)
     failures = trace.failures
     if failures is None:
-        failures = draw_failures(nodes, spec.failure_model, trace.minutes, args.seed)
+        model = spec.failure_model
+        if args.failure_scale != 1.0:
+            model = replace(
+                model,
+                rates_per_day=tuple((t, r * args.failure_scale) for t, r in model.rates_per_day),
+            )
+        failures = draw_failures(nodes, model, trace.minutes, args.seed)
     else:
         failures = tuple(f for f in failures if f.at < trace.minutes)
     return Scenario(nodes, trace, failures)
@@ -141,13 +167,16 @@ def scenario_from(args: argparse.Namespace) -> Scenario:
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     stream = out or sys.stdout
     policies = _policies(args.policies)
-    sizes = _ints(args.sweep_sizes, "--sweep-sizes")
+    sizes = _ints(args.sweep_sizes, "--sweep-sizes") if args.sweep_sizes else None
     if args.standby is not None and args.standby < 0:
         raise InvalidInput(f"--standby: want a non-negative number of GPUs, got {args.standby}")
     if args.jobs < 1:
         raise InvalidInput(f"--jobs: want at least 1, got {args.jobs}")
     scenario = scenario_from(args)
     total = sum(n.gpus for n in scenario.nodes)
+    node_gpus = max((n.gpus for n in scenario.nodes), default=8)
+    if sizes is None:
+        sizes = list(default_sizes(total, node_gpus))
     print(describe(scenario, args.seed), file=stream, flush=True)
     base = SimSettings(Policy.RIGHT_OF_RETURN, seed=args.seed)
 
@@ -167,7 +196,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
             if policy is Policy.RIGHT_OF_RETURN:
                 standby = args.standby
                 if standby is None:
-                    standby = DEFAULT_STANDBY if sizing is None else _chosen(sizing)
+                    fallback = default_standby(total, node_gpus)
+                    standby = fallback if sizing is None else _chosen(sizing, fallback)
                 reuse = sizing.result_for(standby) if sizing is not None else None
                 if reuse is not None:
                     results[policy] = reuse
@@ -185,6 +215,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         print(file=stream)
         print(sizing_table(sizing, total), file=stream)
     print(file=stream)
+    print(findings([r.summary for r in ordered], sizing, total), file=stream)
+    print(file=stream)
     for r in ordered:
         print(
             f"{r.summary.policy}: simulated {scenario.trace.minutes / 1440:g} days of "
@@ -198,10 +230,10 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     return 0
 
 
-def _chosen(sizing: Sizing) -> int:
+def _chosen(sizing: Sizing, fallback: int) -> int:
     if sizing.answer is not None:
         return sizing.answer
-    return max((p.size for p in sizing.points), default=DEFAULT_STANDBY)
+    return max((p.size for p in sizing.points), default=fallback)
 
 
 def _write_outputs(

@@ -46,12 +46,11 @@ from common.model import (
 )
 from extender.leases import GpuLease, LeaseSpec, LeaseStatus, Workload
 from extender.leasing import (
-    LENDABLE_TIERS,
     TypeTier,
     ordinal,
-    plan_reclaim,
     replicas_for,
     replicas_to_release,
+    standby_excess,
     standby_topup,
     target_gpus,
 )
@@ -84,27 +83,74 @@ class Policy(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class ReclaimRecord:
-    """One reclaim of a lease: from ``Reclaiming`` to ``Steady`` again."""
+    """One reclaim of a lease: from ``Reclaiming`` back to ``Steady``.
+
+    *Due*: the devices of the lent groups the reclaim takes back (``status.reclaiming`` when it
+    starts): what the owner asks back. *Got*: the devices the pods it created hold when it
+    completes, by kind: the owner's own lent devices (*returned*, the same devices back, from
+    any of its lent groups), standby devices on loan (*backfilled*), and anything else
+    (*foreign*: free or preempted devices, what placement found). A due device is *matched* by
+    a returned or backfilled device of the same GPU type and an equal or better tier (weflex
+    FETCHSTANDBY(k, r): reliability >= r), each device matching one due device, best tiers
+    first. The reclaim is *full* when every due device is matched and the reclaim completed
+    within the grace period plus 10 s.
+    """
 
     minute: int  # when it started
     job: str
-    lent: int  # devices the lease had lent when it started
-    due: int  # of those, as many as the new replicas can hold: what must come back
-    returned: int  # lent devices the job holds when its pods are placed
-    backfilled: int  # standby devices it holds then
-    lost: int  # lent devices that could not come back (failed, or held by a protected pod)
-    evicted: int  # borrower pods evicted
-    forfeited: int  # healthy lent devices whose tag was cleared without their coming back
-    duration_s: float  # the controller's own measure, decision to tags cleared
+    due: int
+    returned: int
+    backfilled: int
+    foreign: int
+    matched: int
+    lost: int  # due devices that could not come back: unhealthy, or their node gone, at the end
+    forfeited: int  # due devices neither back nor still lent to the owner at the end
+    evicted: int  # borrower pods evicted by its notice
+    duration_s: float  # the controller's own measure, decision to Steady
+    grace_s: float
 
     @property
     def shortfall(self) -> int:
-        return max(0, self.due - self.returned - self.backfilled)
+        """Due devices without a match."""
+        return self.due - self.matched
+
+    @property
+    def timely(self) -> bool:
+        return self.duration_s <= self.grace_s + TIMELY_SLACK_S
 
     @property
     def full(self) -> bool:
-        """Every device due came back, or a standby device stood in for it."""
-        return self.shortfall == 0
+        return self.shortfall == 0 and self.timely
+
+
+TIMELY_SLACK_S = 10.0
+
+
+def matched(due: Mapping[TypeTier, int], got: Mapping[TypeTier, int]) -> int:
+    """How many due devices the got ones match: same type, equal or better tier, one each.
+    Per type, the best due tiers take the best got devices first (greedy is optimal here: a
+    device that matches a tier matches every tier below it)."""
+    total = 0
+    for gpu_type in {t for t, _ in due}:
+        supply = sorted(
+            ((int(tier), n) for (t, tier), n in got.items() if t == gpu_type and n > 0),
+            reverse=True,
+        )
+        left = [list(x) for x in supply]
+        for tier, n in sorted(
+            ((int(tier), n) for (t, tier), n in due.items() if t == gpu_type), reverse=True
+        ):
+            need = n
+            for slot in left:
+                if need == 0:
+                    break
+                if slot[0] < tier or slot[1] == 0:
+                    continue
+                use = min(need, slot[1])
+                slot[1] -= use
+                need -= use
+            total += n - need
+    return total
 
 
 @dataclass(slots=True)
@@ -119,22 +165,54 @@ class JobState:
     clock: float = 0.0  # the controller's time for this lease (it may run ahead in a step)
     version: int = 0  # bumped whenever its pods or their devices change
     observed: tuple[int, list[OwnerPod]] | None = None  # its pods as last seen, at a version
-    reclaim: dict[str, Any] | None = None  # the reclaim under way, for its record
+    reclaim: ReclaimStart | None = None  # the reclaim under way, for its record
+    lent_tiers: Counter[Tier] = field(default_factory=Counter)  # of the lease's lent devices
 
     def name_of(self, o: int) -> str:
         return f"{self.spec.name}-{o}"  # the StatefulSet's pod names
 
 
-def standby_targets(size: int, weights: Mapping[TypeTier, int]) -> dict[TypeTier, int]:
-    """``size`` standby devices split over types and tiers in proportion to ``weights``
-    (largest remainder, ties by type then higher tier first)."""
+@dataclass(slots=True)
+class ReclaimStart:
+    minute: int
+    due: tuple[GpuUuid, ...]  # the devices of the groups it takes back
+    lent: frozenset[GpuUuid]  # every device the lease had lent
+    pods: frozenset[PodUid]  # the job's pods before it
+    evicted: int = 0
+
+
+def standby_targets(
+    size: int, weights: Mapping[TypeTier, int], node_gpus: int = 1
+) -> dict[TypeTier, int]:
+    """``size`` standby devices split over GPU types in whole nodes of ``node_gpus`` (a
+    replica stands in on one node), then over each type's tiers, in proportion to ``weights``
+    (largest remainder; ties by type, then higher tier first)."""
+    unit = max(1, node_gpus)
+    by_type: dict[str, int] = {}
+    for (t, _), w in weights.items():
+        by_type[t] = by_type.get(t, 0) + max(0, w)
+    nodes = _apportion(size // unit, by_type, lambda t: (t,))
+    out: dict[TypeTier, int] = {}
+    for t in by_type:
+        share = {k: w for k, w in weights.items() if k[0] == t}
+        out.update(_apportion(nodes.get(t, 0) * unit, share, lambda k: (k[0], -int(k[1]))))
+    if size % unit and weights:  # a remainder smaller than a node: split it too
+        rest = _apportion(size % unit, dict(weights), lambda k: (k[0], -int(k[1])))
+        for k, n in rest.items():
+            out[k] = out.get(k, 0) + n
+    return out
+
+
+def _apportion(
+    size: int, weights: Mapping[Any, int], tie: Callable[[Any], tuple[object, ...]]
+) -> dict[Any, int]:
     total = sum(w for w in weights.values() if w > 0)
     if size <= 0 or total <= 0:
         return {k: 0 for k in weights}
     exact = {k: size * max(0, w) / total for k, w in weights.items()}
     out = {k: int(x) for k, x in exact.items()}
     left = size - sum(out.values())
-    order = sorted(exact, key=lambda k: (-(exact[k] - int(exact[k])), k[0], -int(k[1])))
+    order = sorted(exact, key=lambda k: (-(exact[k] - int(exact[k])), *tie(k)))
     for k in order[:left]:
         out[k] += 1
     return out
@@ -180,6 +258,7 @@ class OnlineJobs:
             if j.peak > 0
         ]
         self._online_nodes = {n.name for n in nodes if n.role is Role.ONLINE}
+        self._names = {j.spec.name for j in self.jobs}
         self.minute = 0
         self.reclaims: list[ReclaimRecord] = []
         self.held = 0
@@ -213,14 +292,33 @@ class OnlineJobs:
             out[j.spec.name] = tuple(devs)
         return out
 
-    def lendable_holdings(self) -> dict[TypeTier, int]:
-        """HA and MA devices the jobs hold, per type and tier: what leases can lose."""
+    def held_by_type_tier(self) -> dict[TypeTier, int]:
+        """The devices the jobs hold, per type and tier: what leases can lend and lose."""
         counts: Counter[TypeTier] = Counter()
         for devs in self.holdings().values():
             for d in devs:
-                if d.tier in LENDABLE_TIERS:
-                    counts[(d.gpu_type, d.tier)] += 1
+                counts[(d.gpu_type, d.tier)] += 1
         return dict(counts)
+
+    def own_tiers(self) -> Counter[Tier]:
+        """Tiers of the online jobs' own GPUs: the devices they hold, but standby devices on
+        loan (those are the pool's), and the devices they have lent with right of return,
+        each device once."""
+        tiers = Counter(self.held_tiers)
+        world = self.world
+        names = self._names
+        for u in world.standby:  # loans: standby devices an online job holds
+            holder = world.holder_of.get(u)
+            if holder is not None and holder.owner in names:
+                tiers[world.devices[u].tier] -= 1
+        for j in self.jobs:
+            tiers.update(j.lent_tiers)
+            if j.lease.status.phase == "Reclaiming":  # lent devices held again, not yet untagged
+                for u in j.lease.status.lent:
+                    holder = world.holder_of.get(u)
+                    if holder is not None and holder.owner == j.spec.name:
+                        tiers[world.devices[u].tier] -= 1
+        return tiers
 
     # --- start: the pre-lease placement ---
     def start(self) -> None:
@@ -240,7 +338,16 @@ class OnlineJobs:
             raise InvalidInput(problems)
 
     # --- every step ---
-    def step(self, minute: int, now: float, step_s: float) -> None:
+    def step(
+        self,
+        minute: int,
+        now: float,
+        step_s: float,
+        released: Callable[[], None] = lambda: None,
+    ) -> None:
+        """One step of every job. Without right of return, ``released`` runs between the
+        scale-downs and the scale-ups: the platform (pending borrowers) takes what was released
+        before another job scales up, as kube-scheduler would within seconds."""
         self.minute = minute
         self.demand = 0
         for job in self.jobs:
@@ -263,6 +370,7 @@ class OnlineJobs:
                 if want < job.replicas:
                     self._scale(job, want)
             self._place_pending()
+            released()
             for job in self.jobs:
                 spec = job.spec
                 target = target_gpus(spec.demand_at(minute), spec.schedule, now)
@@ -329,28 +437,24 @@ class OnlineJobs:
         elif isinstance(action, Evict):
             for pod in action.pods:
                 if self.evict(pod) and job.reclaim is not None:
-                    job.reclaim["evicted"] += 1
+                    job.reclaim.evicted += 1
         else:  # pragma: no cover - Wait is handled by the caller
             raise AssertionError(action)
 
     def _write_status(self, job: JobState, status: LeaseStatus, now: float) -> None:
         old = job.lease.status
         if status.phase == "Reclaiming" and old.phase != "Reclaiming":
-            lent = status.lent
-            view = self._view()
-            holders = {u: view.holders[u] for u in lent if u in view.holders}
-            plan = plan_reclaim(job.spec.name, lent, view.devices, holders, view.offering)
-            new = max(0, (status.target_replicas or 0) - job.replicas)
-            job.reclaim = {
-                "minute": self.minute,
-                "lent": len(lent),
-                "due": min(len(lent), new * job.spec.gpus_per_replica),
-                "lost": sum(plan.backfill.values()),  # failed, or held by a protected pod
-                "evicted": 0,
-                "returned": status.returned,
-                "backfilled": status.backfilled,
-            }
+            back = [g for g in status.groups if g.replica in status.reclaiming]
+            job.reclaim = ReclaimStart(
+                minute=self.minute,
+                due=tuple(u for g in back for u in g.devices),
+                lent=frozenset(status.lent),
+                pods=frozenset(job.pods.values()),
+            )
         job.lease = replace(job.lease, status=status)
+        if status.groups != old.groups:
+            devices = self.world.devices
+            job.lent_tiers = Counter(devices[u].tier for u in status.lent if u in devices)
         if old.phase != status.phase:
             # what the extender's watch of GpuLease objects does
             self.world.state.apply_gpu_lease(
@@ -362,23 +466,52 @@ class OnlineJobs:
                 },
             )
         if old.phase == "Reclaiming" and status.phase == "Steady" and job.reclaim is not None:
-            r = job.reclaim
-            returned = status.returned - r["returned"]
-            self.reclaims.append(
-                ReclaimRecord(
-                    minute=r["minute"],
-                    job=job.spec.name,
-                    lent=r["lent"],
-                    due=r["due"],
-                    returned=returned,
-                    backfilled=status.backfilled - r["backfilled"],
-                    lost=r["lost"],
-                    evicted=r["evicted"],
-                    forfeited=max(0, r["lent"] - returned - r["lost"]),
-                    duration_s=status.last_reclaim_s or 0.0,
-                )
-            )
+            self.reclaims.append(self._record(job, job.reclaim, status))
             job.reclaim = None
+
+    def _record(self, job: JobState, start: ReclaimStart, status: LeaseStatus) -> ReclaimRecord:
+        world = self.world
+        owner = job.spec.name
+        got: Counter[TypeTier] = Counter()
+        returned = backfilled = foreign = 0
+        for uid in job.pods.values():
+            if uid in start.pods:
+                continue
+            alloc = world.allocation(uid)
+            for u in alloc.devices if alloc is not None else ():
+                d = world.devices[u]
+                if u in start.lent:
+                    returned += 1
+                elif d.cls.standby:
+                    backfilled += 1
+                else:
+                    foreign += 1
+                    continue
+                got[(d.gpu_type, d.tier)] += 1
+        due: Counter[TypeTier] = Counter()
+        lost = forfeited = 0
+        for u in start.due:
+            d = world.devices[u]
+            due[(d.gpu_type, d.tier)] += 1
+            if not d.cls.healthy or not world.offering.get(d.node, False):
+                lost += 1
+            holder = world.holder_of.get(u)
+            if (holder is None or holder.owner != owner) and d.cls.owner != owner:
+                forfeited += 1
+        return ReclaimRecord(
+            minute=start.minute,
+            job=owner,
+            due=len(start.due),
+            returned=returned,
+            backfilled=backfilled,
+            foreign=foreign,
+            matched=matched(due, got),
+            lost=lost,
+            forfeited=forfeited,
+            evicted=start.evicted,
+            duration_s=status.last_reclaim_s or 0.0,
+            grace_s=float(job.lease.spec.grace_s),
+        )
 
     # --- the StatefulSet and its pods ---
     def _scale(self, job: JobState, replicas: int) -> None:
@@ -444,8 +577,10 @@ class OnlineJobs:
     # --- the standby pool ---
     def topup(self) -> None:
         """:meth:`extender.leasecontroller.LeaseController.top_up_standby` over the world: the
-        pool (healthy standby devices) and the free devices, offered by their nodes, given to
-        :func:`~extender.leasing.standby_topup`. Only nodes with a free healthy device can add
+        pool (healthy standby devices, those on loan included) and the free devices, offered by
+        their nodes, given to :func:`~extender.leasing.standby_topup`; free standby devices
+        beyond the targets (loans given back) leave the pool by
+        :func:`~extender.leasing.standby_excess`. Only nodes with a free healthy device can add
         one, so only they are looked at."""
         targets = self.standby_targets
         if not targets:
@@ -457,9 +592,18 @@ class OnlineJobs:
             if d.cls.healthy and world.offering.get(d.node, False):
                 key = (d.gpu_type, d.tier)
                 pool[key] = pool.get(key, 0) + 1
+        held = world.holder_of
+        if any(n > targets.get(k, 0) for k, n in pool.items()):
+            free_standby = [
+                world.devices[u]
+                for u in world.standby
+                if u not in held and world.devices[u].cls.healthy
+            ]
+            extra = standby_excess(free_standby, pool, targets)
+            if extra:
+                world.set_classes({d.uuid: d.cls._replace(standby=False) for d in extra})
         if all(pool.get(k, 0) >= n for k, n in targets.items()):
             return  # standby_topup would choose nothing
-        held = world.holder_of
         free = [
             d
             for name in world.with_free(1, None)
@@ -467,6 +611,7 @@ class OnlineJobs:
             for d in world.by_node[name]
             if d.uuid not in held and not (d.cls.standby and d.cls.healthy)
         ]
-        chosen = standby_topup(free, pool, targets)
+        standby = [world.devices[u] for u in world.standby]
+        chosen = standby_topup(free, pool, targets, standby)
         if chosen:
             world.set_classes({d.uuid: d.cls._replace(standby=True) for d in chosen})

@@ -1,16 +1,26 @@
 """What a run measures: time series sampled every step, and their summary. Pure.
 
-* **HA share** of the online jobs: HA devices over all devices they hold (weflex fig. 14). It
-  moves within a day as replicas with other tier mixes come and go, so it is compared at the
-  same point of each day: the step where the jobs hold the most GPUs (the daily peak). *start*
-  is the pre-lease placement; *end* the last daily peak; *min* the lowest daily peak.
-* **Fulfilment** of the borrowers: GPUs their running pods hold over GPUs asked by every
-  borrower that is pending or running (weflex fig. 10). *trough*: mean over the steps where the
+* **HA share** of the online jobs (weflex fig. 14): of *the online jobs' GPUs*, the share of HA
+  tier. Their GPUs are the devices their pods hold, but standby devices on loan (the pool's,
+  standing in for lent devices that could not come back yet), plus the devices they have lent with
+  right of return (tagged with their name, due back), each device once. Under right of return this
+  is the set they held before lending, whatever the tide; without it (no return, no scaling) it is
+  what they hold. How good the stand-ins are is measured by the reclaims. *start*: the pre-lease
+  placement. It is compared at each day's online peak (the step where the jobs hold the most
+  GPUs), where every policy holds (nearly) all of its GPUs: *end* is the last day's, *min* and
+  *max* the extremes over the days, *drift* the largest distance from *start*. *steps drift*: the
+  largest distance from *start* over every step (for right of return the share is flat through the
+  day too; without it, the share of what is held moves with the tide).
+* **Fulfilment** of the borrowers (weflex fig. 10): GPUs their running pods hold over GPUs
+  asked by every borrower that is pending or running. *trough*: mean over the steps where the
   online demand is in its lowest quarter; *peak*: in its highest quarter.
-* **Reclaims fully met**: reclaims (a lease from ``Reclaiming`` back to ``Steady``) in which as
-  many lent devices came back, or standby devices stood in for them, as the new replicas could
-  hold (*due*). *Forfeited*: lent devices whose tag the reclaim cleared without their coming
-  back.
+* **Reclaims** (:class:`~.controlling.ReclaimRecord`): a reclaim asks back the devices of the
+  lent groups it takes back (*due*); it is *full* when each due device is matched, by the same
+  device or another of the owner's lent devices or a standby device on loan, of the same GPU
+  type and an equal or better tier, and it completed within the grace period + 10 s.
+  *shortfall*: due devices without a match; *returned*, *backfilled*, *foreign*: what the new
+  pods got (own lent devices, standby, anything else); *lost*: due devices unhealthy (or their
+  node gone) when the reclaim completed; *forfeited*: due devices neither back nor still lent.
 * **GPU hours lent**: GPU-hours the online jobs held below their peak (released to the
   platform); **on lent**: borrower GPU-hours on devices tagged by an online job.
 * **Utilisation**: GPUs held by any pod over all GPUs.
@@ -30,8 +40,9 @@ class Series:
     minute: list[int] = field(default_factory=list)
     online_demand: list[int] = field(default_factory=list)  # GPUs the jobs' targets ask
     online_wanted: list[int] = field(default_factory=list)  # GPUs of the replicas they run
-    online_held: list[int] = field(default_factory=list)
-    online_ha: list[int] = field(default_factory=list)
+    online_held: list[int] = field(default_factory=list)  # GPUs the jobs' pods hold
+    online_own: list[int] = field(default_factory=list)  # the jobs' GPUs: own held + lent
+    online_ha: list[int] = field(default_factory=list)  # of those, HA
     requested: list[int] = field(default_factory=list)  # borrowers: pending + running GPUs
     running: list[int] = field(default_factory=list)  # borrowers: GPUs held
     on_lent: list[int] = field(default_factory=list)  # borrowers: on owner-tagged devices
@@ -40,7 +51,7 @@ class Series:
     unhealthy: list[int] = field(default_factory=list)
 
     def ha_share(self) -> list[float]:
-        pairs = zip(self.online_ha, self.online_held, strict=True)
+        pairs = zip(self.online_ha, self.online_own, strict=True)
         return [ha / held if held else 0.0 for ha, held in pairs]
 
     def fulfilment(self) -> list[float]:
@@ -65,17 +76,24 @@ class Summary:
     ha_start: float
     ha_end: float
     ha_min: float
+    ha_max: float
+    ha_drift: float  # largest |share at a daily peak - start|
+    ha_steps_drift: float  # largest |share at any step - start|
     cluster_ha: float  # HA share of all the cluster's devices
     fulfilment_trough: float
     fulfilment_peak: float
     fulfilment_mean: float
     reclaims: int
     reclaims_full: int
-    shortfall: int  # devices due that neither came back nor had a standby stand-in
-    backfilled: int  # standby devices given instead
-    lost: int  # lent devices that could not come back
-    forfeited: int  # lent devices whose tag was cleared without coming back
-    reclaim_evictions: int  # borrower pods evicted by reclaims
+    reclaims_timely: int
+    due: int
+    shortfall: int  # due devices without a match
+    returned: int  # own lent devices the new pods got
+    backfilled: int  # standby devices they got (on loan)
+    foreign: int  # other devices they got
+    lost: int
+    forfeited: int
+    reclaim_evictions: int  # borrower pods evicted by reclaims' notices
     gpu_hours_lent: float
     borrower_gpu_hours: float
     on_lent_gpu_hours: float
@@ -122,7 +140,7 @@ def summarize(
     elapsed_s: float,
     cpu_s: float = 0.0,
 ) -> Summary:
-    reclaims = [r for r in reclaims if r.lent > 0]  # scale-ups with nothing lent: no reclaim
+    reclaims = [r for r in reclaims if r.due > 0]  # scale-ups with nothing lent: no reclaim
     share = series.ha_share()
     peaks = [share[i] for i in series.daily_peaks()]
     fulfil = series.fulfilment()
@@ -138,14 +156,21 @@ def summarize(
         ha_start=ha_start,
         ha_end=peaks[-1] if peaks else ha_start,
         ha_min=min(peaks, default=ha_start),
+        ha_max=max(peaks, default=ha_start),
+        ha_drift=max((abs(x - ha_start) for x in peaks), default=0.0),
+        ha_steps_drift=max((abs(x - ha_start) for x in share), default=0.0),
         cluster_ha=cluster_ha,
         fulfilment_trough=_mean(trough),
         fulfilment_peak=_mean(peak),
         fulfilment_mean=_mean(fulfil),
         reclaims=len(reclaims),
         reclaims_full=sum(1 for r in reclaims if r.full),
+        reclaims_timely=sum(1 for r in reclaims if r.timely),
+        due=sum(r.due for r in reclaims),
         shortfall=sum(r.shortfall for r in reclaims),
+        returned=sum(r.returned for r in reclaims),
         backfilled=sum(r.backfilled for r in reclaims),
+        foreign=sum(r.foreign for r in reclaims),
         lost=sum(r.lost for r in reclaims),
         forfeited=sum(r.forfeited for r in reclaims),
         reclaim_evictions=sum(r.evicted for r in reclaims),

@@ -34,57 +34,78 @@ def _label(r: RunResult) -> str:
 
 
 def ha_share(results: Sequence[RunResult], path: Path) -> Path:
+    """weflex fig. 14: the HA share of the online jobs' GPUs at each day's online peak, per
+    policy; for right of return also at every step (its GPUs are the same all day: held, on
+    loan or lent), against the pre-lease share and the cluster's average."""
     fig = Figure(figsize=(10, 4.5))
     ax = fig.add_subplot()
+    values: list[float] = []
     for r in results:
         color = COLORS.get(r.summary.policy)
         days = _days(r)
-        share = r.series.ha_share()
-        ax.plot(days, [100 * x for x in share], lw=0.6, alpha=0.45, color=color)
+        share = [100 * x for x in r.series.ha_share()]
+        if r.summary.policy == "right-of-return":
+            ax.plot(days, share, lw=0.7, alpha=0.5, color=color, label=f"{_label(r)}, every step")
+            values.extend(share)
         peaks = r.series.daily_peaks()
         ax.plot(
             [days[i] for i in peaks],
-            [100 * share[i] for i in peaks],
+            [share[i] for i in peaks],
             marker="o",
             lw=1.8,
             color=color,
             label=f"{_label(r)}, at daily peaks",
         )
+        values.extend(share[i] for i in peaks)
     if results:
         avg = 100 * results[0].summary.cluster_ha
         ax.axhline(avg, ls="--", color="black", lw=1, label=f"cluster average {avg:.1f}%")
         start = 100 * results[0].summary.ha_start
         ax.axhline(start, ls=":", color="tab:blue", lw=1, label=f"pre-lease {start:.1f}%")
+        values.extend((avg, start))
+        ax.set_ylim(min(values) - 1.5, max(values) + 1.5)
     ax.set_xlabel("day")
-    ax.set_ylabel("HA share of online jobs' GPUs (%)")
-    ax.set_title("Online jobs' HA share (cf. weflex fig. 14)")
+    ax.set_ylabel("HA share of the online jobs' GPUs (%)")
+    ax.set_title(
+        "HA share of the online jobs' GPUs, with and without right of return (cf. weflex fig. 14)"
+    )
     ax.legend(loc="lower left", fontsize=8)
     ax.grid(alpha=0.3)
     return _save(fig, path)
 
 
 def fulfilment(results: Sequence[RunResult], path: Path) -> Path:
+    """weflex fig. 10: borrowers' request fulfilment over time, against the online demand."""
     fig = Figure(figsize=(10, 4.5))
     ax = fig.add_subplot()
+    if results:
+        twin = ax.twinx()
+        twin.fill_between(
+            _days(results[0]),
+            results[0].series.online_demand,
+            color="tab:blue",
+            alpha=0.12,
+            lw=0,
+        )
+        twin.set_ylabel("online demand (GPUs, shaded)")
+        twin.set_ylim(0, 1.05 * max(results[0].series.online_demand, default=1))
+        ax.set_zorder(twin.get_zorder() + 1)
+        ax.patch.set_visible(False)
     for r in results:
+        s = r.summary
         ax.plot(
             _days(r),
             [100 * x for x in r.series.fulfilment()],
             lw=1.0,
-            color=COLORS.get(r.summary.policy),
-            label=_label(r),
+            color=COLORS.get(s.policy),
+            label=f"{_label(r)}: troughs {100 * s.fulfilment_trough:.0f}%, "
+            f"peaks {100 * s.fulfilment_peak:.0f}%",
         )
-    if results:
-        twin = ax.twinx()
-        twin.fill_between(
-            _days(results[0]), results[0].series.online_demand, color="tab:blue", alpha=0.08
-        )
-        twin.set_ylabel("online demand (GPUs, shaded)")
     ax.set_xlabel("day")
     ax.set_ylabel("borrowers' fulfilment (%)")
     ax.set_ylim(0, 100)
-    ax.set_title("Borrowers' request fulfilment ratio (cf. weflex fig. 10)")
-    ax.legend(loc="upper left", fontsize=8)
+    ax.set_title("Borrowers' request fulfilment and the online tide (cf. weflex fig. 10)")
+    ax.legend(loc="upper right", fontsize=8)
     ax.grid(alpha=0.3)
     return _save(fig, path)
 
@@ -122,8 +143,10 @@ def sizing(result: Sizing, path: Path) -> Path:
     sizes = [p.size for p in result.points]
     ax.plot(sizes, [100 * p.ratio for p in result.points], marker="o", color="tab:green")
     ax.axhline(100 * result.target, ls="--", color="black", lw=1, label="target")
+    if result.answer is not None:
+        ax.axvline(result.answer, ls=":", color="tab:green", lw=1, label=f"{result.answer} GPUs")
     ax.set_xlabel("standby pool (GPUs)")
-    ax.set_ylabel("reclaims fully met (%)")
+    ax.set_ylabel("reclaims full (%)")
     ax.set_title("Standby pool sizing")
     ax.legend(loc="lower right", fontsize=8)
     ax.grid(alpha=0.3)

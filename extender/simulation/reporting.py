@@ -51,11 +51,10 @@ def policy_table(summaries: Sequence[Summary]) -> str:
     header = [
         "policy",
         "standby",
-        "HA share start/end/min",
+        "HA share start / daily peaks min-max / end",
         "fulfilment trough/peak",
-        "reclaims fully met",
+        "reclaims full",
         "shortfall",
-        "forfeited",
         "GPU-h lent",
         "on lent",
         "utilisation",
@@ -70,11 +69,10 @@ def policy_table(summaries: Sequence[Summary]) -> str:
             [
                 s.policy,
                 str(s.standby_gpus) if s.policy == "right-of-return" else "-",
-                f"{_pct(s.ha_start)} / {_pct(s.ha_end)} / {_pct(s.ha_min)}",
+                f"{_pct(s.ha_start)} / {_pct(s.ha_min)}-{_pct(s.ha_max)} / {_pct(s.ha_end)}",
                 f"{_pct(s.fulfilment_trough)} / {_pct(s.fulfilment_peak)}",
                 met,
                 str(s.shortfall) if s.reclaims else "-",
-                f"{s.forfeited:,}" if s.reclaims else "-",
                 f"{s.gpu_hours_lent:,.0f}",
                 f"{s.on_lent_gpu_hours:,.0f}",
                 _pct(s.utilisation),
@@ -86,8 +84,9 @@ def policy_table(summaries: Sequence[Summary]) -> str:
     lines = _table(header, rows)
     if summaries:
         lines.append(
-            f"HA share: of the GPUs the online jobs hold, at the start (pre-lease) and at each "
-            f"day's peak (end: the last; min: the lowest); cluster average "
+            "HA share: HA devices among the online jobs' GPUs (held, not on loan from standby, or "
+            "lent with right of return), before lending (start) and at each day's online peak; "
+            "cluster average "
             f"{_pct(summaries[0].cluster_ha)}."
         )
         lines.append(
@@ -95,9 +94,9 @@ def policy_table(summaries: Sequence[Summary]) -> str:
             "online demand is in its lowest (trough) and highest (peak) quarter."
         )
         lines.append(
-            "reclaims fully met: as many lent devices back (or standby stand-ins) as the new "
-            "replicas hold; shortfall: devices missing; forfeited: lent devices untagged "
-            "without coming back."
+            "reclaims full: every device asked back matched (itself, another own lent device, or "
+            "standby on loan; same type, equal or better tier) within grace + 10 s; shortfall: "
+            "devices asked back without a match."
         )
         lines.append(
             "GPU-h lent: held below the online peak; on lent: borrower GPU-hours on devices "
@@ -111,31 +110,35 @@ def sizing_table(sizing: Sizing, total_gpus: int) -> str:
     header = [
         "standby GPUs",
         "reclaims",
-        "fully met",
+        "full",
+        "timely",
         "shortfall",
         "lost",
         "backfilled",
+        "foreign",
         "forfeited",
     ]
     rows = [
         [
-            str(p.size),
+            f"{p.size} ({100 * p.size / total_gpus:.2f}%)" if total_gpus else str(p.size),
             f"{p.reclaims:,}",
             f"{100 * p.ratio:.2f}%",
+            f"{p.timely:,}",
             str(p.shortfall),
             str(p.lost),
-            str(p.backfilled),
-            f"{p.forfeited:,}",
+            f"{p.backfilled:,}",
+            f"{p.foreign:,}",
+            str(p.forfeited),
         ]
         for p in sizing.points
     ]
     lines = [
         f"Standby pool sizing (right of return; target: >= {100 * sizing.target:g}% of reclaims "
-        "fully met under the failure model)",
+        "full under the failure model)",
         *_table(header, rows),
-        "shortfall: devices due back that neither came back nor had a standby stand-in; lost: "
-        "lent devices that failed before the reclaim; backfilled: standby devices given; "
-        "forfeited: lent devices whose tag a reclaim cleared without their coming back.",
+        "timely: done within grace + 10 s; shortfall: devices asked back without a match; lost: "
+        "asked back but unhealthy; backfilled: standby devices taken on loan; foreign: other "
+        "devices taken; forfeited: asked back, neither back nor still lent.",
     ]
     if sizing.answer is None:
         largest = max((p.size for p in sizing.points), default=0)
@@ -144,6 +147,60 @@ def sizing_table(sizing: Sizing, total_gpus: int) -> str:
         share = sizing.answer / total_gpus if total_gpus else 0.0
         lines.append(
             f"Smallest standby pool meeting the target: {sizing.answer} GPUs "
-            f"({100 * share:.1f}% of the cluster)."
+            f"({100 * share:.2f}% of the cluster; the next size swept meets it too)."
         )
+    return "\n".join(lines)
+
+
+def findings(summaries: Sequence[Summary], sizing: Sizing | None, total_gpus: int) -> str:
+    """The results in words: weflex figures 14 and 10, and the standby answer."""
+    by = {s.policy: s for s in summaries}
+    lines = ["Findings:"]
+    ror, nor, nos = by.get("right-of-return"), by.get("no-return"), by.get("no-scaling")
+    if summaries:
+        s0 = summaries[0]
+        parts = [f"pre-lease {_pct(s0.ha_start)}, cluster average {_pct(s0.cluster_ha)}"]
+        if ror is not None:
+            parts.append(
+                f"right of return {_pct(ror.ha_min)}-{_pct(ror.ha_max)} at the daily peaks "
+                f"(at most {100 * ror.ha_drift:.2f} pp off, {100 * ror.ha_steps_drift:.2f} pp "
+                "at any step)"
+            )
+        if nor is not None:
+            parts.append(
+                f"no return drifts to {_pct(nor.ha_end)} ({100 * (nor.ha_end - nor.ha_start):+.1f} "
+                f"pp; {_pct(nor.ha_min)} at its lowest daily peak)"
+            )
+        if nos is not None:
+            parts.append(f"no scaling {_pct(nos.ha_end)}")
+        lines.append("  fig. 14, HA share of the online jobs' GPUs: " + "; ".join(parts) + ".")
+    if ror is not None or nor is not None:
+        leased = ror or nor
+        assert leased is not None
+        text = (
+            f"  fig. 10, borrowers' fulfilment: {_pct(leased.fulfilment_trough)} in the online "
+            f"troughs against {_pct(leased.fulfilment_peak)} at the online peaks "
+            f"({100 * (leased.fulfilment_trough - leased.fulfilment_peak):+.1f} pp, "
+            f"{leased.policy})"
+        )
+        if nos is not None:
+            text += f"; {_pct(nos.fulfilment_mean)} throughout without elastic scaling"
+        lines.append(text + ".")
+    if ror is not None and ror.reclaims:
+        lines.append(
+            f"  reclaims: {100 * ror.reclaims_full_ratio:.2f}% of {ror.reclaims:,} full with "
+            f"{ror.standby_gpus} standby GPUs."
+        )
+    if sizing is not None:
+        if sizing.answer is None:
+            largest = max((p.size for p in sizing.points), default=0)
+            lines.append(
+                f"  standby for >= {100 * sizing.target:g}% full reclaims: none up to {largest} "
+                "GPUs."
+            )
+        else:
+            lines.append(
+                f"  standby for >= {100 * sizing.target:g}% full reclaims: {sizing.answer} GPUs "
+                f"({100 * sizing.answer / max(1, total_gpus):.2f}% of {total_gpus:,})."
+            )
     return "\n".join(lines)

@@ -17,9 +17,10 @@ Two shortcuts keep a two-week run of 10,000 GPUs fast, neither changing an answe
   wants (no other node can pass: every device a plan takes is free and healthy); the rest of the
   nodes matter only for preemption, which walks them as kube-scheduler does.
 * A reclaim pod (``ClusterState.with_reclaim``: its owner's lease is reclaiming) is filtered
-  over the nodes that can pass too; only when none passes without the standby pool are the
-  other nodes looked at, to know whether evictions could make it fit there (then the filter
-  keeps standby for later, and the pod preempts).
+  over those nodes and the nodes with devices tagged with its owner: the filter keeps the
+  standby pool only while the pod passes without it, or could after evicting the borrowers of
+  its owner's lent devices, and neither can happen on any other node; for preemption the
+  latter are looked for among the tagged nodes only.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 
 from common.model import Device, Holder, NodeName, PodRequest
-from extender.filtering import filter_nodes
+from extender.filtering import filter_nodes, own_resolvable
 from extender.placement import pick_devices, placement_shape
 from extender.preemption import choose_victims
 from extender.scoring import ScoreWeights, prioritize_nodes
@@ -124,15 +125,14 @@ class Scheduler:
     ) -> list[str]:
         """The nodes ``filter_nodes`` passes for this pod, asking it only what can pass."""
         cands = self._candidates(req, within)
+        if req.reclaim:
+            own = self.world.tagged_nodes(req.owner)
+            if within is not None:
+                own = [n for n in own if n in within]
+            if req.gpu_type is not None:
+                own = [n for n in own if self.world.specs[n].gpu_type == req.gpu_type]
+            cands = sorted(set(cands).union(own))
         if not cands:
-            return []
-        if not req.reclaim:
-            return self._filter(req, cands)[0]
-        # filter_nodes answers a reclaim pod from the answer without the flag whenever some
-        # node passes, or could after evictions, without standby; over the candidates the
-        # first case is decided alike, the second needs a look at the other nodes
-        plain = replace(req, reclaim=False)
-        if not self._filter(plain, cands)[0] and self._walk(plain, universe, 1):
             return []
         return self._filter(req, cands)[0]
 
@@ -175,11 +175,18 @@ class Scheduler:
     ) -> list[str]:
         """Up to ``want`` of the nodes the filter answers with ``FailedNodes`` (for a pod that
         passes nowhere), from a random one on."""
-        walked = self._walk(replace(req, reclaim=False) if req.reclaim else req, universe, want)
-        if req.reclaim and not walked:
-            # nothing fits without standby even after evictions: the reclaim flag decides
-            walked = self._walk(req, universe, want)
-        return walked
+        if req.reclaim:
+            # the filter's answer for a reclaim that passes nowhere: the nodes where evicting
+            # the borrowers of its own lent devices makes room (all among the nodes with its
+            # tags), or if there are none, those where any eviction does, standby included
+            allowed = set(universe)
+            tagged = [n for n in self.world.tagged_nodes(req.owner) if n in allowed]
+            if tagged:
+                plain = replace(req, reclaim=False)
+                own = own_resolvable(self.world.state, self._filter(plain, tagged)[1], plain)
+                if own:
+                    return sorted(own)[:want]
+        return self._walk(req, universe, want)
 
     def _preempt(self, req: PodRequest, universe: Sequence[NodeName]) -> tuple[Holder, ...] | None:
         s = self.settings

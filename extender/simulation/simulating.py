@@ -2,9 +2,11 @@
 
 Per step (``trace.step`` simulated minutes), in this order: repairs, failures (a borrower whose
 device fails is evicted and queues again), borrower completions, borrowers that give up; the
-online jobs scale (every release of the step before any scale-up); the standby pool is topped up
-(right of return, every ``topup_every`` minutes); arrivals join the queue; pending borrowers are
-placed; the step is sampled.
+standby pool is topped up (right of return, every ``topup_every`` minutes); arrivals join the
+queue and pending borrowers are placed (kube-scheduler places a pending pod within seconds of
+devices freeing, so the online jobs do not find them idle); the online jobs scale (every
+release of the step before any scale-up); the standby pool is topped up and pending borrowers
+placed again, on what the online jobs released; the step is sampled.
 
 Work per step is proportional to what happens in it, not to the cluster's size: events come
 from a heap, placement asks the filter only about nodes with enough free devices, and the
@@ -17,6 +19,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from common.model import Device, GpuUuid, Holder, Tier
 from extender.simulation.borrowers import Borrowers
@@ -91,8 +94,12 @@ def simulate(
     ha_start = online.held_tiers[Tier.HA] / online.held if online.held else 0.0
     right_of_return = settings.policy is Policy.RIGHT_OF_RETURN
     if right_of_return:
-        online.standby_targets = standby_targets(settings.standby_gpus, online.lendable_holdings())
+        node_gpus = max((n.gpus for n in scenario.nodes), default=1)
+        online.standby_targets = standby_targets(
+            settings.standby_gpus, online.held_by_type_tier(), node_gpus
+        )
         online.topup()
+    topup_every = max(settings.topup_every, trace.step)
 
     failures = scenario.failures
     failed_uuid: list[GpuUuid] = []
@@ -121,16 +128,22 @@ def simulate(
                 uuid = failed_uuid[subject]
                 dev = world.devices[uuid]
                 world.set_classes({uuid: dev.cls._replace(healthy=True)})
-        online.step(minute, clock.now, 60.0 * trace.step)
-        if right_of_return and minute % max(settings.topup_every, trace.step) < trace.step:
+        topup = right_of_return and minute % topup_every < trace.step
+        if topup:
             online.topup()
         borrowers.arrive_until(minute)
         borrowers.schedule(minute)
+        online.step(minute, clock.now, 60.0 * trace.step, partial(borrowers.schedule, minute))
+        if topup:
+            online.topup()
+        borrowers.schedule(minute)
+        own = online.own_tiers()
         series.minute.append(minute)
         series.online_demand.append(online.demand)
         series.online_wanted.append(online.wanted_gpus)
         series.online_held.append(online.held)
-        series.online_ha.append(online.held_tiers[Tier.HA])
+        series.online_own.append(sum(own.values()))
+        series.online_ha.append(own[Tier.HA])
         series.requested.append(borrowers.requested)
         series.running.append(borrowers.running)
         series.on_lent.append(borrowers.on_lent)

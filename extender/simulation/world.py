@@ -44,6 +44,7 @@ class SimCluster:
         self.holder_of: dict[GpuUuid, Holder] = {}
         self.version: dict[NodeName, int] = {}
         self.standby: set[GpuUuid] = set()
+        self.tagged: dict[str, Counter[NodeName]] = {}  # per owner tag: its devices per node
         self.unhealthy = 0
         self.total = 0
         self.changes = 0  # bumped on every change of any node
@@ -91,6 +92,10 @@ class SimCluster:
             out.extend(bucket)
         return out
 
+    def tagged_nodes(self, owner: str | None) -> list[NodeName]:
+        """Nodes with devices tagged with this owner (lent by it, or on loan to it)."""
+        return sorted(self.tagged.get(owner, ())) if owner is not None else []
+
     def allocated_on(self, node: NodeName) -> list[GpuUuid]:
         return [u for a in self.ledger[node].values() for u in a.devices]
 
@@ -128,6 +133,14 @@ class SimCluster:
             self.devices[uuid] = new
             self.by_node[old.node][old.index] = new
             self.unhealthy += int(not cls.healthy) - int(not old.cls.healthy)
+            if old.cls.owner != cls.owner:
+                if old.cls.owner is not None:
+                    nodes = self.tagged[old.cls.owner]
+                    nodes[old.node] -= 1
+                    if nodes[old.node] <= 0:
+                        del nodes[old.node]
+                if cls.owner is not None:
+                    self.tagged.setdefault(cls.owner, Counter())[old.node] += 1
             if cls.standby:
                 self.standby.add(uuid)
             else:

@@ -76,7 +76,7 @@ def test_right_of_return_keeps_the_ha_share() -> None:
     s = r.summary
     assert (s.ha_start, s.ha_end, s.ha_min) == (0.75, 0.75, 0.75)
     (reclaim,) = r.reclaims
-    assert (reclaim.minute, reclaim.lent, reclaim.due, reclaim.returned) == (600, 4, 4, 4)
+    assert (reclaim.minute, reclaim.due, reclaim.returned, reclaim.matched) == (600, 4, 4, 4)
     assert (reclaim.evicted, reclaim.forfeited, reclaim.duration_s) == (1, 0, 46.0)  # grace 45 s
     assert reclaim.full
     assert s.evictions == 1
@@ -138,15 +138,19 @@ def test_a_failed_lent_device_is_backfilled_from_standby_of_its_type_and_tier() 
     assert r.standby_targets == {("H20", HA): 1}
     assert r.series.standby[at(r, 300)] == 1
     (reclaim,) = r.reclaims
-    assert (reclaim.lent, reclaim.due, reclaim.returned, reclaim.lost) == (4, 4, 3, 1)
-    assert (reclaim.backfilled, reclaim.forfeited) == (1, 0)
+    assert (reclaim.due, reclaim.returned, reclaim.lost) == (4, 3, 1)
+    assert (reclaim.backfilled, reclaim.foreign, reclaim.matched, reclaim.forfeited) == (1, 0, 4, 0)
     assert reclaim.full
     got = sorted((d.node, d.index) for d in r.holdings["recsys"])
     assert got == [("a", 0), ("a", 1), ("a", 2), ("a", 3), ("b", 0), ("b", 2), ("b", 3), ("b", 4)]
     backfill = next(d for d in r.holdings["recsys"] if d.index == 4)
-    assert (backfill.gpu_type, backfill.tier, backfill.cls.standby) == ("H20", HA, False)
+    # on loan: still a standby device (the pool counts it), tagged with the job holding it
+    assert (backfill.gpu_type, backfill.tier, backfill.cls.standby) == ("H20", HA, True)
+    assert backfill.cls.owner == "recsys"
+    assert r.series.standby[at(r, 605)] == 1
+    # the failed device is still recsys's, lent: it comes back once repaired
+    assert r.series.lent[at(r, 700)] == 1
     assert r.summary.ha_end == 1.0
-    assert r.series.standby[at(r, 605)] == 0  # it left the pool; no free HA GPU to top it up
 
 
 def test_without_standby_the_lost_device_is_a_shortfall() -> None:
@@ -158,15 +162,25 @@ def test_without_standby_the_lost_device_is_a_shortfall() -> None:
     r = simulate(sc, SimSettings(Policy.RIGHT_OF_RETURN, standby_gpus=0))
     (reclaim,) = r.reclaims
     assert (reclaim.due, reclaim.returned, reclaim.lost, reclaim.backfilled) == (4, 3, 1, 0)
-    assert (reclaim.shortfall, reclaim.full, reclaim.evicted) == (1, False, 1)
+    assert (reclaim.foreign, reclaim.shortfall, reclaim.full, reclaim.evicted) == (1, 1, False, 1)
     assert sorted(d.index for d in r.holdings["recsys"] if d.node == "b") == [0, 2, 3, 4]
 
 
-def test_standby_targets_split_by_lendable_holdings() -> None:
+def test_standby_targets_split_by_holdings() -> None:
     weights = {("H20", HA): 6, ("H20", MA): 2}
     assert standby_targets(4, weights) == {("H20", HA): 3, ("H20", MA): 1}
     assert standby_targets(3, weights) == {("H20", HA): 2, ("H20", MA): 1}
     assert standby_targets(0, weights) == {("H20", HA): 0, ("H20", MA): 0}
+
+
+def test_standby_targets_give_each_type_whole_nodes() -> None:
+    # 32 GPUs over 4:1 H20:A100 holdings would be 25.6 and 6.4: less than a node of A100
+    weights = {("H20", HA): 60, ("H20", MA): 20, ("A100", HA): 15, ("A100", LA): 5}
+    out = standby_targets(32, weights, node_gpus=8)
+    assert out == {("H20", HA): 18, ("H20", MA): 6, ("A100", HA): 6, ("A100", LA): 2}
+    more = standby_targets(36, weights, node_gpus=8)  # 4 left over a node: split too
+    assert sum(more.values()) == 36
+    assert more[("A100", HA)] + more[("A100", LA)] >= 8
 
 
 def small_generated() -> Scenario:
@@ -187,3 +201,37 @@ def test_same_seed_same_results(policy: Policy) -> None:
     assert first.stats == again.stats
     timeless = {"elapsed_s": 0.0, "cpu_s": 0.0}
     assert replace(first.summary, **timeless) == replace(again.summary, **timeless)
+
+
+@pytest.fixture(scope="module")
+def figures() -> dict[Policy, RunResult]:
+    spec = default_cluster(0.05)  # 63 nodes, 504 GPUs
+    nodes = spec.expand(3)
+    trace = default_trace(list(nodes), days=4, seed=3)
+    sc = Scenario(nodes, trace, draw_failures(nodes, spec.failure_model, trace.minutes, 3))
+    return {p: simulate(sc, SimSettings(p, seed=3, standby_gpus=16)) for p in Policy}
+
+
+def test_fig14_right_of_return_holds_the_ha_share_and_no_return_drifts(
+    figures: dict[Policy, RunResult],
+) -> None:
+    ror = figures[Policy.RIGHT_OF_RETURN].summary
+    nor = figures[Policy.NO_RETURN].summary
+    nos = figures[Policy.NO_SCALING].summary
+    assert ror.ha_start == nor.ha_start == nos.ha_start > ror.cluster_ha + 0.03
+    # right of return: within half a point of the pre-lease share, at every step
+    assert ror.ha_steps_drift <= 0.005
+    assert abs(ror.ha_end - ror.ha_start) <= 0.005
+    # without return: the daily peaks lose HA devices, toward the cluster's average
+    assert nor.ha_drift >= 4 * max(ror.ha_drift, 0.005)
+    assert nor.ha_end <= nor.ha_start - 0.02
+    assert abs(nor.ha_end - nor.cluster_ha) < abs(nor.ha_start - nor.cluster_ha)
+    assert (nos.ha_drift, nos.ha_steps_drift) == (0.0, 0.0)
+
+
+def test_fig10_borrowers_get_more_in_the_troughs(figures: dict[Policy, RunResult]) -> None:
+    ror = figures[Policy.RIGHT_OF_RETURN].summary
+    nos = figures[Policy.NO_SCALING].summary
+    assert ror.fulfilment_trough >= ror.fulfilment_peak + 0.15
+    assert ror.fulfilment_trough >= nos.fulfilment_trough + 0.15
+    assert abs(nos.fulfilment_trough - nos.fulfilment_peak) < 0.05  # nothing is lent
