@@ -1,0 +1,478 @@
+"""The orchestrator: keeps every orchestrated job's pod readiness by role from a pod watch,
+evaluates the job's DAG on every change and issues the commands whose preconditions hold
+(weflex 3.4, figure 8). Keeps each elastic Horovod job's discover_hosts ConfigMap current.
+
+Idempotent and restartable: before issuing, a RUNNING record is written to the job's ConfigMap
+by compare-and-swap against the freshly read records (:func:`records.claim`), and after the
+command exits, DONE or FAILED (with a backoff) is written. A command recorded as done is never
+issued again; a restarted controller reads the records and goes on; an attempt that a dead
+controller left RUNNING is retried only after its timeout, so two copies never overlap.
+Run it under a leader election (``tidelease orchestrator``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from common.errors import InvalidInput, NotFound, TideleaseError
+from common.kubeclient import KubeClient
+from common.waiting import wait_event
+from extender.orchestration.evaluation import Evaluation, Issue, evaluate
+from extender.orchestration.executing import OUTPUT_TAIL, ExecRequest, Executor
+from extender.orchestration.graph import Dag, load
+from extender.orchestration.jobs import (
+    JOB,
+    LABEL_ORCHESTRATION,
+    JobSpec,
+    job_ref,
+    parse_job,
+)
+from extender.orchestration.metrics import OrchestratorMetrics
+from extender.orchestration.records import Record, State, claim, finish
+from extender.orchestration.rendering import (
+    Context,
+    detached,
+    discover_hosts_script,
+    hosts_lines,
+    render,
+)
+from extender.orchestration.snapshot import (
+    LABEL_JOB,
+    PodState,
+    Snapshot,
+    job_of,
+    pod_state,
+)
+from extender.orchestration.storing import JobStore
+
+log = logging.getLogger(__name__)
+
+LEASE_NAME = "tidelease-orchestrator"
+JOB_SELECTOR = f"{LABEL_ORCHESTRATION}={JOB}"
+
+
+@dataclass(frozen=True)
+class OrchestratorSettings:
+    namespace: str | None = None  # watch one namespace; None: every namespace
+    identity: str = ""  # this incarnation, in RUNNING records (default: a random id)
+    max_parallel: int = 64  # commands in flight at once
+    resync_s: float = 30.0  # re-evaluate every job at least this often
+
+    def validate(self) -> list[str]:
+        problems = []
+        if self.max_parallel < 1:
+            problems.append(f"max_parallel: want at least 1, got {self.max_parallel}")
+        if self.resync_s <= 0:
+            problems.append(f"resync_s: want a positive number, got {self.resync_s}")
+        return problems
+
+
+@dataclass
+class _Job:
+    spec: JobSpec | None = None
+    records: dict[str, Record] = field(default_factory=dict)
+    records_version: str = ""
+    snapshot: Snapshot = field(default_factory=Snapshot)
+    hosts_written: str | None = None
+    rejected_version: str = ""  # the resourceVersion whose problems were reported
+    complete_logged: bool = False
+
+
+def _newer(version: str, than: str) -> bool:
+    """Whether ``version`` is not older than ``than`` (a freshness hint for the cache only:
+    correctness rests on the compare-and-swap, never on this)."""
+    try:
+        return int(version) >= int(than)
+    except ValueError:
+        return True
+
+
+class Orchestrator:
+    def __init__(
+        self,
+        *,
+        store: JobStore,
+        executor: Executor,
+        settings: OrchestratorSettings | None = None,
+        metrics: OrchestratorMetrics | None = None,
+        clock: Callable[[], float] = time.time,
+        rand: Callable[[], float] | None = None,
+    ) -> None:
+        self.store, self.executor = store, executor
+        self.settings = settings or OrchestratorSettings()
+        self.identity = self.settings.identity or uuid.uuid4().hex[:12]
+        self.metrics = metrics or OrchestratorMetrics()
+        self.clock = clock
+        self.rand = rand or random.Random().random
+        self.jobs: dict[str, _Job] = {}
+        self.in_flight: set[str] = set()  # "<job key>#<issue key>"
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.dirty: set[str] = set()
+        self.wake: dict[str, float] = {}
+        self.changed = asyncio.Event()
+        self._slots = asyncio.Semaphore(self.settings.max_parallel)
+        self._dags: dict[str, Dag | InvalidInput] = {}
+        self._pod_job: dict[str, str] = {}  # pod key -> job key
+
+    # --- what the watches bring ---
+    def _load(self, text: str) -> Dag:
+        cached = self._dags.get(text)
+        if cached is None:
+            try:
+                cached = load(text)
+            except InvalidInput as e:
+                cached = e
+            if len(self._dags) > 256:
+                self._dags.clear()
+            self._dags[text] = cached
+        if isinstance(cached, InvalidInput):
+            raise cached
+        return cached
+
+    def _mark(self, key: str) -> None:
+        self.dirty.add(key)
+        self.changed.set()
+
+    def on_job(self, event: str, raw: dict[str, Any]) -> None:
+        ref = job_ref(raw)
+        key = ref.key
+        if event == "DELETED":
+            job = self.jobs.get(key)
+            if job is not None:
+                job.spec = None
+            self._mark(key)
+            return
+        job = self.jobs.setdefault(key, _Job())
+        try:
+            spec = parse_job(raw, self._load)
+        except InvalidInput as e:
+            job.spec = None
+            version = str((raw.get("metadata") or {}).get("resourceVersion", ""))
+            if job.rejected_version != version:
+                job.rejected_version = version
+                self.metrics.invalid.inc()
+                log.error("job %s: rejected: %s", key, "; ".join(e.problems))
+                self._spawn(self._report_invalid(ref, e))
+            return
+        if job.spec is not None and job.spec.ref.uid != spec.ref.uid:
+            job.records, job.records_version, job.hosts_written = {}, "", None
+        job.spec = spec
+        if not job.records_version or _newer(spec.resource_version, job.records_version):
+            job.records = dict(spec.records)
+            job.records_version = spec.resource_version
+        self._mark(key)
+
+    def on_pod(self, event: str, raw: dict[str, Any]) -> None:
+        meta = raw.get("metadata") or {}
+        pod_key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        owner = job_of(raw)
+        key = f"{owner[0]}/{owner[1]}" if owner is not None else ""
+        state = None if event == "DELETED" or not key else pod_state(raw)
+        old_key = self._pod_job.get(pod_key)
+        if old_key is not None and (state is None or key != old_key):
+            old = self.jobs.get(old_key)
+            if old is not None and old.snapshot.remove(str(meta.get("name", ""))):
+                self._mark(old_key)
+            self._pod_job.pop(pod_key, None)
+        if state is None:
+            return
+        self._pod_job[pod_key] = key
+        if self.jobs.setdefault(key, _Job()).snapshot.apply(state):
+            self._mark(key)
+
+    def forget_idle(self) -> None:
+        """Drop jobs with neither a ConfigMap nor pods."""
+        for key in [k for k, j in self.jobs.items() if j.spec is None and not len(j.snapshot)]:
+            del self.jobs[key]
+            self.wake.pop(key, None)
+
+    # --- deciding ---
+    def evaluate(self, key: str) -> Evaluation | None:
+        job = self.jobs.get(key)
+        if job is None or job.spec is None:
+            return None
+        prefix = f"{key}#"
+        in_flight = {k[len(prefix) :] for k in self.in_flight if k.startswith(prefix)}
+        started = time.perf_counter()
+        ev = evaluate(
+            job.spec.dag,
+            job.spec.replicas,
+            job.snapshot,
+            job.records,
+            in_flight=in_flight,
+            now=self.clock(),
+        )
+        self.metrics.evaluation.observe(time.perf_counter() - started)
+        return ev
+
+    async def reconcile(self, key: str) -> None:
+        """Evaluate one job; start its issues; keep its discover_hosts current."""
+        job = self.jobs.get(key)
+        ev = self.evaluate(key)
+        if job is None or job.spec is None or ev is None:
+            self.wake.pop(key, None)
+            return
+        spec = job.spec
+        for issue in ev.issues:
+            self.in_flight.add(f"{key}#{issue.key}")
+            self._spawn(self._issue(key, spec, issue))
+        for w in ev.waiting:
+            log.debug("job %s: %s %s", key, w.command, w.reason)
+        if ev.complete and not job.complete_logged:
+            job.complete_logged = True
+            log.info("job %s: every command done", key)
+        if ev.wake_at is None:
+            self.wake.pop(key, None)
+        else:
+            self.wake[key] = ev.wake_at
+        discovery = spec.dag.file.discovery
+        if discovery is not None:
+            pods = job.snapshot.ready(discovery.role)
+            if discovery.slots is not None:
+                pods = tuple(
+                    PodState(p.name, p.uid, p.role, p.ready, p.address, discovery.slots)
+                    for p in pods
+                )
+            hosts = hosts_lines(pods)
+            if hosts != job.hosts_written:
+                try:
+                    await self.store.write_hosts(spec.ref, discover_hosts_script(hosts), hosts)
+                except TideleaseError as e:
+                    log.warning("job %s: discover_hosts not written (retrying): %s", key, e)
+                    self.wake[key] = min(self.wake.get(key, float("inf")), self.clock() + 1.0)
+                else:
+                    job.hosts_written = hosts
+                    self.metrics.hosts_writes.inc()
+                    log.info(
+                        "job %s: discover_hosts now lists %d %s pod(s)",
+                        key,
+                        len(pods),
+                        discovery.role,
+                    )
+
+    # --- issuing ---
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _report_invalid(self, ref: Any, e: InvalidInput) -> None:
+        try:
+            await self.store.report(ref, "InvalidDependencies", "; ".join(e.problems), warning=True)
+        except TideleaseError as err:
+            log.warning("job %s: could not report its problems: %s", ref.key, err)
+
+    def _seen(self, key: str, records: Mapping[str, Record]) -> None:
+        job = self.jobs.get(key)
+        if job is not None:
+            job.records = dict(records)
+
+    async def _issue(self, key: str, spec: JobSpec, issue: Issue) -> None:
+        flight = f"{key}#{issue.key}"
+        command, pod = issue.command, issue.pod
+        framework = spec.dag.file.framework or "-"
+        try:
+            async with self._slots:
+                now = self.clock()
+                claimed: Record | None = None
+
+                def take(records: Mapping[str, Record]) -> Mapping[str, Record] | None:
+                    nonlocal claimed
+                    claimed = claim(records, command, pod.name, pod.uid, self.identity, now)
+                    return None if claimed is None else {**records, issue.key: claimed}
+
+                records = await self.store.update_records(spec.ref, take)
+                if records is None or claimed is None:
+                    log.debug("job %s: %s not claimable any more", key, issue.key)
+                    return
+                self._seen(key, records)
+                job = self.jobs.get(key)
+                snapshot = job.snapshot if job is not None else Snapshot()
+                argv = render(
+                    command.run,
+                    Context(spec.ref.namespace, spec.ref.name, pod.name, snapshot, spec.replicas),
+                )
+                if command.detach_s is not None:
+                    argv = detached(argv, command.detach_s)
+                log.info(
+                    "job %s: issuing %s in pod %s (attempt %d/%d): %s",
+                    key,
+                    command.name,
+                    pod.name,
+                    claimed.attempts,
+                    command.retry.attempts,
+                    list(argv),
+                )
+                started = time.monotonic()
+                error: str | None
+                try:
+                    result = await self.executor.execute(
+                        ExecRequest(
+                            namespace=spec.ref.namespace,
+                            pod=pod.name,
+                            argv=argv,
+                            timeout_s=command.timeout_s,
+                            container=command.container,
+                            job=spec.ref.name,
+                            command=command.name,
+                            attempt=claimed.attempts,
+                        )
+                    )
+                    error = (
+                        None
+                        if result.ok
+                        else f"exit {result.exit_code}: {result.output[-OUTPUT_TAIL:]}".strip()
+                    )
+                except TideleaseError as e:
+                    error = str(e)
+                self.metrics.issue_latency.labels(framework).observe(time.monotonic() - started)
+                final = finish(claimed, command, error=error, now=self.clock(), rand=self.rand)
+                mine = claimed
+
+                def settle(records: Mapping[str, Record]) -> Mapping[str, Record] | None:
+                    current = records.get(issue.key)
+                    if current != mine:
+                        return None  # someone took the attempt over; theirs is the record
+                    return {**records, issue.key: final}
+
+                records = await self._settle(spec, settle)
+                if records is not None:
+                    self._seen(key, records)
+                outcome = {State.DONE: "ok", State.FAILED: "failed"}.get(final.state, "gave_up")
+                self.metrics.issues.labels(framework, command.name, outcome).inc()
+                if final.state is State.DONE:
+                    log.info("job %s: %s done in pod %s", key, command.name, pod.name)
+                elif final.state is State.FAILED:
+                    log.warning(
+                        "job %s: %s failed in pod %s (attempt %d), retrying in %.1f s: %s",
+                        key,
+                        command.name,
+                        pod.name,
+                        final.attempts,
+                        final.retry_at - final.at,
+                        error,
+                    )
+                else:
+                    log.error(
+                        "job %s: %s gave up after %d attempt(s): %s",
+                        key,
+                        command.name,
+                        final.attempts,
+                        error,
+                    )
+                    await self._report_gave_up(spec, command.name, final)
+        except NotFound:
+            log.info("job %s is gone; %s not issued", key, issue.key)
+        except TideleaseError as e:
+            log.warning("job %s: %s not claimed (retrying): %s", key, issue.key, e)
+            self.wake[key] = min(self.wake.get(key, float("inf")), self.clock() + 1.0)
+        finally:
+            self.in_flight.discard(flight)
+            self._mark(key)
+
+    async def _settle(
+        self, spec: JobSpec, change: Callable[[Mapping[str, Record]], Mapping[str, Record] | None]
+    ) -> Mapping[str, Record] | None:
+        """Write the outcome, retrying through API server outages (the attempt stays RUNNING
+        and blocks a second copy until then)."""
+        delay = 0.2
+        while True:
+            try:
+                return await self.store.update_records(spec.ref, change)
+            except NotFound:
+                raise
+            except TideleaseError as e:
+                log.warning("job %s: outcome not written (retrying): %s", spec.ref.key, e)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+
+    async def _report_gave_up(self, spec: JobSpec, command: str, r: Record) -> None:
+        try:
+            await self.store.report(
+                spec.ref,
+                "CommandGaveUp",
+                f"{command} failed {r.attempts} time(s) in {r.pod}: {r.error}",
+                warning=True,
+            )
+        except TideleaseError as e:
+            log.warning("job %s: event not written: %s", spec.ref.key, e)
+
+    async def drain(self) -> None:
+        """Until every issue task has ended (tests; shutdown)."""
+        while self.tasks:
+            await asyncio.gather(*list(self.tasks), return_exceptions=True)
+
+    async def step(self) -> float:
+        """Reconcile every dirty job and every job whose wake time passed; seconds until the
+        next wake time."""
+        now = self.clock()
+        due = {k for k, t in self.wake.items() if t <= now}
+        keys, self.dirty = self.dirty | due, set()
+        for key in keys:
+            await self.reconcile(key)
+        self.metrics.jobs.set(sum(1 for j in self.jobs.values() if j.spec is not None))
+        nxt = min(self.wake.values(), default=now + self.settings.resync_s)
+        return max(0.0, min(nxt, now + self.settings.resync_s) - self.clock())
+
+    async def close(self) -> None:
+        for task in list(self.tasks):
+            task.cancel()
+        await asyncio.gather(*list(self.tasks), return_exceptions=True)
+
+
+async def run_orchestrator(
+    *,
+    kube: KubeClient,
+    orchestrator: Orchestrator,
+    ready: asyncio.Event | None = None,
+) -> None:
+    """Watch job ConfigMaps and their pods; evaluate and issue until cancelled."""
+    ns = orchestrator.settings.namespace
+    scope = f"/api/v1/namespaces/{ns}" if ns else "/api/v1"
+    synced = {"jobs": False, "pods": False}
+
+    async def watch(what: str, path: str, selector: str, apply: Callable[..., None]) -> None:
+        async for event, obj in kube.list_watch(path, {"labelSelector": selector}):
+            if event == "SYNCED":
+                synced[what] = True
+                if ready is not None and all(synced.values()):
+                    ready.set()
+                orchestrator.changed.set()
+                continue
+            apply(event, obj)
+
+    watchers = [
+        asyncio.create_task(
+            watch("jobs", f"{scope}/configmaps", JOB_SELECTOR, orchestrator.on_job)
+        ),
+        asyncio.create_task(watch("pods", f"{scope}/pods", LABEL_JOB, orchestrator.on_pod)),
+    ]
+    log.info(
+        "orchestrator %s watching %s", orchestrator.identity, f"namespace {ns}" if ns else "all"
+    )
+    try:
+        while True:
+            for w in watchers:
+                if w.done():
+                    w.result()
+            orchestrator.changed.clear()
+            if all(synced.values()):
+                # Decide only on a full view: before both lists are in, "not ready" may only
+                # mean "not listed yet".
+                timeout = await orchestrator.step()
+                orchestrator.forget_idle()
+            else:
+                timeout = 1.0
+            await wait_event(orchestrator.changed, max(timeout, 0.005))
+    finally:
+        for w in watchers:
+            w.cancel()
+        await asyncio.gather(*watchers, return_exceptions=True)
+        await orchestrator.close()

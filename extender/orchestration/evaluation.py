@@ -1,0 +1,138 @@
+"""Which commands to issue now: the DAG, the readiness snapshot and the records in, the issues
+and the reasons for waiting out (weflex 3.4's "DAG query"). Pure, and cheap enough to run on
+every pod status change (benchmarks/bench_orchestrator.py: a 1,000-pod job well under 10 ms).
+
+A command is issued into a pod when
+- every command in its ``after`` is done (an ``on: each`` command counts as done once it is
+  done in as many pods of its role as the role's expected replicas),
+- every ``when`` condition holds on the snapshot,
+- the pod is a ready pod of the command's role (``one``: the first such pod by name),
+- its record allows an attempt (not done, not given up, not in flight, not backing off).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container, Mapping
+from dataclasses import dataclass
+
+from extender.orchestration.depfile import Command, Target
+from extender.orchestration.graph import Dag
+from extender.orchestration.records import (
+    Record,
+    Records,
+    State,
+    claimable,
+    issue_key,
+    record_of,
+)
+from extender.orchestration.snapshot import PodState, Snapshot
+
+
+@dataclass(frozen=True)
+class Issue:
+    command: Command
+    pod: PodState
+    key: str
+    attempt: int  # the number this issue will carry (1: first)
+
+
+@dataclass(frozen=True)
+class Waiting:
+    command: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    issues: tuple[Issue, ...]
+    waiting: tuple[Waiting, ...]
+    wake_at: float | None  # the earliest retry or takeover time, if any
+    complete: bool  # every command done
+
+
+def _done(r: Record | None) -> bool:
+    return r is not None and r.state is State.DONE
+
+
+def _blocked_by(r: Record | None, command: Command, now: float) -> tuple[str, float | None]:
+    """Why a record that is not claimable holds the command back, and until when."""
+    assert r is not None
+    if r.state is State.GAVE_UP:
+        return f"gave up after {r.attempts} attempt(s): {r.error}", None
+    if r.state is State.FAILED:
+        if r.attempts >= command.retry.attempts:
+            return f"gave up after {r.attempts} attempt(s): {r.error}", None
+        return f"attempt {r.attempts} failed ({r.error}); retry at {r.retry_at:.3f}", r.retry_at
+    return f"attempt {r.attempts} running in {r.pod}", r.at + command.timeout_s
+
+
+def evaluate(
+    dag: Dag,
+    replicas: Mapping[str, int],
+    snapshot: Snapshot,
+    records: Records,
+    *,
+    in_flight: Container[str],
+    now: float,
+) -> Evaluation:
+    issues: list[Issue] = []
+    waiting: list[Waiting] = []
+    wake: float | None = None
+    satisfied: dict[str, bool] = {}
+
+    def later(t: float | None) -> None:
+        nonlocal wake
+        if t is not None and (wake is None or t < wake):
+            wake = t
+
+    for command in dag.order:
+        if command.target is Target.ONE:
+            done = _done(records.get(command.name))
+        else:
+            count = sum(
+                1
+                for p in snapshot.ready(command.role)
+                if _done(record_of(issue_key(command, p.name), records, command, p.uid))
+            )
+            done = count >= replicas.get(command.role, 0) and count > 0
+        satisfied[command.name] = done
+        if done and command.target is Target.ONE:
+            continue
+        missing = [d for d in command.after if not satisfied[d]]
+        if missing:
+            waiting.append(Waiting(command.name, f"waits for {', '.join(missing)}"))
+            continue
+        unmet = [
+            c
+            for c in command.when
+            if snapshot.ready_count(c.role)
+            < (replicas.get(c.role, 0) if c.count is None else c.count)
+        ]
+        if unmet:
+            why = "; ".join(
+                f"{c.describe()} ({snapshot.ready_count(c.role)}/"
+                f"{replicas.get(c.role, 0) if c.count is None else c.count})"
+                for c in unmet
+            )
+            waiting.append(Waiting(command.name, f"waits for {why}"))
+            continue
+        ready = snapshot.ready(command.role)
+        if not ready:
+            waiting.append(Waiting(command.name, f"waits for a ready {command.role} pod"))
+            continue
+        targets = ready[:1] if command.target is Target.ONE else ready
+        for pod in targets:
+            key = issue_key(command, pod.name)
+            if key in in_flight:
+                continue
+            r = record_of(key, records, command, pod.uid)
+            if claimable(r, command, now):
+                attempt = (r.attempts if r is not None else 0) + 1
+                if attempt <= command.retry.attempts:
+                    issues.append(Issue(command, pod, key, attempt))
+                    continue
+            if r is not None and r.state is not State.DONE:
+                reason, until = _blocked_by(r, command, now)
+                waiting.append(Waiting(key, reason))
+                later(until)
+    return Evaluation(tuple(issues), tuple(waiting), wake, all(satisfied.values()))

@@ -1,0 +1,150 @@
+"""What has been issued, kept in the API server so a restarted controller repeats nothing.
+Pure: the records, their JSON form, and the two transitions the issuer makes (claim before
+issuing, finish after).
+
+One record per issue key: the command's name for ``on: one`` commands, ``command@pod`` for
+``on: each`` commands (a pod re-created under the same name has another uid, so its record no
+longer counts and the command runs in the new pod).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from typing import Any, Final
+
+from common import contract
+from common.errors import InvalidInput
+from extender.orchestration.backoff import backoff_s
+from extender.orchestration.depfile import Command, Target
+
+ANN_RECORDS: Final = f"{contract.PREFIX}/orchestration-records"
+
+
+class State(StrEnum):
+    RUNNING = "running"  # claimed by ``holder``, outcome not yet known
+    DONE = "done"  # never issued again
+    FAILED = "failed"  # retried at ``retry_at``
+    GAVE_UP = "gave-up"  # every attempt failed; a person has to look
+
+
+@dataclass(frozen=True)
+class Record:
+    state: State
+    attempts: int
+    pod: str
+    uid: str
+    at: float  # when the record last changed (epoch seconds)
+    holder: str = ""  # the controller incarnation that claimed a running attempt
+    retry_at: float = 0.0
+    error: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "state": self.state.value,
+            "attempts": self.attempts,
+            "pod": self.pod,
+            "uid": self.uid,
+            "at": round(self.at, 3),
+        }
+        if self.holder:
+            out["holder"] = self.holder
+        if self.retry_at:
+            out["retryAt"] = round(self.retry_at, 3)
+        if self.error:
+            out["error"] = self.error
+        return out
+
+
+Records = Mapping[str, Record]
+
+
+def issue_key(command: Command, pod: str) -> str:
+    return command.name if command.target is Target.ONE else f"{command.name}@{pod}"
+
+
+def record_of(key: str, records: Records, command: Command, uid: str) -> Record | None:
+    """The record that counts for issuing ``command`` into the pod ``uid``."""
+    r = records.get(key)
+    if r is None:
+        return None
+    if command.target is Target.EACH and r.uid != uid:
+        return None  # a former pod of the same name
+    return r
+
+
+def parse_records(text: str | None) -> dict[str, Record]:
+    if not text:
+        return {}
+    try:
+        raw = json.loads(text)
+        if not isinstance(raw, dict):
+            raise ValueError("not an object")
+        return {
+            str(k): Record(
+                state=State(v["state"]),
+                attempts=int(v["attempts"]),
+                pod=str(v.get("pod", "")),
+                uid=str(v.get("uid", "")),
+                at=float(v.get("at", 0.0)),
+                holder=str(v.get("holder", "")),
+                retry_at=float(v.get("retryAt", 0.0)),
+                error=str(v.get("error", "")),
+            )
+            for k, v in raw.items()
+        }
+    except (ValueError, KeyError, TypeError) as e:
+        raise InvalidInput(f"annotation {ANN_RECORDS}: {e}") from None
+
+
+def dump_records(records: Records) -> str:
+    return json.dumps({k: records[k].to_json() for k in sorted(records)}, separators=(",", ":"))
+
+
+def claimable(r: Record | None, command: Command, now: float) -> bool:
+    """Whether an attempt may start now, given the record that counts."""
+    if r is None:
+        return True
+    if r.state in (State.DONE, State.GAVE_UP):
+        return False
+    if r.state is State.FAILED:
+        return r.retry_at <= now and r.attempts < command.retry.attempts
+    # RUNNING and not in flight here: the incarnation that claimed it died or lost its lease,
+    # and the command may still run: wait out its timeout so two copies never overlap.
+    return now >= r.at + command.timeout_s
+
+
+def claim(
+    records: Records, command: Command, pod: str, uid: str, holder: str, now: float
+) -> Record | None:
+    """The RUNNING record to write before issuing, or None when the command must not be
+    issued (done, given up, in flight, backing off). Decided on the freshly read records: this
+    is the compare in the compare-and-swap that keeps a command from running twice."""
+    key = issue_key(command, pod)
+    r = record_of(key, records, command, uid)
+    if not claimable(r, command, now):
+        return None
+    attempts = (r.attempts if r is not None else 0) + 1
+    if attempts > command.retry.attempts:
+        return None
+    return Record(State.RUNNING, attempts, pod, uid, now, holder=holder)
+
+
+def finish(
+    claimed: Record,
+    command: Command,
+    *,
+    error: str | None,
+    now: float,
+    rand: Callable[[], float],
+) -> Record:
+    """The record after the attempt: done, failed (retried after a backoff) or given up."""
+    if error is None:
+        return replace(claimed, state=State.DONE, at=now, holder="", error="")
+    short = error if len(error) <= 300 else error[:297] + "..."
+    if claimed.attempts >= command.retry.attempts:
+        return replace(claimed, state=State.GAVE_UP, at=now, holder="", error=short)
+    wait = backoff_s(claimed.attempts, command.retry.initial_s, command.retry.max_s, rand)
+    return replace(claimed, state=State.FAILED, at=now, holder="", retry_at=now + wait, error=short)
