@@ -371,11 +371,15 @@ class Orchestrator:
         except NotFound:
             log.info("job %s is gone; %s not issued", key, issue.key)
         except TideleaseError as e:
+            # Retried a second later (the wake time), not at once: no hot loop on an outage.
             log.warning("job %s: %s not claimed (retrying): %s", key, issue.key, e)
-            self.wake[key] = min(self.wake.get(key, float("inf")), self.clock() + 1.0)
-        finally:
             self.in_flight.discard(flight)
-            self._mark(key)
+            self.wake[key] = min(self.wake.get(key, float("inf")), self.clock() + 1.0)
+            self.changed.set()
+        finally:
+            if flight in self.in_flight:
+                self.in_flight.discard(flight)
+                self._mark(key)
 
     async def _settle(
         self, spec: JobSpec, change: Callable[[Mapping[str, Record]], Mapping[str, Record] | None]

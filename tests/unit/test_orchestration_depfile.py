@@ -157,10 +157,7 @@ commands:
         ),
         pytest.param(
             "  - {name: Head_Start, role: head, run: [x]}\n",
-            [
-                'commands[0].name: "Head_Start" is not a valid command name (lower-case DNS '
-                "label)"
-            ],
+            ['commands[0].name: "Head_Start" is not a valid command name (lower-case DNS label)'],
             id="bad-name",
         ),
         pytest.param(
@@ -220,7 +217,9 @@ def test_bad_files_name_the_place(text: str, expected: list[str]) -> None:
         pytest.param({"a": ["a"]}, "cycle: a -> a", id="self"),
         pytest.param({"a": ["b"], "b": ["a"]}, "cycle: a -> b -> a", id="two"),
         pytest.param(
-            {"a": [], "b": ["a", "d"], "c": ["b"], "d": ["c"]}, "cycle: b -> d -> c -> b", id="three"
+            {"a": [], "b": ["a", "d"], "c": ["b"], "d": ["c"]},
+            "cycle: b -> d -> c -> b",
+            id="three",
         ),
     ],
 )
@@ -310,8 +309,7 @@ def test_orchestration_policy_modules_do_no_io(module: str) -> None:
     bad |= {
         n
         for n in names
-        if n.startswith("extender.orchestration.")
-        and n.rsplit(".", 1)[1] not in PURE
+        if (n.startswith("extender.orchestration.") and n.rsplit(".", 1)[1] not in PURE)
         or n == "common.kubeclient"
     }
     assert not bad, f"{module} imports {sorted(bad)}"
