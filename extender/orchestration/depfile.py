@@ -107,7 +107,7 @@ class _Problems:
     def add(self, where: str, what: str) -> None:
         self.items.append(f"{where}: {what}" if where else what)
 
-    def fields(self, where: str, value: Mapping[str, Any], allowed: set[str]) -> None:
+    def fields(self, where: str, value: Mapping[Any, Any], allowed: set[str]) -> None:
         for key in value:
             if key is True:  # YAML 1.1 reads a bare ``on:`` key as a boolean
                 self.add(where, 'unknown field "on" (YAML reads it as true; use "target")')
