@@ -225,6 +225,13 @@ def _simulate(args: argparse.Namespace) -> int:
     return code
 
 
+def _plan_simulate(args: argparse.Namespace) -> int:
+    from extender.planning import command
+
+    code: int = command.run(args)
+    return code
+
+
 def _demo(args: argparse.Namespace) -> int:
     from extender.demo import run_demo
 
@@ -341,6 +348,15 @@ def parser() -> argparse.ArgumentParser:
     )
     sim.add_argument("rest", nargs=argparse.REMAINDER, help="see tidelease simulate --help")
     sim.set_defaults(run=_simulate)
+
+    plan = sub.add_parser(
+        "plan-simulate",
+        help="the elastic planner on an embedded tidal trace: online jobs and shared queues",
+    )
+    from extender.planning.command import add_arguments as add_plan_arguments
+
+    add_plan_arguments(plan)
+    plan.set_defaults(run=_plan_simulate)
 
     demo = sub.add_parser("demo", help="serve a built-in cluster and replay a day of tides")
     demo.set_defaults(run=_demo)

@@ -16,6 +16,8 @@ ANN_RELIABILITY: Final = f"{PREFIX}/reliability"  # HA | MA | LA (default LA: an
 ANN_GPU_TYPE: Final = f"{PREFIX}/gpu-type"  # e.g. NVIDIA-H100-80GB (default: any type)
 ANN_RECLAIM: Final = f"{PREFIX}/reclaim"  # "true" when the pod takes back lent devices
 ANN_CHECKPOINT: Final = f"{PREFIX}/checkpoint"  # checkpoint id the pod loads at start
+ANN_JOB_CLASS: Final = f"{PREFIX}/job-class"  # interactive | batch (default batch); planner
+ANN_ELASTIC: Final = f"{PREFIX}/elastic"  # "false": fixed GPU count, preempted whole
 
 # --- pod annotations written by tidelease ---
 ANN_DEVICES: Final = f"{PREFIX}/devices"  # comma-separated GPU UUIDs chosen at bind time
@@ -28,6 +30,11 @@ ANN_HOT_RESTART: Final = f"{PREFIX}/hot-restart"  # "true": image changes restar
 ANN_HOT_RESTART_IMAGE: Final = f"{PREFIX}/hot-restart-image"  # <container>=<image>, by the user
 ANN_HOT_RESTART_REQUEST: Final = f"{PREFIX}/hot-restart-request"  # JSON, by the operator
 ANN_HOT_RESTART_STATUS: Final = f"{PREFIX}/hot-restart-status"  # JSON, by the node agent
+
+# --- prewarming ahead of a predicted scale-up (docs/hot-restart.md "Prewarming") ---
+# On an online job's pod template, for the prelaunch window W (bytes; default: the settings').
+ANN_IMAGE_BYTES: Final = f"{PREFIX}/image-bytes"  # total size of the template's images
+ANN_CHECKPOINT_BYTES: Final = f"{PREFIX}/checkpoint-bytes"  # size of its checkpoint
 
 # --- custom resources ---
 GROUP: Final = PREFIX
