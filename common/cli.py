@@ -339,6 +339,9 @@ def parser() -> argparse.ArgumentParser:
 
     add_agent_flags(agent)
     add_cache_command(sub)  # tidelease cache pull|add|ls
+    from extender.orchestration.command import add_orchestrator_command
+
+    add_orchestrator_command(sub)  # tidelease orchestrator (docs/orchestration.md)
 
     # The simulator (numpy, matplotlib) loads only when asked for: the agent stays small.
     sim = sub.add_parser(

@@ -14,8 +14,8 @@ from extender.orchestration.records import Record, State
 from extender.orchestration.testing import FakeExecutor, FakeJobStore, job, pod
 
 ROOT = Path(__file__).resolve().parents[2]
-MPI = (ROOT / "manifests" / "orchestration" / "mpi.yaml").read_text()
-RAY = (ROOT / "manifests" / "orchestration" / "ray.yaml").read_text()
+MPI = (ROOT / "manifests" / "orchestration" / "frameworks" / "mpi.yaml").read_text()
+RAY = (ROOT / "manifests" / "orchestration" / "frameworks" / "ray.yaml").read_text()
 
 
 class Clock:

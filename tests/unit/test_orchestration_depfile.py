@@ -13,7 +13,7 @@ from extender.orchestration.jobs import parse_replicas
 from tests.imports import imported
 
 ROOT = Path(__file__).resolve().parents[2]
-SHIPPED = sorted((ROOT / "manifests" / "orchestration").glob("*.yaml"))
+SHIPPED = sorted((ROOT / "manifests" / "orchestration" / "frameworks").glob("*.yaml"))
 
 HEAD = """\
 apiVersion: tidelease.io/v1alpha1
