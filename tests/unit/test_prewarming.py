@@ -1,0 +1,467 @@
+"""Prewarming ahead of a predicted scale-up: which nodes, what, when, and when it is cleared.
+
+The world: an online job ``recsys`` (4 GPUs per replica) scales 8 -> 16 GPUs at 08:00 UTC; two
+replicas are down and lent their groups (recsys-2 on n1, recsys-3 on n2). Bandwidths as in
+test_prelaunch (10 GB image at min(1.25, 0.5) GB/s = 20 s; 100 GB checkpoint at
+min(1.25, 2) GB/s + 100 GB at 50 GB/s = 82 s), margin 120 s: a cold node has W = 82 s and
+starts at 08:00 - 82 s - 120 s = 07:56:38; a node holding both has W = 2 s (the GPU load).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from common import builders, contract
+from common.errors import InvalidInput
+from common.model import (
+    Device,
+    GpuUuid,
+    Holder,
+    NodeCache,
+    NodeInventory,
+    NodeName,
+    PodUid,
+    Priority,
+    Tier,
+)
+from extender.leases import GpuLease, parse_gpu_lease
+from extender.prewarming import (
+    Directive,
+    ItemStatus,
+    PrewarmPlan,
+    PrewarmSettings,
+    WorkloadTemplate,
+    changes,
+    directives_json,
+    node_window,
+    parse_directives,
+    parse_items,
+    parse_workload,
+    plan_prewarm,
+)
+from nodeagent.prelaunch import Bandwidths
+from tests.imports import imported
+
+GB = 1e9
+IMAGE = "registry.example/recsys:v7"
+CKPT = "recsys-ckpt-42"
+SETTINGS = PrewarmSettings(
+    bandwidths=Bandwidths(net=1.25 * GB, registry=0.5 * GB, storage=2 * GB, gpu=50 * GB),
+    margin_s=120.0,
+    horizon_s=3600.0,
+    spare_standby_replicas=1,
+)
+TEMPLATE = WorkloadTemplate(
+    replicas=2, images=(IMAGE,), checkpoint=CKPT, image_bytes=10 * GB, checkpoint_bytes=100 * GB
+)
+
+
+def at(hhmmss: str) -> float:
+    h, m, s = (int(x) for x in hhmmss.split(":"))
+    return datetime(2025, 3, 10, h, m, s, tzinfo=UTC).timestamp()
+
+
+T_SCALE = at("08:00:00")
+
+
+def node(
+    name: str,
+    devs: Sequence[Device],
+    *,
+    images: Sequence[str] = (),
+    checkpoints: Sequence[str] = (),
+) -> NodeInventory:
+    return NodeInventory(
+        NodeName(name),
+        tuple(devs),
+        NodeCache(images=frozenset(images), checkpoints=frozenset(checkpoints)),
+    )
+
+
+def lent(name: str, **kw: Any) -> list[Device]:
+    """Four devices lent by recsys (indices 4-7), beside four of the node's own."""
+    return builders.devices(name, 4) + builders.devices(name, 4, owner="recsys", start=4, **kw)
+
+
+def standby(name: str, *, tier: Tier = Tier.HA, gpu_type: str = "H20") -> list[Device]:
+    return builders.devices(name, 4, standby=True, tier=tier, gpu_type=gpu_type)
+
+
+def group_of(name: str) -> list[str]:
+    return [builders.device_uuid(name, i) for i in range(4, 8)]
+
+
+def lease(
+    *,
+    schedule: bool = True,
+    desired: int = 16,
+    status: dict[str, Any] | None = None,
+    groups: dict[str, str] | None = None,
+) -> GpuLease:
+    groups = groups if groups is not None else {"recsys-2": "n1", "recsys-3": "n2"}
+    spec: dict[str, Any] = {
+        "owner": "recsys",
+        "workload": {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "recsys"},
+        "gpusPerReplica": 4,
+        "desiredGPUs": desired,
+    }
+    if schedule:
+        spec["schedule"] = [{"at": "08:00", "gpus": 16}, {"at": "22:00", "gpus": 8}]
+    return parse_gpu_lease(
+        {
+            "metadata": {"namespace": "ml", "name": "recsys", "resourceVersion": "1"},
+            "spec": spec,
+            "status": {
+                "phase": "Steady",
+                "targetReplicas": 2,
+                "lent": [{"replica": r, "devices": group_of(n)} for r, n in sorted(groups.items())],
+                **(status or {}),
+            },
+        }
+    )
+
+
+def plan(
+    nodes: Sequence[NodeInventory],
+    now: float,
+    *,
+    leases: Sequence[GpuLease] | None = None,
+    template: WorkloadTemplate | None = TEMPLATE,
+    current: dict[str, tuple[Directive, ...]] | None = None,
+    settings: PrewarmSettings = SETTINGS,
+    holders: dict[GpuUuid, Holder] | None = None,
+) -> PrewarmPlan:
+    return plan_prewarm(
+        leases if leases is not None else [lease()],
+        {"ml/recsys": template},
+        nodes,
+        current or {},
+        settings,
+        now,
+        holders,
+    )
+
+
+def prewarmed(p: PrewarmPlan) -> dict[str, Directive]:
+    return {n: ds[0] for n, ds in p.by_node.items() if ds}
+
+
+WARM = {"images": ["docker.io/x/other:v1", IMAGE], "checkpoints": [CKPT]}
+
+
+# --- the prelaunch window from the node's cache state ---
+
+
+@pytest.mark.parametrize(
+    ("missing_images", "missing_ckpt", "window_s"),
+    [
+        pytest.param([IMAGE], True, 82.0, id="cold: the checkpoint is the bottleneck"),
+        pytest.param([], False, 2.0, id="warm: only the GPU load"),
+        pytest.param([IMAGE], False, 20.0, id="checkpoint cached: the image"),
+        pytest.param([], True, 82.0, id="image cached: the checkpoint"),
+    ],
+)
+def test_window_follows_the_cache_state(
+    missing_images: list[str], missing_ckpt: bool, window_s: float
+) -> None:
+    w = node_window(TEMPLATE, missing_images, missing_ckpt, SETTINGS)
+    assert w.window_s == pytest.approx(window_s)
+
+
+def test_sizes_default_to_the_settings_and_no_checkpoint_costs_nothing() -> None:
+    bare = WorkloadTemplate(replicas=1, images=(IMAGE,))
+    assert node_window(bare, [IMAGE], True, SETTINGS).window_s == pytest.approx(20.0)
+    no_images = WorkloadTemplate(replicas=1, images=(), checkpoint=CKPT)
+    assert node_window(no_images, [], True, SETTINGS).window_s == pytest.approx(82.0)
+
+
+# --- which nodes, what, when ---
+
+
+def test_cold_node_starts_w_plus_margin_before_the_scale_up_and_a_warm_one_needs_nothing() -> None:
+    nodes = [node("n1", lent("n1"), **WARM), node("n2", lent("n2")), node("s1", standby("s1"))]
+    p = plan(nodes, at("07:30:00"))
+    got = prewarmed(p)
+    assert set(got) == {"n2"}  # n1 holds everything; no group is broken: no standby
+    d = got["n2"]
+    assert d.lease == "ml/recsys"
+    assert d.role == "Lent"
+    assert d.images == (IMAGE,)
+    assert d.checkpoints == (CKPT,)
+    assert d.deadline == T_SCALE
+    assert d.window_s == pytest.approx(82.0)
+    assert d.not_before == pytest.approx(at("07:56:38"))
+    (lp,) = p.leases
+    assert lp.scale_up is not None
+    assert (lp.scale_up.replicas_now, lp.scale_up.replicas_target) == (2, 4)
+    why = {n.node: (n.window.window_s, n.why) for n in lp.nodes}
+    assert why["n1"][0] == pytest.approx(2.0)
+    assert "holds everything already" in why["n1"][1]
+
+
+def test_a_cold_node_starts_earlier_than_one_missing_only_the_image() -> None:
+    nodes = [
+        node("n1", lent("n1"), checkpoints=[CKPT]),  # lacks the image: W = 20 s
+        node("n2", lent("n2")),  # cold: W = 82 s
+    ]
+    got = prewarmed(plan(nodes, at("07:30:00")))
+    assert got["n1"].images == (IMAGE,)
+    assert got["n1"].checkpoints == ()
+    assert got["n1"].not_before == pytest.approx(T_SCALE - 20 - 120)
+    assert got["n2"].not_before == pytest.approx(T_SCALE - 82 - 120)
+    assert got["n2"].not_before < got["n1"].not_before
+
+
+def test_images_compare_as_runtimes_report_them() -> None:
+    template = WorkloadTemplate(replicas=2, images=("app:v1",), checkpoint=None)
+    nodes = [
+        node("n1", lent("n1"), images=["docker.io/library/app:v1"]),
+        node("n2", lent("n2")),
+    ]
+    got = prewarmed(plan(nodes, at("07:59:00"), template=template))
+    assert set(got) == {"n2"}
+    assert got["n2"].images == ("app:v1",)
+
+
+def test_nothing_before_the_horizon() -> None:
+    nodes = [node("n1", lent("n1")), node("n2", lent("n2"))]
+    # 07:56:38 - 3600 s = 06:56:38
+    assert prewarmed(plan(nodes, at("06:56:00"))) == {}
+    assert set(prewarmed(plan(nodes, at("06:57:00")))) == {"n1", "n2"}
+
+
+def test_a_broken_group_is_covered_by_standby_of_its_type_and_tier_with_a_margin() -> None:
+    n2 = lent("n2")
+    n2[5] = Device(n2[5].node, 5, n2[5].uuid, n2[5].cls._replace(healthy=False))
+    nodes = [
+        node("n1", lent("n1"), **WARM),
+        node("n2", n2),
+        node("s1", standby("s1")),  # cold
+        node("s2", standby("s2"), **WARM),  # warm: chosen first, nothing to fetch
+        node("s3", standby("s3", tier=Tier.MA)),  # tier too low
+        node("s4", standby("s4", gpu_type="H100")),  # wrong type
+        node("s5", standby("s5")),  # a third one is not needed
+    ]
+    p = plan(nodes, at("07:50:00"))
+    got = prewarmed(p)
+    assert set(got) == {"s1"}
+    assert got["s1"].role == "Standby"
+    assert got["s1"].not_before == pytest.approx(at("07:56:38"))
+    chosen = {n.node for n in p.leases[0].nodes}
+    # n2's group cannot come back: 1 replica + 1 spare from standby (s2 warm, then s1)
+    assert chosen == {"n1", "s1", "s2"}
+
+
+def test_a_group_on_a_node_gone_is_backfilled_by_the_type_of_the_other_lent_devices() -> None:
+    nodes = [node("n1", lent("n1")), node("s1", standby("s1")), node("s2", standby("s2"))]
+    got = prewarmed(plan(nodes, at("07:59:00")))
+    assert {n: d.role for n, d in got.items()} == {"n1": "Lent", "s1": "Standby", "s2": "Standby"}
+
+
+def test_no_spare_standby_without_a_backfill_need() -> None:
+    nodes = [node("n1", lent("n1")), node("n2", lent("n2")), node("s1", standby("s1"))]
+    assert set(prewarmed(plan(nodes, at("07:59:00")))) == {"n1", "n2"}
+
+
+def test_the_groups_taken_back_are_the_controllers_choice() -> None:
+    """A scale-up by one replica takes one group back: the one without borrowers."""
+    one_more = lease(
+        schedule=False,
+        desired=12,
+        groups={"recsys-2": "n1", "recsys-3": "n2"},
+    )
+    borrower = Holder(PodUid("u-b"), "ml", "finetune-0", Priority.LOW, 0)
+    holders = {GpuUuid(u): borrower for u in group_of("n1")}
+    nodes = [node("n1", lent("n1")), node("n2", lent("n2"))]
+    got = prewarmed(plan(nodes, at("07:00:00"), leases=[one_more], holders=holders))
+    assert set(got) == {"n2"}
+    got = prewarmed(plan(nodes, at("07:00:00"), leases=[one_more]))
+    assert set(got) == {"n1"}  # no borrowers anywhere: the lowest ordinal, as the controller
+
+
+# --- no scale-up, after the scale-up, lease deleted ---
+
+
+def test_no_scale_up_ahead_no_directives() -> None:
+    nodes = [node("n1", lent("n1")), node("n2", lent("n2"))]
+    p = plan(nodes, at("09:00:00"), template=TEMPLATE.__class__(4, (IMAGE,), CKPT))
+    assert prewarmed(p) == {}
+    assert p.leases[0].why == "no scale-up ahead"  # the next entry, 22:00, scales down
+
+
+def test_a_scale_down_is_not_prepared_for() -> None:
+    nodes = [node("n1", lent("n1")), node("n2", lent("n2"))]
+    assert prewarmed(plan(nodes, at("21:55:00"), template=TEMPLATE.__class__(4, (), CKPT))) == {}
+
+
+def test_directives_stay_through_the_reclaim_and_are_cleared_after_it() -> None:
+    nodes = [node("n1", lent("n1")), node("n2", lent("n2"))]
+    before = plan(nodes, at("07:57:00"))
+    current = {n: ds for n, ds in before.by_node.items() if ds}
+    assert set(current) == {"n1", "n2"}
+    # 08:00:00.4: the controller started the reclaim; the agents reported Done and the nodes'
+    # inventories list the image and checkpoint now: the directives do not change.
+    warm = [node("n1", lent("n1"), **WARM), node("n2", lent("n2"), **WARM)]
+    reclaiming = lease(
+        status={
+            "phase": "Reclaiming",
+            "targetReplicas": 4,
+            "reclaim": {
+                "startedAt": "2025-03-10T08:00:00.400000Z",
+                "deadline": "2025-03-10T08:00:45.400000Z",
+                "groups": ["recsys-2", "recsys-3"],
+            },
+        }
+    )
+    during = plan(warm, at("08:00:01"), leases=[reclaiming], current=current)
+    assert changes(current, during.by_node) == {}
+    # The workload scaled to 4 replicas; the reclaim is not finished yet: still kept.
+    scaled = TEMPLATE.__class__(4, (IMAGE,), CKPT)
+    still = plan(warm, at("08:00:50"), leases=[reclaiming], current=current, template=scaled)
+    assert changes(current, still.by_node) == {}
+    # Steady again with 4 replicas: cleared.
+    after = plan(warm, at("08:01:10"), current=current, template=scaled)
+    assert changes(current, after.by_node) == {"n1": (), "n2": ()}
+    assert directives_json(()) is None
+
+
+def test_an_ongoing_scale_up_without_directives_yet_gets_them_at_once() -> None:
+    """A controller started at 08:00:20 (or a W larger than expected): start now."""
+    nodes = [node("n1", lent("n1")), node("n2", lent("n2"))]
+    got = prewarmed(plan(nodes, at("08:00:20")))
+    assert set(got) == {"n1", "n2"}
+    assert got["n1"].deadline == T_SCALE  # the schedule entry's start
+    assert got["n1"].not_before < at("08:00:20")
+
+
+def test_a_stale_scale_up_is_given_up() -> None:
+    nodes = [node("n1", lent("n1")), node("n2", lent("n2"))]
+    assert prewarmed(plan(nodes, at("09:00:01"))) == {}  # 2 replicas still, 1 h later
+
+
+def test_deleted_lease_clears_its_directives_and_leaves_others() -> None:
+    nodes = [node("n1", lent("n1")), node("n2", lent("n2"))]
+    current = {n: ds for n, ds in plan(nodes, at("07:57:00")).by_node.items() if ds}  # recsys's
+    other = Directive("ml/other", "Lent", (IMAGE,), (), at("07:00:00"), at("08:30:00"), 20.0)
+    current["n1"] = (*current["n1"], other)
+    gone = plan_prewarm([], {}, nodes, current, SETTINGS, at("07:58:00"))
+    assert changes(current, gone.by_node) == {"n1": (), "n2": ()}
+    # ml/other's lease still exists but its workload could not be read: kept as is
+    other_lease = parse_gpu_lease(
+        {
+            "metadata": {"namespace": "ml", "name": "other"},
+            "spec": {
+                "owner": "other",
+                "workload": {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "other"},
+                "gpusPerReplica": 4,
+            },
+        }
+    )
+    kept = plan_prewarm([other_lease], {"ml/other": None}, nodes, current, SETTINGS, at("07:58:00"))
+    assert kept.by_node["n1"] == (other,)
+    assert kept.by_node["n2"] == ()
+
+
+def test_desired_gpus_above_the_replicas_start_now_and_keep_their_time() -> None:
+    nodes = [node("n1", lent("n1")), node("n2", lent("n2"))]
+    fixed = lease(schedule=False, desired=16)
+    first = plan(nodes, at("13:00:00"), leases=[fixed])
+    got = prewarmed(first)
+    assert set(got) == {"n1", "n2"}
+    assert got["n1"].deadline == at("13:00:00")
+    current = {n: ds for n, ds in first.by_node.items() if ds}
+    later = plan(nodes, at("13:00:07"), leases=[fixed], current=current)
+    assert changes(current, later.by_node) == {}
+    # desiredGPUs equal to what the replicas hold: nothing to prepare
+    steady = lease(schedule=False, desired=8)
+    assert prewarmed(plan(nodes, at("13:00:00"), leases=[steady])) == {}
+
+
+def test_a_new_checkpoint_replaces_the_old_one_in_the_directive() -> None:
+    nodes = [node("n1", lent("n1")), node("n2", lent("n2"))]
+    first = plan(nodes, at("07:57:00"))
+    current = {n: ds for n, ds in first.by_node.items() if ds}
+    newer = WorkloadTemplate(2, (IMAGE,), "recsys-ckpt-43", 10 * GB, 100 * GB)
+    again = plan(nodes, at("07:57:30"), current=current, template=newer)
+    assert {d.checkpoints for ds in again.by_node.values() for d in ds} == {("recsys-ckpt-43",)}
+
+
+# --- wire format ---
+
+
+def test_directives_and_items_survive_the_wire() -> None:
+    nodes = [node("n1", lent("n1")), node("n2", lent("n2"))]
+    ds = prewarmed(plan(nodes, at("07:57:00")))
+    for d in ds.values():
+        (back,) = parse_directives(directives_json([d]))
+        assert back.to_json() == d.to_json()
+    assert parse_directives([{"lease": 3}, "x", {"lease": "a/b"}]) == ()
+    item = ItemStatus(
+        "ml/recsys", "checkpoint", CKPT, "Done", "fetched", 3.5, at("07:58:00"), T_SCALE
+    )
+    (back_item,) = parse_items({"items": [item.to_json(), {"kind": "nope"}]})
+    assert back_item == item
+    assert back_item.lead_s == pytest.approx(120.0)
+    assert ItemStatus("a/b", "image", IMAGE, "Pending").lead_s is None
+
+
+def test_workload_template_parsing() -> None:
+    sts = {
+        "metadata": {"name": "recsys"},
+        "spec": {
+            "replicas": 3,
+            "template": {
+                "metadata": {
+                    "annotations": {
+                        contract.ANN_CHECKPOINT: CKPT,
+                        contract.ANN_IMAGE_BYTES: "5e9",
+                        contract.ANN_CHECKPOINT_BYTES: "80000000000",
+                    }
+                },
+                "spec": {
+                    "initContainers": [{"name": "init", "image": "busybox:1"}],
+                    "containers": [
+                        {"name": "a", "image": IMAGE},
+                        {"name": "b", "image": IMAGE},
+                    ],
+                },
+            },
+        },
+    }
+    t = parse_workload(sts)
+    assert t == WorkloadTemplate(3, ("busybox:1", IMAGE), CKPT, 5e9, 8e10)
+    sts["spec"]["template"]["metadata"]["annotations"][contract.ANN_IMAGE_BYTES] = "lots"
+    with pytest.raises(InvalidInput, match="image-bytes"):
+        parse_workload(sts)
+
+
+def test_settings_validation_names_every_problem() -> None:
+    bad = PrewarmSettings(
+        bandwidths=Bandwidths(net=0, registry=1, storage=1, gpu=-1),
+        margin_s=-1,
+        spare_standby_replicas=-1,
+        stale_s=0,
+    )
+    problems = bad.validate()
+    assert len(problems) == 5, problems
+    assert PrewarmSettings().validate() == []
+
+
+def test_policy_does_no_io() -> None:
+    root = Path(__file__).resolve().parents[2]
+    forbidden = {"aiohttp", "asyncio", "kubernetes_asyncio", "grpc", "socket", "subprocess"}
+    names = imported(root / "extender" / "prewarming.py")
+    assert not {n for n in names if n.split(".")[0] in forbidden}
+
+
+def test_owner_tagged_standby_devices_of_the_job_count() -> None:
+    """Standby devices already on loan to this job (tagged with it) may stand in again."""
+    on_loan = builders.devices("s1", 4, standby=True, owner="recsys")
+    nodes = [node("n1", lent("n1")), node("s1", on_loan)]
+    got = prewarmed(plan(nodes, at("07:59:00")))
+    assert set(got) == {"n1", "s1"}
