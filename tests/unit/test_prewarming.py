@@ -465,3 +465,28 @@ def test_owner_tagged_standby_devices_of_the_job_count() -> None:
     nodes = [node("n1", lent("n1")), node("s1", on_loan)]
     got = prewarmed(plan(nodes, at("07:59:00")))
     assert set(got) == {"n1", "s1"}
+
+
+def test_gpu_node_schema_accepts_directives_and_item_reports() -> None:
+    import jsonschema
+    import yaml
+
+    crd = yaml.safe_load(
+        (Path(__file__).resolve().parents[2] / "manifests/crds/gpunodes.yaml").read_text()
+    )
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    nodes = [node("n1", lent("n1")), node("n2", lent("n2"))]
+    obj = builders.gpu_node("n1", lent("n1"))
+    obj["spec"]["prewarm"] = directives_json(plan(nodes, at("07:57:00")).by_node["n1"])
+    obj["status"]["prewarm"] = {
+        "items": [
+            ItemStatus("ml/recsys", "image", IMAGE, "Pending", "waiting").to_json(),
+            ItemStatus(
+                "ml/recsys", "checkpoint", CKPT, "Done", "", 1.5, at("07:58:00"), T_SCALE
+            ).to_json(),
+        ]
+    }
+    jsonschema.validate(obj, schema)
+    obj["spec"]["prewarm"][0]["role"] = "Other"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(obj, schema)

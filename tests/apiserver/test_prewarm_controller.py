@@ -1,0 +1,335 @@
+"""The prewarm controller on a real API server: it writes spec.prewarm on the nodes a GpuLease's
+next scale-up will use, when the horizon before their start has come, never touches
+spec.devices, counts what the agents report, and clears the directives after the scale-up or
+when the lease is deleted. The clock is injected: the scale-up is at 08:00 UTC of a fixed day.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from common import builders, contract
+from common.kubeclient import KubeClient
+from common.model import Device, Tier
+from common.timefmt import epoch, microtime
+from extender.prewarmcontroller import (
+    KubePrewarmWorld,
+    PrewarmController,
+    PrewarmMetrics,
+    run_prewarm_controller,
+)
+from extender.prewarming import PrewarmSettings
+from tests.apiserver.conftest import ApiServer
+from tests.polling import eventually
+
+pytestmark = pytest.mark.apiserver
+
+GPN = f"/apis/{contract.API_VERSION}/{contract.PLURAL_GPU_NODE}"
+IMAGE = "registry.example/recsys:v7"
+CKPT = "recsys-ckpt-42"
+SETTINGS = PrewarmSettings(margin_s=120.0, horizon_s=600.0, spare_standby_replicas=1)
+
+
+def at(hhmmss: str) -> float:
+    h, m, s = (int(x) for x in hhmmss.split(":"))
+    return datetime(2025, 3, 10, h, m, s, tzinfo=UTC).timestamp()
+
+
+@dataclass
+class Clock:
+    now: float
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class World:
+    kube: KubeClient
+    ns: str
+    clock: Clock
+    metrics: PrewarmMetrics
+    registry: CollectorRegistry
+
+    def node(self, short: str) -> str:
+        return f"{self.ns}-{short}"
+
+    @property
+    def lease_path(self) -> str:
+        return f"/apis/{contract.API_VERSION}/namespaces/{self.ns}/gpuleases/recsys"
+
+    async def prewarm(self, short: str) -> list[dict[str, Any]]:
+        obj = await self.kube.json("GET", f"{GPN}/{self.node(short)}")
+        return list((obj.get("spec") or {}).get("prewarm") or [])
+
+    async def prewarmed(self) -> dict[str, list[dict[str, Any]]]:
+        out = {}
+        for short in ("n1", "n2", "s1", "s2", "x1"):
+            ds = await self.prewarm(short)
+            if ds:
+                out[short] = ds
+        return out
+
+    async def lease_status(self, status: dict[str, Any]) -> None:
+        obj = await self.kube.json("GET", self.lease_path)
+        obj["status"] = status
+        await self.kube.json("PUT", f"{self.lease_path}/status", body=obj)
+
+    def sample(self, name: str, labels: dict[str, str] | None = None) -> float:
+        value = self.registry.get_sample_value(name, labels or {})
+        return value or 0.0
+
+
+def lent(node: str, *, broken: bool = False) -> list[Device]:
+    devs = builders.devices(node, 4) + builders.devices(node, 4, owner="recsys", start=4)
+    if broken:
+        d = devs[5]
+        devs[5] = Device(d.node, d.index, d.uuid, d.cls._replace(healthy=False))
+    return devs
+
+
+def group(node: str) -> list[str]:
+    return [builders.device_uuid(node, i) for i in range(4, 8)]
+
+
+async def create_node(kube: KubeClient, name: str, devs: list[Device]) -> None:
+    obj = builders.gpu_node(name, devs)
+    created = await kube.json("POST", GPN, body={**obj, "status": None})
+    await kube.json("PUT", f"{GPN}/{name}/status", body={**created, "status": obj["status"]})
+
+
+STEADY = {"phase": "Steady", "targetReplicas": 2, "reclaims": 0, "returned": 0, "backfilled": 0}
+
+
+@contextlib.asynccontextmanager
+async def world(apiserver: ApiServer) -> AsyncIterator[World]:
+    kube = await KubeClient.connect(apiserver.kubeconfig)
+    ns = f"prewarm-{uuid.uuid4().hex[:6]}"
+    await kube.json("POST", "/api/v1/namespaces", body={"metadata": {"name": ns}})
+    nodes = {
+        "n1": lent(f"{ns}-n1"),
+        "n2": lent(f"{ns}-n2", broken=True),  # its group cannot come back: standby instead
+        "s1": builders.devices(f"{ns}-s1", 4, standby=True),
+        "s2": builders.devices(f"{ns}-s2", 4, standby=True),
+        "x1": builders.devices(f"{ns}-x1", 8, tier=Tier.MA),  # not involved
+    }
+    for short, devs in nodes.items():
+        await create_node(kube, f"{ns}-{short}", devs)
+    sts = {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": "recsys", "namespace": ns},
+        "spec": {
+            "replicas": 2,
+            "serviceName": "recsys",
+            "selector": {"matchLabels": {"app": "recsys"}},
+            "template": {
+                "metadata": {
+                    "labels": {"app": "recsys"},
+                    "annotations": {
+                        contract.ANN_CHECKPOINT: CKPT,
+                        contract.ANN_IMAGE_BYTES: "10e9",
+                        contract.ANN_CHECKPOINT_BYTES: "100e9",
+                    },
+                },
+                "spec": {"containers": [{"name": "trainer", "image": IMAGE}]},
+            },
+        },
+    }
+    await kube.json("POST", f"/apis/apps/v1/namespaces/{ns}/statefulsets", body=sts)
+    lease = {
+        "apiVersion": contract.API_VERSION,
+        "kind": contract.KIND_GPU_LEASE,
+        "metadata": {"name": "recsys", "namespace": ns},
+        "spec": {
+            "owner": "recsys",
+            "workload": {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "recsys"},
+            "gpusPerReplica": 4,
+            "desiredGPUs": 16,
+            "schedule": [{"at": "08:00", "gpus": 16}, {"at": "22:00", "gpus": 8}],
+        },
+    }
+    await kube.json("POST", f"/apis/{contract.API_VERSION}/namespaces/{ns}/gpuleases", body=lease)
+    registry = CollectorRegistry()
+    w = World(kube, ns, Clock(at("06:00:00")), PrewarmMetrics(registry), registry)
+    await w.lease_status(
+        {
+            **STEADY,
+            "lent": [
+                {"replica": "recsys-2", "devices": group(f"{ns}-n1")},
+                {"replica": "recsys-3", "devices": group(f"{ns}-n2")},
+            ],
+        }
+    )
+    try:
+        yield w
+    finally:
+        for short in nodes:
+            with contextlib.suppress(Exception):
+                await kube.json("DELETE", f"{GPN}/{ns}-{short}")
+        with contextlib.suppress(Exception):
+            await kube.json("DELETE", f"/api/v1/namespaces/{ns}")
+        await kube.close()
+
+
+@contextlib.asynccontextmanager
+async def controller(w: World) -> AsyncIterator[None]:
+    ctl = PrewarmController(
+        world=KubePrewarmWorld(w.kube),
+        metrics=w.metrics,
+        settings=SETTINGS,
+        clock=w.clock,
+        template_ttl_s=0.0,
+    )
+    ready = asyncio.Event()
+    task = asyncio.create_task(
+        run_prewarm_controller(
+            kube=w.kube, controller=ctl, resync_s=0.2, min_interval_s=0.05, ready=ready
+        )
+    )
+    try:
+        await asyncio.wait_for(ready.wait(), 30)
+        yield
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_directives_on_the_right_nodes_at_the_right_time_then_cleared(
+    apiserver: ApiServer,
+) -> None:
+    async with world(apiserver) as w, controller(w):
+        devices_before = (await w.kube.json("GET", f"{GPN}/{w.node('n1')}"))["spec"]["devices"]
+        # 06:00: the cold nodes start at 08:00 - 82 s - 120 s = 07:56:38; the horizon is
+        # 10 min: nothing is written yet.
+        await asyncio.sleep(1.0)
+        assert await w.prewarmed() == {}
+
+        w.clock.now = at("07:50:00")
+
+        async def written() -> dict[str, list[dict[str, Any]]] | None:
+            got = await w.prewarmed()
+            return got if set(got) == {"n1", "s1", "s2"} else None
+
+        got = await eventually(written, within_s=15)
+        (d1,) = got["n1"]
+        assert d1["lease"] == f"{w.ns}/recsys"
+        assert d1["role"] == "Lent"
+        assert d1["images"] == [IMAGE]
+        assert d1["checkpoints"] == [CKPT]
+        assert epoch(d1["deadline"]) == at("08:00:00")
+        assert epoch(d1["notBefore"]) == pytest.approx(at("07:56:38"))
+        assert d1["windowSeconds"] == pytest.approx(82.0)
+        assert {d["role"] for s in ("s1", "s2") for d in got[s]} == {"Standby"}
+        assert w.sample("tidelease_prewarm_directives_written_total", {"role": "Lent"}) == 1
+        assert w.sample("tidelease_prewarm_directives_written_total", {"role": "Standby"}) == 2
+        # The leasing controller's field is untouched.
+        n1 = await w.kube.json("GET", f"{GPN}/{w.node('n1')}")
+        assert n1["spec"]["devices"] == devices_before
+
+        # n1's agent reports: checkpoint done two minutes early, image failed.
+        items = [
+            {
+                "lease": f"{w.ns}/recsys",
+                "kind": "checkpoint",
+                "name": CKPT,
+                "state": "Done",
+                "reason": "fetched",
+                "seconds": 30.0,
+                "finishedAt": microtime(at("07:58:00")),
+                "deadline": d1["deadline"],
+            },
+            {
+                "lease": f"{w.ns}/recsys",
+                "kind": "image",
+                "name": IMAGE,
+                "state": "Failed",
+                "reason": "pull failed",
+            },
+        ]
+        await w.kube.json(
+            "PATCH",
+            f"{GPN}/{w.node('n1')}/status",
+            body={"status": {"prewarm": {"items": items}}},
+            content_type="application/merge-patch+json",
+        )
+
+        async def counted() -> bool:
+            return (
+                w.sample("tidelease_prewarm_items_total", {"kind": "checkpoint", "outcome": "done"})
+                == 1
+                and w.sample(
+                    "tidelease_prewarm_items_total", {"kind": "image", "outcome": "failed"}
+                )
+                == 1
+            )
+
+        await eventually(counted, within_s=10)
+        assert w.sample("tidelease_prewarm_lead_seconds_sum") == pytest.approx(120.0)
+
+        # 08:00:01: the leasing controller reclaims; the directives stay as they are.
+        w.clock.now = at("08:00:01")
+        await w.lease_status(
+            {
+                **STEADY,
+                "phase": "Reclaiming",
+                "targetReplicas": 4,
+                "lent": [
+                    {"replica": "recsys-2", "devices": group(w.node("n1"))},
+                    {"replica": "recsys-3", "devices": group(w.node("n2"))},
+                ],
+                "reclaim": {
+                    "startedAt": microtime(at("08:00:00") + 0.3),
+                    "deadline": microtime(at("08:00:45") + 0.3),
+                    "noticed": [],
+                    "groups": ["recsys-2", "recsys-3"],
+                    "finalizing": False,
+                },
+            }
+        )
+        await asyncio.sleep(1.0)
+        assert await w.prewarmed() == got
+
+        # Scaled to 4 replicas and Steady again: cleared everywhere.
+        w.clock.now = at("08:01:30")
+        await w.kube.json(
+            "PATCH",
+            f"/apis/apps/v1/namespaces/{w.ns}/statefulsets/recsys",
+            body={"spec": {"replicas": 4}},
+            content_type="application/merge-patch+json",
+        )
+        await w.lease_status({**STEADY, "targetReplicas": 4, "lent": []})
+
+        async def cleared() -> bool:
+            return await w.prewarmed() == {}
+
+        await eventually(cleared, within_s=15)
+        assert w.sample("tidelease_prewarm_directives_cleared_total") == 3
+        n1 = await w.kube.json("GET", f"{GPN}/{w.node('n1')}")
+        assert n1["spec"]["devices"] == devices_before
+        assert "prewarm" not in n1["spec"]
+
+
+async def test_deleting_the_lease_clears_its_directives(apiserver: ApiServer) -> None:
+    async with world(apiserver) as w, controller(w):
+        w.clock.now = at("07:59:00")
+
+        async def written() -> bool:
+            return set(await w.prewarmed()) == {"n1", "s1", "s2"}
+
+        await eventually(written, within_s=15)
+        await w.kube.json("DELETE", w.lease_path)
+
+        async def cleared() -> bool:
+            return await w.prewarmed() == {}
+
+        await eventually(cleared, within_s=15)
