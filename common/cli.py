@@ -17,6 +17,7 @@ from common.logsetup import setup_logging
 
 if TYPE_CHECKING:
     from common.kubeclient import KubeClient
+    from extender.prewarming import PrewarmSettings
 
 log = logging.getLogger("tidelease")
 
@@ -36,6 +37,7 @@ def _extender(args: argparse.Namespace) -> int:
             "leasing_controller": True if args.leasing_controller else None,
         },
     )
+    prewarm_settings = _prewarm_settings(args) if args.prewarm_controller else None
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -68,12 +70,18 @@ def _extender(args: argparse.Namespace) -> int:
         operator = None
         if args.hot_restart_operator:
             operator = asyncio.create_task(_hot_restart_operator(writer, settings.agent_namespace))
+        prewarm = None
+        if prewarm_settings is not None:
+            prewarm = asyncio.create_task(
+                _prewarm_controller(writer, settings.agent_namespace, prewarm_settings)
+            )
         try:
             await run_extender(store=kube, settings=settings, stop=stop, leasing=leasing)
         finally:
-            if operator is not None:
-                operator.cancel()
-                await asyncio.gather(operator, return_exceptions=True)
+            for task in (operator, prewarm):
+                if task is not None:
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
             await kube.close()
             await writer.close()
 
@@ -95,6 +103,49 @@ async def _hot_restart_operator(kube: KubeClient, namespace: str) -> None:
     elector = LeaderElector(kube, namespace=namespace, name=LEASE_NAME, identity=identity)
     operator = HotRestartOperator(requests=KubeRequests(kube))
     await elector.run(lambda: run_hot_restart_operator(kube=kube, operator=operator))
+
+
+def _prewarm_settings(args: argparse.Namespace) -> PrewarmSettings:
+    from extender.prewarmcontroller import parse_bandwidths
+    from extender.prewarming import PrewarmSettings
+
+    base = PrewarmSettings()
+    settings = PrewarmSettings(
+        bandwidths=parse_bandwidths(args.prewarm_bandwidths or "", base.bandwidths),
+        margin_s=args.prewarm_margin,
+        horizon_s=args.prewarm_horizon,
+    )
+    problems = settings.validate()
+    if problems:
+        raise InvalidInput(problems)
+    return settings
+
+
+async def _prewarm_controller(kube: KubeClient, namespace: str, settings: PrewarmSettings) -> None:
+    """The prewarm controller, leader-elected among the extender replicas. Its metrics are on
+    the process's default Prometheus registry."""
+    from prometheus_client import REGISTRY
+
+    from common.leaderelection import LeaderElector
+    from extender.prewarmcontroller import (
+        LEASE_NAME,
+        KubePrewarmWorld,
+        PrewarmController,
+        PrewarmMetrics,
+        run_prewarm_controller,
+    )
+
+    identity = os.environ.get("POD_NAME") or socket.gethostname()
+    elector = LeaderElector(kube, namespace=namespace, name=LEASE_NAME, identity=identity)
+    metrics = PrewarmMetrics(REGISTRY)
+
+    async def lead() -> None:
+        controller = PrewarmController(
+            world=KubePrewarmWorld(kube), metrics=metrics, settings=settings
+        )
+        await run_prewarm_controller(kube=kube, controller=controller)
+
+    await elector.run(lead)
 
 
 def _agent(args: argparse.Namespace) -> int:
@@ -155,6 +206,22 @@ def _agent(args: argparse.Namespace) -> int:
         kube = await KubeClient.connect(args.kubeconfig)
         publisher = KubePublisher(kube, node=node, namespace=args.namespace)
         source = InMemoryDeviceSource()
+        runtime = None
+        if args.cri_endpoint:
+            from nodeagent.cri.client import GrpcRuntime
+
+            runtime = GrpcRuntime(args.cri_endpoint)
+        from nodeagent.prewarm import KubePrewarmNode, open_prewarmer, run_prewarm
+
+        # Prewarming (docs/hot-restart.md): on with a CRI runtime and/or the peer cache.
+        prewarmer = open_prewarmer(
+            node=node,
+            kube=kube,
+            runtime=runtime,
+            cache=cache,
+            token_file=args.cache_token_file if cache is not None else None,
+        )
+        inventory = agent_inventory(cache)
         tasks = [
             asyncio.create_task(
                 run_agent(
@@ -162,10 +229,19 @@ def _agent(args: argparse.Namespace) -> int:
                     publisher=publisher,
                     settings=settings,
                     on_change=source.set,
-                    cache_inventory=agent_inventory(cache),
+                    cache_inventory=(
+                        prewarmer.inventory(inventory) if prewarmer is not None else inventory
+                    ),
+                    prewarm_status=prewarmer.status if prewarmer is not None else None,
                 )
             )
         ]
+        if prewarmer is not None:
+            tasks.append(
+                asyncio.create_task(
+                    run_prewarm(node=KubePrewarmNode(kube, node), prewarmer=prewarmer)
+                )
+            )
         if cache is not None:
             tasks.append(asyncio.create_task(cache.run()))
         if not args.no_device_plugin:
@@ -175,9 +251,7 @@ def _agent(args: argparse.Namespace) -> int:
                     run_device_plugin(source=source, lookup=lookup, settings=plugin_settings)
                 )
             )
-        runtime = None
-        if args.cri_endpoint:
-            from nodeagent.cri.client import GrpcRuntime
+        if runtime is not None:
             from nodeagent.restarting.podwatch import (
                 KubePods,
                 PodRestarter,
@@ -185,7 +259,6 @@ def _agent(args: argparse.Namespace) -> int:
                 run_pod_hot_restarts,
             )
 
-            runtime = GrpcRuntime(args.cri_endpoint)
             restarter = PodRestarter(
                 runtime=runtime,
                 pods=KubePods(kube),
@@ -278,6 +351,29 @@ def parser() -> argparse.ArgumentParser:
         "--hot-restart-operator",
         action="store_true",
         help="also run the hot-restart operator (leader-elected; docs/hot-restart.md)",
+    )
+    ext.add_argument(
+        "--prewarm-controller",
+        action="store_true",
+        help="also run the prewarm controller: nodes fetch images and checkpoints ahead of "
+        "GpuLease scale-ups (leader-elected; docs/hot-restart.md, Prewarming)",
+    )
+    ext.add_argument(
+        "--prewarm-margin",
+        type=float,
+        default=120.0,
+        help="seconds a node starts prewarming before T_scale - W (default 120)",
+    )
+    ext.add_argument(
+        "--prewarm-horizon",
+        type=float,
+        default=3600.0,
+        help="directives are written at most this many seconds before they start",
+    )
+    ext.add_argument(
+        "--prewarm-bandwidths",
+        help="bytes/s for the prelaunch window W, e.g. net=1.25G,registry=500M,storage=2G,gpu=50G"
+        " (these are the defaults)",
     )
     ext.set_defaults(run=_extender)
 

@@ -189,9 +189,12 @@ async def run_agent(
     on_change: Callable[[tuple[PluginDevice, ...]], object] | None = None,
     ready: asyncio.Event | None = None,
     cache_inventory: Callable[[], dict[str, Any]] | None = None,
+    prewarm_status: Callable[[], dict[str, Any]] | None = None,
 ) -> None:
     """Watch the node's GPUs and publish what is seen, until cancelled. ``cache_inventory``
-    gives the peer cache's contents (docs/peer-cache.md); a change is published next cycle."""
+    gives the peer cache's contents (docs/peer-cache.md); a change is published next cycle.
+    ``prewarm_status``: the prewarm progress (:mod:`nodeagent.prewarm`, which also writes it
+    itself), kept in every status this loop publishes."""
     infos = await asyncio.to_thread(reader.devices)
     view = NodeView(infos, settings, await publisher.load())
     log.info(
@@ -212,7 +215,10 @@ async def run_agent(
     cache: dict[str, Any] | None = None
 
     async def publish(now: float) -> None:
-        await publisher.publish(view.status(now, cache))
+        status = view.status(now, cache)
+        if prewarm_status is not None:
+            status["prewarm"] = prewarm_status()
+        await publisher.publish(status)
         if on_change is not None:
             on_change(plugin_devices(infos, view.health()))
 

@@ -333,3 +333,65 @@ async def test_deleting_the_lease_clears_its_directives(apiserver: ApiServer) ->
             return await w.prewarmed() == {}
 
         await eventually(cleared, within_s=15)
+
+
+class CachedCheckpoints:
+    """A cache that fetches instantly (the peer path is tested in tests/containerd)."""
+
+    def __init__(self) -> None:
+        self.held: set[str] = set()
+
+    def has(self, checkpoint: str) -> bool:
+        return checkpoint in self.held
+
+    async def fetch(self, checkpoint: str) -> str:
+        self.held.add(checkpoint)
+        return "fetched"
+
+
+async def test_the_agent_follows_its_directives_and_its_status_publishes_keep_the_report(
+    apiserver: ApiServer,
+) -> None:
+    """Controller -> spec.prewarm -> the node's agent (field-selected watch) -> status.prewarm,
+    which the agent's own full-status publishes keep."""
+    from nodeagent.prewarm import KubePrewarmNode, PrewarmAgentSettings, Prewarmer, run_prewarm
+    from nodeagent.publishing import KubePublisher
+
+    async with world(apiserver) as w:
+        w.clock.now = at("07:59:00")  # past notBefore: the agent starts at once
+        n1 = w.node("n1")
+        prewarmer = Prewarmer(
+            settings=PrewarmAgentSettings(node=n1, retries=0),
+            images=None,  # no CRI runtime: the image is reported Failed
+            checkpoints=CachedCheckpoints(),
+        )
+        agent = asyncio.create_task(
+            run_prewarm(node=KubePrewarmNode(w.kube, n1), prewarmer=prewarmer)
+        )
+        try:
+            async with controller(w):
+
+                async def reported() -> dict[str, str] | None:
+                    obj = await w.kube.json("GET", f"{GPN}/{n1}")
+                    items = ((obj.get("status") or {}).get("prewarm") or {}).get("items") or []
+                    states = {i["kind"]: i["state"] for i in items}
+                    return states if states == {"image": "Failed", "checkpoint": "Done"} else None
+
+                await eventually(reported, within_s=20)
+                # The agent's periodic status publish replaces the whole status: the report stays.
+                obj = await w.kube.json("GET", f"{GPN}/{n1}")
+                status = {**obj["status"], "prewarm": prewarmer.status()}
+                await KubePublisher(w.kube, node=n1, namespace="default").publish(status)
+                assert await reported()
+
+                # Cleared by the controller (the lease is deleted): the agent's report empties.
+                await w.kube.json("DELETE", w.lease_path)
+
+                async def emptied() -> bool:
+                    obj = await w.kube.json("GET", f"{GPN}/{n1}")
+                    return obj["status"].get("prewarm") == {"items": []}
+
+                await eventually(emptied, within_s=20)
+        finally:
+            agent.cancel()
+            await asyncio.gather(agent, return_exceptions=True)
