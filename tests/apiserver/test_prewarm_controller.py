@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
 
 from common import builders, contract
+from common.errors import NotFound
 from common.kubeclient import KubeClient
 from common.model import Device, Tier
 from common.timefmt import epoch, microtime
@@ -395,3 +398,100 @@ async def test_the_agent_follows_its_directives_and_its_status_publishes_keep_th
         finally:
             agent.cancel()
             await asyncio.gather(agent, return_exceptions=True)
+
+
+async def test_tidelease_agent_with_a_cache_carries_out_its_directive(
+    apiserver: ApiServer, tmp_path: Path
+) -> None:
+    """`tidelease agent --cache-dir ...` as a process: prewarming is on, and its report stays
+    through the agent's own status publishes (every 0.5 s here)."""
+    import signal
+    import socket
+    import sys
+
+    from nodeagent.cache.testing import write_token
+
+    node = f"prewarm-{uuid.uuid4().hex[:6]}"
+    kube = await KubeClient.connect(apiserver.kubeconfig)
+    with contextlib.suppress(Exception):
+        await kube.json(
+            "POST", "/api/v1/namespaces", body={"metadata": {"name": "tidelease-system"}}
+        )
+    write_token(tmp_path / "token")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "common.cli",
+        "agent",
+        "--node",
+        node,
+        "--backend",
+        "fake",
+        "--fake-gpus",
+        "2",
+        "--no-device-plugin",
+        "--kubeconfig",
+        str(apiserver.kubeconfig),
+        "--cycle",
+        "0.5",
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--cache-token-file",
+        str(tmp_path / "token"),
+        "--cache-port",
+        str(port),
+        "--cache-advertise",
+        f"http://127.0.0.1:{port}",
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    path = f"{GPN}/{node}"
+    try:
+
+        async def published() -> bool:
+            try:
+                return bool((await kube.json("GET", path)).get("status", {}).get("devices"))
+            except NotFound:
+                return False
+
+        await eventually(published, within_s=30)
+        now = time.time()
+        directive = {
+            "lease": "ml/recsys",
+            "role": "Standby",
+            "images": [IMAGE],
+            "checkpoints": ["nobody-has-it"],
+            "notBefore": microtime(now - 1),
+            "deadline": microtime(now + 300),
+            "windowSeconds": 82.0,
+        }
+        await kube.json(
+            "PATCH",
+            path,
+            body={"spec": {"prewarm": [directive]}},
+            content_type="application/merge-patch+json",
+        )
+
+        async def reported() -> dict[str, dict[str, Any]] | None:
+            obj = await kube.json("GET", path)
+            items = ((obj.get("status") or {}).get("prewarm") or {}).get("items") or []
+            by_kind = {i["kind"]: i for i in items}
+            done = len(by_kind) == 2 and all(i["state"] == "Failed" for i in by_kind.values())
+            return by_kind if done else None
+
+        items = await eventually(reported, within_s=90)
+        assert "--cri-endpoint" in items["image"]["reason"]
+        assert "nobody-has-it" in items["checkpoint"]["reason"]
+        await asyncio.sleep(1.5)  # three of the agent's status publishes
+        assert await reported() == items
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 30) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        with contextlib.suppress(Exception):
+            await kube.json("DELETE", path)
+        await kube.close()
