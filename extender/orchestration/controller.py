@@ -35,7 +35,7 @@ from extender.orchestration.jobs import (
     parse_job,
 )
 from extender.orchestration.metrics import OrchestratorMetrics
-from extender.orchestration.records import Record, State, claim, finish
+from extender.orchestration.records import Record, State, claim, finish, merge, same_attempt
 from extender.orchestration.rendering import (
     Context,
     detached,
@@ -64,6 +64,7 @@ class OrchestratorSettings:
     identity: str = ""  # this incarnation, in RUNNING records (default: a random id)
     max_parallel: int = 64  # commands in flight at once
     resync_s: float = 30.0  # re-evaluate every job at least this often
+    drain_s: float = 10.0  # on stop, how long commands in flight may take to finish
 
     def validate(self) -> list[str]:
         problems = []
@@ -78,20 +79,10 @@ class OrchestratorSettings:
 class _Job:
     spec: JobSpec | None = None
     records: dict[str, Record] = field(default_factory=dict)
-    records_version: str = ""
     snapshot: Snapshot = field(default_factory=Snapshot)
     hosts_written: str | None = None
     rejected_version: str = ""  # the resourceVersion whose problems were reported
     complete_logged: bool = False
-
-
-def _newer(version: str, than: str) -> bool:
-    """Whether ``version`` is not older than ``than`` (a freshness hint for the cache only:
-    correctness rests on the compare-and-swap, never on this)."""
-    try:
-        return int(version) >= int(than)
-    except ValueError:
-        return True
 
 
 class Orchestrator:
@@ -120,6 +111,7 @@ class Orchestrator:
         self._slots = asyncio.Semaphore(self.settings.max_parallel)
         self._dags: dict[str, Dag | InvalidInput] = {}
         self._pod_job: dict[str, str] = {}  # pod key -> job key
+        self.closing = False
 
     # --- what the watches bring ---
     def _load(self, text: str) -> Dag:
@@ -162,11 +154,9 @@ class Orchestrator:
                 self._spawn(self._report_invalid(ref, e))
             return
         if job.spec is not None and job.spec.ref.uid != spec.ref.uid:
-            job.records, job.records_version, job.hosts_written = {}, "", None
+            job.records, job.hosts_written = {}, None
         job.spec = spec
-        if not job.records_version or _newer(spec.resource_version, job.records_version):
-            job.records = dict(spec.records)
-            job.records_version = spec.resource_version
+        job.records = merge(job.records, spec.records)
         self._mark(key)
 
     def on_pod(self, event: str, raw: dict[str, Any]) -> None:
@@ -220,7 +210,7 @@ class Orchestrator:
             self.wake.pop(key, None)
             return
         spec = job.spec
-        for issue in ev.issues:
+        for issue in [] if self.closing else ev.issues:
             self.in_flight.add(f"{key}#{issue.key}")
             self._spawn(self._issue(key, spec, issue))
         for w in ev.waiting:
@@ -272,7 +262,7 @@ class Orchestrator:
     def _seen(self, key: str, records: Mapping[str, Record]) -> None:
         job = self.jobs.get(key)
         if job is not None:
-            job.records = dict(records)
+            job.records = merge(job.records, records)
 
     async def _issue(self, key: str, spec: JobSpec, issue: Issue) -> None:
         flight = f"{key}#{issue.key}"
@@ -280,6 +270,8 @@ class Orchestrator:
         framework = spec.dag.file.framework or "-"
         try:
             async with self._slots:
+                if self.closing:
+                    return
                 now = self.clock()
                 claimed: Record | None = None
 
@@ -337,14 +329,20 @@ class Orchestrator:
                 mine = claimed
 
                 def settle(records: Mapping[str, Record]) -> Mapping[str, Record] | None:
-                    current = records.get(issue.key)
-                    if current != mine:
+                    if not same_attempt(records.get(issue.key), mine):
                         return None  # someone took the attempt over; theirs is the record
                     return {**records, issue.key: final}
 
                 records = await self._settle(spec, settle)
-                if records is not None:
-                    self._seen(key, records)
+                if records is None:
+                    log.warning(
+                        "job %s: %s attempt %d was taken over; its outcome is not recorded",
+                        key,
+                        issue.key,
+                        mine.attempts,
+                    )
+                    return
+                self._seen(key, records)
                 outcome = {State.DONE: "ok", State.FAILED: "failed"}.get(final.state, "gave_up")
                 self.metrics.issues.labels(framework, command.name, outcome).inc()
                 if final.state is State.DONE:
@@ -425,7 +423,14 @@ class Orchestrator:
         nxt = min(self.wake.values(), default=now + self.settings.resync_s)
         return max(0.0, min(nxt, now + self.settings.resync_s) - self.clock())
 
-    async def close(self) -> None:
+    async def close(self, grace_s: float | None = None) -> None:
+        """Issue nothing new; let commands in flight finish and record their outcome for up to
+        ``grace_s`` (settings.drain_s), then cancel the rest (their records stay RUNNING, and
+        the next leader waits out their timeout before retrying)."""
+        self.closing = True
+        grace = self.settings.drain_s if grace_s is None else grace_s
+        if self.tasks and grace > 0:
+            await asyncio.wait(list(self.tasks), timeout=grace)
         for task in list(self.tasks):
             task.cancel()
         await asyncio.gather(*list(self.tasks), return_exceptions=True)

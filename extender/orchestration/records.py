@@ -148,3 +148,28 @@ def finish(
         return replace(claimed, state=State.GAVE_UP, at=now, holder="", error=short)
     wait = backoff_s(claimed.attempts, command.retry.initial_s, command.retry.max_s, rand)
     return replace(claimed, state=State.FAILED, at=now, holder="", retry_at=now + wait, error=short)
+
+
+def _rank(r: Record) -> tuple[int, int]:
+    return (r.attempts, 0 if r.state is State.RUNNING else 1)
+
+
+def merge(known: Records, incoming: Records) -> dict[str, Record]:
+    """The most advanced record of each key: a record only moves forward (more attempts;
+    RUNNING to an outcome), so a late watch event cannot take the cache back. (A hint for the
+    cache only: whether to issue is decided on the API server's own records.)"""
+    out = dict(known)
+    for key, new in incoming.items():
+        old = out.get(key)
+        if old is None or old.uid != new.uid or _rank(new) >= _rank(old):
+            out[key] = new
+    return out
+
+
+def same_attempt(a: Record | None, b: Record) -> bool:
+    """Whether ``a`` is still attempt ``b`` as claimed (times are rounded on the wire)."""
+    return (
+        a is not None
+        and a.state is State.RUNNING
+        and (a.attempts, a.holder, a.uid) == (b.attempts, b.holder, b.uid)
+    )

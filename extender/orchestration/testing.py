@@ -20,7 +20,7 @@ from extender.orchestration.jobs import (
     LABEL_ORCHESTRATION,
     JobRef,
 )
-from extender.orchestration.records import ANN_RECORDS, Record, dump_records
+from extender.orchestration.records import ANN_RECORDS, Record, dump_records, parse_records
 from extender.orchestration.snapshot import LABEL_JOB, LABEL_ROLE
 from extender.orchestration.storing import Change
 
@@ -125,9 +125,11 @@ class FakeJobStore:
             if self.conflicts:
                 self.conflicts -= 1
                 continue
-            self.records[job.key] = dict(new)
+            # Through the annotation's JSON, as the API server would store it (times rounded).
+            stored = parse_records(dump_records(new))
+            self.records[job.key] = stored
             self.versions[job.key] += 1
-            return new
+            return stored
         raise Unavailable("conflicts")
 
     async def write_hosts(self, job: JobRef, script: str, hosts: str) -> None:

@@ -14,6 +14,7 @@ from extender.orchestration.records import (
     claim,
     dump_records,
     finish,
+    merge,
     parse_records,
 )
 from extender.orchestration.rendering import (
@@ -377,3 +378,14 @@ def test_snapshot_counts_follow_changes() -> None:
     assert snap.ready_count("worker") == 1
     assert len(snap) == 1
     assert sorted(["w-10", "w-9", "a"], key=natural_key) == ["a", "w-9", "w-10"]
+
+
+def test_a_late_watch_event_cannot_take_records_back() -> None:
+    running = Record(State.RUNNING, 1, "p", "u", 1.0, holder="me")
+    finished = Record(State.DONE, 1, "p", "u", 2.0)
+    retried = Record(State.RUNNING, 2, "p", "u", 3.0, holder="me")
+    assert merge({"a": finished}, {"a": running}) == {"a": finished}
+    assert merge({"a": running}, {"a": finished}) == {"a": finished}
+    assert merge({"a": finished}, {"a": retried}) == {"a": retried}
+    new_pod = Record(State.RUNNING, 1, "p", "other-uid", 4.0)
+    assert merge({"a": finished, "b": running}, {"a": new_pod}) == {"a": new_pod, "b": running}
