@@ -13,6 +13,7 @@ import argparse
 import os
 import time
 
+from extender.simulation.cli import default_standby
 from extender.simulation.controlling import Policy
 from extender.simulation.scenario import Scenario, draw_failures
 from extender.simulation.simulating import SimSettings, simulate
@@ -26,7 +27,9 @@ def main() -> None:
     p.add_argument("--policy", choices=[x.value for x in Policy], action="append")
     p.add_argument("--days", type=float, default=14.0)
     p.add_argument("--scale", type=float, default=1.0, help="of the built-in cluster")
-    p.add_argument("--standby", type=int, default=256, help="GPUs (right of return)")
+    p.add_argument(
+        "--standby", type=int, help="GPUs (right of return; default: tidelease simulate's)"
+    )
     p.add_argument("--seed", type=int, default=1)
     args = p.parse_args()
     if hasattr(os, "sched_setaffinity"):
@@ -52,7 +55,10 @@ def main() -> None:
         f"{'preempt':>8} {'filters':>8}  target < {TARGET_S:.0f} s"
     )
     for name in args.policy or [x.value for x in Policy]:
-        settings = SimSettings(Policy(name), seed=args.seed, standby_gpus=args.standby)
+        standby = args.standby
+        if standby is None:
+            standby = default_standby(gpus, max(n.gpus for n in nodes))
+        settings = SimSettings(Policy(name), seed=args.seed, standby_gpus=standby)
         cpu = time.process_time()
         wall = time.perf_counter()
         result = simulate(scenario, settings)

@@ -40,7 +40,7 @@ def ha_share(results: Sequence[RunResult], path: Path) -> Path:
     fig = Figure(figsize=(10, 4.5))
     ax = fig.add_subplot()
     values: list[float] = []
-    for r in results:
+    for r in sorted(results, key=lambda r: r.summary.policy == "right-of-return"):  # on top
         color = COLORS.get(r.summary.policy)
         days = _days(r)
         share = [100 * x for x in r.series.ha_share()]
@@ -48,11 +48,14 @@ def ha_share(results: Sequence[RunResult], path: Path) -> Path:
             ax.plot(days, share, lw=0.7, alpha=0.5, color=color, label=f"{_label(r)}, every step")
             values.extend(share)
         peaks = r.series.daily_peaks()
+        baseline = r.summary.policy == "no-scaling"
         ax.plot(
             [days[i] for i in peaks],
             [share[i] for i in peaks],
-            marker="o",
-            lw=1.8,
+            marker="s" if baseline else "o",
+            ms=4 if baseline else 6,
+            ls="--" if baseline else "-",
+            lw=1.0 if baseline else 1.8,
             color=color,
             label=f"{_label(r)}, at daily peaks",
         )

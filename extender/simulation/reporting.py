@@ -145,9 +145,15 @@ def sizing_table(sizing: Sizing, total_gpus: int) -> str:
         lines.append(f"No standby pool up to {largest} GPUs meets the target.")
     else:
         share = sizing.answer / total_gpus if total_gpus else 0.0
+        larger = [p.size for p in sizing.points if p.size > sizing.answer]
+        confirmed = (
+            f"the next size swept, {min(larger)}, meets it too"
+            if larger
+            else "the largest size swept: none larger confirms it"
+        )
         lines.append(
             f"Smallest standby pool meeting the target: {sizing.answer} GPUs "
-            f"({100 * share:.2f}% of the cluster; the next size swept meets it too)."
+            f"({100 * share:.2f}% of the cluster; {confirmed})."
         )
     return "\n".join(lines)
 

@@ -52,6 +52,10 @@ def test_small_cluster_two_days_with_plots(tmp_path: Path) -> None:
     for policy in ("right-of-return", "no-return", "no-scaling"):
         assert f"\n{policy} " in text
     assert "Standby pool sizing" in text
+    findings = text[text.index("Findings:") :]
+    assert "fig. 14, HA share of the online jobs' GPUs: pre-lease" in findings
+    assert "fig. 10, borrowers' fulfilment:" in findings
+    assert "standby for >= 99.9% full reclaims:" in findings
     for name in ("ha_share.png", "fulfilment.png", "online_demand.png", "standby_sizing.png"):
         png = out / name
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
@@ -115,8 +119,24 @@ def test_bad_input_names_the_place(tmp_path: Path, capsys: pytest.CaptureFixture
         (["--sweep-sizes", "8,x"], "--sweep-sizes: want comma-separated integers"),
         (["--days", "0"], "--days: want a positive number"),
         (["--jobs", "0"], "--jobs: want at least 1"),
+        (["--failure-scale", "-1"], "--failure-scale: want a non-negative number"),
     ],
 )
 def test_bad_options(argv: list[str], message: str, tmp_path: Path) -> None:
     with pytest.raises(InvalidInput, match=message):
         cli.run(parse(*argv, "--scale", "0.01", "--out", str(tmp_path)))
+
+
+@pytest.mark.parametrize(
+    ("gpus", "standby"), [(10_000, 304), (1_000, 32), (176, 8), (0, 0)], ids=str
+)
+def test_default_standby_is_a_share_of_the_cluster_in_whole_nodes(gpus: int, standby: int) -> None:
+    assert cli.default_standby(gpus) == standby
+
+
+def test_failure_scale_multiplies_the_drawn_failures(tmp_path: Path) -> None:
+    base = cli.scenario_from(parse("--scale", "0.02", "--days", "3", "--out", str(tmp_path)))
+    more = cli.scenario_from(
+        parse("--scale", "0.02", "--days", "3", "--failure-scale", "4", "--out", str(tmp_path))
+    )
+    assert len(more.failures) > 2 * len(base.failures) > 0
