@@ -29,9 +29,10 @@ async def rig(apiserver: ApiServer) -> AsyncIterator[Rig]:
         yield rig
 
 
-async def chaos(rig: Rig, rng: random.Random, stop: asyncio.Event) -> int:
-    """Run the extender, killing it at random moments; the number of kills."""
-    kills = 0
+async def chaos(rig: Rig, rng: random.Random, stop: asyncio.Event) -> tuple[int, int]:
+    """Run the extender, killing it at random moments; the number of kills, and of those that
+    came while the lease was between two steady states (mid-lend or mid-reclaim)."""
+    kills = mid = 0
     while not stop.is_set():
 
         async def life() -> None:
@@ -41,10 +42,12 @@ async def chaos(rig: Rig, rng: random.Random, stop: asyncio.Event) -> int:
         task = asyncio.create_task(life())
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), rng.uniform(0.3, 2.5))
+        phase = ((await rig.lease()).get("status") or {}).get("phase")
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         kills += 1
-    return kills
+        mid += phase != "Steady"
+    return kills, mid
 
 
 def bound(pods: list[dict[str, Any]]) -> dict[tuple[str, str], set[str]]:
@@ -122,6 +125,9 @@ async def test_controller_killed_at_random_points(rig: Rig) -> None:
                 assert not [d for d in tags if d.get("owner")], f"cycle {cycle}: stale tags"
     finally:
         stop.set()
-        kills = await killer
-    print(f"{CYCLES} cycles, {kills} kills, {borrowers} borrowers")
-    assert kills >= CYCLES  # the controller really died throughout
+        kills, mid = await killer
+    print(f"{CYCLES} cycles, {kills} kills ({mid} mid-transition), {borrowers} borrowers")
+    # The controller really died throughout, and often in the middle of a lend or a reclaim
+    # (how often depends on the machine's speed; the seed fixes only the kill intervals).
+    assert kills >= CYCLES // 2
+    assert mid >= CYCLES // 5
