@@ -160,7 +160,8 @@ commands:
       - sh
       - -c
       - >-
-        IFS=,; for h in $1; do wget -q -T 2 -O /dev/null "http://${h%%:*}:8080/version"
+        IFS=,; for h in $1; do { echo "GET /version HTTP/1.0"; echo; }
+        | nc -w 2 "${h%%:*}" 8080 | grep -q v1
         || { echo "host $h is not up"; exit 3; }; done; echo "$1" >/www/$2; echo launched
       - mpirun
       - "{{hosts:worker}}"
