@@ -16,6 +16,8 @@ from common.errors import InvalidInput
 from common.logsetup import setup_logging
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
     from common.kubeclient import KubeClient
     from extender.prewarming import PrewarmSettings
 
@@ -38,6 +40,11 @@ def _extender(args: argparse.Namespace) -> int:
         },
     )
     prewarm_settings = _prewarm_settings(args) if args.prewarm_controller else None
+    # One registry for the process: /metrics serves the extender's, the leasing and the
+    # prewarm controllers' metrics.
+    from prometheus_client import CollectorRegistry
+
+    registry = CollectorRegistry()
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -73,10 +80,12 @@ def _extender(args: argparse.Namespace) -> int:
         prewarm = None
         if prewarm_settings is not None:
             prewarm = asyncio.create_task(
-                _prewarm_controller(writer, settings.agent_namespace, prewarm_settings)
+                _prewarm_controller(writer, settings.agent_namespace, prewarm_settings, registry)
             )
         try:
-            await run_extender(store=kube, settings=settings, stop=stop, leasing=leasing)
+            await run_extender(
+                store=kube, settings=settings, stop=stop, leasing=leasing, registry=registry
+            )
         finally:
             for task in (operator, prewarm):
                 if task is not None:
@@ -121,11 +130,11 @@ def _prewarm_settings(args: argparse.Namespace) -> PrewarmSettings:
     return settings
 
 
-async def _prewarm_controller(kube: KubeClient, namespace: str, settings: PrewarmSettings) -> None:
-    """The prewarm controller, leader-elected among the extender replicas. Its metrics are on
-    the process's default Prometheus registry."""
-    from prometheus_client import REGISTRY
-
+async def _prewarm_controller(
+    kube: KubeClient, namespace: str, settings: PrewarmSettings, registry: CollectorRegistry
+) -> None:
+    """The prewarm controller, leader-elected among the extender replicas; its metrics go to
+    ``registry`` (the one the extender's /metrics serves)."""
     from common.leaderelection import LeaderElector
     from extender.prewarmcontroller import (
         LEASE_NAME,
@@ -137,7 +146,7 @@ async def _prewarm_controller(kube: KubeClient, namespace: str, settings: Prewar
 
     identity = os.environ.get("POD_NAME") or socket.gethostname()
     elector = LeaderElector(kube, namespace=namespace, name=LEASE_NAME, identity=identity)
-    metrics = PrewarmMetrics(REGISTRY)
+    metrics = PrewarmMetrics(registry)
 
     async def lead() -> None:
         controller = PrewarmController(

@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 from common.leaderelection import LeaderElector
 from extender.binding import Binder, Clock, utcnow
@@ -23,10 +24,16 @@ from extender.watching import PodCache, run_liveness, run_watch
 log = logging.getLogger(__name__)
 
 
-def build_app(*, store: Store, settings: ExtenderSettings, clock: Clock = utcnow) -> ExtenderApp:
+def build_app(
+    *,
+    store: Store,
+    settings: ExtenderSettings,
+    clock: Clock = utcnow,
+    registry: CollectorRegistry | None = None,
+) -> ExtenderApp:
     cluster = ClusterState()
     pods = PodCache(settings.gpu_resource)
-    metrics = ExtenderMetrics()
+    metrics = ExtenderMetrics(registry)
     binder = Binder(
         store=store, cluster=cluster, pods=pods, settings=settings, metrics=metrics, clock=clock
     )
@@ -71,9 +78,12 @@ async def serve(
     settings: ExtenderSettings,
     clock: Clock = utcnow,
     leasing: Leasing | None = None,
+    registry: CollectorRegistry | None = None,
 ) -> AsyncIterator[Running]:
-    """Run an extender until the block exits; yields once it is synced and listening."""
-    app = build_app(store=store, settings=settings, clock=clock)
+    """Run an extender until the block exits; yields once it is synced and listening.
+    ``registry``: where its metrics go (and what /metrics serves; other components of the
+    process may register theirs there too); a new one by default."""
+    app = build_app(store=store, settings=settings, clock=clock, registry=registry)
     synced = asyncio.Event()
     leases = LeaseCache()
     tasks: tuple[asyncio.Task[None], ...] = (
@@ -136,9 +146,10 @@ async def run_extender(
     stop: asyncio.Event,
     drain_s: float = 2.0,
     leasing: Leasing | None = None,
+    registry: CollectorRegistry | None = None,
 ) -> None:
     """Serve until ``stop`` is set; then fail readiness, let in-flight calls finish, exit."""
-    async with serve(store=store, settings=settings, leasing=leasing) as running:
+    async with serve(store=store, settings=settings, leasing=leasing, registry=registry) as running:
         await _first_of(stop, running.tasks)
         running.app.draining = True
         log.info("stopping: readiness failed, draining for %.1f s", drain_s)

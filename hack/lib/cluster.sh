@@ -286,7 +286,7 @@ EOF
 }
 
 # tl::cluster::start_extender - the tidelease extender (.venv) on a free loopback port, with the
-# leasing controller and the hot-restart operator.
+# leasing controller, the hot-restart operator and the prewarm controller, as the Deployment.
 # TIDELEASE_EXTENDER_* variables in the environment reach it (see extender/settings.py).
 tl::cluster::start_extender() {
   local port log="${TL_CLUSTER_DIR}/logs/extender.log"
@@ -294,7 +294,7 @@ tl::cluster::start_extender() {
   TL_CLUSTER_EXTENDER_URL="http://127.0.0.1:${port}"
   "${TL_VENV}/bin/tidelease" --log-level "${TL_CLUSTER_EXTENDER_LOG_LEVEL}" extender \
     --kubeconfig "${TL_CP_KUBECONFIG}" --host 127.0.0.1 --port "${port}" \
-    --leasing-controller --hot-restart-operator \
+    --leasing-controller --hot-restart-operator --prewarm-controller \
     >"${log}" 2>&1 &
   TL_CLUSTER_EXTENDER_PID=$!
   tl::cluster::record_pid TL_CLUSTER_EXTENDER_PID "${TL_CLUSTER_EXTENDER_PID}"

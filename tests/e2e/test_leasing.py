@@ -19,7 +19,7 @@ import pytest
 from common import builders, contract
 from common.model import Priority, Tier
 from tests.e2e.harness import BORROWER, ONLINE, Cluster, NodeGroup, devices_of
-from tests.e2e.kube import wait_for
+from tests.e2e.kube import get_text, wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -216,3 +216,14 @@ def test_a_lent_device_that_failed_is_backfilled_from_standby(job: Job) -> None:
             devices[broken]["tier"],
         )
     assert (status["returned"], status["backfilled"]) == (4, 4)
+
+
+def test_the_extender_serves_every_controllers_metrics(cluster: Cluster) -> None:
+    """One /metrics for the process: the extender's, the leasing and prewarm controllers'."""
+    text = get_text(f"{cluster.extender_url}/metrics")
+    for family in (
+        "tidelease_extender_requests_total",
+        "tidelease_leasing_reclaims_total",
+        "tidelease_prewarm_directives_written_total",
+    ):
+        assert f"# HELP {family} " in text, family
