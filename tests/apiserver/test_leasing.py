@@ -113,11 +113,11 @@ async def test_lend_borrow_reclaim_same_devices(rig: Rig) -> None:
 
 async def test_failed_lent_device_is_backfilled_from_standby(rig: Rig) -> None:
     async with extender(rig):
-        lent_devices = await lend(rig)
+        lent = await lend(rig)
         placed_before = await rig.placed("recsys-")
         del placed_before
         node = (await rig.gpu_node(rig.nodes[1]))["status"]["devices"]
-        broken = next(d for d in node if d["uuid"] in lent_devices)
+        broken = next(d for d in node if d["uuid"] in lent)
         await rig.set_health(rig.nodes[1], broken["uuid"], "Unhealthy")
         await rig.set_desired(16)
 
@@ -129,8 +129,12 @@ async def test_failed_lent_device_is_backfilled_from_standby(rig: Rig) -> None:
         placed = await rig.placed("recsys-")
         standby = {d["uuid"] for d in (await rig.gpu_node(rig.nodes[2]))["status"]["devices"]}
         new = set(placed["recsys-2"]) | set(placed["recsys-3"])
-        assert len(new & set(lent_devices)) == 4  # the healthy lent half came back
+        assert len(new & set(lent)) == 4  # the healthy lent half came back
         assert len(new & standby) == 4  # the pod with the failed device went to standby
         assert (status["returned"], status["backfilled"]) == (4, 4)
-        spare = (await rig.gpu_node(rig.nodes[2]))["spec"].get("devices") or []
-        assert not [d for d in spare if d.get("standby")]  # now the owner's, out of the pool
+        # On loan: still standby, tagged with the owner while its replica holds them; they go
+        # back to the pool when that replica is released. The failed device stays lent.
+        spare = {d["uuid"]: d for d in (await rig.gpu_node(rig.nodes[2]))["spec"]["devices"]}
+        for u in new & standby:
+            assert (spare[u].get("standby"), spare[u].get("owner")) == (True, "recsys"), spare[u]
+        assert broken["uuid"] in lent_devices(status)
