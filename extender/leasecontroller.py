@@ -22,12 +22,12 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from common import contract
 from common.errors import Conflict, InvalidInput, NotFound, TideleaseError
 from common.kubeclient import KubeClient
-from common.model import GpuUuid, Holder
+from common.model import Device, GpuUuid, Holder
 from common.timefmt import microtime, rfc3339
 from common.waiting import wait_event
 from extender.clusterstate import ClusterState
 from extender.leases import GpuLease, LeaseStatus, Workload, parse_gpu_lease
-from extender.leasing import TypeTier, standby_topup
+from extender.leasing import TypeTier, standby_excess, standby_topup
 from extender.lending import (
     Action,
     Evict,
@@ -340,27 +340,40 @@ class LeaseController:
         return wake
 
     async def top_up_standby(self) -> int:
-        """Return free, untagged devices to the standby pool until it holds its targets again
-        (weflex 3.5: released GPUs rejoin the pool periodically); the devices added."""
+        """Keep the standby pool at its targets (weflex 3.5: released GPUs rejoin the pool
+        periodically): free standby devices beyond a target (loans given back) leave the pool
+        (:func:`~extender.leasing.standby_excess`), free untagged devices join it where it is
+        short (:func:`~extender.leasing.standby_topup`, whole nodes first); the devices
+        changed. The simulator's top-up (extender.simulation.controlling) mirrors this."""
         if not self.standby_targets:
             return 0
         pool: dict[TypeTier, int] = {}
-        free = []
+        free: list[Device] = []
+        free_standby: list[Device] = []
+        standby: list[Device] = []
         for state in self.cluster:
             if not state.offering:
                 continue
             held = {u for a in state.allocations.values() for u in a.devices}
             for d in state.devices:
+                if d.cls.standby:
+                    standby.append(d)
                 if d.cls.standby and d.cls.healthy:
                     key = (d.gpu_type, d.tier)
                     pool[key] = pool.get(key, 0) + 1
+                    if d.uuid not in held:
+                        free_standby.append(d)
                 elif d.uuid not in held:
                     free.append(d)
-        chosen = standby_topup(free, pool, self.standby_targets)
+        extra = standby_excess(free_standby, pool, self.standby_targets)
+        if extra:
+            log.info("standby pool: giving %d device(s) above its targets back", len(extra))
+            await self.world.set_tags(TagChange(d.node, d.uuid, None, False) for d in extra)
+        chosen = standby_topup(free, pool, self.standby_targets, standby)
         if chosen:
             log.info("standby pool: adding %d device(s) to reach its targets", len(chosen))
             await self.world.set_tags(TagChange(d.node, d.uuid, None, True) for d in chosen)
-        return len(chosen)
+        return len(extra) + len(chosen)
 
     async def run(self) -> None:
         """Until cancelled."""

@@ -302,6 +302,44 @@ async def test_standby_top_up_through_the_controller() -> None:
     assert {(c.node, c.standby) for c in changes} == {("idle", True)}
 
 
+async def test_standby_beyond_its_target_goes_back_through_the_controller() -> None:
+    """Loans given back leave the pool above its target: free standby devices go back to the
+    platform, from the nodes with the fewest first (whole standby nodes are kept); devices a
+    replica still holds on loan stay."""
+    from collections.abc import Iterable
+
+    from prometheus_client import CollectorRegistry
+
+    from extender.leasecontroller import LeaseCache, LeaseController, LeasingMetrics
+    from extender.lending import TagChange
+    from extender.watching import PodCache
+    from tests.unit.cluster import allocate, cluster
+
+    state = cluster(
+        builders.gpu_node("pool", builders.devices("pool", 4, standby=True)),
+        builders.gpu_node("loan", builders.devices("loan", 3, standby=True)),
+    )
+    allocate(state, "loan", [(holder("x"), [builders.device_uuid("loan", 0)])])
+    changes: list[TagChange] = []
+
+    class Recorder:
+        async def set_tags(self, batch: Iterable[TagChange]) -> None:
+            changes.extend(batch)
+
+    controller = LeaseController(
+        cluster=state,
+        pods=PodCache(),
+        leases=LeaseCache(),
+        world=Recorder(),  # type: ignore[arg-type]
+        metrics=LeasingMetrics(CollectorRegistry()),
+        standby_targets={("H20", Tier.HA): 5},
+    )
+    assert await controller.top_up_standby() == 2
+    assert {(c.node, c.uuid, c.standby) for c in changes} == {
+        ("loan", builders.device_uuid("loan", i), False) for i in (1, 2)
+    }
+
+
 def test_a_partial_scale_up_reclaims_only_the_returning_replicas_devices() -> None:
     """1 of 3 replicas running, 2 lent (recsys-1 on a, recsys-2 on b); scaling to 2 reclaims
     recsys-1's devices only: recsys-2's stay lent, their borrower untouched."""
