@@ -261,8 +261,8 @@ def _agent(args: argparse.Namespace) -> int:
                 )
             )
         if runtime is not None:
+            from common.hotrestartkube import KubePods
             from nodeagent.restarting.podwatch import (
-                KubePods,
                 PodRestarter,
                 PodRestartSettings,
                 run_pod_hot_restarts,

@@ -14,6 +14,8 @@ from typing import Any, Protocol
 
 from common import contract
 from common.errors import Conflict, NotFound, TideleaseError
+from common.hotrestart import PodView, Request, pod_view
+from common.hotrestartkube import KubePods
 from common.kubeclient import KubeClient
 from common.waiting import wait_event
 from extender.hotrestartpolicy import (
@@ -25,8 +27,6 @@ from extender.hotrestartpolicy import (
     template_wish,
     workload_template,
 )
-from nodeagent.restarting.podwatch import KubePods
-from nodeagent.restarting.requests import PodView, Request, pod_view
 
 log = logging.getLogger(__name__)
 

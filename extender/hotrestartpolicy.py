@@ -20,7 +20,7 @@ from typing import Any
 
 from common import contract
 from common.errors import InvalidInput
-from nodeagent.restarting.requests import (
+from common.hotrestart import (
     Phase,
     PodView,
     Request,

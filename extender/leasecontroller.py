@@ -21,9 +21,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from common import contract
 from common.errors import Conflict, InvalidInput, NotFound, TideleaseError
+from common.events import Involved, post_event
 from common.kubeclient import KubeClient
 from common.model import Device, GpuUuid, Holder
-from common.timefmt import microtime, rfc3339
+from common.timefmt import microtime
 from common.waiting import wait_event
 from extender.clusterstate import ClusterState
 from extender.leases import GpuLease, LeaseStatus, Workload, parse_gpu_lease
@@ -157,27 +158,15 @@ class KubeWorld:
                 },
                 content_type="application/merge-patch+json",
             )
-            event = {
-                "metadata": {"generateName": f"{pod.name}.", "namespace": pod.namespace},
-                "involvedObject": {
-                    "kind": "Pod",
-                    "namespace": pod.namespace,
-                    "name": pod.name,
-                    "uid": pod.pod_uid,
-                    "apiVersion": "v1",
-                },
-                "reason": "ReclaimNotice",
-                "message": (
-                    f"GPUs lent by {lease.spec.owner} are taken back; this pod is "
-                    f"evicted at {when}: checkpoint now"
-                ),
-                "type": "Warning",
-                "source": {"component": "tidelease-leasing"},
-                "firstTimestamp": rfc3339(time.time()),
-                "lastTimestamp": rfc3339(time.time()),
-                "count": 1,
-            }
-            await self._kube.json("POST", f"/api/v1/namespaces/{pod.namespace}/events", body=event)
+            await post_event(
+                self._kube,
+                Involved("Pod", pod.namespace, pod.name, pod.pod_uid),
+                "ReclaimNotice",
+                f"GPUs lent by {lease.spec.owner} are taken back; this pod is evicted at "
+                f"{when}: checkpoint now",
+                warning=True,
+                component="tidelease-leasing",
+            )
 
     async def evict(self, pod: Holder) -> None:
         with contextlib.suppress(NotFound, Conflict):

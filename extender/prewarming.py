@@ -31,13 +31,13 @@ from typing import Any, Literal
 
 from common import contract
 from common.errors import InvalidInput
+from common.hotrestart import normalized
 from common.model import Device, GpuUuid, Holder, NodeCache, NodeInventory, Tier
 from common.timefmt import epoch, microtime
 from extender.leases import GpuLease, LentGroup
 from extender.leasing import ordinal, replicas_for, target_gpus
 from extender.lending import View, choose_groups
 from nodeagent.prelaunch import Bandwidths, PrelaunchInputs, PrelaunchWindow, prelaunch_window
-from nodeagent.restarting.requests import normalized
 
 Role = Literal["Lent", "Standby"]
 ItemKind = Literal["image", "checkpoint"]

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from common.errors import Conflict, NotFound
+from common.events import Involved, post_event
 from common.kubeclient import KubeClient
-from common.timefmt import rfc3339
 from extender.orchestration.jobs import (
     DISCOVERY_HOSTS,
     DISCOVERY_SCRIPT,
@@ -125,23 +124,12 @@ class KubeJobStore:
         raise Conflict(f"job {job.key}: discover_hosts ConfigMap kept changing")
 
     async def report(self, job: JobRef, reason: str, message: str, *, warning: bool) -> None:
-        now = rfc3339(time.time())
-        event = {
-            "metadata": {"generateName": f"{job.name}.", "namespace": job.namespace},
-            "involvedObject": {
-                "kind": "ConfigMap",
-                "apiVersion": "v1",
-                "namespace": job.namespace,
-                "name": job.name,
-                "uid": job.uid,
-            },
-            "reason": reason,
-            "message": message[:1000],
-            "type": "Warning" if warning else "Normal",
-            "source": {"component": self._component},
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
         with contextlib.suppress(NotFound):
-            await self._kube.json("POST", f"/api/v1/namespaces/{job.namespace}/events", body=event)
+            await post_event(
+                self._kube,
+                Involved("ConfigMap", job.namespace, job.name, job.uid),
+                reason,
+                message,
+                warning=warning,
+                component=self._component,
+            )

@@ -17,26 +17,18 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any
 
 from common import contract
 from common.errors import NotFound, TideleaseError
+from common.hotrestart import Phase, PodView, Status, pod_view
+from common.hotrestartkube import Pods
 from common.kubeclient import KubeClient
-from common.timefmt import rfc3339
 from common.waiting import wait_event
 from nodeagent.cri.runtime import Runtime
 from nodeagent.restarting.insandbox import ensure_image
 from nodeagent.restarting.planning import RestartSettings
-from nodeagent.restarting.requests import (
-    Begin,
-    Finish,
-    Phase,
-    PodView,
-    Status,
-    Wait,
-    decide,
-    pod_view,
-)
+from nodeagent.restarting.requests import Begin, Finish, Wait, decide
 
 log = logging.getLogger(__name__)
 
@@ -55,57 +47,6 @@ class PodRestartSettings:
         if self.restart_timeout_s <= 0 or self.tick_s <= 0:
             problems.append("restart_timeout_s and tick_s must be positive")
         return problems
-
-
-class Pods(Protocol):
-    """The writes the agent makes on a pod."""
-
-    async def write(self, pod: PodView, status: Status, image: tuple[str, str] | None) -> None:
-        """Set the status annotation and, if given, (container, image) in one patch."""
-
-    async def event(self, pod: PodView, reason: str, message: str, warning: bool) -> None: ...
-
-
-class KubePods:
-    def __init__(self, kube: KubeClient, component: str = "tidelease-agent") -> None:
-        self._kube, self._component = kube, component
-
-    async def write(self, pod: PodView, status: Status, image: tuple[str, str] | None) -> None:
-        body: dict[str, Any] = {
-            "metadata": {
-                "uid": pod.uid,
-                "annotations": {contract.ANN_HOT_RESTART_STATUS: status.to_annotation()},
-            }
-        }
-        if image is not None:
-            body["spec"] = {"containers": [{"name": image[0], "image": image[1]}]}
-        await self._kube.json(
-            "PATCH",
-            f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}",
-            body=body,
-            content_type="application/strategic-merge-patch+json",
-        )
-
-    async def event(self, pod: PodView, reason: str, message: str, warning: bool) -> None:
-        now = rfc3339(time.time())
-        event = {
-            "metadata": {"generateName": f"{pod.name}.", "namespace": pod.namespace},
-            "involvedObject": {
-                "kind": "Pod",
-                "namespace": pod.namespace,
-                "name": pod.name,
-                "uid": pod.uid,
-                "apiVersion": "v1",
-            },
-            "reason": reason,
-            "message": message[:1024],
-            "type": "Warning" if warning else "Normal",
-            "source": {"component": self._component},
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
-        await self._kube.json("POST", f"/api/v1/namespaces/{pod.namespace}/events", body=event)
 
 
 class PodRestarter:

@@ -13,26 +13,23 @@ import pytest
 
 from common import contract
 from common.errors import InvalidInput
-from extender.hotrestarting import HotRestartOperator, run_hot_restart_operator
-from extender.hotrestartpolicy import Reject, WriteRequest
-from extender.hotrestartpolicy import decide as operator_decide
-from nodeagent.cri.testing import FakeRuntime
-from nodeagent.restarting.podwatch import PodRestarter, PodRestartSettings, run_pod_hot_restarts
-from nodeagent.restarting.requests import (
-    Begin,
-    Finish,
+from common.hotrestart import (
     Phase,
     PodView,
     Request,
     Status,
-    Wait,
-    decide,
     normalized,
     parse_request,
     parse_status,
     parse_wish,
     pod_view,
 )
+from extender.hotrestarting import HotRestartOperator, run_hot_restart_operator
+from extender.hotrestartpolicy import Reject, WriteRequest
+from extender.hotrestartpolicy import decide as operator_decide
+from nodeagent.cri.testing import FakeRuntime
+from nodeagent.restarting.podwatch import PodRestarter, PodRestartSettings, run_pod_hot_restarts
+from nodeagent.restarting.requests import Begin, Finish, Wait, decide
 from tests.polling import eventually
 
 V1, V2 = "local/app:v1", "local/app:v2"

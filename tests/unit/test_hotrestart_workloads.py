@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from common import contract
+from common.hotrestart import PodView, Request, pod_view
 from extender.hotrestarting import HotRestartOperator, run_hot_restart_operator
 from extender.hotrestartpolicy import (
     Reject,
@@ -20,7 +21,6 @@ from extender.hotrestartpolicy import (
     template_wish,
     workload_template,
 )
-from nodeagent.restarting.requests import PodView, Request, pod_view
 from tests.polling import eventually
 
 V1, V2 = "docker.io/local/app:v1", "docker.io/local/app:v2"
