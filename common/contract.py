@@ -36,6 +36,12 @@ ANN_HOT_RESTART_STATUS: Final = f"{PREFIX}/hot-restart-status"  # JSON, by the n
 ANN_IMAGE_BYTES: Final = f"{PREFIX}/image-bytes"  # total size of the template's images
 ANN_CHECKPOINT_BYTES: Final = f"{PREFIX}/checkpoint-bytes"  # size of its checkpoint
 
+# --- topology-aware orchestration (docs/orchestration.md) ---
+LABEL_ORCHESTRATION: Final = f"{PREFIX}/orchestration"  # "job" on a job's ConfigMap
+ANN_ORCHESTRATION_RECORDS: Final = f"{PREFIX}/orchestration-records"  # JSON, by the controller
+LABEL_JOB: Final = f"{PREFIX}/job"  # on a job's pods: the job's name
+LABEL_ROLE: Final = f"{PREFIX}/role"  # on a job's pods: launcher, worker, head, ...
+
 # --- custom resources ---
 GROUP: Final = PREFIX
 VERSION: Final = "v1alpha1"

@@ -29,7 +29,7 @@ from common.errors import InvalidInput
 from extender.orchestration.graph import Dag
 from extender.orchestration.records import ANN_RECORDS, Record, parse_records
 
-LABEL_ORCHESTRATION: Final = f"{contract.PREFIX}/orchestration"
+LABEL_ORCHESTRATION: Final = contract.LABEL_ORCHESTRATION
 JOB: Final = "job"  # the label's value on a job's ConfigMap
 DATA_DEPENDENCIES: Final = "dependencies.yaml"
 DATA_REPLICAS: Final = "replicas"

@@ -20,7 +20,7 @@ from common.errors import InvalidInput
 from extender.orchestration.backoff import backoff_s
 from extender.orchestration.depfile import Command, Target
 
-ANN_RECORDS: Final = f"{contract.PREFIX}/orchestration-records"
+ANN_RECORDS: Final = contract.ANN_ORCHESTRATION_RECORDS
 
 
 class State(StrEnum):

@@ -14,8 +14,8 @@ from typing import Any, Final
 
 from common import contract
 
-LABEL_JOB: Final = f"{contract.PREFIX}/job"
-LABEL_ROLE: Final = f"{contract.PREFIX}/role"
+LABEL_JOB: Final = contract.LABEL_JOB
+LABEL_ROLE: Final = contract.LABEL_ROLE
 
 
 def natural_key(name: str) -> tuple[str, int, str]:
