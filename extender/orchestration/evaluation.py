@@ -63,7 +63,16 @@ def _blocked_by(r: Record | None, command: Command, now: float) -> tuple[str, fl
         if r.attempts >= command.retry.attempts:
             return f"gave up after {r.attempts} attempt(s): {r.error}", None
         return f"attempt {r.attempts} failed ({r.error}); retry at {r.retry_at:.3f}", r.retry_at
-    return f"attempt {r.attempts} running in {r.pod}", r.at + command.timeout_s
+    takeover = r.at + command.timeout_s
+    if now >= takeover and r.attempts >= command.retry.attempts:
+        # Left RUNNING by a controller that is gone, timed out, and no attempt is left: no
+        # takeover will come (a wake time in the past would re-evaluate the job in a hot loop).
+        return (
+            f"gave up after {r.attempts} attempt(s): the last one, left running by "
+            f"{r.holder or 'a former controller'}, timed out",
+            None,
+        )
+    return f"attempt {r.attempts} running in {r.pod}", takeover
 
 
 def evaluate(

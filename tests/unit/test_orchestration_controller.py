@@ -255,3 +255,22 @@ async def test_commands_wait_while_in_flight_and_jobs_run_in_parallel() -> None:
     gate.set()
     await rig.settle()
     assert len(rig.executor.calls) == 2
+
+
+async def test_a_timed_out_last_attempt_left_running_does_not_spin_the_controller() -> None:
+    """The last attempt, left RUNNING by a dead controller, timed out: nothing can be issued
+    any more, so step() must not ask to be called again at once (it returned 0 s: a hot loop)."""
+    rig = Rig()
+    raw = mpi_job(1)
+    rig.store.add(job_ref(raw))
+    left = Record(State.RUNNING, 3, "l", "uid-l", rig.clock.now, holder="dead")
+    rig.store.records["ns/train"] = {"mpirun": left}
+    rig.orch.on_job("ADDED", rig.job_object(raw))
+    rig.orch.on_pod("ADDED", pod("l", "launcher", job="train"))
+    rig.orch.on_pod("ADDED", pod("w-0", "worker", job="train"))
+    await rig.settle()
+    rig.clock.now += 86400  # mpi.yaml's timeoutSeconds
+    await rig.settle()
+    assert rig.executor.calls == []
+    assert await rig.orch.step() == rig.orch.settings.resync_s
+    assert "ns/train" not in rig.orch.wake

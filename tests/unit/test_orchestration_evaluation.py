@@ -166,6 +166,14 @@ def test_mpirun_waits_for_every_worker(
             False,
             id="then-is-retried",
         ),
+        pytest.param(
+            Record(State.RUNNING, 3, "l-0", "u", 90.0, holder="dead"),
+            390.0,
+            [],
+            None,
+            False,
+            id="last-attempt-left-running-and-timed-out-gives-up-without-a-past-wake",
+        ),
     ],
 )
 def test_records_decide_reissues(
@@ -181,6 +189,16 @@ def test_records_decide_reissues(
     assert ev.complete is complete
     if issues:
         assert ev.issues[0].attempt == record.attempts + 1
+
+
+def test_a_timed_out_last_attempt_of_a_dead_controller_counts_as_given_up() -> None:
+    """Its attempts are spent: nothing may be issued, so there is nothing to wake up for (a
+    wake time in the past made the controller re-evaluate the job in a hot loop)."""
+    left = Record(State.RUNNING, 3, "l-0", "u", 90.0, holder="dead")
+    ev = run(MPI, R3, [LAUNCHER, *W], {"mpirun": left}, now=400.0)
+    assert (issued(ev), ev.wake_at) == ([], None)
+    (waiting,) = ev.waiting
+    assert waiting.reason.startswith("gave up after 3 attempt(s): the last one, left running by")
 
 
 def test_a_command_in_flight_is_not_issued_twice() -> None:
