@@ -47,6 +47,26 @@ class ExecResult:
         return self.exit_code == 0
 
 
+class _Tail:
+    """The last ``keep`` characters of a stream of text, in bounded memory (a command may
+    write for hours; only its tail goes to the logs and the record)."""
+
+    def __init__(self, keep: int) -> None:
+        self._keep = keep
+        self._parts: list[str] = []
+        self._size = 0
+
+    def add(self, text: str) -> None:
+        self._parts.append(text)
+        self._size += len(text)
+        if self._size > 2 * self._keep:
+            kept = self.text()
+            self._parts, self._size = [kept], len(kept)
+
+    def text(self) -> str:
+        return "".join(self._parts)[-self._keep :]
+
+
 class Executor(Protocol):
     async def execute(self, request: ExecRequest) -> ExecResult:
         """Run the command to its end; raises Unavailable when it could not be run at all."""
@@ -106,7 +126,7 @@ class KubeExec:
         kwargs: dict[str, Any] = {}
         if request.container:
             kwargs["container"] = request.container
-        output: list[str] = []
+        output = _Tail(OUTPUT_TAIL)
         status: dict[str, Any] | None = None
         try:
             async with asyncio.timeout(request.timeout_s):
@@ -133,18 +153,18 @@ class KubeExec:
                             continue
                         channel, payload = data[0], data[1:].decode(errors="replace")
                         if channel in (1, 2):
-                            output.append(payload)
+                            output.add(payload)
                         elif channel == 3:
                             status = json.loads(payload)
         except TimeoutError:
-            tail = "".join(output)[-OUTPUT_TAIL:]
+            tail = output.text()
             return ExecResult(-1, f"timed out after {request.timeout_s:g} s; {tail}")
         except client.ApiException as e:
             raise Unavailable(f"exec in {request.namespace}/{request.pod}: {e.reason}") from e
         except (aiohttp.ClientError, OSError, ValueError) as e:
             # A refused upgrade (pod gone, not running, container unknown) lands here too.
             raise Unavailable(f"exec in {request.namespace}/{request.pod}: {e}") from e
-        tail = "".join(output)[-OUTPUT_TAIL:]
+        tail = output.text()
         if status is None:
             return ExecResult(-1, f"the exec stream ended without an exit status; {tail}")
         code, message = exit_code_of(status)

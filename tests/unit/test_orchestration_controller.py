@@ -3,12 +3,17 @@ retries and backoff; keeps discover_hosts current; rejects bad jobs loudly."""
 
 from __future__ import annotations
 
+import json
 import random
+import tracemalloc
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+
 from extender.orchestration.controller import Orchestrator, OrchestratorSettings
-from extender.orchestration.executing import ExecRequest, ExecResult
+from extender.orchestration.executing import OUTPUT_TAIL, ExecRequest, ExecResult, KubeExec
 from extender.orchestration.jobs import job_ref
 from extender.orchestration.records import Record, State
 from extender.orchestration.testing import FakeExecutor, FakeJobStore, job, pod
@@ -274,3 +279,50 @@ async def test_a_timed_out_last_attempt_left_running_does_not_spin_the_controlle
     assert rig.executor.calls == []
     assert await rig.orch.step() == rig.orch.settings.resync_s
     assert "ns/train" not in rig.orch.wake
+
+
+class _Msg:
+    def __init__(self, data: bytes) -> None:
+        self.type, self.data = aiohttp.WSMsgType.BINARY, data
+
+
+class _Stream:
+    """A pods/exec websocket: ``chunks`` of stdout, then the exit status on channel 3."""
+
+    def __init__(self, chunks: int, size: int) -> None:
+        self.chunks, self.size = chunks, size
+
+    async def __aenter__(self) -> _Stream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+    async def __aiter__(self) -> AsyncIterator[_Msg]:
+        for i in range(self.chunks):
+            yield _Msg(b"\x01" + bytes([ord("a") + i % 26]) * self.size)
+        yield _Msg(b"\x03" + json.dumps({"status": "Success"}).encode())
+
+
+class _Core:
+    def __init__(self, stream: _Stream) -> None:
+        self.stream = stream
+
+    async def connect_get_namespaced_pod_exec(self, *args: Any, **kwargs: Any) -> _Stream:
+        return self.stream
+
+
+async def test_exec_keeps_only_the_tail_of_a_chatty_commands_output() -> None:
+    """A command that writes 16 MiB is held as its tail, not as 16 MiB of strings."""
+    kube_exec = KubeExec.__new__(KubeExec)  # no API server: the websocket is scripted
+    kube_exec._core = _Core(_Stream(chunks=256, size=64 * 1024))  # type: ignore[assignment]
+    request = ExecRequest(namespace="ns", pod="p", argv=("train",), timeout_s=60)
+    tracemalloc.start()
+    try:
+        result = await kube_exec.execute(request)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert result.exit_code == 0
+    assert result.output == chr(ord("a") + 255 % 26) * OUTPUT_TAIL
+    assert peak < 2 * 1024 * 1024, f"peak {peak} bytes"
