@@ -185,7 +185,9 @@ async def run_pod_hot_restarts(
                 except TideleaseError as e:
                     log.warning("pod %s: hot restart step failed (retrying): %s", key, e)
                     again = restarter.clock() + 2.0
-                if again is None:
+                if key in latest and latest[key] is not raw:
+                    due[key] = 0.0  # a newer version came in meanwhile: look at it now
+                elif again is None:
                     due.pop(key, None)
                 else:
                     due[key] = again

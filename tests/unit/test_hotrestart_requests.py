@@ -34,6 +34,7 @@ from tests.polling import eventually
 
 V1, V2 = "local/app:v1", "local/app:v2"
 REQ = Request("r1", "app", V2)
+NEXT = Request("r2", "app", "local/app:v3")
 
 
 def pod(
@@ -416,6 +417,60 @@ async def test_agent_loop_steps_requested_pods_of_its_node() -> None:
 async def _phase(pods: FakePods) -> Phase | None:
     status = pods.view().status
     return status.phase if status is not None and status.phase is Phase.RESTARTING else None
+
+
+class QueueWatch:
+    """list_watch that yields what the test puts into ``events``, until cancelled."""
+
+    def __init__(self) -> None:
+        self.events: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
+
+    async def list_watch(
+        self, path: str, query: dict[str, Any] | None = None
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        while True:
+            yield await self.events.get()
+
+
+@dataclass
+class NextRequestDuringTheEvent(FakePods):
+    """While the agent posts the Event of a finished restart, the operator writes the next
+    request (it saw the terminal status) and the watch delivers it."""
+
+    watch: QueueWatch = field(default_factory=QueueWatch)
+
+    async def event(self, pod: PodView, reason: str, message: str, warning: bool) -> None:
+        await super().event(pod, reason, message, warning)
+        if len(self.events) == 1:
+            ann = self.raw["metadata"]["annotations"]
+            ann[contract.ANN_HOT_RESTART_REQUEST] = NEXT.to_annotation()
+            self.watch.events.put_nowait(("MODIFIED", copy.deepcopy(self.raw)))
+            for _ in range(5):
+                await asyncio.sleep(0)  # the watch task takes the event in
+
+
+async def test_agent_loop_takes_up_a_request_that_arrived_while_it_finished_the_last() -> None:
+    pods = NextRequestDuringTheEvent(
+        requested(restarting(), image=V2, cid="containerd://new", running_image=V2)
+    )
+    rt = FakeRuntime(images={V2, NEXT.image})
+    pods.watch.events.put_nowait(("ADDED", copy.deepcopy(pods.raw)))
+    pods.watch.events.put_nowait(("SYNCED", {}))
+    task = asyncio.create_task(
+        run_pod_hot_restarts(kube=pods.watch, restarter=agent(rt, pods, Clock()))  # type: ignore[arg-type]
+    )
+
+    async def second_request_taken_up() -> bool:
+        status = pods.view().status
+        return status is not None and status.id == NEXT.id
+
+    try:
+        await eventually(second_request_taken_up, within_s=3)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert pods.events[0][0] == "HotRestarted"
+    assert pods.view().images["app"] == NEXT.image
 
 
 @dataclass
