@@ -46,8 +46,10 @@ class KubeRequests:
         self._kube = kube
         self._pods = KubePods(kube, component="tidelease-hot-restart-operator")
 
-    async def request(self, pod: PodView, request: Request) -> None:
-        # resourceVersion: a compare-and-swap, so a wish changed meanwhile is seen first.
+    async def _annotate(self, pod: PodView, annotations: dict[str, str | None]) -> None:
+        """Set (None: remove) annotations of ``pod`` as the operator saw it: a compare-and-swap
+        on its resourceVersion (Conflict when the pod changed meanwhile, e.g. the wish or the
+        agent's status), so every write is decided on the current pod."""
         await self._kube.json(
             "PATCH",
             f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}",
@@ -55,11 +57,14 @@ class KubeRequests:
                 "metadata": {
                     "uid": pod.uid,
                     "resourceVersion": pod.resource_version,
-                    "annotations": {contract.ANN_HOT_RESTART_REQUEST: request.to_annotation()},
+                    "annotations": annotations,
                 }
             },
             content_type="application/merge-patch+json",
         )
+
+    async def request(self, pod: PodView, request: Request) -> None:
+        await self._annotate(pod, {contract.ANN_HOT_RESTART_REQUEST: request.to_annotation()})
         await self._pods.event(
             pod,
             "HotRestartRequested",
@@ -69,24 +74,19 @@ class KubeRequests:
         )
 
     async def wish(self, pod: PodView, wish: str, workload: str) -> None:
-        await self._kube.json(
-            "PATCH",
-            f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}",
-            body={
-                "metadata": {
-                    "uid": pod.uid,
-                    "resourceVersion": pod.resource_version,
-                    "annotations": {contract.ANN_HOT_RESTART_IMAGE: wish},
-                }
-            },
-            content_type="application/merge-patch+json",
-        )
+        await self._annotate(pod, {contract.ANN_HOT_RESTART_IMAGE: wish})
         await self._pods.event(
             pod, "HotRestartWished", f"{workload}'s template changed: {wish}", warning=False
         )
 
     async def reject(self, pod: PodView, reject: Reject) -> None:
-        await self._pods.write(pod, reject.status, None)
+        await self._annotate(
+            pod,
+            {
+                contract.ANN_HOT_RESTART_STATUS: reject.status.to_annotation(),
+                contract.ANN_HOT_RESTART_REQUEST: None,
+            },
+        )
         await self._pods.event(pod, "HotRestartRejected", reject.status.reason, warning=True)
 
 

@@ -6,7 +6,8 @@ A change is ``tidelease.io/hot-restart-image: <container>=<image>`` on a pod tha
 operator writes ``tidelease.io/hot-restart-request`` with a new id; one request per pod at a
 time (a newer wish waits until the current request ends); a request that failed is not
 retried for the same wish (change the wish, or set it again, to retry). Wishes that can never
-be carried out (malformed, unknown container) get a Failed status and an Event.
+be carried out (malformed, unknown container) get a Failed status and an Event once no request
+is in progress; the last request's annotation is removed with its status.
 
 Workloads: when a StatefulSet with ``updateStrategy: OnDelete`` whose pod template is opted in
 changes a container's image, the operator writes the wish on each of its pods (``template_wish``),
@@ -39,6 +40,9 @@ class WriteRequest:
 
 @dataclass(frozen=True, slots=True)
 class Reject:
+    """Write ``status`` (Failed) and remove the last request: the agent takes a request whose
+    status has another id for a new one, so the request must not outlive its status."""
+
     status: Status
 
 
@@ -58,8 +62,8 @@ def decide(pod: PodView, now: float) -> OperatorAction:
             raise InvalidInput(f"the pod has no container {container!r}")
     except InvalidInput as e:
         rid = request_id(pod.uid, "invalid", pod.wish, "")
-        if pod.status is not None and pod.status.id == rid:
-            return None
+        if pending or (pod.status is not None and pod.status.id == rid):
+            return None  # the rejection replaces the status: not while a request runs
         return Reject(
             Status(
                 id=rid,

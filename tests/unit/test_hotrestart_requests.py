@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from common import contract
-from common.errors import InvalidInput
+from common.errors import Conflict, InvalidInput
 from common.hotrestart import (
     Phase,
     PodView,
@@ -24,7 +24,7 @@ from common.hotrestart import (
     parse_wish,
     pod_view,
 )
-from extender.hotrestarting import HotRestartOperator, run_hot_restart_operator
+from extender.hotrestarting import HotRestartOperator, KubeRequests, run_hot_restart_operator
 from extender.hotrestartpolicy import Reject, WriteRequest
 from extender.hotrestartpolicy import decide as operator_decide
 from nodeagent.cri.testing import FakeRuntime
@@ -376,6 +376,88 @@ def test_operator_rejects_impossible_wishes_once(value: str) -> None:
     raw = pod(ann={contract.ANN_HOT_RESTART_STATUS: got.status.to_annotation()})
     raw["metadata"]["annotations"][contract.ANN_HOT_RESTART_IMAGE] = value
     assert operator_decide(pod_view(raw), now=2.0) is None
+
+
+@pytest.mark.parametrize(
+    "status",
+    [
+        pytest.param(None, id="request-not-taken-up-yet"),
+        pytest.param(restarting(), id="restart-under-way"),
+    ],
+)
+def test_operator_rejects_an_impossible_wish_only_once_the_request_in_progress_ended(
+    status: Status | None,
+) -> None:
+    """The rejection replaces the status annotation: written during a restart, it would hide
+    that restart's progress from the agent (which would then begin it all over again)."""
+    ann = {contract.ANN_HOT_RESTART_REQUEST: REQ.to_annotation()}
+    if status is not None:
+        ann[contract.ANN_HOT_RESTART_STATUS] = status.to_annotation()
+    assert operator_decide(wish("garbage", ann=ann), now=1.0) is None
+
+
+class PatchingKube:
+    """The API server's side of the operator's writes on one pod's annotations: merge patches
+    (null removes a key) with the uid and resourceVersion preconditions; Events are counted."""
+
+    def __init__(self, raw: dict[str, Any]) -> None:
+        self.raw, self.events = raw, 0
+
+    async def json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        if method == "POST" and path.endswith("/events"):
+            self.events += 1
+            return {}
+        assert method == "PATCH"
+        assert kwargs["content_type"] in (
+            "application/merge-patch+json",
+            "application/strategic-merge-patch+json",  # the same on annotations
+        )
+        patch, meta = kwargs["body"]["metadata"], self.raw["metadata"]
+        assert patch["uid"] == meta["uid"]
+        if patch.get("resourceVersion", meta["resourceVersion"]) != meta["resourceVersion"]:
+            raise Conflict("the object has been modified")
+        for key, value in patch["annotations"].items():
+            if value is None:
+                meta["annotations"].pop(key, None)
+            else:
+                meta["annotations"][key] = value
+        meta["resourceVersion"] = str(int(meta["resourceVersion"]) + 1)
+        return self.raw
+
+
+async def test_a_rejection_does_not_make_the_agent_run_the_last_request_again() -> None:
+    """The agent tells a new request by a status of another id; the rejection's status has
+    another id, so the finished request must go with it (before, the agent pulled and patched
+    the old request's image once more)."""
+    done = Status("r1", Phase.FAILED, "app", V2, "rolled back", V1, "containerd://old")
+    raw = pod(
+        ann={
+            contract.ANN_HOT_RESTART_REQUEST: REQ.to_annotation(),
+            contract.ANN_HOT_RESTART_STATUS: done.to_annotation(),
+            contract.ANN_HOT_RESTART_IMAGE: "garbage",
+        }
+    )
+    reject = operator_decide(pod_view(raw), now=1.0)
+    assert isinstance(reject, Reject)
+    kube = PatchingKube(raw)
+    await KubeRequests(kube).reject(pod_view(raw), reject)  # type: ignore[arg-type]
+    view = pod_view(raw)
+    assert view.status == reject.status
+    assert view.request is None
+    assert kube.events == 1
+    assert decide(view, 2.0, timeout_s=120.0) is None  # the agent: nothing to do
+    assert operator_decide(view, now=2.0) is None  # the operator: rejected once
+
+
+async def test_a_rejection_written_on_a_stale_view_is_a_conflict() -> None:
+    raw = pod(ann={contract.ANN_HOT_RESTART_IMAGE: "garbage"})
+    stale = pod_view(copy.deepcopy(raw))
+    raw["metadata"]["resourceVersion"] = "8"  # the agent wrote meanwhile
+    reject = operator_decide(stale, now=1.0)
+    assert isinstance(reject, Reject)
+    with pytest.raises(Conflict):
+        await KubeRequests(PatchingKube(raw)).reject(stale, reject)  # type: ignore[arg-type]
+    assert contract.ANN_HOT_RESTART_STATUS not in raw["metadata"]["annotations"]
 
 
 # --- the watch loops, on a scripted watch ---
