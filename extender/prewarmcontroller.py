@@ -281,9 +281,11 @@ class PrewarmController:
             except TideleaseError as e:
                 log.warning("GpuNode %s: writing prewarm directives failed (retrying): %s", node, e)
                 continue
-            # Our own write, until the watch brings it back.
-            spec = watched.nodes[node].setdefault("spec", {})
-            spec["prewarm"] = directives_json(directives)
+            # Our own write, until the watch brings it back; the watch may have deleted the
+            # node while the write was in flight (it runs beside this step).
+            obj = watched.nodes.get(node)
+            if obj is not None:
+                obj.setdefault("spec", {})["prewarm"] = directives_json(directives)
             self._log_write(node, current.get(node, ()), directives, why)
 
     def _log_write(

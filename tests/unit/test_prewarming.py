@@ -490,3 +490,44 @@ def test_gpu_node_schema_accepts_directives_and_item_reports() -> None:
     obj["spec"]["prewarm"][0]["role"] = "Other"
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(obj, schema)
+
+
+# --- the controller's step ---
+
+
+async def test_a_node_deleted_while_its_directives_are_written_does_not_stop_the_controller() -> (
+    None
+):
+    """The watches run beside the step: a GpuNode's DELETED event can land while the step
+    writes that node's directives. The step goes on to the other nodes instead of failing (and
+    with it the controller)."""
+    from prometheus_client import CollectorRegistry
+
+    from extender.leases import Workload
+    from extender.prewarmcontroller import PrewarmController, PrewarmMetrics, Watched
+
+    watched = Watched()
+    stale = Directive("ml/gone", "Lent", (IMAGE,), (), at("07:00:00"), T_SCALE, 20.0)
+    for name in ("n1", "n2"):
+        obj = builders.gpu_node(name, lent(name))
+        obj["spec"]["prewarm"] = directives_json([stale])
+        watched.apply("nodes", "ADDED", obj)
+    written: list[str] = []
+
+    class DeletedMeanwhile:
+        async def template(self, namespace: str, workload: Workload) -> WorkloadTemplate:
+            raise AssertionError("no lease, no template")
+
+        async def write(self, node: str, directives: Sequence[Directive]) -> None:
+            written.append(node)
+            watched.apply("nodes", "DELETED", watched.nodes[node])
+
+    ctl = PrewarmController(
+        world=DeletedMeanwhile(),
+        metrics=PrewarmMetrics(CollectorRegistry()),
+        settings=SETTINGS,
+        clock=lambda: at("07:30:00"),
+    )
+    await ctl.step(watched)
+    assert written == ["n1", "n2"]  # the lease is gone: both cleared, the second too
+    assert watched.nodes == {}
