@@ -481,7 +481,10 @@ async def _run(
     if not state.links and state.missing:
         if state.origin is None:
             raise PullFailed(f"{manifest.id}: no usable source")
-        state.links[ORIGIN] = await state.probe(state.origin)
+        try:
+            state.links[ORIGIN] = await state.probe(state.origin)
+        except _LinkFailed as e:
+            raise PullFailed(f"{manifest.id}: no usable peer, and the origin failed: {e}") from e
     missing_bytes = sum(manifest.piece_span(i)[1] for i in state.missing)
     models = [link.model() for link in state.links.values()]
     if settings.shard_bytes is not None:

@@ -317,3 +317,27 @@ async def test_even_split_planner_is_pluggable(rig: Rig) -> None:
 
 def test_manifest_type_is_frozen() -> None:
     assert Manifest.__dataclass_params__.frozen  # type: ignore[attr-defined]
+
+
+async def test_no_usable_peer_and_an_unreachable_origin_is_a_pull_failure(rig: Rig) -> None:
+    """The holders give the manifest but none can send data, and the origin does not answer:
+    the pull fails with :class:`PullFailed` (what callers handle), not the puller's internal
+    link error."""
+    broken = await rig.peer("broken", rate=100 * MIB, copy=True)
+    path = broken.store.data_path(Kind.CHECKPOINT, CKPT)
+    assert path is not None
+    os.truncate(path, 0)  # the manifest is still served; every range is refused
+    gone = await rig.peer("gone", rate=100 * MIB)
+    await gone.stop()
+    rig.peers.remove(gone)
+    dest = rig.store("dest")
+    with pytest.raises(PullFailed, match="origin"):
+        await pull(
+            store=dest,
+            kind=Kind.CHECKPOINT,
+            entry=CKPT,
+            peers=rig.sources([broken]),
+            headers=rig.headers,
+            origin=gone.url,
+        )
+    assert dest.data_path(Kind.CHECKPOINT, CKPT) is None
