@@ -162,19 +162,18 @@ def parse_wish(value: str) -> tuple[str, str]:
 
 def normalized(image: str) -> str:
     """An image reference as runtimes report it: docker.io/library/ prefixes and :latest added,
-    so that "app:v2", "docker.io/library/app:v2" compare equal."""
-    name = image.strip()
-    if "@" in name:
-        return name
+    so that "app:v2", "docker.io/library/app:v2" compare equal (and "app@sha256:..." and
+    "docker.io/library/app@sha256:...": a digest gets the prefixes but no :latest)."""
+    name, at, digest = image.strip().partition("@")
     first = name.split("/", 1)[0]
     if "/" not in name:
         name = f"docker.io/library/{name}"
     elif "." not in first and ":" not in first and first != "localhost":
         name = f"docker.io/{name}"
     last = name.rsplit("/", 1)[-1]
-    if ":" not in last:
+    if ":" not in last and not at:
         name += ":latest"
-    return name
+    return f"{name}{at}{digest}"
 
 
 def same_image(a: str, b: str) -> bool:

@@ -128,10 +128,19 @@ def test_bad_wishes(value: str) -> None:
         ("docker.io/local/app:v2", "docker.io/local/app:v2"),
         ("localhost:5000/app", "localhost:5000/app:latest"),
         ("reg.example/app@sha256:ab", "reg.example/app@sha256:ab"),
+        ("app@sha256:ab", "docker.io/library/app@sha256:ab"),
+        ("team/app:v2@sha256:ab", "docker.io/team/app:v2@sha256:ab"),
+        ("localhost:5000/app@sha256:ab", "localhost:5000/app@sha256:ab"),
     ],
 )
 def test_normalized(image: str, want: str) -> None:
     assert normalized(image) == want
+
+
+def test_a_pinned_image_is_no_change_of_image() -> None:
+    """The same digest, short and long: the operator must not restart the pod for it."""
+    view = wish("app=busybox@sha256:ab", image="docker.io/library/busybox@sha256:ab")
+    assert operator_decide(view, now=1.0) is None
 
 
 def test_unreadable_annotations_are_problems_not_crashes() -> None:
