@@ -424,7 +424,12 @@ async def pull(
         total=None, sock_connect=settings.connect_timeout_s, sock_read=settings.stall_timeout_s
     )
     connector = aiohttp.TCPConnector(limit=0, limit_per_host=4)
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+    # The bytes as stored: a server's FileResponse would otherwise send a sibling entry named
+    # ``<id>.gz`` (or ``.br``) in place of ``<id>`` to a client that accepts that encoding.
+    identity = {"Accept-Encoding": "identity"}
+    async with aiohttp.ClientSession(
+        timeout=timeout, connector=connector, headers=identity, auto_decompress=False
+    ) as session:
         sources = list(holders)
         try:
             manifest, sources = await _manifest_from(session, headers, sources, kind, entry)

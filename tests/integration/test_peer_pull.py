@@ -341,3 +341,22 @@ async def test_no_usable_peer_and_an_unreachable_origin_is_a_pull_failure(rig: R
             origin=gone.url,
         )
     assert dest.data_path(Kind.CHECKPOINT, CKPT) is None
+
+
+async def test_an_entry_named_like_a_compressed_sibling_does_not_stand_in(rig: Rig) -> None:
+    """The server's FileResponse serves ``<file>.gz`` in place of ``<file>`` to a client that
+    accepts gzip, and a cache may well hold a checkpoint ``x`` and another ``x.gz``. The puller
+    asks for the bytes as they are (``Accept-Encoding: identity``), so it gets ``x``."""
+    peer = await rig.peer("p0", rate=100 * MIB)
+    sibling = random_file(rig.tmp / "other.bin", 3 * MIB)
+    peer.store.add_file(Kind.CHECKPOINT, EntryId(f"{CKPT}.gz"), sibling)
+    dest = rig.store("dest")
+    result = await pull(
+        store=dest,
+        kind=Kind.CHECKPOINT,
+        entry=CKPT,
+        peers=rig.sources([peer]),
+        headers=rig.headers,
+    )
+    assert result.dropped == ()
+    assert rig.pulled_digest(dest) == rig.digest
