@@ -68,16 +68,21 @@ class AgentCache:
     endpoint: str | None
 
     def inventory(self) -> dict[str, Any]:
+        """``status.cache`` of the GpuNode: ids and refs held (the most recently used of each
+        kind when there are more than the schema allows; sorted, so that a use alone does not
+        change the list), and the endpoint when there is one."""
         from nodeagent.cache.naming import Kind
 
-        """``status.cache`` of the GpuNode: ids and refs held (most recently used first when
-        there are more than the schema allows), and the endpoint when there is one."""
-        by_use = sorted(self.store.entries(), key=lambda e: -e.last_used)
-        held = self.store.inventory()
-        keep = {(e.kind, e.id) for e in by_use[: 2 * MAX_PUBLISHED]}
-        ckpts = [c for c in held["checkpoints"] if (Kind.CHECKPOINT, c) in keep][:MAX_PUBLISHED]
-        images = held["images"][:MAX_PUBLISHED]
-        out: dict[str, Any] = {"checkpoints": ckpts, "images": images}
+        by_use = sorted(self.store.entries(), key=lambda e: (-e.last_used, e.kind.value, e.id))
+        ckpts = [e.id for e in by_use if e.kind is Kind.CHECKPOINT][:MAX_PUBLISHED]
+        images: list[str] = []
+        for e in (e for e in by_use if e.kind is Kind.IMAGE):
+            if len(images) == MAX_PUBLISHED:
+                break
+            manifest = self.store.manifest(Kind.IMAGE, e.id)
+            if manifest is not None:  # else evicted meanwhile
+                images.append(manifest.ref or e.id)
+        out: dict[str, Any] = {"checkpoints": sorted(ckpts), "images": sorted(images)}
         if self.endpoint:
             out["endpoint"] = self.endpoint
         return out

@@ -96,3 +96,32 @@ async def test_run_agent_publishes_inventory_changes() -> None:
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+def test_inventory_beyond_the_schema_limit_keeps_the_most_recently_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More entries of a kind than the schema allows: the ones published are the most recently
+    used of that kind (sorted, so that a use alone does not change the published list)."""
+    from nodeagent.cache.serving import ServeSettings
+    from nodeagent.cache.store import CacheStore
+    from nodeagent.pulling import command
+
+    monkeypatch.setattr(command, "MAX_PUBLISHED", 2)
+    now = [1000.0]
+    store = CacheStore(tmp_path / "c", max_bytes=1 << 20, clock=lambda: now[0])
+    src = tmp_path / "src"
+    src.write_bytes(b"z" * 100)
+    # Added in this order, one second apart, checkpoints first: "a" and "ref/a" are the least
+    # recently used of their kinds...
+    for kind, name, ref in [
+        *((Kind.CHECKPOINT, n, None) for n in ("a", "b", "c")),
+        *((Kind.IMAGE, f"ref-{n}", f"ref/{n}") for n in ("a", "b", "c")),
+    ]:
+        now[0] += 1
+        store.add_file(kind, EntryId(name), src, ref=ref)
+    # ...until "a" is used again: then "b" is.
+    now[0] += 1
+    store.touch(Kind.CHECKPOINT, EntryId("a"))
+    inventory = command.AgentCache(store, ServeSettings(), None).inventory()
+    assert inventory == {"checkpoints": ["a", "c"], "images": ["ref/b", "ref/c"]}
