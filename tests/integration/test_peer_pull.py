@@ -257,20 +257,28 @@ async def test_final_name_never_shows_a_partial_file(rig: Rig) -> None:
     seen: list[str] = []
     stop = threading.Event()
 
+    def look() -> bool:
+        """One look at the final name; True once the complete file is there."""
+        try:
+            st = os.stat(final)
+        except FileNotFoundError:
+            if manifest.exists():
+                seen.append("manifest without data")
+            return False
+        if st.st_size != rig.manifest.size:
+            seen.append(f"size {st.st_size}")
+            return False
+        digest = hashlib.sha256(final.read_bytes()).hexdigest()
+        seen.append("complete" if digest == rig.digest else "wrong content")
+        return True
+
     def watch() -> None:
         while not stop.is_set():
-            try:
-                st = os.stat(final)
-            except FileNotFoundError:
-                if manifest.exists():
-                    seen.append("manifest without data")
-                continue
-            if st.st_size != rig.manifest.size:
-                seen.append(f"size {st.st_size}")
-            else:
-                digest = hashlib.sha256(final.read_bytes()).hexdigest()
-                seen.append("complete" if digest == rig.digest else "wrong content")
+            if look():
                 return
+        # One more look after the pull returned: on a loaded machine this thread may not have
+        # run at all meanwhile, and must then see the published file rather than nothing.
+        look()
 
     watcher = threading.Thread(target=watch)
     watcher.start()
