@@ -275,6 +275,11 @@ class CacheStore:
     def remove(self, kind: Kind, entry: EntryId) -> None:
         with self._lock:
             self._entries.pop((kind, entry), None)
+        self._delete_files(kind, entry)
+
+    def _delete_files(self, kind: Kind, entry: EntryId) -> None:
+        """Outside the lock: unlinking a large file can take seconds, and the server reads
+        under the lock on its event loop."""
         # Manifest first: an entry is never listed without its data.
         self._manifest_path(kind, entry).unlink(missing_ok=True)
         (self.data_dir(kind) / entry).unlink(missing_ok=True)
@@ -288,8 +293,10 @@ class CacheStore:
                 self.entries(), max_bytes=self.max_bytes, incoming=incoming, keep=keep
             )
             for v in victims:
-                log.info("cache: evicting %s/%s (%d bytes)", v.kind.value, v.id, v.size)
-                self.remove(v.kind, v.id)
+                self._entries.pop((v.kind, v.id), None)
+        for v in victims:
+            log.info("cache: evicting %s/%s (%d bytes)", v.kind.value, v.id, v.size)
+            self._delete_files(v.kind, v.id)
         return victims
 
     # --- pulls ---

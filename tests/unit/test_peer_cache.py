@@ -4,6 +4,7 @@ estimates, peers from GpuNodes, the store's eviction and atomic partial pulls; p
 from __future__ import annotations
 
 import hashlib
+import threading
 from pathlib import Path
 
 import pytest
@@ -212,6 +213,34 @@ def test_store_evicts_least_recently_used(tmp_path: Path) -> None:
     # Reopened, the store finds its entries again.
     again = CacheStore(tmp_path / "c", max_bytes=10_000, piece_size=4096)
     assert again.inventory()["checkpoints"] == ["a", "c"]
+
+
+def test_eviction_does_not_hold_the_lock_while_it_deletes_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Deleting a large file can take seconds, and the server reads manifests on its event loop
+    under the store's lock: eviction (in a pull's or an import's thread) must not hold the lock
+    while it unlinks."""
+    src = tmp_path / "src"
+    src.write_bytes(b"x" * 4000)
+    store = CacheStore(tmp_path / "c", max_bytes=10_000, piece_size=4096, clock=Clock())
+    for name in ("a", "b"):
+        store.add_file(Kind.CHECKPOINT, EntryId(name), src)
+    answered: list[bool] = []
+    real_unlink = Path.unlink
+
+    def unlink(self: Path, missing_ok: bool = False) -> None:
+        if self.name == "a":  # the evicted entry's data
+            reader = threading.Thread(target=store.manifest, args=(Kind.CHECKPOINT, "b"))
+            reader.start()
+            reader.join(timeout=2)
+            answered.append(not reader.is_alive())
+        real_unlink(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", unlink)
+    store.add_file(Kind.CHECKPOINT, EntryId("c"), src)  # evicts "a"
+    assert answered == [True]
+    assert store.inventory()["checkpoints"] == ["b", "c"]
 
 
 def test_store_drops_entries_whose_data_is_gone(tmp_path: Path) -> None:
