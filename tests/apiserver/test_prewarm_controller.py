@@ -92,8 +92,10 @@ class World:
         return value or 0.0
 
 
-def lent(node: str, *, broken: bool = False) -> list[Device]:
-    devs = builders.devices(node, 4) + builders.devices(node, 4, owner="recsys", start=4)
+def lent(node: str, gpu_type: str, *, broken: bool = False) -> list[Device]:
+    devs = builders.devices(node, 4, gpu_type=gpu_type) + builders.devices(
+        node, 4, gpu_type=gpu_type, owner="recsys", start=4
+    )
     if broken:
         d = devs[5]
         devs[5] = Device(d.node, d.index, d.uuid, d.cls._replace(healthy=False))
@@ -118,12 +120,15 @@ async def world(apiserver: ApiServer) -> AsyncIterator[World]:
     kube = await KubeClient.connect(apiserver.kubeconfig)
     ns = f"prewarm-{uuid.uuid4().hex[:6]}"
     await kube.json("POST", "/api/v1/namespaces", body={"metadata": {"name": ns}})
+    # A GPU type of this test's own: GpuNodes are cluster-scoped, and standby nodes other tests
+    # left on the shared API server must not be candidates.
+    gpu = f"T{ns[-6:]}"
     nodes = {
-        "n1": lent(f"{ns}-n1"),
-        "n2": lent(f"{ns}-n2", broken=True),  # its group cannot come back: standby instead
-        "s1": builders.devices(f"{ns}-s1", 4, standby=True),
-        "s2": builders.devices(f"{ns}-s2", 4, standby=True),
-        "x1": builders.devices(f"{ns}-x1", 8, tier=Tier.MA),  # not involved
+        "n1": lent(f"{ns}-n1", gpu),
+        "n2": lent(f"{ns}-n2", gpu, broken=True),  # its group cannot come back: standby instead
+        "s1": builders.devices(f"{ns}-s1", 4, gpu_type=gpu, standby=True),
+        "s2": builders.devices(f"{ns}-s2", 4, gpu_type=gpu, standby=True),
+        "x1": builders.devices(f"{ns}-x1", 8, gpu_type=gpu, tier=Tier.MA),  # not involved
     }
     for short, devs in nodes.items():
         await create_node(kube, f"{ns}-{short}", devs)
