@@ -7,7 +7,7 @@ config naming the command. The tarballs import with ``ctr -n k8s.io images impor
 named ``local/app:v1`` is stored as ``docker.io/local/app:v1``. Builds are deterministic (fixed
 mtimes), so the same busybox gives the same image ids run after run.
 
-usage: hack/images.py OUT_DIR [NAME ...]    (default: every image of IMAGES; prints one path per line)
+usage: hack/images.py OUT_DIR [NAME ...]  (default: every image of IMAGES; one path per line)
 
 The images of EXTRA (large ones, for benchmarks) are built only when named.
 """
@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 APPLETS = (
-    "sh cat date echo env grep hostname httpd id ip kill ls mkdir mount nc ps rm sleep test "
-    "true false wget"
-).split()
+    *("sh", "cat", "date", "echo", "env", "grep", "hostname", "httpd", "id", "ip", "kill"),
+    *("ls", "mkdir", "mount", "nc", "ps", "rm", "sleep", "test", "true", "false", "wget"),
+)
 
 # The app answers HTTP on :8080 with its version at /version, and exits promptly on SIGTERM (a
 # PID 1 without a handler would ignore it and make every stop wait for its whole timeout).
