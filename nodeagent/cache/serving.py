@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aiohttp import hdrs, web
+from aiohttp.abc import AbstractStreamWriter
 
 from nodeagent.cache.credentials import TokenFile, authorized
 from nodeagent.cache.naming import KINDS, EntryId, Kind, parse_id
@@ -99,6 +100,19 @@ async def _manifest(request: web.Request) -> web.Response:
     return web.json_response(manifest.to_json())
 
 
+class _AsStored(web.FileResponse):
+    """The file's own bytes. FileResponse would answer a client that accepts gzip or br with
+    ``<file>.gz`` / ``.br`` when such a file exists, and ``x.gz`` may well be another entry: it
+    is prepared against the request without Accept-Encoding."""
+
+    async def prepare(self, request: web.BaseRequest) -> AbstractStreamWriter | None:
+        if self.prepared:
+            return None
+        headers = request.headers.copy()
+        headers.popall(hdrs.ACCEPT_ENCODING, None)
+        return await super().prepare(request.clone(headers=headers))
+
+
 async def _data(request: web.Request) -> web.StreamResponse:
     named = _entry(request)
     if isinstance(named, web.Response):
@@ -117,7 +131,7 @@ async def _data(request: web.Request) -> web.StreamResponse:
             response.headers[hdrs.CONTENT_RANGE] = f"bytes */{manifest.size}"
         return response
     store.touch(*named)
-    return web.FileResponse(path, headers={"Cache-Control": "no-store"})
+    return _AsStored(path, headers={"Cache-Control": "no-store"})
 
 
 def cache_app(store: CacheStore, token: TokenFile) -> web.Application:

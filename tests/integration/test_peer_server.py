@@ -113,6 +113,29 @@ async def test_serves_ranges_manifest_and_inventory(served: Served) -> None:
         assert r.status == 200
 
 
+async def test_an_entry_is_served_as_stored_whatever_the_client_accepts(
+    served: Served, tmp_path: Path
+) -> None:
+    """aiohttp's FileResponse would answer a gzip-accepting client with ``<file>.gz``, and a
+    cache may hold an entry ``x`` and another ``x.gz``: the server sends ``x`` itself."""
+    sibling = random_file(tmp_path / "other.bin", 1000)
+    served.node.store.add_file(Kind.CHECKPOINT, EntryId(f"{CKPT}.gz"), sibling)
+    base = f"http://127.0.0.1:{served.port}/v1/checkpoints/{CKPT}/data"
+    for accept in ("gzip", "br, gzip, deflate", "identity"):
+        async with (
+            aiohttp.ClientSession(headers=served.auth, auto_decompress=False) as s,
+            s.get(base, headers={"Accept-Encoding": accept}) as r,
+        ):
+            assert "Content-Encoding" not in r.headers, accept
+            assert (r.status, await r.read()) == (200, served.data), accept
+        async with (
+            aiohttp.ClientSession(headers=served.auth, auto_decompress=False) as s,
+            s.get(base, headers={"Accept-Encoding": accept, "Range": "bytes=0-9"}) as r,
+        ):
+            assert r.headers["Content-Range"] == f"bytes 0-9/{len(served.data)}", accept
+            assert await r.read() == served.data[:10], accept
+
+
 async def test_symlink_out_of_the_cache_is_not_served(served: Served) -> None:
     status, body = await raw(served.port, request("/v1/checkpoints/planted/data", served.auth))
     assert status == 404
