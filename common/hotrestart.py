@@ -258,6 +258,3 @@ def pod_view(raw: dict[str, Any]) -> PodView:
         observed=observed,
         problems=tuple(problems),
     )
-
-
-# --- the node agent's decision ---
