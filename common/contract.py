@@ -42,6 +42,16 @@ ANN_ORCHESTRATION_RECORDS: Final = f"{PREFIX}/orchestration-records"  # JSON, by
 LABEL_JOB: Final = f"{PREFIX}/job"  # on a job's pods: the job's name
 LABEL_ROLE: Final = f"{PREFIX}/role"  # on a job's pods: launcher, worker, head, ...
 
+# --- the live elastic planner, on a GpuLease (docs/planner.md "Live planner") ---
+ANN_PLANNER: Final = f"{PREFIX}/planner"  # "true": the planner writes spec.desiredGPUs
+ANN_PLANNER_TRAFFIC_QUERY: Final = f"{PREFIX}/planner-traffic-query"  # PromQL: input samples/s
+ANN_PLANNER_WORKERS_QUERY: Final = f"{PREFIX}/planner-workers-query"  # PromQL: workers running
+ANN_PLANNER_THROUGHPUT_QUERY: Final = f"{PREFIX}/planner-throughput-query"  # PromQL: samples/s
+ANN_PLANNER_LAG_QUERY: Final = f"{PREFIX}/planner-lag-query"  # PromQL: lag, seconds (optional)
+ANN_PLANNER_BACKLOG_QUERY: Final = f"{PREFIX}/planner-backlog-query"  # PromQL: samples waiting
+ANN_PLANNER_LEAD_SECONDS: Final = f"{PREFIX}/planner-lead-seconds"  # prelaunch window W
+ANN_PLANNER_FORM: Final = f"{PREFIX}/planner-form"  # sync | async (default sync)
+
 # --- custom resources ---
 GROUP: Final = PREFIX
 VERSION: Final = "v1alpha1"
