@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
     from common.kubeclient import KubeClient
+    from extender.planning.stepping import PlannerSettings
     from extender.prewarming import PrewarmSettings
 
 log = logging.getLogger("tidelease")
@@ -40,6 +41,7 @@ def _extender(args: argparse.Namespace) -> int:
         },
     )
     prewarm_settings = _prewarm_settings(args) if args.prewarm_controller else None
+    planner_settings = _planner_settings(args) if args.planner else None
     # One registry for the process: /metrics serves the extender's, the leasing and the
     # prewarm controllers' metrics.
     from prometheus_client import CollectorRegistry
@@ -82,12 +84,23 @@ def _extender(args: argparse.Namespace) -> int:
             prewarm = asyncio.create_task(
                 _prewarm_controller(writer, settings.agent_namespace, prewarm_settings, registry)
             )
+        planner = None
+        if planner_settings is not None:
+            planner = asyncio.create_task(
+                _planner(
+                    writer,
+                    settings.agent_namespace,
+                    planner_settings,
+                    args.planner_prometheus,
+                    registry,
+                )
+            )
         try:
             await run_extender(
                 store=kube, settings=settings, stop=stop, leasing=leasing, registry=registry
             )
         finally:
-            for task in (operator, prewarm):
+            for task in (operator, prewarm, planner):
                 if task is not None:
                     task.cancel()
                     await asyncio.gather(task, return_exceptions=True)
@@ -153,6 +166,60 @@ async def _prewarm_controller(
             world=KubePrewarmWorld(kube), metrics=metrics, settings=settings
         )
         await run_prewarm_controller(kube=kube, controller=controller)
+
+    await elector.run(lead)
+
+
+def _planner_settings(args: argparse.Namespace) -> PlannerSettings:
+    from extender.planning.autoscaling import OnlineSettings
+    from extender.planning.stepping import PlannerSettings
+
+    settings = PlannerSettings(
+        online=OnlineSettings(
+            step_s=args.planner_step, lead_s=args.planner_lead, headroom=args.planner_headroom
+        ),
+        history_s=args.planner_history,
+    )
+    problems = settings.validate()
+    if not args.planner_prometheus.startswith(("http://", "https://")):
+        problems.append("--planner-prometheus: want an http:// or https:// URL")
+    if problems:
+        raise InvalidInput(problems)
+    return settings
+
+
+async def _planner(
+    kube: KubeClient,
+    namespace: str,
+    settings: PlannerSettings,
+    prometheus: str,
+    registry: CollectorRegistry,
+) -> None:
+    """The live elastic planner (docs/planner.md), leader-elected among the extender
+    replicas; its metrics go to ``registry``."""
+    from common.leaderelection import LeaderElector
+    from extender.planning.controller import (
+        LEASE_NAME,
+        KubeLeaseWriter,
+        PlannerController,
+        PlannerMetrics,
+        run_planner_controller,
+    )
+    from extender.planning.sources import PrometheusSource
+
+    identity = os.environ.get("POD_NAME") or socket.gethostname()
+    elector = LeaderElector(kube, namespace=namespace, name=LEASE_NAME, identity=identity)
+    metrics = PlannerMetrics(registry)
+
+    async def lead() -> None:
+        source = PrometheusSource(prometheus)
+        try:
+            controller = PlannerController(
+                source=source, writer=KubeLeaseWriter(kube), metrics=metrics, settings=settings
+            )
+            await run_planner_controller(kube=kube, controller=controller)
+        finally:
+            await source.close()
 
     await elector.run(lead)
 
@@ -383,6 +450,38 @@ def parser() -> argparse.ArgumentParser:
         "--prewarm-bandwidths",
         help="bytes/s for the prelaunch window W, e.g. net=1.25G,registry=500M,storage=2G,gpu=50G"
         " (these are the defaults)",
+    )
+    ext.add_argument(
+        "--planner",
+        action="store_true",
+        help="also run the live elastic planner: GpuLeases annotated tidelease.io/planner=true "
+        "get spec.desiredGPUs from their Prometheus metrics (leader-elected; docs/planner.md)",
+    )
+    ext.add_argument(
+        "--planner-prometheus",
+        default="http://prometheus-operated.monitoring.svc:9090",
+        help="the Prometheus the planner queries (default: prometheus-operated.monitoring)",
+    )
+    ext.add_argument(
+        "--planner-step", type=float, default=300.0, help="seconds between plans (default 300)"
+    )
+    ext.add_argument(
+        "--planner-lead",
+        type=float,
+        default=600.0,
+        help="prelaunch window W in seconds when a lease does not say (default 600)",
+    )
+    ext.add_argument(
+        "--planner-history",
+        type=float,
+        default=14 * 86400.0,
+        help="seconds of history read each step (default two weeks)",
+    )
+    ext.add_argument(
+        "--planner-headroom",
+        type=float,
+        default=0.0,
+        help="plan for forecast x (1 + headroom) (default 0: kale's eq. 10 as written)",
     )
     ext.set_defaults(run=_extender)
 
