@@ -18,6 +18,7 @@ ANN_RECLAIM: Final = f"{PREFIX}/reclaim"  # "true" when the pod takes back lent 
 ANN_CHECKPOINT: Final = f"{PREFIX}/checkpoint"  # checkpoint id the pod loads at start
 ANN_JOB_CLASS: Final = f"{PREFIX}/job-class"  # interactive | batch (default batch); planner
 ANN_ELASTIC: Final = f"{PREFIX}/elastic"  # "false": fixed GPU count, preempted whole
+ANN_THROUGHPUT: Final = f"{PREFIX}/throughput"  # samples/s at 1, 2, ... GPUs: "100,190,270"
 
 # --- pod annotations written by tidelease ---
 ANN_DEVICES: Final = f"{PREFIX}/devices"  # comma-separated GPU UUIDs chosen at bind time

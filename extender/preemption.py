@@ -10,7 +10,7 @@ by ascending pod priority; a final pass spares every victim that is not needed.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from common.model import (
@@ -164,8 +164,14 @@ def victims_cost(
     return (max(ranks, default=0), len(victims), sum(h.pod_priority for h in victims))
 
 
+Chooser = Callable[[Sequence[Device], Sequence[Allocation], PodRequest], tuple[Holder, ...] | None]
+
+
 def preempt_nodes(
-    cluster: ClusterState, req: PodRequest, proposals: Mapping[str, Proposal]
+    cluster: ClusterState,
+    req: PodRequest,
+    proposals: Mapping[str, Proposal],
+    choose: Chooser = choose_victims,
 ) -> dict[str, Proposal]:
     """The one candidate node where eviction costs least, with our victims there; ``{}`` when
     eviction cannot help anywhere.
@@ -174,7 +180,8 @@ def preempt_nodes(
     own criteria, which know nothing of lent devices, and would evict elsewhere than the
     borrowers of the preemptor's own devices. The PDB count is kube-scheduler's own when our
     victims are a subset of its proposal (the extender cannot evaluate PodDisruptionBudgets);
-    otherwise it is 0.
+    otherwise it is 0. ``choose`` picks the victims on one node (cornucopia's partial
+    preemption for pods that opt into it, see extender.planning.preempting).
     """
     answer: dict[str, Proposal] = {}
     costs: dict[str, tuple[int, int, int]] = {}
@@ -186,9 +193,9 @@ def preempt_nodes(
         victims = None
         if req.reclaim:
             # As the filter does: a reclaim evicts borrowers before it touches the standby pool.
-            victims = choose_victims(state.devices, allocations, replace(req, reclaim=False))
+            victims = choose(state.devices, allocations, replace(req, reclaim=False))
         if victims is None:
-            victims = choose_victims(state.devices, allocations, req)
+            victims = choose(state.devices, allocations, req)
         if victims is None:
             continue
         uids = tuple(h.pod_uid for h in victims)

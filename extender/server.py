@@ -11,6 +11,7 @@ message on the pod; prioritize and preempt have no such field and answer 400. A 
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections import Counter
@@ -27,7 +28,9 @@ from extender.binding import Binder, BindRefused
 from extender.clusterstate import ClusterState
 from extender.filtering import filter_nodes
 from extender.metrics import ExtenderMetrics
-from extender.preemption import preempt_nodes
+from extender.planning.jobviews import held_by_job, job_views, opted_in, preemptor_queue
+from extender.planning.preempting import choose_preemption
+from extender.preemption import Chooser, choose_victims, preempt_nodes
 from extender.scoring import prioritize_nodes
 from extender.settings import ExtenderSettings
 from extender.watching import PodCache
@@ -100,7 +103,21 @@ class ExtenderApp:
     async def preempt(self, body: dict[str, Any]) -> tuple[int, Any]:
         args = wire.parse_preemption_args(body)
         req = self.cluster.with_reclaim(parse_pod(args.pod, resource=self.settings.gpu_resource))
-        answer = preempt_nodes(self.cluster, req, args.proposals)
+        choose: Chooser = choose_victims
+        if opted_in(args.pod):
+            # Cornucopia's partial preemption: from the lower queues, the GPUs worth least.
+            allocations = [a for state in self.cluster for a in state.allocations.values()]
+            jobs = job_views(
+                self.pods.raw_pods(),
+                held_by_job(allocations),
+                now=time.time(),
+                resource=self.settings.gpu_resource,
+            )
+            choose = functools.partial(
+                choose_preemption, jobs=jobs, preemptor=preemptor_queue(args.pod, jobs)
+            )
+            self.metrics.decisions.labels("preempt", "cornucopia").inc()
+        answer = preempt_nodes(self.cluster, req, args.proposals, choose)
         self.metrics.decisions.labels("preempt", "nodes-kept").inc(len(answer))
         self.metrics.decisions.labels("preempt", "nodes-dropped").inc(
             len(args.proposals) - len(answer)
