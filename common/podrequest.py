@@ -12,6 +12,7 @@ from typing import Any
 
 from common import contract
 from common.errors import InvalidInput
+from common.jobclasses import class_problems
 from common.model import JobName, PodRequest, PodUid, Priority, Tier
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
@@ -140,6 +141,7 @@ def parse_pod(pod: object, *, resource: str = contract.DEFAULT_GPU_RESOURCE) -> 
         annotations, contract.ANN_RELIABILITY, _TIERS, Tier.LA, problems
     )
     reclaim: bool = _enum_annotation(annotations, contract.ANN_RECLAIM, _BOOLS, False, problems)
+    problems += class_problems(annotations)
 
     owner = annotations.get(contract.ANN_OWNER)
     if owner is not None and not _DNS_SUBDOMAIN.match(owner):

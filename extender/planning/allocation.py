@@ -18,7 +18,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from extender.planning.jobclasses import JobClass, JobKind
+from common.jobclasses import JobClass, JobKind
 from extender.planning.mlfq import Queue
 from extender.planning.profiling import Profile
 

@@ -14,16 +14,15 @@ GPUs loses least by giving one up.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any, Final
 
 from common import contract
+from common.jobclasses import job_class, parse_throughput
 from common.model import Allocation, JobName
 from common.podrequest import gpu_count
 from extender.planning.allocation import JobView
-from extender.planning.jobclasses import job_class
 from extender.planning.mlfq import Queue, Thresholds, initial_queue, requeue
 from extender.planning.profiling import Profile
 
@@ -36,16 +35,9 @@ DEFAULT_THRESHOLDS: Final = Thresholds(
 
 
 def profile_of(raw: str | None) -> Profile:
-    """``"100,190,270"`` -> throughput at 1, 2, 3 GPUs; anything unreadable -> no profile."""
-    if not raw:
-        return Profile()
-    try:
-        values = tuple(float(v) for v in raw.split(","))
-    except ValueError:
-        return Profile()
-    if not all(math.isfinite(v) and v >= 0 for v in values):
-        return Profile()
-    return Profile(values)
+    """``"100,190,270"`` -> throughput at 1, 2, 3 GPUs; anything unreadable -> no profile (the
+    filter has told the pod's author already)."""
+    return Profile(parse_throughput(raw)[0]) if raw else Profile()
 
 
 def _started(pod: Mapping[str, Any]) -> float | None:

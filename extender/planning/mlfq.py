@@ -21,7 +21,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, replace
 
-from extender.planning.jobclasses import JobClass, JobKind
+from common.jobclasses import JobClass, JobKind
 
 
 class Queue(enum.IntEnum):

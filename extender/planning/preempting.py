@@ -87,7 +87,7 @@ class PreemptionDecision:
 
 def _unknown_job(owner: str) -> JobView:
     # Pods of jobs the planner does not know: a batch job with no profile (S = 1).
-    from extender.planning.jobclasses import JobClass
+    from common.jobclasses import JobClass
 
     return JobView(key=owner, cls=JobClass(), queue=Queue.BATCH, request=1)
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from common.jobclasses import JobClass, JobKind
 from extender.planning.allocation import JobView, allocate
-from extender.planning.jobclasses import JobClass, JobKind
 from extender.planning.mlfq import Means, Queue, Thresholds, adapt, initial_queue, requeue
 from extender.planning.preempting import preempt_counts
 from extender.planning.profiling import Profile, profile_from_batches, ramp_up_counts

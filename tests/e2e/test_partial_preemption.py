@@ -79,5 +79,6 @@ def test_an_interactive_pod_takes_one_gpu_pair_from_the_job_that_loses_least(
         what="a victim to be evicted",
         timeout=20,
     )
-    assert len(gone) == 1 and gone[0].startswith("big-"), gone
+    assert len(gone) == 1, gone
+    assert gone[0].startswith("big-"), gone
     assert alive("small-0")

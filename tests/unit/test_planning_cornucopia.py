@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from common import builders, contract
+from common.jobclasses import JobClass, JobKind, job_class
 from common.model import JobName, Priority
 from common.podrequest import parse_pod
 from extender.planning.allocation import JobView, allocate
-from extender.planning.jobclasses import JobClass, JobKind, job_class
 from extender.planning.mlfq import Means, Queue, Thresholds, adapt, requeue
 from extender.planning.preempting import choose_preemption, plan_preemption, preempt_counts
 from extender.planning.profiling import Profile, profile_from_batches, scaling_factors

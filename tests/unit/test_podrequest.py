@@ -155,3 +155,31 @@ def test_malformed_pods_raise_invalid_input(mutate: Any) -> None:
 def test_non_object_pod() -> None:
     with pytest.raises(InvalidInput, match="Pod must be an object"):
         parse_pod([])
+
+
+@pytest.mark.parametrize(
+    ("annotations", "needle"),
+    [
+        pytest.param({contract.ANN_JOB_CLASS: "urgent"}, "job-class", id="job-class"),
+        pytest.param({contract.ANN_ELASTIC: "maybe"}, "elastic", id="elastic"),
+        pytest.param({contract.ANN_THROUGHPUT: "100,fast"}, "throughput", id="throughput"),
+        pytest.param({contract.ANN_THROUGHPUT: "100,-1"}, "throughput", id="negative"),
+    ],
+)
+def test_bad_planner_annotations_are_named(annotations: dict[str, str], needle: str) -> None:
+    pod = builders.pod("p", 1, extra_annotations=annotations)
+    with pytest.raises(InvalidInput, match=needle):
+        parse_pod(pod)
+
+
+def test_good_planner_annotations_pass() -> None:
+    pod = builders.pod(
+        "p",
+        1,
+        extra_annotations={
+            contract.ANN_JOB_CLASS: "interactive",
+            contract.ANN_ELASTIC: "false",
+            contract.ANN_THROUGHPUT: "100,190.5,270",
+        },
+    )
+    assert parse_pod(pod).gpus == 1
