@@ -35,4 +35,4 @@ def test_planning_policy_does_no_io(module: str) -> None:
 def test_job_classes_do_no_io() -> None:
     names = imported(ROOT / "common" / "jobclasses.py")
     bad = {n for n in names if n in FORBIDDEN or n.split(".")[0] in FORBIDDEN}
-    assert not bad, f"{module} imports {sorted(bad)}"
+    assert not bad, f"common/jobclasses.py imports {sorted(bad)}"
