@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -23,7 +23,7 @@ from common import contract
 from common.errors import Conflict, InvalidInput, NotFound, TideleaseError
 from common.events import Involved, post_event
 from common.kubeclient import KubeClient
-from common.model import Device, GpuUuid, Holder
+from common.model import Device, GpuUuid, Holder, JobName, PodUid
 from common.timefmt import microtime
 from common.waiting import wait_event
 from extender.clusterstate import ClusterState
@@ -42,6 +42,9 @@ from extender.lending import (
     WriteStatus,
     decide,
 )
+from extender.planning.allocation import JobView
+from extender.planning.jobviews import held_by_job, job_views
+from extender.planning.preempting import eviction_cost
 from extender.watching import PodCache
 
 log = logging.getLogger(__name__)
@@ -239,7 +242,25 @@ def observe(cluster: ClusterState, pods: PodCache, lease: GpuLease) -> tuple[lis
         bound = str((raw.get("spec") or {}).get("nodeName") or "")
         node, devs = where.get(uid, ("", ()))
         owner_pods.append(OwnerPod(str(meta.get("name")), uid, bound and node, devs))
-    return owner_pods, View(devices, holders, offering)
+    return owner_pods, View(devices, holders, offering, _eviction_cost(cluster, pods))
+
+
+def _eviction_cost(
+    cluster: ClusterState, pods: PodCache
+) -> Callable[[Sequence[Holder]], tuple[int, int, float]]:
+    """Cornucopia's cost of evicting borrowers, over the jobs of the watched pods (built on
+    first use: most steps evict nobody)."""
+    allocations = [a for state in cluster for a in state.allocations.values()]
+    known: list[tuple[dict[JobName, JobView], dict[PodUid, int]]] = []
+
+    def cost(victims: Sequence[Holder]) -> tuple[int, int, float]:
+        if not known:
+            jobs = job_views(pods.raw_pods(), held_by_job(allocations), now=time.time())
+            known.append((jobs, {a.holder.pod_uid: len(a.devices) for a in allocations}))
+        jobs, gpus = known[0]
+        return eviction_cost(victims, gpus, jobs)
+
+    return cost
 
 
 class LeaseController:

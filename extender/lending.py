@@ -25,7 +25,7 @@ nothing lent twice and nothing kept for good from the standby pool.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from common.model import Device, GpuUuid, Holder, JobName
@@ -58,6 +58,10 @@ class View:
     devices: Mapping[GpuUuid, Device]
     holders: Mapping[GpuUuid, Holder]
     offering: Mapping[str, bool]
+    # How bad evicting these borrowers is (smaller is better): cornucopia's partial-preemption
+    # rule when the controller knows the jobs (extender.planning.preempting.eviction_cost);
+    # None: every borrower counts the same.
+    eviction_cost: Callable[[Sequence[Holder]], tuple[int, int, float]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,14 +135,16 @@ def _on_loan(dev: Device, owner: JobName) -> bool:
 
 def choose_groups(groups: Sequence[LentGroup], count: int, view: View) -> list[LentGroup]:
     """The lent groups a scale-up by ``count`` replicas takes back: those whose devices are all
-    healthy and free first (nobody to evict), then those with the fewest borrowers."""
+    healthy and free first (nobody to evict), then those whose borrowers lose least by eviction
+    (``view.eviction_cost``), then those with the fewest borrowers."""
 
-    def cost(g: LentGroup) -> tuple[int, int, int, str]:
+    def cost(g: LentGroup) -> tuple[int, tuple[int, int, float], int, int, str]:
         broken = sum(
             1 for u in g.devices if u not in view.devices or not view.devices[u].cls.healthy
         )
-        borrowers = len({view.holders[u].pod_uid for u in g.devices if u in view.holders})
-        return (broken, borrowers, ordinal(g.replica), g.replica)
+        victims = {view.holders[u].pod_uid: view.holders[u] for u in g.devices if u in view.holders}
+        loss = view.eviction_cost(list(victims.values())) if view.eviction_cost else (0, 0, 0.0)
+        return (broken, loss, len(victims), ordinal(g.replica), g.replica)
 
     return sorted(groups, key=cost)[: max(0, count)]
 

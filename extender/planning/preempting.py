@@ -24,7 +24,16 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from common.model import Allocation, Device, DeviceClass, GpuUuid, Holder, JobName, PodRequest
+from common.model import (
+    Allocation,
+    Device,
+    DeviceClass,
+    GpuUuid,
+    Holder,
+    JobName,
+    PodRequest,
+    PodUid,
+)
 from extender.placement import Verdict, free_counts, plan_node, verdict
 from extender.planning.allocation import JobView
 from extender.planning.mlfq import Queue
@@ -191,7 +200,33 @@ __all__ = [
     "PreemptionDecision",
     "Take",
     "choose_preemption",
+    "eviction_cost",
     "loss_factor",
     "plan_preemption",
     "preempt_counts",
 ]
+
+
+def eviction_cost(
+    victims: Sequence[Holder],
+    gpus: Mapping[PodUid, int],
+    jobs: Mapping[JobName, JobView],
+) -> tuple[int, int, float]:
+    """How bad evicting these pods is, by cornucopia's rule, for comparing choices (smaller is
+    better): the most important queue hit (an interactive victim is worse than any number of
+    batch ones), then how many jobs it halts (takes their last GPU), then the GPUs' worth
+    (their scaling factors summed). ``gpus``: each victim's GPU count."""
+    taken: dict[str, int] = {}
+    for h in victims:
+        key = h.owner or h.key
+        taken[key] = taken.get(key, 0) + gpus.get(h.pod_uid, 0)
+    top = int(Queue.LONG) + 1
+    halts = 0
+    worth = 0.0
+    for key, n in taken.items():
+        job = jobs.get(JobName(key)) or _unknown_job(key)
+        held = max(job.held, n)
+        top = min(top, int(job.queue))
+        halts += int(held - n <= 0 or not job.cls.elastic)
+        worth += loss_factor(job, held, n) * n if n else 0.0
+    return (-top, halts, worth)

@@ -4,13 +4,17 @@ from the batch job that loses least, not by the default order."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from common import builders, contract
-from common.model import Priority
+from common.model import Holder, PodUid, Priority
 from common.podrequest import parse_pod
+from extender.leases import LentGroup
+from extender.lending import View, choose_groups
 from extender.planning.jobviews import (
     held_by_job,
     job_views,
@@ -19,7 +23,7 @@ from extender.planning.jobviews import (
     profile_of,
 )
 from extender.planning.mlfq import Queue
-from extender.planning.preempting import choose_preemption
+from extender.planning.preempting import choose_preemption, eviction_cost
 from extender.preemption import Proposal, preempt_nodes
 from tests.unit.cluster import allocate, cluster, holder
 
@@ -137,3 +141,69 @@ def test_the_preemptors_queue_is_its_jobs_or_where_its_class_starts() -> None:
     assert preemptor_queue(newcomer, jobs) is Queue.BATCH  # its job was demoted
     fresh = builders.pod("chat", 1, extra_annotations={contract.ANN_JOB_CLASS: "interactive"})
     assert preemptor_queue(fresh, jobs) is Queue.INTERACTIVE
+
+
+# --- the leasing controller: which lent groups a reclaim takes back ---
+
+
+def _groups_world() -> tuple[list[LentGroup], View, dict[str, int]]:
+    """Two lent groups of 4 devices, one borrower on each: ``solo`` (a job's only pod, 4 GPUs)
+    on recsys-2's, ``big-0`` (one of three 4-GPU pods of job ``big``) on recsys-3's."""
+    devs = builders.devices("a", 4, owner="recsys") + builders.devices(
+        "b", 4, owner="recsys", start=0
+    )
+    solo = holder("solo-0", owner="solo")
+    big = holder("big-0", owner="big")
+    holders = {d.uuid: solo for d in devs[:4]} | {d.uuid: big for d in devs[4:]}
+    groups = [
+        LentGroup("recsys-2", tuple(d.uuid for d in devs[:4])),
+        LentGroup("recsys-3", tuple(d.uuid for d in devs[4:])),
+    ]
+    view = View({d.uuid: d for d in devs}, holders, {"a": True, "b": True})
+    return groups, view, {"solo": 4, "big": 12}
+
+
+def _cost(
+    held: dict[str, int], pods: list[dict[str, Any]]
+) -> Callable[[Sequence[Holder]], tuple[int, int, float]]:
+    jobs = job_views(pods, held, now=NOW)
+    gpus = {PodUid(f"uid-{p['metadata']['name']}"): 4 for p in pods}
+    return functools.partial(eviction_cost, gpus=gpus, jobs=jobs)
+
+
+def test_a_reclaim_takes_back_the_group_whose_borrowers_lose_least() -> None:
+    groups, view, held = _groups_world()
+    # Without the jobs' view: equal borrower counts, the lower ordinal goes first.
+    assert [g.replica for g in choose_groups(groups, 1, view)] == ["recsys-2"]
+    pods = [member("solo-0", "solo", 4)] + [member(f"big-{i}", "big", 4) for i in range(3)]
+    cornucopia = replace(view, eviction_cost=_cost(held, pods))
+    # Evicting solo-0 halts its job; big-0's job goes on with 8 GPUs.
+    assert [g.replica for g in choose_groups(groups, 1, cornucopia)] == ["recsys-3"]
+
+
+def test_an_interactive_borrower_is_evicted_last() -> None:
+    groups, view, _ = _groups_world()
+    pods = [
+        member("solo-0", "solo", 4, **{contract.ANN_JOB_CLASS: "batch"}),
+        member("big-0", "big", 4, **{contract.ANN_JOB_CLASS: "interactive"}),
+    ]
+    cornucopia = replace(view, eviction_cost=_cost({"solo": 4, "big": 12}, pods))
+    assert [g.replica for g in choose_groups(groups, 1, cornucopia)] == ["recsys-2"]
+
+
+@pytest.mark.parametrize(
+    ("profile", "want"),
+    [
+        pytest.param("100,200,300,400", 2.0, id="linear"),
+        pytest.param("100,200,250,260", 0.6, id="sub-linear"),
+    ],
+)
+def test_eviction_cost_sums_the_worth_of_the_gpus_taken(profile: str, want: float) -> None:
+    pods = [member("j-0", "j", 2, **{contract.ANN_THROUGHPUT: profile}), member("j-1", "j", 2)]
+    jobs = job_views(pods, {"j": 4}, now=NOW)
+    victims = [holder("j-0", owner="j"), holder("j-1", owner="j")]
+    top, halts, worth = eviction_cost(victims[:1], {victims[0].pod_uid: 2}, jobs)
+    assert (top, halts) == (-int(Queue.BATCH), 0)
+    # The two GPUs taken are the job's 4th and 3rd: worth S^3 + S^2 (eq. 1; 1 each if linear).
+    assert worth == pytest.approx(want)
+    assert eviction_cost(victims, {v.pod_uid: 2 for v in victims}, jobs)[1] == 1  # halts j
