@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
     from common.kubeclient import KubeClient
+    from common.leaderelection import LeaderElector
     from extender.planning.stepping import PlannerSettings
     from extender.prewarming import PrewarmSettings
 
@@ -59,7 +60,6 @@ def _extender(args: argparse.Namespace) -> int:
             await run_extender(store=store, settings=settings, stop=stop, drain_s=0.0)
             return
         from common.kubeclient import KubeClient
-        from common.leaderelection import LeaderElector
         from extender.kubestore import KubeStore
         from extender.leasecontroller import KubeWorld
         from extender.running import Leasing
@@ -68,13 +68,7 @@ def _extender(args: argparse.Namespace) -> int:
         writer = await KubeClient.connect(settings.kubeconfig)
         leasing = None
         if settings.leasing_controller:
-            identity = os.environ.get("POD_NAME") or socket.gethostname()
-            elector = LeaderElector(
-                writer,
-                namespace=settings.agent_namespace,
-                name="tidelease-leasing-controller",
-                identity=identity,
-            )
+            elector = _elector(writer, settings.agent_namespace, "tidelease-leasing-controller")
             leasing = Leasing(KubeWorld(writer), elector)
         operator = None
         if args.hot_restart_operator:
@@ -111,9 +105,17 @@ def _extender(args: argparse.Namespace) -> int:
     return 0
 
 
+def _elector(kube: KubeClient, namespace: str, lease: str) -> LeaderElector:
+    """Leader election among the extender replicas on the Lease ``lease`` (identity: the pod's
+    name, else the host's)."""
+    from common.leaderelection import LeaderElector
+
+    identity = os.environ.get("POD_NAME") or socket.gethostname()
+    return LeaderElector(kube, namespace=namespace, name=lease, identity=identity)
+
+
 async def _hot_restart_operator(kube: KubeClient, namespace: str) -> None:
     """The hot-restart operator, leader-elected among the extender replicas."""
-    from common.leaderelection import LeaderElector
     from extender.hotrestarting import (
         LEASE_NAME,
         HotRestartOperator,
@@ -121,10 +123,10 @@ async def _hot_restart_operator(kube: KubeClient, namespace: str) -> None:
         run_hot_restart_operator,
     )
 
-    identity = os.environ.get("POD_NAME") or socket.gethostname()
-    elector = LeaderElector(kube, namespace=namespace, name=LEASE_NAME, identity=identity)
     operator = HotRestartOperator(requests=KubeRequests(kube))
-    await elector.run(lambda: run_hot_restart_operator(kube=kube, operator=operator))
+    await _elector(kube, namespace, LEASE_NAME).run(
+        lambda: run_hot_restart_operator(kube=kube, operator=operator)
+    )
 
 
 def _prewarm_settings(args: argparse.Namespace) -> PrewarmSettings:
@@ -148,7 +150,6 @@ async def _prewarm_controller(
 ) -> None:
     """The prewarm controller, leader-elected among the extender replicas; its metrics go to
     ``registry`` (the one the extender's /metrics serves)."""
-    from common.leaderelection import LeaderElector
     from extender.prewarmcontroller import (
         LEASE_NAME,
         KubePrewarmWorld,
@@ -157,8 +158,6 @@ async def _prewarm_controller(
         run_prewarm_controller,
     )
 
-    identity = os.environ.get("POD_NAME") or socket.gethostname()
-    elector = LeaderElector(kube, namespace=namespace, name=LEASE_NAME, identity=identity)
     metrics = PrewarmMetrics(registry)
 
     async def lead() -> None:
@@ -167,7 +166,7 @@ async def _prewarm_controller(
         )
         await run_prewarm_controller(kube=kube, controller=controller)
 
-    await elector.run(lead)
+    await _elector(kube, namespace, LEASE_NAME).run(lead)
 
 
 def _planner_settings(args: argparse.Namespace) -> PlannerSettings:
@@ -197,7 +196,6 @@ async def _planner(
 ) -> None:
     """The live elastic planner (docs/planner.md), leader-elected among the extender
     replicas; its metrics go to ``registry``."""
-    from common.leaderelection import LeaderElector
     from extender.planning.controller import (
         LEASE_NAME,
         KubeLeaseWriter,
@@ -207,8 +205,6 @@ async def _planner(
     )
     from extender.planning.sources import PrometheusSource
 
-    identity = os.environ.get("POD_NAME") or socket.gethostname()
-    elector = LeaderElector(kube, namespace=namespace, name=LEASE_NAME, identity=identity)
     metrics = PlannerMetrics(registry)
 
     async def lead() -> None:
@@ -221,7 +217,7 @@ async def _planner(
         finally:
             await source.close()
 
-    await elector.run(lead)
+    await _elector(kube, namespace, LEASE_NAME).run(lead)
 
 
 def _agent(args: argparse.Namespace) -> int:
