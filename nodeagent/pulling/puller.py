@@ -168,20 +168,24 @@ class _Pull:
             raise _LinkFailed(f"{peer.name}: HTTP {resp.status} for a {length}-byte range")
         return resp, time.monotonic() - t
 
-    async def probe(self, peer: Peer, shard: Shard | None = None) -> _Link:
-        """Time a 1-byte range (latency), then real pieces of about ``probe_bytes`` (rate),
-        verified and kept like any other shard: the probe costs no extra bytes. Without pieces
-        to spare, a range of ``probe_bytes`` from the end is timed and dropped."""
-        size = self.manifest.size
+    async def _timed_read(self, peer: Peer, offset: int, length: int) -> tuple[float, float]:
+        """Read a range and drop it: (seconds to the first byte, seconds in all)."""
         t = time.monotonic()
-        resp, _ = await self._get(peer, 0, 1)
+        resp, first = await self._get(peer, offset, length)
         try:
             await resp.read()
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
             raise _LinkFailed(f"{peer.name}: {e!r}") from e
         finally:
             resp.release()
-        tiny = time.monotonic() - t
+        return first, time.monotonic() - t
+
+    async def probe(self, peer: Peer, shard: Shard | None = None) -> _Link:
+        """Time a 1-byte range (latency), then real pieces of about ``probe_bytes`` (rate),
+        verified and kept like any other shard: the probe costs no extra bytes. Without pieces
+        to spare, a range of ``probe_bytes`` from the end is timed and dropped."""
+        size = self.manifest.size
+        _, tiny = await self._timed_read(peer, 0, 1)
         link = _Link(peer, LinkEstimate(tiny, 1.0))
         if shard is not None:
             bad, first, total = await self.fetch(link, shard)
@@ -191,15 +195,7 @@ class _Pull:
                 link.bad_shards += 1
         else:
             length = min(self.settings.probe_bytes, size)
-            t = time.monotonic()
-            resp, first = await self._get(peer, size - length, length)
-            try:
-                await resp.read()
-            except (aiohttp.ClientError, TimeoutError, OSError) as e:
-                raise _LinkFailed(f"{peer.name}: {e!r}") from e
-            finally:
-                resp.release()
-            total = time.monotonic() - t
+            first, total = await self._timed_read(peer, size - length, length)
         link.estimate = from_probe(
             tiny_s=tiny, small_bytes=length, small_first_byte_s=first, small_total_s=total
         )
