@@ -280,6 +280,7 @@ class LeaseController:
         self.world, self.metrics, self.clock = world, metrics, clock
         self.standby_targets = dict(standby_targets or {})
         self.standby_interval_s = standby_interval_s
+        self._conflicts: dict[str, int] = {}  # consecutive write conflicts, by lease
 
     async def step(self, lease: GpuLease) -> Action:
         """Decide and execute one action for one lease."""
@@ -338,13 +339,23 @@ class LeaseController:
                 action = await self.step(lease)
             except Conflict as e:
                 # Our view lags our own last write; the watch brings the new version.
-                log.debug("lease %s: %s", lease.key, e)
+                n = self._conflicts[lease.key] = self._conflicts.get(lease.key, 0) + 1
+                if n % 50 == 0:
+                    log.warning("lease %s: %d conflicts in a row, the last: %s", lease.key, n, e)
+                else:
+                    log.debug("lease %s: %s", lease.key, e)
                 wake = min(wake, self.clock() + 0.2)
                 continue
             except TideleaseError as e:
                 log.warning("lease %s: %s (retrying)", lease.key, e)
                 wake = min(wake, self.clock() + 2.0)
                 continue
+            except Exception:
+                # A bug must not stop every lease for good: said loudly, retried.
+                log.exception("lease %s: unexpected error (retrying)", lease.key)
+                wake = min(wake, self.clock() + 2.0)
+                continue
+            self._conflicts.pop(lease.key, None)
             next_time = action.until if isinstance(action, Wait) else self.clock() + 0.1
             wake = min(wake, next_time)
         return wake

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from common import builders
 from common.model import Device, Holder, JobName, Priority, Tier
 from extender.leases import GpuLease, LeaseSpec, LeaseStatus, LentGroup, Notice, Workload
@@ -393,3 +395,52 @@ def test_reclaim_takes_back_free_groups_first_and_keeps_the_rest_lent() -> None:
     # After recsys-1 came back on g2's devices, g1 is still lent, now as recsys-2's.
     assert relabel([g1], 2) == (LentGroup("recsys-2", g1.devices),)
     assert relabel([g2], 2) == (g2,)
+
+
+async def test_an_unexpected_error_on_one_lease_is_logged_and_the_others_go_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from common import contract
+    from extender.leasecontroller import LeaseCache, LeaseController, LeasingMetrics
+    from extender.watching import PodCache
+    from tests.unit.cluster import cluster
+
+    def lease(name: str) -> dict[str, object]:
+        return {
+            "apiVersion": contract.API_VERSION,
+            "kind": contract.KIND_GPU_LEASE,
+            "metadata": {"name": name, "namespace": "ns"},
+            "spec": {
+                "owner": name,
+                "gpusPerReplica": 4,
+                "desiredGPUs": 8,
+                "workload": {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": name},
+            },
+        }
+
+    leases = LeaseCache()
+    for name in ("broken", "fine"):
+        leases.apply("ADDED", lease(name))
+    asked: list[str] = []
+
+    class World:
+        async def replicas(self, namespace: str, workload: Workload) -> int:
+            asked.append(workload.name)
+            if workload.name == "broken":
+                raise RuntimeError("a bug")
+            return 2
+
+    controller = LeaseController(
+        cluster=cluster(builders.gpu_node("n")),
+        pods=PodCache(),
+        leases=leases,
+        world=World(),  # type: ignore[arg-type]
+        metrics=LeasingMetrics(CollectorRegistry()),
+        clock=lambda: NOW,
+    )
+    wake = await controller.run_once()
+    assert sorted(asked) == ["broken", "fine"]
+    assert wake <= NOW + 2.0
+    assert "lease ns/broken: unexpected error (retrying)" in caplog.text
