@@ -159,6 +159,12 @@ class KubeClient:
                 log.warning("watch of %s failed, relisting in %.1f s: %s", path, backoff, e)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 30.0)
+            except Exception:
+                # Whoever consumes this watch has no other way to learn of changes: a bug here
+                # must not end it in silence.
+                log.exception("watch of %s broke, relisting in %.1f s", path, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 30.0)
 
     async def _watch_once(
         self, path: str, query: dict[str, Any] | None, version: str
@@ -178,13 +184,17 @@ class KubeClient:
             async for line in resp.content:
                 if not line.strip():
                     continue
-                event = json.loads(line)
+                try:
+                    event = json.loads(line)
+                except ValueError as e:  # cut off mid-event: the watch is over
+                    raise Unavailable(f"watch {path}: unreadable event: {e}") from e
                 etype, obj = str(event.get("type")), event.get("object") or {}
                 if etype == "ERROR":
                     # 410 Gone: our version is too old; relist.
                     raise Unavailable(f"watch {path}: {obj.get('message', obj)}")
                 yield etype, obj
-        except (aiohttp.ClientError, TimeoutError) as e:
+        except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+            # ValueError: aiohttp's line reader on a line over its limit.
             raise Unavailable(f"watch {path}: {e}") from e
         finally:
             resp.release()
