@@ -293,13 +293,21 @@ class FakePrometheus:
             return _error(400, "bad_data", f'invalid parameter "query": 1:1: parse error: {query}')
         return fn
 
-    async def _query(self, request: web.Request) -> web.Response:
+    async def _asked(self, request: web.Request) -> tuple[dict[str, str], Series] | web.Response:
+        """The request's parameters and the series its query names, or the error reply."""
         params = await self._params(request)
         if self.down:
             return _error(503, "timeout", "query timed out in expression evaluation")
         fn = self._lookup(params.get("query"))
         if isinstance(fn, web.Response):
             return fn
+        return params, fn
+
+    async def _query(self, request: web.Request) -> web.Response:
+        asked = await self._asked(request)
+        if isinstance(asked, web.Response):
+            return asked
+        params, fn = asked
         try:
             at = float(params["time"])
         except (KeyError, ValueError):
@@ -314,12 +322,10 @@ class FakePrometheus:
         )
 
     async def _query_range(self, request: web.Request) -> web.Response:
-        params = await self._params(request)
-        if self.down:
-            return _error(503, "timeout", "query timed out in expression evaluation")
-        fn = self._lookup(params.get("query"))
-        if isinstance(fn, web.Response):
-            return fn
+        asked = await self._asked(request)
+        if isinstance(asked, web.Response):
+            return asked
+        params, fn = asked
         try:
             start, end = float(params["start"]), float(params["end"])
             step = float(params["step"])
