@@ -183,12 +183,18 @@ async def test_interrupted_pull_resumes_with_verified_pieces(rig: Rig) -> None:
             settings=settings,
         )
     )
-    await asyncio.sleep(0.35)
+    log = dest.data_dir(Kind.CHECKPOINT) / f".partial-{CKPT}.log"
+    # Cancel once some pieces are verified, however slow the machine: the pull
+    # itself takes at least 0.6 s at the peers' 40 MiB/s together.
+    deadline = asyncio.get_running_loop().time() + 20
+    while not (log.exists() and log.read_text().split()):
+        assert not task.done(), "the pull ended before any piece was logged"
+        assert asyncio.get_running_loop().time() < deadline, "no piece verified in 20 s"
+        await asyncio.sleep(0.01)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     assert not (dest.data_dir(Kind.CHECKPOINT) / CKPT).exists()
-    log = dest.data_dir(Kind.CHECKPOINT) / f".partial-{CKPT}.log"
     kept = [int(i) for i in log.read_text().split()]
     assert kept
     kept_bytes = sum(rig.manifest.piece_span(i)[1] for i in kept)
