@@ -4,7 +4,7 @@ every pod status change (benchmarks/bench_orchestrator.py: a 1,000-pod job well 
 
 A command is issued into a pod when
 - every command in its ``after`` is done (an ``on: each`` command counts as done once it is
-  done in as many pods of its role as the role's expected replicas),
+  done in as many pods of its role as the role's expected replicas: at once for 0 replicas),
 - every ``when`` condition holds on the snapshot,
 - the pod is a ready pod of the command's role (``one``: the first such pod by name),
 - its record allows an attempt (not done, not given up, not in flight, not backing off).
@@ -103,7 +103,11 @@ def evaluate(
                 for p in snapshot.ready(command.role)
                 if _done(record_of(issue_key(command, p.name), records, command, p.uid))
             )
-            done = count >= replicas.get(command.role, 0) and count > 0
+            # Done in as many pods as the role expects: at once for a role of 0 replicas (an
+            # elastic role scaled to nothing holds no one back; pods that join later still
+            # get the command).
+            expected = replicas.get(command.role)
+            done = expected is not None and count >= expected
         satisfied[command.name] = done
         if done and command.target is Target.ONE:
             continue
@@ -127,7 +131,8 @@ def evaluate(
             continue
         ready = snapshot.ready(command.role)
         if not ready:
-            waiting.append(Waiting(command.name, f"waits for a ready {command.role} pod"))
+            if not done:
+                waiting.append(Waiting(command.name, f"waits for a ready {command.role} pod"))
             continue
         targets = ready[:1] if command.target is Target.ONE else ready
         for pod in targets:

@@ -277,6 +277,20 @@ def test_each_commands_follow_the_pods(
     assert issued(run(RAY, R2, pods, records)) == expected
 
 
+def test_an_each_command_over_a_role_of_no_replicas_holds_no_one_back() -> None:
+    ev = run(RAY, {"head": 1, "worker": 0}, [HEAD], {"head-start": done("h-0")})
+    assert issued(ev) == [("submit", "h-0")]
+    assert ev.waiting == ()
+    # A worker that joins later still gets its command.
+    later = run(
+        RAY,
+        {"head": 1, "worker": 0},
+        [HEAD, ps("w-0", "worker")],
+        {"head-start": done("h-0"), "submit": done("h-0")},
+    )
+    assert issued(later) == [("worker-join@w-0", "w-0")]
+
+
 def test_waiting_reasons_name_the_missing_command() -> None:
     ev = run(RAY, R2, [HEAD, *RW], {"head-start": done("h-0")}, in_flight=frozenset())
     assert [w.reason for w in ev.waiting] == ["waits for worker-join"]
