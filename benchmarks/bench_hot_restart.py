@@ -37,9 +37,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.prelaunch import Bandwidths, PrelaunchInputs, prelaunch_window
 from nodeagent.cri import api_pb2 as pb
 from nodeagent.cri.client import GrpcRuntime
-from nodeagent.prelaunch import Bandwidths, PrelaunchInputs, prelaunch_window
 from nodeagent.restarting.insandbox import hot_restart
 from nodeagent.restarting.planning import RestartSettings
 

@@ -25,21 +25,18 @@ from common.errors import InvalidInput, NotFound, TideleaseError
 from common.kubeclient import KubeClient
 from common.model import GpuUuid, Holder, NodeInventory
 from common.objects import parse_gpu_allocation, parse_gpu_node
+from common.prelaunch import Bandwidths
+from common.prewarmwire import Directive, directives_json, parse_directives, parse_items
 from common.timefmt import microtime
 from common.waiting import wait_event
 from extender.leases import GpuLease, Workload, parse_gpu_lease
 from extender.prewarming import (
-    Directive,
     PrewarmSettings,
     WorkloadTemplate,
     changes,
-    directives_json,
-    parse_directives,
-    parse_items,
     parse_workload,
     plan_prewarm,
 )
-from nodeagent.prelaunch import Bandwidths
 
 log = logging.getLogger(__name__)
 

@@ -29,8 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from common import contract
 from common.errors import NotFound, TideleaseError
 from common.kubeclient import KubeClient
-from common.timefmt import microtime
-from extender.prewarming import (
+from common.prewarmwire import (
     Directive,
     ItemKind,
     ItemState,
@@ -38,6 +37,7 @@ from extender.prewarming import (
     parse_directives,
     parse_items,
 )
+from common.timefmt import microtime
 from nodeagent.cri.runtime import ImageInfo
 
 if TYPE_CHECKING:

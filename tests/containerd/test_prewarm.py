@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from common.errors import TideleaseError
-from extender.prewarming import Directive, ItemStatus
+from common.prewarmwire import Directive, ItemStatus
 from nodeagent.cache.naming import EntryId, Kind
 from nodeagent.cache.store import CacheStore
 from nodeagent.cache.testing import PeerNode, random_file, start_peer, write_token

@@ -137,7 +137,7 @@ PURE = [
     "nodeagent/cri/parsing.py",
     "nodeagent/restarting/planning.py",
     "nodeagent/restarting/requests.py",
-    "nodeagent/prelaunch.py",
+    "common/prelaunch.py",
     "extender/hotrestartpolicy.py",
 ]
 FORBIDDEN = {"aiohttp", "asyncio", "grpc", "kubernetes_asyncio", "socket", "subprocess"}

@@ -45,3 +45,31 @@ def test_policy_modules_do_no_io(module: str) -> None:
         if name in FORBIDDEN or name.split(".")[0] in FORBIDDEN
     }
     assert not bad, f"{module} imports {sorted(bad)}"
+
+
+def _sources(package: str) -> list[Path]:
+    return sorted((ROOT / package).rglob("*.py"))
+
+
+@pytest.mark.parametrize(
+    ("package", "forbidden", "allowed"),
+    [
+        ("nodeagent", "extender", set()),
+        ("extender", "nodeagent", set()),
+        # The command line wires both sides together; nothing else in common knows them.
+        ("common", "extender", {"common/cli.py"}),
+        ("common", "nodeagent", {"common/cli.py"}),
+    ],
+)
+def test_the_agent_and_the_control_plane_meet_only_in_common(
+    package: str, forbidden: str, allowed: set[str]
+) -> None:
+    crossing = {
+        str(path.relative_to(ROOT)): sorted(
+            n for n in imported(path) if n.split(".")[0] == forbidden
+        )
+        for path in _sources(package)
+        if str(path.relative_to(ROOT)) not in allowed
+    }
+    assert _sources(package)
+    assert not {k: v for k, v in crossing.items() if v}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from nodeagent.prelaunch import Bandwidths, PrelaunchInputs, for_node, hit_ratio, prelaunch_window
+from common.prelaunch import Bandwidths, PrelaunchInputs, for_node, hit_ratio, prelaunch_window
 
 GB = 1e9
 # 10 Gbit/s network, a 0.5 GB/s registry, 2 GB/s checkpoint storage, 50 GB/s GPU interconnect.

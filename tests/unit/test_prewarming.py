@@ -29,22 +29,24 @@ from common.model import (
     Priority,
     Tier,
 )
-from extender.leases import GpuLease, parse_gpu_lease
-from extender.prewarming import (
+from common.prelaunch import Bandwidths
+from common.prewarmwire import (
     Directive,
     ItemStatus,
+    directives_json,
+    parse_directives,
+    parse_items,
+)
+from extender.leases import GpuLease, parse_gpu_lease
+from extender.prewarming import (
     PrewarmPlan,
     PrewarmSettings,
     WorkloadTemplate,
     changes,
-    directives_json,
     node_window,
-    parse_directives,
-    parse_items,
     parse_workload,
     plan_prewarm,
 )
-from nodeagent.prelaunch import Bandwidths
 from tests.imports import imported
 
 GB = 1e9
