@@ -11,9 +11,10 @@ the checkpoint has a tiny W and needs no directive; a cold node starts earlier.
 
 A directive lives in the node's ``GpuNode.spec.prewarm`` (written by
 :mod:`extender.prewarmcontroller`); the node agent (:mod:`nodeagent.prewarm`) carries it out and
-reports each item in ``GpuNode.status.prewarm`` (the format of both: :mod:`common.prewarmwire`). :func:`plan_prewarm` computes the directives
-every node should hold now; a lease whose scale-up happened (its replicas hold the target and it
-is not reclaiming), or that was deleted, has none, so its directives are cleared.
+reports each item in ``GpuNode.status.prewarm`` (the format of both: :mod:`common.prewarmwire`).
+:func:`plan_prewarm` computes the directives every node should hold now; a lease whose scale-up
+happened (its replicas hold the target and it is not reclaiming), or that was deleted, has none,
+so its directives are cleared.
 
 Stability: directives are rewritten only when the decision changes. The items of a directive
 already written stay in it while the workload still needs them (the agent reports them Done;
