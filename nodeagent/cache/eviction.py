@@ -1,12 +1,17 @@
-"""Which entries to evict to keep the cache under its size bound: least recently used first.
-Pure."""
+"""Which entries to evict to keep the cache under its size bound: abandoned partial pulls first
+(oldest progress first), then complete entries, least recently used first; and which partial
+pulls have been left too long to keep for a resume. Pure."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from nodeagent.cache.naming import EntryId, Kind
+
+# A partial pull with no progress for this long is dropped at start rather than resumed.
+DEFAULT_PARTIAL_TTL_S = 24 * 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -15,6 +20,61 @@ class EntryUse:
     id: EntryId
     size: int
     last_used: float
+
+
+@dataclass(frozen=True, slots=True)
+class PartialUse:
+    """A partial pull on disk that no pull in this process is working on."""
+
+    kind: Kind
+    id: EntryId
+    size: int  # bytes allocated on disk (the data file is sparse) plus its log
+    last_progress: float  # mtime of its log (of its data file when it has no log)
+
+
+class Room(NamedTuple):
+    """What to delete to make room: abandoned partial pulls, then complete entries."""
+
+    partials: tuple[PartialUse, ...]
+    entries: tuple[EntryUse, ...]
+
+
+def _oldest_first(p: PartialUse) -> tuple[float, str, str]:
+    return (p.last_progress, p.kind.value, p.id)
+
+
+def choose_room(
+    entries: Iterable[EntryUse],
+    partials: Iterable[PartialUse],
+    *,
+    max_bytes: int,
+    incoming: int = 0,
+    keep: frozenset[tuple[Kind, EntryId]] = frozenset(),
+) -> Room:
+    """What to delete so that complete entries, abandoned partial pulls and ``incoming`` bytes
+    fit in ``max_bytes``. Abandoned partials count against the bound and go first, least recent
+    progress first; only when dropping them all is not enough are entries evicted (least
+    recently used first, ``keep`` never; see :func:`choose_evictions`)."""
+    held = list(entries)
+    abandoned = list(partials)
+    total = sum(e.size for e in held) + sum(p.size for p in abandoned) + incoming
+    dropped: list[PartialUse] = []
+    for p in sorted(abandoned, key=_oldest_first):
+        if total <= max_bytes:
+            break
+        dropped.append(p)
+        total -= p.size
+    left = sum(p.size for p in abandoned) - sum(p.size for p in dropped)
+    victims = choose_evictions(held, max_bytes=max_bytes, incoming=incoming + left, keep=keep)
+    return Room(tuple(dropped), victims)
+
+
+def expired_partials(
+    partials: Iterable[PartialUse], *, now: float, ttl_s: float
+) -> tuple[PartialUse, ...]:
+    """The partial pulls with no progress for more than ``ttl_s`` seconds, oldest first: too
+    old to be worth resuming."""
+    return tuple(sorted((p for p in partials if now - p.last_progress > ttl_s), key=_oldest_first))
 
 
 def choose_evictions(

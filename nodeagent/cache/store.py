@@ -9,6 +9,11 @@ Layout under the cache root, one directory per kind (``checkpoints``, ``images``
     <kind>/data/.partial-<id>.log    one line per verified, fsynced piece (resume from here)
     <kind>/data/.partial-<id>.json   the manifest the pull is working to
 
+A partial pull is resumed by the next pull of the same entry (after an agent restart too). Its
+files count against the size bound: abandoned ones (no pull in this process is working on them)
+are dropped to make room before any complete entry is evicted, and at start those with no
+progress for ``partial_ttl_s`` are dropped, as are stray partial files no pull could resume.
+
 Publication is atomic: the bytes are written under a temporary name in the same directory,
 fsynced, and renamed over the final name with ``os.replace``, then the directory is fsynced; the
 manifest follows the same way. Nothing incomplete is ever visible under an entry's final name.
@@ -34,7 +39,13 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import InvalidInput
-from nodeagent.cache.eviction import EntryUse, choose_evictions
+from nodeagent.cache.eviction import (
+    DEFAULT_PARTIAL_TTL_S,
+    EntryUse,
+    PartialUse,
+    choose_room,
+    expired_partials,
+)
 from nodeagent.cache.manifest import DEFAULT_PIECE_SIZE, Manifest, parse_manifest, piece_count
 from nodeagent.cache.naming import EntryId, Kind, valid_id
 
@@ -43,6 +54,7 @@ log = logging.getLogger(__name__)
 Clock = Callable[[], float]
 _COPY_CHUNK = 1 << 20
 _TOUCH_PERSIST_S = 60.0
+_PARTIAL = ".partial-"
 
 
 def fsync_dir(path: Path) -> None:
@@ -96,8 +108,37 @@ class _Entry:
     persisted: float
 
 
+@dataclass(slots=True)
+class _PartialFiles:
+    """The files of one partial pull found on disk; any of them may be missing."""
+
+    kind: Kind
+    id: EntryId
+    data: os.stat_result | None = None
+    log: os.stat_result | None = None
+    pin: os.stat_result | None = None
+
+    def names(self) -> list[str]:
+        """The names of the files present, in ``kind``'s data directory."""
+        base = f"{_PARTIAL}{self.id}"
+        named = ((base, self.data), (f"{base}.log", self.log), (f"{base}.json", self.pin))
+        return [name for name, st in named if st is not None]
+
+    def use(self) -> PartialUse:
+        # The data file is created at full size and filled piece by piece: count what is
+        # allocated, not its length.
+        size = (self.data.st_blocks * 512 if self.data else 0) + (
+            self.log.st_size if self.log else 0
+        )
+        newest = self.log or self.data or self.pin
+        return PartialUse(self.kind, self.id, size, newest.st_mtime if newest else 0.0)
+
+
 class CacheStore:
-    """A size-bounded, LRU-evicted store of checkpoints and images under ``root``."""
+    """A size-bounded, LRU-evicted store of checkpoints and images under ``root``.
+
+    ``partial_ttl_s``: at start, partial pulls with no progress for longer than this are dropped
+    rather than kept for a resume."""
 
     def __init__(
         self,
@@ -106,10 +147,12 @@ class CacheStore:
         max_bytes: int,
         piece_size: int = DEFAULT_PIECE_SIZE,
         clock: Clock = time.time,
+        partial_ttl_s: float = DEFAULT_PARTIAL_TTL_S,
     ) -> None:
         self.root = root.resolve()
         self.max_bytes = max_bytes
         self.piece_size = piece_size
+        self.partial_ttl_s = partial_ttl_s
         self._clock = clock
         self._lock = threading.RLock()
         self._entries: dict[tuple[Kind, EntryId], _Entry] = {}
@@ -130,12 +173,86 @@ class CacheStore:
     def _manifest_path(self, kind: Kind, entry: EntryId) -> Path:
         return self._manifest_dir(kind) / f"{entry}.json"
 
+    def _scan_partials(self, kind: Kind) -> list[_PartialFiles]:
+        """The partial pulls in ``kind``'s data directory, their files grouped by id.
+
+        Names are ambiguous when an id ends in ``.log`` or ``.json`` (``.partial-a.log`` is the
+        log of ``a`` or the data of ``a.log``): such a name is taken as a log or pinned manifest
+        when the data file it would belong to exists, else as data."""
+        stats: dict[str, os.stat_result] = {}
+        with contextlib.suppress(FileNotFoundError), os.scandir(self.data_dir(kind)) as it:
+            for d in it:
+                if not d.name.startswith(_PARTIAL):
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    st = d.stat(follow_symlinks=False)
+                    if not stat.S_ISDIR(st.st_mode):
+                        stats[d.name.removeprefix(_PARTIAL)] = st
+        found: dict[str, _PartialFiles] = {}
+
+        def group(name: str) -> _PartialFiles:
+            return found.setdefault(name, _PartialFiles(kind, EntryId(name)))
+
+        for rest, st in stats.items():
+            if rest.endswith(".log") and rest.removesuffix(".log") in stats:
+                group(rest.removesuffix(".log")).log = st
+            elif rest.endswith(".json") and rest.removesuffix(".json") in stats:
+                group(rest.removesuffix(".json")).pin = st
+            else:
+                group(rest).data = st
+        return list(found.values())
+
+    def _in_pull(self, partial: _PartialFiles) -> bool:
+        """Whether a pull in this process is working on these files: its own partial, or its log
+        or pinned manifest seen alone (as data of ``<id>.log``) while it publishes its data."""
+        ids = {partial.id, partial.id.removesuffix(".log"), partial.id.removesuffix(".json")}
+        return any((partial.kind, EntryId(i)) in self._pulling for i in ids)
+
+    def _unlink_partial(self, partial: _PartialFiles) -> None:
+        for name in partial.names():
+            with contextlib.suppress(OSError):
+                (self.data_dir(partial.kind) / name).unlink(missing_ok=True)
+
+    def _clean_partials(self, kind: Kind, now: float) -> list[PartialUse]:
+        """At start, when no pull is running: drop stray partial files (a log or pinned manifest
+        without its data file, or data without its pinned manifest: nothing a pull could
+        resume) and partial pulls with no progress for longer than ``partial_ttl_s``. Returns
+        the partial pulls kept for a resume."""
+        resumable: dict[tuple[Kind, EntryId], _PartialFiles] = {}
+        for p in self._scan_partials(kind):
+            if p.data is None or p.pin is None:
+                log.warning(
+                    "cache: removing stray partial-pull file(s) %s in %s: not a resumable pull",
+                    ", ".join(p.names()),
+                    kind.value,
+                )
+                self._unlink_partial(p)
+            else:
+                resumable[(p.kind, p.id)] = p
+        uses = [p.use() for p in resumable.values()]
+        expired = expired_partials(uses, now=now, ttl_s=self.partial_ttl_s)
+        for u in expired:
+            log.info(
+                "cache: dropping partial pull %s/%s: no progress for %.0f s (ttl %.0f s), "
+                "%d bytes freed",
+                kind.value,
+                u.id,
+                now - u.last_progress,
+                self.partial_ttl_s,
+                u.size,
+            )
+            self._unlink_partial(resumable[(u.kind, u.id)])
+        return [u for u in uses if u not in expired]
+
     def _load(self) -> None:
+        now = self._clock()
+        kept: list[PartialUse] = []
         for kind in Kind:
             for tmp in self.data_dir(kind).glob(".tmp-*"):
                 tmp.unlink(missing_ok=True)
             for tmp in self._manifest_dir(kind).glob(".tmp-*"):
                 tmp.unlink(missing_ok=True)
+            kept += self._clean_partials(kind, now)
             for path in self._manifest_dir(kind).glob("*.json"):
                 name = path.name.removesuffix(".json")
                 try:
@@ -152,7 +269,14 @@ class CacheStore:
                     continue
                 used = path.stat().st_mtime
                 self._entries[(kind, manifest.id)] = _Entry(manifest, used, used)
-        log.info("cache %s: %d entries, %d bytes", self.root, len(self._entries), self.total())
+        log.info(
+            "cache %s: %d entries, %d bytes; %d partial pull(s) kept for a resume, %d bytes",
+            self.root,
+            len(self._entries),
+            self.total(),
+            len(kept),
+            sum(p.size for p in kept),
+        )
 
     # --- reading ---
 
@@ -284,16 +408,54 @@ class CacheStore:
         self._manifest_path(kind, entry).unlink(missing_ok=True)
         (self.data_dir(kind) / entry).unlink(missing_ok=True)
 
+    def _detach_partial(self, partial: _PartialFiles) -> list[Path]:
+        """Under the lock: move a partial pull's files out of the way (renames are quick), so
+        that a pull of the same entry begun next starts afresh rather than resuming into files
+        being deleted. The caller unlinks what is returned, outside the lock; a crash before
+        that leaves ``.tmp-`` files, which the next start clears."""
+        base = self.data_dir(partial.kind)
+        moved: list[Path] = []
+        for name in partial.names():
+            tmp = base / f".tmp-drop-{secrets.token_hex(8)}"
+            with contextlib.suppress(OSError):
+                os.replace(base / name, tmp)
+                moved.append(tmp)
+        return moved
+
     def evict(
         self, *, incoming: int = 0, keep: frozenset[tuple[Kind, EntryId]] = frozenset()
     ) -> tuple[EntryUse, ...]:
-        """Evict least recently used entries until the cache (plus ``incoming``) fits."""
+        """Make the cache (plus ``incoming``) fit: drop abandoned partial pulls (those no pull in
+        this process is working on), least recent progress first, then evict least recently
+        used entries. Partials being pulled are neither counted nor dropped (a starting pull's
+        own bytes are ``incoming``). Returns the evicted entries."""
         with self._lock:
-            victims = choose_evictions(
-                self.entries(), max_bytes=self.max_bytes, incoming=incoming, keep=keep
+            abandoned = {
+                (p.kind, p.id): p
+                for kind in Kind
+                for p in self._scan_partials(kind)
+                if not self._in_pull(p)
+            }
+            room = choose_room(
+                self.entries(),
+                [p.use() for p in abandoned.values()],
+                max_bytes=self.max_bytes,
+                incoming=incoming,
+                keep=keep,
             )
+            victims = room.entries
             for v in victims:
                 self._entries.pop((v.kind, v.id), None)
+            dropped = [(d, self._detach_partial(abandoned[(d.kind, d.id)])) for d in room.partials]
+        for d, paths in dropped:
+            log.info(
+                "cache: dropping abandoned partial pull %s/%s (%d bytes) to make room",
+                d.kind.value,
+                d.id,
+                d.size,
+            )
+            for path in paths:
+                path.unlink(missing_ok=True)
         for v in victims:
             log.info("cache: evicting %s/%s (%d bytes)", v.kind.value, v.id, v.size)
             self._delete_files(v.kind, v.id)
@@ -334,6 +496,7 @@ class PartialPull:
         self.manifest_path = base / f".partial-{manifest.id}.json"
         self.done: set[int] = set()
         self._closed = False
+        self._ended = False
         pinned = json.dumps(manifest.to_json(), sort_keys=True).encode()
         resumable = False
         with contextlib.suppress(OSError):
@@ -394,20 +557,33 @@ class PartialPull:
         if self.missing:
             raise InvalidInput(f"{len(self.missing)} pieces still missing")
         os.fsync(self._fd)
-        self.close()
-        self.store._publish(self.manifest, self.path)
-        for p in (self.log_path, self.manifest_path):
-            p.unlink(missing_ok=True)
+        self._close_files()
+        try:
+            # Still marked as being pulled until published, so that an eviction meanwhile does
+            # not take the finished file for an abandoned partial.
+            self.store._publish(self.manifest, self.path)
+            for p in (self.log_path, self.manifest_path):
+                p.unlink(missing_ok=True)
+        finally:
+            self._end()
         return self.manifest
 
     def close(self) -> None:
         """Stop (keeping what was verified, for a resume)."""
+        self._close_files()
+        self._end()
+
+    def _close_files(self) -> None:
         if self._closed:
             return
         self._closed = True
         os.close(self._fd)
         self._log.close()
-        self.store._end_pull(self.manifest)
+
+    def _end(self) -> None:
+        if not self._ended:
+            self._ended = True
+            self.store._end_pull(self.manifest)
 
     def status(self) -> dict[str, Any]:
         return {"done": len(self.done), "missing": len(self.missing)}

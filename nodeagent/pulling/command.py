@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from common.errors import InvalidInput
+from nodeagent.cache.eviction import DEFAULT_PARTIAL_TTL_S
 
 # The flags are registered on every start of the command; what serves and pulls loads only
 # when used.
@@ -52,6 +53,13 @@ def add_agent_flags(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--cache-max-bytes", type=_size, default=DEFAULT_MAX_BYTES, help="size bound, e.g. 200Gi"
+    )
+    g.add_argument(
+        "--cache-partial-ttl",
+        type=float,
+        default=DEFAULT_PARTIAL_TTL_S,
+        metavar="SECONDS",
+        help="at start, drop partial pulls with no progress for this long (default: a day)",
     )
     g.add_argument(
         "--cache-advertise",
@@ -104,12 +112,16 @@ def open_agent_cache(args: argparse.Namespace) -> AgentCache | None:
     problems = serve.validate()
     if args.cache_max_bytes <= 0:
         problems.append("--cache-max-bytes must be positive")
+    if not args.cache_partial_ttl >= 0:
+        problems.append("--cache-partial-ttl must be a non-negative number of seconds")
     if problems:
         raise InvalidInput(problems)
     endpoint = args.cache_advertise
     if endpoint is None and os.environ.get("POD_IP"):
         endpoint = f"http://{os.environ['POD_IP']}:{args.cache_port}"
-    store = CacheStore(args.cache_dir, max_bytes=args.cache_max_bytes)
+    store = CacheStore(
+        args.cache_dir, max_bytes=args.cache_max_bytes, partial_ttl_s=args.cache_partial_ttl
+    )
     return AgentCache(store, serve, endpoint)
 
 

@@ -35,10 +35,17 @@ def test_bad_cache_flags_are_reported_together(tmp_path: Path) -> None:
     with pytest.raises(InvalidInput) as e:
         open_agent_cache(
             agent_args(
-                "--cache-dir", str(tmp_path), "--cache-port", "70000", "--cache-max-bytes", "0"
+                "--cache-dir",
+                str(tmp_path),
+                "--cache-port",
+                "70000",
+                "--cache-max-bytes",
+                "0",
+                "--cache-partial-ttl",
+                "-1",
             )
         )
-    assert len(e.value.problems) == 2
+    assert len(e.value.problems) == 3
 
 
 def test_inventory_is_published_in_the_schema(
@@ -46,9 +53,17 @@ def test_inventory_is_published_in_the_schema(
 ) -> None:
     monkeypatch.setenv("POD_IP", "10.1.2.3")
     cache = open_agent_cache(
-        agent_args("--cache-dir", str(tmp_path / "c"), "--cache-max-bytes", "1Mi")
+        agent_args(
+            "--cache-dir",
+            str(tmp_path / "c"),
+            "--cache-max-bytes",
+            "1Mi",
+            "--cache-partial-ttl",
+            "3600",
+        )
     )
     assert cache is not None
+    assert cache.store.partial_ttl_s == 3600
     src = tmp_path / "ck"
     src.write_bytes(b"z" * 1000)
     cache.store.add_file(Kind.CHECKPOINT, EntryId("job-a.step-3"), src)

@@ -1,9 +1,12 @@
 """Cache parts without a server: ids, ranges, manifests, LRU choice, credentials, link
-estimates, peers from GpuNodes, the store's eviction and atomic partial pulls; policy imports."""
+estimates, peers from GpuNodes, the store's eviction and atomic partial pulls, abandoned and
+expired partial pulls; policy imports."""
 
 from __future__ import annotations
 
 import hashlib
+import logging
+import os
 import threading
 from pathlib import Path
 
@@ -11,7 +14,13 @@ import pytest
 
 from common.errors import InvalidInput
 from nodeagent.cache.credentials import TokenFile, authorized
-from nodeagent.cache.eviction import EntryUse, choose_evictions
+from nodeagent.cache.eviction import (
+    EntryUse,
+    PartialUse,
+    choose_evictions,
+    choose_room,
+    expired_partials,
+)
 from nodeagent.cache.manifest import Manifest, parse_manifest
 from nodeagent.cache.naming import EntryId, Kind, image_id, valid_id
 from nodeagent.cache.ranges import ByteRange, RangeRefused, parse_range
@@ -130,6 +139,38 @@ def test_lru_choice(
     entries = [use("new", 30, 3.0), use("old", 30, 1.0), use("mid", 30, 2.0)]
     chosen = choose_evictions(entries, max_bytes=100, incoming=incoming, keep=keep)
     assert [c.id for c in chosen] == evicted
+
+
+def part(name: str, size: int, t: float) -> PartialUse:
+    return PartialUse(Kind.CHECKPOINT, EntryId(name), size, t)
+
+
+@pytest.mark.parametrize(
+    ("incoming", "dropped", "evicted"),
+    [
+        pytest.param(0, [], [], id="fits"),
+        pytest.param(15, ["p-old"], [], id="oldest-partial-first"),
+        pytest.param(25, ["p-old", "p-new"], [], id="partials-before-older-entries"),
+        pytest.param(50, ["p-old", "p-new"], ["e-old"], id="then-entries-lru"),
+    ],
+)
+def test_room_drops_abandoned_partials_before_entries(
+    incoming: int, dropped: list[str], evicted: list[str]
+) -> None:
+    # Entries 60 bytes, partials 30: the entries were used before the partials last progressed,
+    # yet the partials go first.
+    entries = [use("e-new", 30, 1.0), use("e-old", 30, 0.5)]
+    partials = [part("p-new", 20, 9.0), part("p-old", 10, 5.0)]
+    room = choose_room(entries, partials, max_bytes=100, incoming=incoming)
+    assert [p.id for p in room.partials] == dropped
+    assert [e.id for e in room.entries] == evicted
+
+
+def test_expired_partials_oldest_first() -> None:
+    partials = [part("young", 1, 100.0), part("old", 1, 10.0), part("older", 1, 5.0)]
+    partials.append(part("exactly-ttl", 1, 50.0))
+    expired = expired_partials(partials, now=150.0, ttl_s=100.0)
+    assert [p.id for p in expired] == ["older", "old"]
 
 
 @pytest.mark.parametrize(
@@ -292,3 +333,157 @@ IO = {"aiohttp", "asyncio", "os", "socket", "subprocess", "pathlib", "shutil", "
 def test_policy_modules_do_no_io(module: str) -> None:
     bad = {n for n in imported(ROOT / module) if n.split(".")[0] in IO}
     assert not bad, f"{module} imports {sorted(bad)}"
+
+
+PIECE = 4096
+CK = Kind.CHECKPOINT
+
+
+def pieces_of(name: str, count: int) -> tuple[Manifest, bytes]:
+    data = hashlib.sha256(name.encode()).digest() * (PIECE * count // 32)
+    digests = tuple(
+        hashlib.sha256(data[i : i + PIECE]).hexdigest() for i in range(0, len(data), PIECE)
+    )
+    return Manifest(CK, EntryId(name), len(data), PIECE, digests), data
+
+
+def leave_partial(store: CacheStore, name: str, count: int, verified: int) -> Manifest:
+    """An interrupted pull of ``name`` (``count`` pieces) that verified its first ``verified``."""
+    manifest, data = pieces_of(name, count)
+    partial = store.begin_pull(manifest)
+    for i in range(verified):
+        assert partial.write_piece(i, data[i * PIECE : (i + 1) * PIECE])
+    partial.record(range(verified))
+    partial.close()
+    return manifest
+
+
+def set_mtime(store: CacheStore, name: str, t: float) -> None:
+    for suffix in ("", ".log", ".json"):
+        os.utime(store.data_dir(CK) / f".partial-{name}{suffix}", (t, t))
+
+
+def files_of(*names: str) -> list[str]:
+    return sorted(f".partial-{n}{s}" for n in names for s in ("", ".log", ".json"))
+
+
+def dot_files(store: CacheStore) -> list[str]:
+    return sorted(p.name for p in store.data_dir(CK).iterdir() if p.name.startswith("."))
+
+
+def test_abandoned_partial_is_dropped_to_make_room_before_any_entry(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = CacheStore(tmp_path / "c", max_bytes=12 * PIECE, piece_size=PIECE, clock=Clock())
+    src = tmp_path / "src"
+    src.write_bytes(b"x" * 2 * PIECE)
+    store.add_file(CK, EntryId("entry"), src)  # used at t ~ 1000
+    leave_partial(store, "older", 4, 4)
+    set_mtime(store, "older", 5000.0)
+    leave_partial(store, "newer", 4, 4)
+    set_mtime(store, "newer", 6000.0)
+    # Held: 2 pieces + 2 x 4 pieces of partials (+ logs); 3 more do not fit in 12 unless the
+    # older partial goes (counting only entries, 5 would fit and nothing would be dropped).
+    fresh, _ = pieces_of("fresh", 3)
+    with caplog.at_level(logging.INFO, logger="nodeagent.cache.store"):
+        store.begin_pull(fresh).close()
+    assert store.inventory()["checkpoints"] == ["entry"]
+    assert dot_files(store) == files_of("fresh", "newer")  # no .tmp- left behind either
+    assert "dropping abandoned partial pull checkpoints/older" in caplog.text
+    assert "newer" not in caplog.text
+
+
+def test_partial_being_pulled_is_neither_counted_nor_dropped(tmp_path: Path) -> None:
+    store = CacheStore(tmp_path / "c", max_bytes=8 * PIECE, piece_size=PIECE, clock=Clock())
+    src = tmp_path / "src"
+    src.write_bytes(b"x" * 4 * PIECE)
+    store.add_file(CK, EntryId("entry"), src)
+    manifest, data = pieces_of("busy", 4)
+    busy = store.begin_pull(manifest)
+    for i in range(4):
+        assert busy.write_piece(i, data[i * PIECE : (i + 1) * PIECE])
+    busy.record(range(4))
+    # 4 + 4 fits in 8 when the busy partial's 4 are not counted; counted, "entry" would go.
+    store.add_file(CK, EntryId("other"), src)
+    assert store.inventory()["checkpoints"] == ["entry", "other"]
+    assert dot_files(store) == files_of("busy")
+    busy.commit()
+    assert (store.data_dir(CK) / "busy").read_bytes() == data
+    assert dot_files(store) == []
+
+
+def test_a_finished_pull_is_not_dropped_while_it_is_published(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An eviction in another thread between the last piece and the rename (another pull
+    starting, say) must not take the finished partial for an abandoned one."""
+    store = CacheStore(tmp_path / "c", max_bytes=4 * PIECE, piece_size=PIECE, clock=Clock())
+    manifest, data = pieces_of("done", 4)
+    pull = store.begin_pull(manifest)
+    for i in range(4):
+        assert pull.write_piece(i, data[i * PIECE : (i + 1) * PIECE])
+    pull.record(range(4))
+    publish = store._publish
+
+    def evict_then_publish(m: Manifest, path: Path) -> None:
+        store.evict(incoming=4 * PIECE)
+        publish(m, path)
+
+    monkeypatch.setattr(store, "_publish", evict_then_publish)
+    with caplog.at_level(logging.INFO, logger="nodeagent.cache.store"):
+        pull.commit()
+    assert (store.data_dir(CK) / "done").read_bytes() == data
+    assert store.inventory()["checkpoints"] == ["done"]
+    # Nor its log and pinned manifest, left alone for a moment once the data is renamed.
+    assert "abandoned" not in caplog.text
+    assert dot_files(store) == []
+
+
+def test_a_resumed_partial_is_not_dropped_by_its_own_pull(tmp_path: Path) -> None:
+    store = CacheStore(tmp_path / "c", max_bytes=8 * PIECE, piece_size=PIECE, clock=Clock())
+    src = tmp_path / "src"
+    src.write_bytes(b"x" * 4 * PIECE)
+    store.add_file(CK, EntryId("entry"), src)
+    manifest = leave_partial(store, "mine", 4, 2)
+    # Entry 4 + incoming 4 fit; the partial's own 2 pieces are part of the incoming 4.
+    resumed = store.begin_pull(manifest)
+    assert resumed.missing == [2, 3]
+    assert store.inventory()["checkpoints"] == ["entry"]
+    resumed.close()
+
+
+def test_partials_older_than_the_ttl_are_dropped_at_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    now = 2_000_000_000.0
+    store = CacheStore(tmp_path / "c", max_bytes=1 << 20, piece_size=PIECE)
+    leave_partial(store, "stale", 4, 2)
+    set_mtime(store, "stale", now - 25 * 3600)
+    young = leave_partial(store, "young", 4, 3)
+    set_mtime(store, "young", now - 3600)
+    with caplog.at_level(logging.INFO, logger="nodeagent.cache.store"):
+        again = CacheStore(tmp_path / "c", max_bytes=1 << 20, piece_size=PIECE, clock=lambda: now)
+    assert dot_files(again) == files_of("young")
+    assert "dropping partial pull checkpoints/stale" in caplog.text
+    assert f"{2 * PIECE + 4} bytes freed" in caplog.text  # two pieces allocated, log "0\n1\n"
+    resumed = again.begin_pull(young)
+    assert resumed.missing == [3]
+    resumed.close()
+    # A shorter TTL drops the younger one too.
+    set_mtime(again, "young", now - 3600)
+    CacheStore(tmp_path / "c", max_bytes=1 << 20, clock=lambda: now, partial_ttl_s=1800)
+    assert dot_files(again) == []
+
+
+def test_stray_partial_files_are_removed_at_start(tmp_path: Path) -> None:
+    store = CacheStore(tmp_path / "c", max_bytes=1 << 20, piece_size=PIECE)
+    kept = leave_partial(store, "kept", 2, 1)
+    base = store.data_dir(CK)
+    (base / ".partial-lost.log").write_text("0\n")  # log without data
+    (base / ".partial-gone.json").write_text("{}")  # pinned manifest without data
+    (base / ".partial-unpinned").write_bytes(b"\0" * PIECE)  # data nothing says how to resume
+    again = CacheStore(tmp_path / "c", max_bytes=1 << 20, piece_size=PIECE)
+    assert dot_files(again) == files_of("kept")
+    resumed = again.begin_pull(kept)
+    assert resumed.missing == [1]
+    resumed.close()
