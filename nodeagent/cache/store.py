@@ -8,6 +8,7 @@ Layout under the cache root, one directory per kind (``checkpoints``, ``images``
     <kind>/data/.partial-<id>        a pull in progress: verified pieces written in place
     <kind>/data/.partial-<id>.log    one line per verified, fsynced piece (resume from here)
     <kind>/data/.partial-<id>.json   the manifest the pull is working to
+    .lock                            held by the one process that has the store open
 
 A partial pull is resumed by the next pull of the same entry (after an agent restart too). Its
 files count against the size bound: abandoned ones (no pull in this process is working on them)
@@ -25,6 +26,7 @@ makes it safe to share between those threads.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -33,6 +35,7 @@ import secrets
 import stat
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,6 +81,30 @@ def write_atomically(path: Path, data: bytes) -> None:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
     fsync_dir(path.parent)
+
+
+LOCK_FILE = ".lock"
+
+
+def claim_directory(root: Path) -> int:
+    """Hold ``root`` for this process: one directory serves one store. A second process opening
+    it (``tidelease cache add`` beside a running agent) would clear the first one's temporary
+    and partial files, and neither would see the other's entries. A POSIX record lock: held
+    until the returned descriptor is closed or the process ends, however it ends; stores opened
+    again in the same process (tests, a restart in place) share it."""
+    fd = os.open(root / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise InvalidInput(
+            f"cache directory {root} is in use by another process (pid {holder}): one "
+            "directory serves one store; use a directory of your own (docs/peer-cache.md)"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
 
 
 def hash_pieces(path: Path, piece_size: int) -> tuple[int, tuple[str, ...]]:
@@ -157,10 +184,17 @@ class CacheStore:
         self._lock = threading.RLock()
         self._entries: dict[tuple[Kind, EntryId], _Entry] = {}
         self._pulling: set[tuple[Kind, EntryId]] = set()
+        self.root.mkdir(parents=True, exist_ok=True)
+        # Released by close(), or when the store is collected (or the process ends).
+        self._release = weakref.finalize(self, os.close, claim_directory(self.root))
         for kind in Kind:
             self.data_dir(kind).mkdir(parents=True, exist_ok=True)
             self._manifest_dir(kind).mkdir(parents=True, exist_ok=True)
         self._load()
+
+    def close(self) -> None:
+        """Let another process open the directory (process exit does the same)."""
+        self._release()
 
     # --- layout ---
 

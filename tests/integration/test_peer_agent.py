@@ -140,3 +140,33 @@ def test_inventory_beyond_the_schema_limit_keeps_the_most_recently_used(
     store.touch(Kind.CHECKPOINT, EntryId("a"))
     inventory = command.AgentCache(store, ServeSettings(), None).inventory()
     assert inventory == {"checkpoints": ["a", "c"], "images": ["ref/b", "ref/c"]}
+
+
+def test_a_second_process_cannot_open_a_cache_directory_in_use(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from nodeagent.cache.store import CacheStore
+
+    def ls() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "common.cli", "cache", "ls", "--cache-dir", str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    held = CacheStore(tmp_path, max_bytes=1 << 20)
+    busy = held.data_dir(Kind.CHECKPOINT) / ".tmp-publishing"
+    busy.write_bytes(b"half written")
+    refused = ls()
+    assert refused.returncode == 2, refused
+    assert f"is in use by another process (pid {os.getpid()})" in refused.stderr
+    assert busy.read_bytes() == b"half written"  # the holder's temporary file is untouched
+    # In the same process a store opens again (as tests and an in-place restart do).
+    again = CacheStore(tmp_path, max_bytes=1 << 20)
+    held.close()
+    again.close()
+    assert ls().returncode == 0
