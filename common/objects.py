@@ -44,6 +44,14 @@ def _name(obj: Mapping[str, Any], kind: str) -> str:
     return name
 
 
+def object_key(obj: Mapping[str, Any]) -> str:
+    """``namespace/name`` of an API object (``/name`` for a cluster-scoped one)."""
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict):
+        return "/"
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
 def resource_version(obj: Mapping[str, Any]) -> str:
     meta = obj.get("metadata")
     rv = meta.get("resourceVersion", "") if isinstance(meta, dict) else ""

@@ -32,7 +32,7 @@ from common.model import (
     PodUid,
     Priority,
 )
-from common.objects import parse_gpu_allocation, parse_gpu_node, resource_version
+from common.objects import object_key, parse_gpu_allocation, parse_gpu_node, resource_version
 from common.timefmt import epoch
 
 log = logging.getLogger(__name__)
@@ -267,7 +267,7 @@ class ClusterState:
 
     def apply_gpu_lease(self, event: str, obj: Mapping[str, Any]) -> None:
         meta = obj.get("metadata") or {}
-        key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        key = object_key(obj)
         for job, lease in list(self._reclaiming.items()):
             if lease == key:
                 del self._reclaiming[job]

@@ -18,6 +18,7 @@ from common.hotrestart import PodView, Request, pod_view
 from common.hotrestartkube import KubePods
 from common.kubeclient import KubeClient
 from common.waiting import wait_event
+from common.watches import Watches, object_key
 from extender.hotrestartpolicy import (
     Reject,
     Template,
@@ -119,58 +120,38 @@ async def run_hot_restart_operator(
     templates: dict[str, Template] = {}  # opted-in StatefulSets by key
     dirty: set[str] = set()
     changed = asyncio.Event()
-    synced: set[str] = set()
 
-    def on_synced(what: str) -> None:
-        synced.add(what)
-        if ready is not None and len(synced) == 2:
+    def on_pod(event: str, obj: dict[str, Any]) -> None:
+        key = object_key(obj)
+        ann = (obj.get("metadata") or {}).get("annotations") or {}
+        if event == "DELETED" or contract.ANN_HOT_RESTART not in ann:
+            latest.pop(key, None)
+            owners.pop(key, None)
+            return
+        latest[key] = obj
+        owner = owner_key(obj)
+        if owner is not None:
+            owners[key] = owner
+        dirty.add(key)
+
+    def on_statefulset(event: str, obj: dict[str, Any]) -> None:
+        key = object_key(obj)
+        template = None if event == "DELETED" else workload_template(obj)
+        if template is None:
+            templates.pop(key, None)
+        elif templates.get(key) != template:
+            templates[key] = template
+            dirty.update(k for k, owner in owners.items() if owner == key)
+
+    async with Watches(kube, "hot-restart-operator", wake=changed) as watches:
+        watches.add("pods", "/api/v1/pods", on_pod)
+        watches.add("statefulsets", "/apis/apps/v1/statefulsets", on_statefulset)
+        await watches.wait_synced()
+        if ready is not None:
             ready.set()
-
-    async def watch_pods() -> None:
-        async for event, obj in kube.list_watch("/api/v1/pods"):
-            if event == "SYNCED":
-                on_synced("pods")
-                continue
-            meta = obj.get("metadata") or {}
-            key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
-            ann = meta.get("annotations") or {}
-            if event == "DELETED" or contract.ANN_HOT_RESTART not in ann:
-                latest.pop(key, None)
-                owners.pop(key, None)
-                continue
-            latest[key] = obj
-            owner = owner_key(obj)
-            if owner is not None:
-                owners[key] = owner
-            dirty.add(key)
-            changed.set()
-
-    async def watch_statefulsets() -> None:
-        async for event, obj in kube.list_watch("/apis/apps/v1/statefulsets"):
-            if event == "SYNCED":
-                on_synced("statefulsets")
-                continue
-            meta = obj.get("metadata") or {}
-            key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
-            template = None if event == "DELETED" else workload_template(obj)
-            if template is None:
-                templates.pop(key, None)
-                continue
-            if templates.get(key) != template:
-                templates[key] = template
-                dirty.update(k for k, owner in owners.items() if owner == key)
-                changed.set()
-
-    watchers = [
-        asyncio.create_task(watch_pods(), name="hot-restart-operator-pods"),
-        asyncio.create_task(watch_statefulsets(), name="hot-restart-operator-statefulsets"),
-    ]
-    retry: set[str] = set()
-    try:
+        retry: set[str] = set()
         while True:
-            for watcher in watchers:
-                if watcher.done():
-                    watcher.result()
+            watches.check()
             changed.clear()
             keys, retry = dirty | retry, set()
             dirty.clear()
@@ -187,7 +168,3 @@ async def run_hot_restart_operator(
                     log.warning("pod %s: hot restart request failed (retrying): %s", key, e)
                     retry.add(key)
             await wait_event(changed, 2.0 if retry else 30.0)
-    finally:
-        for watcher in watchers:
-            watcher.cancel()
-        await asyncio.gather(*watchers, return_exceptions=True)

@@ -24,6 +24,7 @@ from common.errors import Conflict, InvalidInput, NotFound, TideleaseError
 from common.events import Involved, post_event
 from common.kubeclient import KubeClient
 from common.model import Device, GpuUuid, Holder, JobName, PodUid
+from common.objects import object_key
 from common.timefmt import microtime
 from common.waiting import wait_event
 from extender.clusterstate import ClusterState
@@ -60,8 +61,7 @@ class LeaseCache:
         self.changed = asyncio.Event()
 
     def apply(self, event: str, obj: dict[str, Any]) -> None:
-        meta = obj.get("metadata") or {}
-        key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        key = object_key(obj)
         if event == "DELETED":
             self.raw.pop(key, None)
         else:

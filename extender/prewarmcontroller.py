@@ -12,6 +12,7 @@ compare-and-swap) is never touched. The node agents carry the directives out and
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -29,6 +30,7 @@ from common.prelaunch import Bandwidths
 from common.prewarmwire import Directive, directives_json, parse_directives, parse_items
 from common.timefmt import microtime
 from common.waiting import wait_event
+from common.watches import Watches
 from extender.leases import GpuLease, Workload, parse_gpu_lease
 from extender.prewarming import (
     PrewarmSettings,
@@ -329,41 +331,20 @@ async def run_prewarm_controller(
     """Watch GpuLeases, GpuNodes and ledgers; step on changes (at most every
     ``min_interval_s``) and every ``resync_s``, until cancelled."""
     watched = Watched()
-    synced: set[str] = set()
     paths = {
         "leases": f"/apis/{contract.API_VERSION}/{contract.PLURAL_GPU_LEASE}",
         "nodes": _GPN,
         "ledgers": f"/apis/{contract.API_VERSION}/{contract.PLURAL_GPU_ALLOCATION}",
     }
-    all_synced = asyncio.Event()
-
-    async def watch(kind: str) -> None:
-        async for event, obj in kube.list_watch(paths[kind]):
-            if event == "SYNCED":
-                synced.add(kind)
-                if len(synced) == len(paths):
-                    all_synced.set()
-                continue
-            watched.apply(kind, event, obj)
-
-    watchers = [asyncio.create_task(watch(k), name=f"prewarm-{k}") for k in paths]
-    try:
-        while not all_synced.is_set():
-            await wait_event(all_synced, 1.0)
-            for w in watchers:
-                if w.done():
-                    w.result()
+    async with Watches(kube, "prewarm") as watches:
+        for kind, path in paths.items():
+            watches.add(kind, path, functools.partial(watched.apply, kind))
+        await watches.wait_synced()
         while True:
-            for w in watchers:
-                if w.done():
-                    w.result()
+            watches.check()
             watched.changed.clear()
             await controller.step(watched)
             if ready is not None:
                 ready.set()
             await asyncio.sleep(min_interval_s)
             await wait_event(watched.changed, max(0.0, resync_s - min_interval_s))
-    finally:
-        for w in watchers:
-            w.cancel()
-        await asyncio.gather(*watchers, return_exceptions=True)

@@ -23,7 +23,9 @@ from typing import Any
 
 from common.errors import InvalidInput, NotFound, TideleaseError
 from common.kubeclient import KubeClient
+from common.objects import object_key
 from common.waiting import wait_event
+from common.watches import Watches
 from extender.orchestration.evaluation import Evaluation, Issue, evaluate
 from extender.orchestration.executing import OUTPUT_TAIL, ExecRequest, Executor
 from extender.orchestration.graph import Dag, load
@@ -161,7 +163,7 @@ class Orchestrator:
 
     def on_pod(self, event: str, raw: dict[str, Any]) -> None:
         meta = raw.get("metadata") or {}
-        pod_key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        pod_key = object_key(raw)
         owner = job_of(raw)
         key = f"{owner[0]}/{owner[1]}" if owner is not None else ""
         state = None if event == "DELETED" or not key else pod_state(raw)
@@ -445,43 +447,24 @@ async def run_orchestrator(
     """Watch job ConfigMaps and their pods; evaluate and issue until cancelled."""
     ns = orchestrator.settings.namespace
     scope = f"/api/v1/namespaces/{ns}" if ns else "/api/v1"
-    synced = {"jobs": False, "pods": False}
-
-    async def watch(what: str, path: str, selector: str, apply: Callable[..., None]) -> None:
-        async for event, obj in kube.list_watch(path, {"labelSelector": selector}):
-            if event == "SYNCED":
-                synced[what] = True
-                if ready is not None and all(synced.values()):
-                    ready.set()
-                orchestrator.changed.set()
-                continue
-            apply(event, obj)
-
-    watchers = [
-        asyncio.create_task(
-            watch("jobs", f"{scope}/configmaps", JOB_SELECTOR, orchestrator.on_job)
-        ),
-        asyncio.create_task(watch("pods", f"{scope}/pods", LABEL_JOB, orchestrator.on_pod)),
-    ]
+    watches = Watches(kube, "orchestrator", wake=orchestrator.changed)
+    watches.add("jobs", f"{scope}/configmaps", orchestrator.on_job, {"labelSelector": JOB_SELECTOR})
+    watches.add("pods", f"{scope}/pods", orchestrator.on_pod, {"labelSelector": LABEL_JOB})
     log.info(
         "orchestrator %s watching %s", orchestrator.identity, f"namespace {ns}" if ns else "all"
     )
     try:
+        # Decide only on a full view: before both lists are in, "not ready" may only mean
+        # "not listed yet".
+        await watches.wait_synced()
+        if ready is not None:
+            ready.set()
         while True:
-            for w in watchers:
-                if w.done():
-                    w.result()
+            watches.check()
             orchestrator.changed.clear()
-            if all(synced.values()):
-                # Decide only on a full view: before both lists are in, "not ready" may only
-                # mean "not listed yet".
-                timeout = await orchestrator.step()
-                orchestrator.forget_idle()
-            else:
-                timeout = 1.0
+            timeout = await orchestrator.step()
+            orchestrator.forget_idle()
             await wait_event(orchestrator.changed, max(timeout, 0.005))
     finally:
-        for w in watchers:
-            w.cancel()
-        await asyncio.gather(*watchers, return_exceptions=True)
+        await watches.close()
         await orchestrator.close()

@@ -29,6 +29,7 @@ from common import contract
 from common.errors import Conflict, InvalidInput, NotFound, TideleaseError, Unavailable
 from common.kubeclient import KubeClient
 from common.waiting import wait_event
+from common.watches import Watches, object_key
 from extender.leases import parse_gpu_lease
 from extender.planning.directives import desired_patch
 from extender.planning.sources import TrafficSource
@@ -182,7 +183,7 @@ class PlannerController:
         """Plan one lease and write the change; the GPUs it holds afterwards (None: left as
         it was because of an error)."""
         meta = raw.get("metadata") or {}
-        key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        key = object_key(raw)
         try:
             lease = parse_gpu_lease(raw)
             config = lease_config(meta.get("annotations") or {}, self.settings.online.lead_s)
@@ -271,35 +272,27 @@ async def run_planner_controller(
     leases: dict[str, dict[str, Any]] = {}
     fresh: set[str] = set()
     changed = asyncio.Event()
-    synced = asyncio.Event()
 
-    async def watch() -> None:
-        async for event, obj in kube.list_watch(_GPL):
-            if event == "SYNCED":
-                synced.set()
-                changed.set()
-                continue
-            meta = obj.get("metadata") or {}
-            key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
-            if event == "DELETED" or not opted_in(obj):
-                if leases.pop(key, None) is not None:
-                    controller.metrics.forget(key)
-                continue
-            if key not in leases:
-                fresh.add(key)
-                changed.set()
-            leases[key] = obj
+    def on_lease(event: str, obj: dict[str, Any]) -> None:
+        key = object_key(obj)
+        if event == "DELETED" or not opted_in(obj):
+            if leases.pop(key, None) is not None:
+                controller.metrics.forget(key)
+            return
+        if key not in leases:
+            fresh.add(key)
+            changed.set()
+        leases[key] = obj
 
-    watcher = asyncio.create_task(watch(), name="planner-gpuleases")
-    try:
-        await synced.wait()
+    async with Watches(kube, "planner") as watches:
+        watches.add("gpuleases", _GPL, on_lease)
+        await watches.wait_synced()
         if ready is not None:
             ready.set()
         loop = asyncio.get_running_loop()
         next_all = loop.time()
         while True:
-            if watcher.done():
-                watcher.result()
+            watches.check()
             changed.clear()
             if loop.time() >= next_all:
                 fresh.clear()
@@ -310,6 +303,3 @@ async def run_planner_controller(
                 fresh.difference_update(keys)
                 await controller.step(fresh_now)
             await wait_event(changed, max(0.0, next_all - loop.time()))
-    finally:
-        watcher.cancel()
-        await asyncio.gather(watcher, return_exceptions=True)

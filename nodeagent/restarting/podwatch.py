@@ -25,6 +25,7 @@ from common.hotrestart import Phase, PodView, Status, pod_view
 from common.hotrestartkube import Pods
 from common.kubeclient import KubeClient
 from common.waiting import wait_event
+from common.watches import Watches, object_key
 from nodeagent.cri.runtime import Runtime
 from nodeagent.restarting.insandbox import ensure_image
 from nodeagent.restarting.planning import RestartSettings
@@ -149,29 +150,24 @@ async def run_pod_hot_restarts(
     due: dict[str, float] = {}
     changed = asyncio.Event()
 
-    async def watch() -> None:
-        query = {"fieldSelector": f"spec.nodeName={settings.node}"}
-        async for event, obj in kube.list_watch("/api/v1/pods", query):
-            if event == "SYNCED":
-                if ready is not None:
-                    ready.set()
-                continue
-            meta = obj.get("metadata") or {}
-            key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
-            ann = meta.get("annotations") or {}
-            if event == "DELETED" or contract.ANN_HOT_RESTART_REQUEST not in ann:
-                latest.pop(key, None)
-                due.pop(key, None)
-                continue
-            latest[key] = obj
-            due[key] = 0.0
-            changed.set()
+    def on_pod(event: str, obj: dict[str, Any]) -> None:
+        key = object_key(obj)
+        ann = (obj.get("metadata") or {}).get("annotations") or {}
+        if event == "DELETED" or contract.ANN_HOT_RESTART_REQUEST not in ann:
+            latest.pop(key, None)
+            due.pop(key, None)
+            return
+        latest[key] = obj
+        due[key] = 0.0
 
-    watcher = asyncio.create_task(watch(), name="hot-restart-watch")
-    try:
+    async with Watches(kube, "hot-restart", wake=changed) as watches:
+        query = {"fieldSelector": f"spec.nodeName={settings.node}"}
+        watches.add("pods", "/api/v1/pods", on_pod, query)
+        await watches.wait_synced()
+        if ready is not None:
+            ready.set()
         while True:
-            if watcher.done():
-                watcher.result()
+            watches.check()
             now = restarter.clock()
             for key in [k for k, t in due.items() if t <= now]:
                 raw = latest.get(key)
@@ -194,6 +190,3 @@ async def run_pod_hot_restarts(
             changed.clear()
             wake = min(due.values(), default=now + settings.tick_s * 10)
             await wait_event(changed, max(0.05, wake - restarter.clock()))
-    finally:
-        watcher.cancel()
-        await asyncio.gather(watcher, return_exceptions=True)
