@@ -17,6 +17,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,6 +105,8 @@ class Status:
 def _object(value: str, what: str) -> dict[str, Any]:
     try:
         doc = json.loads(value)
+    except RecursionError:
+        raise InvalidInput(f"{what}: not JSON: nested too deeply") from None
     except ValueError as e:
         raise InvalidInput(f"{what}: not JSON: {e}") from e
     if not isinstance(doc, dict):
@@ -132,8 +135,16 @@ def parse_status(value: str) -> Status:
         return v if isinstance(v, str) else ""
 
     def number(key: str) -> float:
+        """A finite number, else 0.0 (as when missing): an integer too large for a float, NaN
+        and Infinity included."""
         v = doc.get(key)
-        return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0.0
+        if not isinstance(v, int | float) or isinstance(v, bool):
+            return 0.0
+        try:
+            f = float(v)
+        except OverflowError:
+            return 0.0
+        return f if math.isfinite(f) else 0.0
 
     return Status(
         id=text("id"),

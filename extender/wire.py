@@ -10,17 +10,31 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from common.errors import InvalidInput
 from extender.preemption import Proposal
 
+# Go's int64, the type of NumPDBViolations: a larger count could not be read back.
+INT64_MAX: Final = 2**63 - 1
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
 
 def decode(body: bytes) -> dict[str, Any]:
-    """The request body as a JSON object, or InvalidInput."""
+    """The request body as a JSON object, or InvalidInput.
+
+    Refused too: NaN and Infinity (Python extensions, which Go could not read back where a
+    reply echoes the request's objects), integers too long to convert (ValueError) and nesting
+    deeper than the interpreter's recursion limit (RecursionError).
+    """
     try:
-        value = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        value = json.loads(body, parse_constant=_no_constant)
+    except RecursionError:
+        raise InvalidInput("request body is not valid JSON: nested too deeply") from None
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise InvalidInput(f"request body is not valid JSON: {e}") from e
     if not isinstance(value, dict):
         raise InvalidInput("request body must be a JSON object")
@@ -107,8 +121,8 @@ class PreemptionArgs:
 def _pdb(value: object, where: str) -> int:
     if value is None:
         return 0
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise InvalidInput(f"{where}.NumPDBViolations must be an integer")
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= INT64_MAX:
+        raise InvalidInput(f"{where}.NumPDBViolations must be an integer from 0 to 2^63-1")
     return value
 
 
@@ -121,7 +135,11 @@ def _uids(pods: object, where: str, *, full: bool) -> tuple[str, ...]:
     for i, p in enumerate(pods):
         if not isinstance(p, dict):
             raise InvalidInput(f"{where}.Pods[{i}] must be an object")
-        uid = (p.get("metadata") or {}).get("uid") if full else p.get("UID")
+        if full:
+            meta = p.get("metadata")
+            uid = meta.get("uid") if isinstance(meta, dict) else None
+        else:
+            uid = p.get("UID")
         if not isinstance(uid, str) or not uid:
             field = "metadata.uid" if full else "UID"
             raise InvalidInput(f"{where}.Pods[{i}].{field} must be a non-empty string")

@@ -29,6 +29,7 @@ docs/orchestration.md describes the semantics.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -156,10 +157,17 @@ def _seconds(p: _Problems, where: str, value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         p.add(where, f"want a number of seconds, got {_kind(value)}")
         return None
-    if value <= 0:
+    try:
+        seconds = float(value)
+    except OverflowError:  # an integer past the largest float
+        seconds = math.inf
+    if not math.isfinite(seconds):  # .inf, .nan: a command never timed out, a retry never due
+        p.add(where, f"want a finite number of seconds, got {_kind(value)}")
+        return None
+    if seconds <= 0:
         p.add(where, f"want a positive number of seconds, got {value}")
         return None
-    return float(value)
+    return seconds
 
 
 def _name(p: _Problems, where: str, value: Any, what: str) -> str | None:
@@ -180,6 +188,10 @@ def _parse_yaml(text: str) -> Any:
         place = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         raise InvalidInput(f"{place}{e.problem or e.context or 'not valid YAML'}") from None
     except yaml.YAMLError as e:
+        raise InvalidInput(f"not valid YAML: {e}") from None
+    except RecursionError:  # PyYAML composes nested collections recursively
+        raise InvalidInput("not valid YAML: nested too deeply") from None
+    except ValueError as e:  # an integer too long to convert (int's digit limit)
         raise InvalidInput(f"not valid YAML: {e}") from None
 
 

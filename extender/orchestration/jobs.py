@@ -62,6 +62,15 @@ class JobSpec:
     resource_version: str
 
 
+def _shown(value: object) -> str:
+    """A value for a message. A collection is never written out: YAML aliases let a few lines
+    stand for billions of elements ("billion laughs"), which ``repr`` would expand."""
+    if isinstance(value, list | dict | set):
+        return "a mapping" if isinstance(value, dict) else f"a {type(value).__name__}"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def parse_replicas(text: str | None, roles: Mapping[str, int | None]) -> dict[str, int]:
     """The job's counts over the file's defaults; every role must end with one."""
     problems = []
@@ -71,6 +80,10 @@ def parse_replicas(text: str | None, roles: Mapping[str, int | None]) -> dict[st
             loaded = yaml.safe_load(text)
         except yaml.YAMLError as e:
             raise InvalidInput(f"{DATA_REPLICAS}: not valid YAML: {e}") from None
+        except RecursionError:  # PyYAML composes nested collections recursively
+            raise InvalidInput(f"{DATA_REPLICAS}: not valid YAML: nested too deeply") from None
+        except ValueError as e:  # an integer too long to convert (int's digit limit)
+            raise InvalidInput(f"{DATA_REPLICAS}: not valid YAML: {e}") from None
         if loaded is not None and not isinstance(loaded, dict):
             raise InvalidInput(f"{DATA_REPLICAS}: want a mapping of role to count")
         given = loaded or {}
@@ -79,7 +92,9 @@ def parse_replicas(text: str | None, roles: Mapping[str, int | None]) -> dict[st
         if role not in roles:
             problems.append(f'{DATA_REPLICAS}.{role}: unknown role "{role}"')
         elif isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            problems.append(f"{DATA_REPLICAS}.{role}: want a count of at least 0, got {count!r}")
+            problems.append(
+                f"{DATA_REPLICAS}.{role}: want a count of at least 0, got {_shown(count)}"
+            )
         else:
             out[role] = count
     for role, default in roles.items():

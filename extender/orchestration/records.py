@@ -10,6 +10,7 @@ longer counts and the command runs in the new pod).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
@@ -75,6 +76,28 @@ def record_of(key: str, records: Records, command: Command, uid: str) -> Record 
     return r
 
 
+def _attempts(value: object) -> int:
+    """A record is written at its first attempt: a count of at least 1 (fewer would let a
+    command run more often than its retry.attempts)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"attempts: want a whole number of at least 1, got {value!r:.40}")
+    return value
+
+
+def _time(value: object, key: str) -> float:
+    """Epoch seconds: a finite number (NaN or Infinity would make a record never or always
+    due)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{key}: want a number of seconds, got {value!r:.40}")
+    try:
+        seconds = float(value)
+    except OverflowError:
+        seconds = math.inf
+    if not math.isfinite(seconds):
+        raise ValueError(f"{key}: want a finite number of seconds")
+    return seconds
+
+
 def parse_records(text: str | None) -> dict[str, Record]:
     if not text:
         return {}
@@ -85,16 +108,18 @@ def parse_records(text: str | None) -> dict[str, Record]:
         return {
             str(k): Record(
                 state=State(v["state"]),
-                attempts=int(v["attempts"]),
+                attempts=_attempts(v["attempts"]),
                 pod=str(v.get("pod", "")),
                 uid=str(v.get("uid", "")),
-                at=float(v.get("at", 0.0)),
+                at=_time(v.get("at", 0.0), "at"),
                 holder=str(v.get("holder", "")),
-                retry_at=float(v.get("retryAt", 0.0)),
+                retry_at=_time(v.get("retryAt", 0.0), "retryAt"),
                 error=str(v.get("error", "")),
             )
             for k, v in raw.items()
         }
+    except RecursionError:
+        raise InvalidInput(f"annotation {ANN_RECORDS}: nested too deeply") from None
     except (ValueError, KeyError, TypeError) as e:
         raise InvalidInput(f"annotation {ANN_RECORDS}: {e}") from None
 

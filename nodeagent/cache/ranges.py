@@ -2,8 +2,8 @@
 
 Pullers ask for one byte range at a time, so exactly one ``bytes=first-last``, ``bytes=first-``
 or ``bytes=-suffix`` range is accepted; several ranges (overlapping or not), inverted ranges,
-ranges starting past the end, other units, signs, spaces or absurdly long numbers are refused
-(416 when the form is right but the bytes are not there, 400 otherwise).
+ranges starting past the end, other units, signs, spaces, non-ASCII digits or absurdly long
+numbers are refused (416 when the form is right but the bytes are not there, 400 otherwise).
 """
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_RANGE = re.compile(r"bytes=(\d{0,19})-(\d{0,19})")
+# [0-9], not \d: \d would take other scripts' digits ("bytes=\u0660-9"), which int() reads but
+# aiohttp's FileResponse (ASCII only) does not, so it would answer the range on its own terms.
+_RANGE = re.compile(r"bytes=([0-9]{0,19})-([0-9]{0,19})")
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,6 +4,7 @@ state change."""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 from typing import Any
 
@@ -35,8 +36,24 @@ def snapshot(store: MemoryStore) -> list[Any]:
         (b"[]", "must be a JSON object"),
         (b"null", "must be a JSON object"),
         (b"{}", ""),
+        (b"[" * 100_000 + b"]" * 100_000, "not valid JSON: nested too deeply"),
+        (b'{"Pod":' + b"[" * 5_000 + b"]" * 5_000 + b"}", "not valid JSON: nested too deeply"),
+        (b'{"Pod":1' + b"0" * 5_000 + b"}", "not valid JSON: Exceeds the limit"),
+        (b'{"Pod":{},"NodeNames":[],"x":NaN}', "not valid JSON: NaN is not JSON"),
+        (b'{"Pod":{},"NodeNames":[],"x":-Infinity}', "not valid JSON: -Infinity is not JSON"),
     ],
-    ids=["truncated", "binary", "array", "null", "empty-object"],
+    ids=[
+        "truncated",
+        "binary",
+        "array",
+        "null",
+        "empty-object",
+        "deep-array",
+        "deep-field",
+        "long-integer",
+        "nan",
+        "infinity",
+    ],
 )
 async def test_malformed_bodies_get_400(
     server: Server, verb: str, body: bytes, message: str
@@ -72,6 +89,26 @@ async def test_malformed_bodies_get_400(
             {"Pod": GOOD_POD, "NodeNameToVictims": {"n": {"Pods": [{"UID": "x"}]}}},
             "metadata.uid",
         ),
+        (
+            "preempt",
+            {"Pod": GOOD_POD, "NodeNameToVictims": {"n": {"Pods": [{"metadata": "x"}]}}},
+            "victims of node n.Pods[0].metadata.uid must be a non-empty string",
+        ),
+        (
+            "preempt",
+            {"Pod": GOOD_POD, "NodeNameToVictims": {"n": {"Pods": [{"metadata": ["uid"]}]}}},
+            "victims of node n.Pods[0].metadata.uid must be a non-empty string",
+        ),
+        (
+            "preempt",
+            {"Pod": GOOD_POD, "NodeNameToMetaVictims": {"n": {"NumPDBViolations": -1}}},
+            "victims of node n.NumPDBViolations must be an integer from 0 to 2^63-1",
+        ),
+        (
+            "preempt",
+            {"Pod": GOOD_POD, "NodeNameToMetaVictims": {"n": {"NumPDBViolations": 2**63}}},
+            "victims of node n.NumPDBViolations must be an integer from 0 to 2^63-1",
+        ),
     ],
     ids=lambda v: v if isinstance(v, str) and len(v) < 12 else None,
 )
@@ -97,6 +134,17 @@ async def test_unknown_annotation_values(server: Server, verb: str, status: int)
     got, reply = await server.post(verb, body)
     assert got == status
     assert "tidelease.io/priority: invalid value 'urgent'" in reply["Error"]
+
+
+@pytest.mark.parametrize("verb", VERBS)
+async def test_wrong_method_path_and_size(server: Server, verb: str) -> None:
+    async with server.session.get(f"{server.url}/{verb}") as r:
+        assert r.status == 405
+    async with server.session.post(f"{server.url}/{verb}s", json={}) as r:
+        assert r.status == 404
+    body = io.BytesIO(b'{"Pod":"' + b"x" * (64 * 1024 * 1024) + b'"}')
+    async with server.session.post(f"{server.url}/{verb}", data=body) as r:
+        assert r.status == 413
 
 
 async def test_unknown_nodes(server: Server) -> None:

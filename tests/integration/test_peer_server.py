@@ -142,6 +142,22 @@ async def test_symlink_out_of_the_cache_is_not_served(served: Served) -> None:
     assert SECRET not in body
 
 
+@pytest.mark.parametrize(
+    "header",
+    ["bytes=\u0660-9", "bytes=0-\uff19", "bytes=-\u0669", "bytes=\u07c0-"],
+    ids=["arabic-indic-first", "fullwidth-last", "suffix", "nko-open-ended"],
+)
+async def test_a_range_with_non_ascii_digits_is_refused(served: Served, header: str) -> None:
+    """int() reads any script's digits but the file server reads ASCII ones only: a range the
+    check let through would be answered on the file server's own terms (416, no reason)."""
+    path = f"/v1/checkpoints/{CKPT}/data"
+    status, body = await raw(served.port, request(path, {**served.auth, "Range": header}))
+    assert status == 400
+    assert json.loads(body) == {
+        "error": "want one range: bytes=first-last, bytes=first- or bytes=-n"
+    }
+
+
 # --- hostile requests ---
 
 TRAVERSALS = [

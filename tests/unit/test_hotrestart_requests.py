@@ -151,6 +151,29 @@ def test_unreadable_annotations_are_problems_not_crashes() -> None:
     assert len(view.problems) == 2
 
 
+def test_deeply_nested_annotations_are_problems_not_crashes() -> None:
+    deep = "[" * 100_000 + "]" * 100_000
+    raw = pod(ann={contract.ANN_HOT_RESTART_REQUEST: deep, contract.ANN_HOT_RESTART_STATUS: deep})
+    view = pod_view(raw)
+    assert (view.request, view.status) == (None, None)
+    assert view.problems == (
+        f"{contract.ANN_HOT_RESTART_REQUEST}: not JSON: nested too deeply",
+        f"{contract.ANN_HOT_RESTART_STATUS}: not JSON: nested too deeply",
+    )
+
+
+@pytest.mark.parametrize(
+    "number",
+    ["1" + "0" * 400, "NaN", "Infinity", "-Infinity", "1e999"],
+    ids=["long-integer", "nan", "infinity", "minus-infinity", "float-overflow"],
+)
+def test_status_times_that_are_no_finite_number_read_as_missing(number: str) -> None:
+    value = f'{{"id":"r1","phase":"Succeeded","startedAt":{number},"finishedAt":{number}}}'
+    status = parse_status(value)
+    assert (status.started_at, status.finished_at) == (0.0, 0.0)
+    assert '"startedAt":0.0' in status.to_annotation()
+
+
 # --- the node agent's decision ---
 
 

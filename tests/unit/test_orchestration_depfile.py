@@ -165,6 +165,30 @@ commands:
             ["commands[0].detach.settleSeconds: want less than timeoutSeconds (300)"],
             id="detach-longer-than-timeout",
         ),
+        pytest.param(
+            "  - {name: a, role: head, run: [x], timeoutSeconds: .nan}\n",
+            ["commands[0].timeoutSeconds: want a finite number of seconds, got the number nan"],
+            id="nan-timeout",
+        ),
+        pytest.param(
+            "  - {name: a, role: head, run: [x], timeoutSeconds: 1" + "0" * 400 + "}\n",
+            [
+                "commands[0].timeoutSeconds: want a finite number of seconds, got the number 1"
+                + "0" * 400
+            ],
+            id="timeout-past-the-largest-float",
+        ),
+        pytest.param(
+            "  - {name: a, role: head, run: [x], retry: {initialSeconds: .inf}, "
+            "detach: {settleSeconds: .NaN}}\n",
+            [
+                "commands[0].retry.initialSeconds: want a finite number of seconds, got the "
+                "number inf",
+                "commands[0].detach.settleSeconds: want a finite number of seconds, got the "
+                "number nan",
+            ],
+            id="infinite-backoff-and-settle",
+        ),
     ],
 )
 def test_bad_commands_are_named_with_their_place(commands: str, expected: list[str]) -> None:
@@ -185,6 +209,16 @@ def test_bad_commands_are_named_with_their_place(commands: str, expected: list[s
             id="unclosed-list",
         ),
         pytest.param("", ["the file is empty"], id="empty"),
+        pytest.param(
+            "roles: " + "[" * 5_000 + "]" * 5_000 + "\n",
+            ["not valid YAML: nested too deeply"],
+            id="deeply-nested",
+        ),
+        pytest.param(
+            "description: 2001-02-30\n",
+            ["not valid YAML: day is out of range for month"],
+            id="impossible-date",
+        ),
         pytest.param("- a\n- b\n", ["want a mapping, got a list"], id="not-a-mapping"),
         pytest.param(
             "apiVersion: v1\nkind: Pod\nroles: {w: {replicas: -1}}\ncommands: []\n",
@@ -269,12 +303,49 @@ def test_replicas_merge_over_the_file_defaults(given: str, expected: dict[str, i
             ["replicas.worker: want a count of at least 0, got 'many'"],
             id="not-a-count",
         ),
+        pytest.param(
+            # Aliases: 9^6 elements in a few lines; a message must not write them out.
+            "a: &a [x, x, x, x, x, x, x, x, x]\n"
+            + "".join(
+                f"{n}: &{n} [{', '.join(['*' + p] * 9)}]\n"
+                for p, n in zip("abcde", "bcdef", strict=True)
+            )
+            + "worker: *f\n",
+            ['replicas.a: unknown role "a"']
+            + [f'replicas.{n}: unknown role "{n}"' for n in "bcdef"]
+            + ["replicas.worker: want a count of at least 0, got a list"],
+            id="alias-bomb",
+        ),
+        pytest.param(
+            "worker: {a: &x [1]}\n",
+            ["replicas.worker: want a count of at least 0, got a mapping"],
+            id="mapping",
+        ),
+        pytest.param(
+            "worker: " + "[" * 5_000 + "]" * 5_000 + "\n",
+            ["replicas: not valid YAML: nested too deeply"],
+            id="deeply-nested",
+        ),
+        pytest.param(
+            "worker: 2001-13-01\n",
+            ["replicas: not valid YAML: month must be in 1..12"],
+            id="impossible-date",
+        ),
     ],
 )
 def test_bad_replicas_are_named(given: str, expected: list[str]) -> None:
     with pytest.raises(InvalidInput) as e:
         parse_replicas(given, load(RAY).roles)
     assert e.value.problems == expected
+
+
+def test_an_integer_too_long_to_read_is_invalid_yaml() -> None:
+    """Python refuses to convert integers of more than 4300 digits (a ValueError)."""
+    long = "1" + "0" * 5_000
+    with pytest.raises(InvalidInput, match=r"^not valid YAML: .*4300 digits"):
+        parse(HEAD + f"commands:\n  - {{name: a, role: head, run: [x], timeoutSeconds: {long}}}\n")
+    with pytest.raises(InvalidInput, match=r"^replicas: not valid YAML: .*4300 digits"):
+        parse_replicas(f"worker: {long}\n", load(RAY).roles)
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])

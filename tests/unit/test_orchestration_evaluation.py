@@ -9,6 +9,7 @@ from extender.orchestration.backoff import backoff_s
 from extender.orchestration.evaluation import Evaluation, evaluate
 from extender.orchestration.graph import load
 from extender.orchestration.records import (
+    ANN_RECORDS,
     Record,
     State,
     claim,
@@ -337,6 +338,51 @@ def test_records_round_trip_and_bad_annotations_are_named() -> None:
     assert parse_records(None) == {}
     with pytest.raises(InvalidInput, match="orchestration-records"):
         parse_records('{"a": {"state": "maybe", "attempts": 1}}')
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        pytest.param("[" * 100_000, "nested too deeply", id="deep"),
+        pytest.param(
+            '{"a":' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply", id="deep-record"
+        ),
+        pytest.param(
+            '{"a":{"state":"failed","attempts":-100}}',
+            "attempts: want a whole number of at least 1, got -100",
+            id="negative-attempts",
+        ),
+        pytest.param(
+            '{"a":{"state":"failed","attempts":1e999}}',
+            "attempts: want a whole number of at least 1, got inf",
+            id="infinite-attempts",
+        ),
+        pytest.param(
+            '{"a":{"state":"failed","attempts":true}}',
+            "attempts: want a whole number of at least 1, got True",
+            id="boolean-attempts",
+        ),
+        pytest.param(
+            '{"a":{"state":"done","attempts":1,"at":1' + "0" * 400 + "}}",
+            "at: want a finite number of seconds",
+            id="long-integer-time",
+        ),
+        pytest.param(
+            '{"a":{"state":"failed","attempts":1,"retryAt":NaN}}',
+            "retryAt: want a finite number of seconds",
+            id="nan-time",
+        ),
+        pytest.param(
+            '{"a":{"state":"failed","attempts":1,"at":"soon"}}',
+            "at: want a number of seconds, got 'soon'",
+            id="text-time",
+        ),
+    ],
+)
+def test_records_that_would_break_the_issuer_are_invalid(text: str, problem: str) -> None:
+    with pytest.raises(InvalidInput) as e:
+        parse_records(text)
+    assert e.value.problems == [f"annotation {ANN_RECORDS}: {problem}"]
 
 
 def test_placeholders_are_filled_from_the_snapshot() -> None:
