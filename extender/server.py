@@ -96,7 +96,11 @@ class ExtenderApp:
             log.info(
                 "bind of %s/%s to %s refused: %s", args.pod_namespace, args.pod_name, args.node, e
             )
-            return 200, wire.binding_result(f"tidelease: {e}")
+            # Placement's reasons carry the prefix already (they are filter reasons too).
+            message = str(e)
+            return 200, wire.binding_result(
+                message if message.startswith("tidelease: ") else f"tidelease: {message}"
+            )
         self.metrics.decisions.labels("bind", "reused" if result.reused else "bound").inc()
         return 200, wire.binding_result()
 

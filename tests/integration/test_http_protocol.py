@@ -133,6 +133,8 @@ async def test_bind_to_a_node_without_room_reports_in_error_field(server: Server
     )
     assert status == 200
     assert "another job" in reply["Error"]
+    assert reply["Error"].startswith("tidelease: ")
+    assert reply["Error"].count("tidelease: ") == 1  # placement's reason keeps its one prefix
     assert (server.store.get("Pod", "default", "hp-a") or {})["spec"].get("nodeName") is None
 
 
