@@ -10,12 +10,14 @@ parent reference; the store still resolves and checks containment on top of this
 from __future__ import annotations
 
 import enum
+import hashlib
 import re
 from typing import Final, NewType
 
 EntryId = NewType("EntryId", str)
 
 MAX_ID_LENGTH: Final = 253
+_REF_HASH: Final = 10  # hex digits of sha256(reference) in an unpinned image id
 _ID = re.compile(r"[a-z0-9](?:[a-z0-9._-]{0,251}[a-z0-9])?")
 
 
@@ -44,15 +46,19 @@ def parse_id(value: str) -> EntryId | None:
 
 
 def image_id(ref: str) -> EntryId:
-    """A file-safe id for an image reference: its digest when pinned, else a readable slug.
+    """A file-safe id for an image reference: its digest when pinned, else a readable slug
+    with a short hash of the whole reference (the slug alone is lossy: ``reg/app:1`` and
+    ``reg-app:1``, or tags differing in case, would share an entry).
 
-    ``registry/app@sha256:ab..`` -> ``sha256-ab..``; ``registry/app:1.2`` -> ``registry-app-1.2``.
+    ``registry/app@sha256:ab..`` -> ``sha256-ab..``;
+    ``registry/app:1.2`` -> ``registry-app-1.2-<10 hex digits>``.
     """
     if "@sha256:" in ref:
         digest = ref.rsplit("@sha256:", 1)[1].lower()
         candidate = f"sha256-{digest}"
         if valid_id(candidate):
             return EntryId(candidate)
+    tag = hashlib.sha256(ref.encode()).hexdigest()[:_REF_HASH]
     slug = re.sub(r"[^a-z0-9._-]+", "-", ref.lower()).strip("-._")
-    slug = re.sub(r"\.{2,}", ".", slug)[:MAX_ID_LENGTH].rstrip("-._")
-    return EntryId(slug or "image")
+    slug = re.sub(r"\.{2,}", ".", slug)[: MAX_ID_LENGTH - _REF_HASH - 1].rstrip("-._")
+    return EntryId(f"{slug}-{tag}" if slug else f"image-{tag}")
