@@ -6,13 +6,17 @@ and the allocation ledger (``GpuAllocation``), and derives the free devices as c
 
 Nodes in the same state give the same answers, so each state is summarised by small integer keys
 (interned): ``decision_key`` (free devices and who holds the rest: all that filter and preempt
-depend on) and ``score_key`` (free devices and cache contents: all that prioritize depends on).
-A request over 1,250 nodes then decides once per distinct state, not once per node.
+depend on), ``score_key`` (free devices and cache contents: all that prioritize depends on) and
+``free_key`` (free devices alone: all that a placement plan depends on). A request over 1,250
+nodes then decides once per distinct state, not once per node, and a plan, once made for a
+request shape, serves every later request of that shape whatever else differs (pod priority,
+checkpoint, the state of the node's other holders).
 """
 
 from __future__ import annotations
 
 import logging
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Hashable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -38,7 +42,9 @@ from common.timefmt import epoch
 log = logging.getLogger(__name__)
 
 Signature = tuple[int, tuple[tuple[DeviceClass, int], ...]]
+Freeable = frozenset[tuple[DeviceClass, int]]  # device classes, with counts, evictions would free
 MEMO_SHAPES = 10_000  # distinct request shapes remembered; each holds one answer per state
+KEYS_PER_STATE = 3  # decision_key, score_key, free_key
 
 
 @dataclass(slots=True)
@@ -61,8 +67,13 @@ class NodeState:
     signature: Signature = (0, ())
     # classes of the devices each allocation holds on this node (unknown UUIDs left out)
     held_classes: dict[PodUid, tuple[DeviceClass, ...]] = field(default_factory=dict)
+    # Pod priorities of the low-priority holders, ascending, and what evicting the first k of
+    # them frees (freeable_by[k]): see freeable().
+    low_priorities: tuple[int, ...] = ()
+    freeable_by: tuple[Freeable, ...] = (frozenset(),)
     decision_key: int = 0
     score_key: int = 0
+    free_key: int = 0
 
     def _refresh(self, gone: set[PodUid]) -> None:
         self.allocations = {u: a for u, a in self.ledger.items() if u not in gone}
@@ -79,11 +90,32 @@ class NodeState:
             len(self.devices),
             tuple(sorted(counts.items(), key=lambda kv: _class_key(kv[0]))),
         )
+        low = sorted(
+            (
+                (a.holder.pod_priority, self.held_classes[uid])
+                for uid, a in self.allocations.items()
+                if a.holder.priority is Priority.LOW
+            ),
+            key=lambda pc: pc[0],
+        )
+        self.low_priorities = tuple(p for p, _ in low)
+        freed: Counter[DeviceClass] = Counter()
+        freeable_by = [frozenset(freed.items())]
+        for _, classes in low:
+            freed.update(classes)
+            freeable_by.append(frozenset(freed.items()))
+        self.freeable_by = tuple(freeable_by)
 
     @property
     def offering(self) -> bool:
         """Whether this node's devices are offered at all."""
         return self.has_inventory and not self.silent
+
+    def freeable(self, pod_priority: int) -> Freeable:
+        """What a preemptor of this pod priority could free here by eviction: the devices of
+        low-priority pods of a lower pod priority (:func:`extender.preemption.freeable` for a
+        preemptor that holds no devices on this node)."""
+        return self.freeable_by[bisect_left(self.low_priorities, pod_priority)]
 
     def decision_tuple(self) -> Hashable:
         holders = Counter(
@@ -130,8 +162,8 @@ class ClusterState:
         # Answers keyed by (state key, request shape), kept across requests: the pods of one
         # job, and retries of one pod, ask the same question of nodes whose state is unchanged.
         # Keys of changed states are never reused, so an entry can only be unused, never wrong.
-        # memo[request shape][state key] -> answer
-        self.memo: dict[Hashable, dict[int, Any]] = {}
+        # memo[request shape][state key] -> answer (a state key, or a tuple starting with one)
+        self.memo: dict[Hashable, dict[Any, Any]] = {}
         # (namespace, owner) of online jobs whose GpuLease is reclaiming: their high-priority
         # pods are reclaim requests (Algorithm 1's IsReclaim) without needing an annotation.
         self._reclaiming: dict[tuple[str, str], str] = {}  # -> lease key
@@ -157,8 +189,11 @@ class ClusterState:
         state._refresh(self._gone)
         state.decision_key = self._keys(("decision", state.decision_tuple()))
         state.score_key = self._keys(("score", state.score_tuple()))
-        if len(self._keys) > 4 * len(self._nodes) + 64:
-            live = {k for s in self._nodes.values() for k in (s.decision_key, s.score_key)}
+        state.free_key = self._keys(("free", state.signature))
+        if len(self._keys) > 2 * KEYS_PER_STATE * len(self._nodes) + 64:
+            live = {
+                k for s in self._nodes.values() for k in (s.decision_key, s.score_key, s.free_key)
+            }
             self._keys.keep_only(live)
             self.memo.clear()
         if len(self.memo) > MEMO_SHAPES:

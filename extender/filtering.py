@@ -14,12 +14,12 @@ even the standby pool cannot place it.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from common.model import DeviceClass, PodRequest
-from extender.clusterstate import ClusterState, NodeState, Signature
-from extender.placement import NodePlan, Verdict, placement_shape, plan_node
+from extender.clusterstate import ClusterState, Freeable, NodeState, Signature
+from extender.placement import NodePlan, Verdict, placement_shape, plan_node, remembered_plans
 from extender.preemption import freeable, may_evict, resolvable_counts
 
 AGENT_SILENT = "tidelease: node agent silent for too long; its GPUs are not offered"
@@ -46,32 +46,45 @@ class FilterDecision:
     unresolvable: dict[str, str] = field(default_factory=dict)  # preemption cannot help
 
 
-class _Judge:
-    """Per-request memo: a plan per free-device signature, a preemption hint per signature and
-    freeable devices, a verdict per device class."""
+Judged = tuple[NodePlan, bool]  # the plan, and whether evicting lower-priority pods helps
 
-    def __init__(self, req: PodRequest) -> None:
+
+class _Judge:
+    """Judges nodes for one request. Remembered across requests of the same placement shape
+    (all that a judgement depends on, with the node's free devices and what evictions would
+    free): a plan per free-device state (shared with prioritize) and a judgement per free-device
+    state and freeable devices. Per request: a verdict per device class."""
+
+    def __init__(self, cluster: ClusterState, req: PodRequest) -> None:
         self.req = req
-        self.plans: dict[Signature, NodePlan] = {}
-        self.helps: dict[tuple[Signature, frozenset[tuple[DeviceClass, int]]], bool] = {}
+        self.plans = remembered_plans(cluster.memo, req)
+        # by free_key, or (free_key, freeable) where evictions would free something; one tuple
+        # per entry, handed out again (a cold request allocates next to nothing)
+        self.judged: dict[int | tuple[int, Freeable], Judged] = cluster.memo.setdefault(
+            ("judged", *placement_shape(req)), {}
+        )
         self.verdicts: dict[DeviceClass, Verdict] = {}
 
-    def __call__(self, state: NodeState) -> tuple[NodePlan, bool]:
-        """The plan on this node, and whether evicting lower-priority pods would make it fit."""
+    def __call__(self, state: NodeState, holds_devices: bool) -> Judged:
+        """The plan on this node, and whether evicting lower-priority pods would make it fit.
+        ``holds_devices``: the pod holds devices on this node (it never evicts itself)."""
         req = self.req
-        plan = self.plans.get(state.signature)
+        free_key = state.free_key
+        plan = self.plans.get(free_key)
         if plan is None:
-            plan = self.plans[state.signature] = plan_node(state.free, req, self.verdicts)
-        if plan.fits:
-            return plan, False
-        more = freeable(state.allocations.values(), state.held_classes, req)
-        if not more:
-            return plan, False
-        key = (state.signature, more)
-        helps = self.helps.get(key)
-        if helps is None:
-            helps = self.helps[key] = resolvable_counts(state.free, more, req, self.verdicts)
-        return plan, helps
+            plan = self.plans[free_key] = plan_node(state.free, req, self.verdicts)
+        more: Freeable = frozenset()
+        if not plan.fits:
+            if holds_devices:
+                more = freeable(state.allocations.values(), state.held_classes, req)
+            else:
+                more = state.freeable(req.pod_priority)
+        key = (free_key, more) if more else free_key
+        judged = self.judged.get(key)
+        if judged is None:
+            helps = bool(more) and resolvable_counts(state.free, more, req, self.verdicts)
+            judged = self.judged[key] = (plan, helps)
+        return judged
 
 
 def _shape(req: PodRequest) -> tuple[object, ...]:
@@ -80,52 +93,54 @@ def _shape(req: PodRequest) -> tuple[object, ...]:
 
 
 def _evaluate(
-    cluster: ClusterState, nodes: Sequence[tuple[str, NodeState]], req: PodRequest
-) -> tuple[FilterDecision, dict[str, NodePlan]]:
+    cluster: ClusterState, names: Iterable[str], req: PodRequest, *, keep_plans: bool
+) -> tuple[FilterDecision, dict[str, NodePlan], dict[str, str]]:
+    """The decision over the nodes that offer devices; with ``keep_plans`` the plan per such
+    node; the reason for each node that offers none (left out of the decision)."""
     decision = FilterDecision()
-    judge = _Judge(req)
-    memo: dict[int, tuple[NodePlan, bool]] = cluster.memo.setdefault(_shape(req), {})
+    judge = _Judge(cluster, req)
+    memo: dict[int, Judged] = cluster.memo.setdefault(_shape(req), {})
     plans: dict[str, NodePlan] = {}
+    missing: dict[str, str] = {}
     passed, failed, unresolvable = decision.passed, decision.failed, decision.unresolvable
     uid = req.uid
-    for name, state in nodes:
-        judged: tuple[NodePlan, bool] | None
+    get = cluster.nodes.get
+    for name in names:
+        state = get(name)  # type: ignore[call-overload]
+        if state is None or not state.has_inventory:
+            missing[name] = NO_INVENTORY
+            continue
+        if state.silent:
+            missing[name] = AGENT_SILENT
+            continue
+        judged: Judged | None
         if uid in state.allocations:  # the pod's own devices: not a shared answer
-            judged = judge(state)
+            judged = judge(state, True)
         else:
             judged = memo.get(state.decision_key)
             if judged is None:
-                judged = memo[state.decision_key] = judge(state)
+                judged = memo[state.decision_key] = judge(state, False)
         plan, helps = judged
-        plans[name] = plan
+        if keep_plans:
+            plans[name] = plan
         if plan.fits:
             passed.append(name)
         elif helps:
             failed[name] = plan.reason
         else:
             unresolvable[name] = plan.reason
-    return decision, plans
+    return decision, plans, missing
 
 
 def filter_nodes(cluster: ClusterState, req: PodRequest, names: Iterable[str]) -> FilterDecision:
     if req.gpus == 0:
         return FilterDecision(passed=list(names))
-    known: list[tuple[str, NodeState]] = []
-    missing: dict[str, str] = {}
-    get = cluster.nodes.get
-    for name in names:
-        state = get(name)  # type: ignore[call-overload]
-        if state is None or not state.has_inventory:
-            missing[name] = NO_INVENTORY
-        elif state.silent:
-            missing[name] = AGENT_SILENT
-        else:
-            known.append((name, state))
-
-    decision, plans = _evaluate(cluster, known, req)
+    if req.reclaim:
+        names = list(names)  # evaluated twice
+    decision, plans, missing = _evaluate(cluster, names, req, keep_plans=req.reclaim)
     if req.reclaim:
         plain = replace(req, reclaim=False)
-        without_standby, strict_plans = _evaluate(cluster, known, plain)
+        without_standby, strict_plans, _ = _evaluate(cluster, names, plain, keep_plans=True)
         own = own_resolvable(cluster, without_standby.failed, plain)
         if without_standby.passed or own:
             # The owner's pod fits without the standby pool, or will after evicting the

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from common.model import Device, DeviceClass, GpuUuid, PodRequest, Priority
 
@@ -59,6 +60,15 @@ def placement_shape(req: PodRequest) -> tuple[object, ...]:
     return (req.gpus, req.priority.value, req.owner, int(req.min_tier), req.gpu_type, req.reclaim)
 
 
+def remembered_plans(
+    memo: MutableMapping[Hashable, dict[Any, Any]], req: PodRequest
+) -> dict[int, NodePlan]:
+    """The plans made for this request's placement shape, by free-device state key
+    (``NodeState.free_key``): a plan depends on nothing else, so filter and prioritize share
+    them, across requests, in the cluster view's memo."""
+    return memo.setdefault(("plan", *placement_shape(req)), {})
+
+
 def preference(cls: DeviceClass, req: PodRequest) -> tuple[int, int, str]:
     """Order in which a pod takes usable devices of one type (smaller first).
 
@@ -93,7 +103,7 @@ class NodePlan:
         return sum(n for _, n in self.take)
 
 
-def _reason(req: PodRequest, best_usable: int, blocked: Counter[Verdict]) -> str:
+def _reason(req: PodRequest, best_usable: int, blocked: Mapping[Verdict, int]) -> str:
     if not blocked:
         return f"tidelease: node has {best_usable} free GPU(s), pod needs {req.gpus}"
     main = max(blocked.items(), key=lambda kv: (kv[1], kv[0].value))[0]
@@ -115,7 +125,7 @@ def plan_node(
         return NodePlan(fits=True)
     usable: dict[str, list[DeviceClass]] = {}
     standby: dict[str, list[DeviceClass]] = {}
-    blocked: Counter[Verdict] = Counter()
+    blocked: dict[Verdict, int] = {}  # a plain dict: a Counter is slow to build
     for cls, n in free.items():
         if n <= 0:
             continue
@@ -130,7 +140,7 @@ def plan_node(
         elif v is Verdict.STANDBY:
             standby.setdefault(cls.gpu_type, []).append(cls)
         else:
-            blocked[v] += n
+            blocked[v] = blocked.get(v, 0) + n
 
     def count(classes: Iterable[DeviceClass]) -> int:
         return sum(free[c] for c in classes)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from common.model import NodeCache, PodRequest, Priority, Tier
 from extender.clusterstate import ClusterState
-from extender.placement import NodePlan, placement_shape, plan_node
+from extender.placement import NodePlan, placement_shape, plan_node, remembered_plans
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,21 +71,22 @@ def plan_parts(
     return (ownership, reliability, packing)
 
 
-def score(
-    plan: NodePlan,
-    cache: NodeCache,
-    req: PodRequest,
-    *,
-    node_devices: int,
-    node_free: int,
-    weights: ScoreWeights,
-) -> int:
-    """The node's score, 0 for a node the pod does not fit."""
+Parts = tuple[float, float, float]
+
+
+def fit_parts(plan: NodePlan, req: PodRequest, node_devices: int, node_free: int) -> Parts | None:
+    """:func:`plan_parts` of a plan on a node with these devices, or None where it does not fit:
+    all of a score that depends on the node's devices."""
     if not plan.fits:
+        return None
+    return plan_parts(plan, req, node_devices, max(0, node_free - plan.taken))
+
+
+def weighted(parts: Parts | None, cache: NodeCache, req: PodRequest, weights: ScoreWeights) -> int:
+    """The score from :func:`fit_parts` and the node's cache."""
+    if parts is None:
         return 0
-    ownership, reliability, packing = plan_parts(
-        plan, req, node_devices, max(0, node_free - plan.taken)
-    )
+    ownership, reliability, packing = parts
     total = (
         weights.cache * cache_part(cache, req)
         + weights.ownership * ownership
@@ -98,29 +99,56 @@ def score(
     return max(0, min(MAX_SCORE, math.floor(MAX_SCORE * total / weights.total + 0.5)))
 
 
+def score(
+    plan: NodePlan,
+    cache: NodeCache,
+    req: PodRequest,
+    *,
+    node_devices: int,
+    node_free: int,
+    weights: ScoreWeights,
+) -> int:
+    """The node's score, 0 for a node the pod does not fit."""
+    return weighted(fit_parts(plan, req, node_devices, node_free), cache, req, weights)
+
+
 def prioritize_nodes(
     cluster: ClusterState, req: PodRequest, names: Iterable[str], weights: ScoreWeights
 ) -> list[tuple[str, int]]:
-    """A score for every candidate node; nodes without inventory or room score 0."""
+    """A score for every candidate node; nodes without inventory or room score 0.
+
+    Remembered across requests: the score per node state (score_key) for requests of the same
+    shape, and, for all requests of the same placement shape whatever they load (checkpoint,
+    images), the plan and :func:`fit_parts` per free-device state (free_key: the free devices
+    and the number of devices, all that fit_parts depends on)."""
+    if req.gpus == 0:
+        return [(name, 0) for name in names]
     shape = ("score", *placement_shape(req), req.checkpoint, req.images, weights)
     memo: dict[int, int] = cluster.memo.setdefault(shape, {})
+    plans = remembered_plans(cluster.memo, req)
+    parts_of: dict[int, Parts | None] = cluster.memo.setdefault(
+        ("fit_parts", *placement_shape(req)), {}
+    )
     get = cluster.nodes.get
     scores: list[tuple[str, int]] = []
     for name in names:
         state = get(name)  # type: ignore[call-overload]
-        if state is None or not state.offering or req.gpus == 0:
+        if state is None or not state.has_inventory or state.silent:  # state.offering, inline
             scores.append((name, 0))
             continue
         key = state.score_key
         value = memo.get(key)
         if value is None:
-            value = memo[key] = score(
-                plan_node(state.free, req),
-                state.cache,
-                req,
-                node_devices=len(state.devices),
-                node_free=state.free_total,
-                weights=weights,
-            )
+            free_key = state.free_key
+            if free_key in parts_of:
+                parts = parts_of[free_key]
+            else:
+                plan = plans.get(free_key)
+                if plan is None:
+                    plan = plans[free_key] = plan_node(state.free, req)
+                parts = parts_of[free_key] = fit_parts(
+                    plan, req, len(state.devices), state.free_total
+                )
+            value = memo[key] = weighted(parts, state.cache, req, weights)
         scores.append((name, value))
     return scores

@@ -75,7 +75,7 @@ class ExtenderApp:
         reasons["fits"] = len(decision.passed)
         for reason, n in reasons.items():
             self.metrics.decisions.labels("filter", reason).inc(n)
-        return 200, wire.filter_result(
+        return 200, wire.encoded_filter_result(
             args, decision.passed, decision.failed, decision.unresolvable
         )
 
@@ -83,7 +83,7 @@ class ExtenderApp:
         args = wire.parse_extender_args(body)
         req = self.cluster.with_reclaim(parse_pod(args.pod, resource=self.settings.gpu_resource))
         scores = prioritize_nodes(self.cluster, req, args.node_names, self.settings.weights)
-        return 200, wire.host_priority_list(scores)
+        return 200, wire.encoded_host_priority_list(scores)
 
     async def bind(self, body: dict[str, Any]) -> tuple[int, Any]:
         args = wire.parse_binding_args(body)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from json.encoder import encode_basestring_ascii
 from typing import Any, Final
 
 from common.errors import InvalidInput
@@ -41,7 +42,16 @@ def decode(body: bytes) -> dict[str, Any]:
     return value
 
 
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """A reply encoded already (see :func:`encoded_filter_result`)."""
+
+    body: bytes
+
+
 def encode(value: object) -> bytes:
+    if isinstance(value, Encoded):
+        return value.body
     return json.dumps(value, separators=(",", ":")).encode()
 
 
@@ -212,6 +222,59 @@ def filter_error(error: str) -> dict[str, Any]:
 
 def host_priority_list(scores: Iterable[tuple[str, int]]) -> list[dict[str, Any]]:
     return [{"Host": host, "Score": score} for host, score in scores]
+
+
+# Filter and prioritize replies name every candidate node (1,250 and more): written directly,
+# byte for byte what encode() writes of the objects above, they take a half (filter) to a
+# quarter (prioritize) of the time.
+# json.dumps writes a str as encode_basestring_ascii does (ensure_ascii) and an int as
+# int.__repr__ does.
+
+
+def _names(names: Iterable[str]) -> str:
+    return "[" + ",".join(map(encode_basestring_ascii, names)) + "]"
+
+
+def _string_map(entries: Mapping[str, str]) -> str:
+    """A map of node names to reasons; the reasons are few, each is escaped once."""
+    values = {v: ":" + encode_basestring_ascii(v) for v in set(entries.values())}
+    return (
+        "{" + ",".join([encode_basestring_ascii(k) + values[v] for k, v in entries.items()]) + "}"
+    )
+
+
+def encoded_filter_result(
+    args: ExtenderArgs,
+    passed: Iterable[str],
+    failed: Mapping[str, str],
+    unresolvable: Mapping[str, str],
+) -> Encoded:
+    """``encode(filter_result(...))``."""
+    if not args.cache_capable:  # the reply echoes whole Node objects: no shortcut
+        return Encoded(encode(filter_result(args, passed, failed, unresolvable)))
+    return Encoded(
+        (
+            '{"Nodes":null,"NodeNames":'
+            + _names(passed)
+            + ',"FailedNodes":'
+            + _string_map(failed)
+            + ',"FailedAndUnresolvableNodes":'
+            + _string_map(unresolvable)
+            + ',"Error":""}'
+        ).encode()
+    )
+
+
+def encoded_host_priority_list(scores: Iterable[tuple[str, int]]) -> Encoded:
+    """``encode(host_priority_list(scores))``."""
+    tails: dict[int, str] = {}
+    entries = []
+    for host, score in scores:
+        tail = tails.get(score)
+        if tail is None:
+            tail = tails[score] = ',"Score":' + int.__repr__(score) + "}"
+        entries.append('{"Host":' + encode_basestring_ascii(host) + tail)
+    return Encoded(("[" + ",".join(entries) + "]").encode())
 
 
 def binding_result(error: str = "") -> dict[str, Any]:
