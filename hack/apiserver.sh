@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run a throw-away API server (etcd + kube-apiserver on loopback) with tidelease's CRDs, until
-# SIGTERM or SIGINT; then stop everything and remove its directory. Used by tests/apiserver.
+# SIGTERM or SIGINT or until its parent process exits; then stop everything and remove its
+# directory. Used by tests/apiserver.
 #
 # usage: hack/apiserver.sh STATE_FILE
 #   When ready, writes KEY=VALUE lines to STATE_FILE: KUBECONFIG, SERVER, TOKEN, CA, DIR.
@@ -38,6 +39,6 @@ tl::cp::wait_ready
 } >"${state_file}.tmp"
 mv "${state_file}.tmp" "${state_file}"
 tl::log "API server ready with CRDs in $(tl::elapsed "${start}") s"
-# Wait for a signal without a busy loop (sleep in the background so traps run at once).
-sleep infinity &
-wait $! || true
+# Until a signal, or until the parent (TL_APISERVER_PARENT_PID, else the process that started
+# this script) is gone: a test run killed outright leaves nothing running.
+tl::supervise "${TL_APISERVER_PARENT_PID:-${PPID}}" "the API server"

@@ -39,21 +39,19 @@ cleanup() {
   exit "${rc}"
 }
 
-# Wait for a signal, the parent's exit, without a busy loop; report a component that dies.
+# Report (once) a component that dies; the cluster keeps running for what is left of it.
+DIED=""
+report_died() {
+  local now_died
+  if [[ -z "${DIED}" ]] && now_died="$(tl::cluster::component_died)"; then
+    DIED="${now_died}"
+    tl::warn "${DIED} exited; see ${TL_CLUSTER_DIR}/logs"
+  fi
+}
+
+# Wait for a signal or the parent's exit, without a busy loop.
 supervise() {
-  local died="" now_died
-  while true; do
-    sleep 1 &
-    wait $! || true
-    if [[ -n "${TL_CLUSTER_PARENT_PID}" ]] && ! kill -0 "${TL_CLUSTER_PARENT_PID}" 2>/dev/null; then
-      tl::log "parent process ${TL_CLUSTER_PARENT_PID} is gone; stopping the cluster"
-      return 0
-    fi
-    if [[ -z "${died}" ]] && now_died="$(tl::cluster::component_died)"; then
-      died="${now_died}"
-      tl::warn "${died} exited; see ${TL_CLUSTER_DIR}/logs"
-    fi
-  done
+  tl::supervise "${TL_CLUSTER_PARENT_PID}" "the cluster" report_died
 }
 
 run_foreground() {

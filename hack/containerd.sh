@@ -57,12 +57,7 @@ EOF
 mv "${DIR}/containerd.env.tmp" "${DIR}/containerd.env"
 tl::log "containerd ready in ${DIR}"
 
-while true; do
-  sleep 1 &
-  wait $! || true
-  if [[ -n "${PARENT}" ]] && ! kill -0 "${PARENT}" 2>/dev/null; then
-    tl::log "parent ${PARENT} is gone; stopping containerd"
-    exit 0
-  fi
+containerd_alive() {
   kill -0 "${TL_CTRD_PID}" 2>/dev/null || tl::die "containerd exited; see ${TL_CTRD_LOG}"
-done
+}
+tl::supervise "${PARENT}" containerd containerd_alive

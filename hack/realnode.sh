@@ -236,13 +236,8 @@ mv "${DIR}/realnode.env.tmp" "${DIR}/realnode.env"
 tl::log "real node ${NAME} ready"
 
 PARENT="${TL_REALNODE_PARENT_PID:-}"
-while true; do
-  sleep 1 &
-  wait $! || true
-  if [[ -n "${PARENT}" ]] && ! kill -0 "${PARENT}" 2>/dev/null; then
-    tl::log "parent ${PARENT} is gone; stopping node ${NAME}"
-    exit 0
-  fi
+node_alive() {
   kill -0 "${KUBELET_PID}" 2>/dev/null || tl::die "the kubelet exited; see ${LOGS}/kubelet.log"
   kill -0 "${TL_CTRD_PID}" 2>/dev/null || tl::die "containerd exited; see ${TL_CTRD_LOG}"
-done
+}
+tl::supervise "${PARENT}" "node ${NAME}" node_alive

@@ -127,6 +127,24 @@ tl::umount_under() {
     /proc/self/mountinfo | sort -r)
 }
 
+# tl::supervise PARENT_PID WHAT [CHECK...] - return once PARENT_PID is gone (never when empty),
+# saying that WHAT stops; run the command CHECK every second meanwhile (it may tl::die or warn
+# about a component). Sleeps in the background, so that the caller's traps run at once on a
+# signal; leaves no sleeping child behind for longer than a second.
+tl::supervise() {
+  local parent="$1" what="$2"
+  shift 2
+  while true; do
+    sleep 1 &
+    wait $! || true
+    if [[ -n "${parent}" ]] && ! kill -0 "${parent}" 2>/dev/null; then
+      tl::log "parent process ${parent} is gone; stopping ${what}"
+      return 0
+    fi
+    if (($#)); then "$@"; fi
+  done
+}
+
 # tl::now_s - seconds since the epoch with a fractional part (for timings).
 tl::now_s() {
   date +%s.%N
