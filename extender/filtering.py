@@ -188,7 +188,7 @@ def own_resolvable(cluster: ClusterState, names: Iterable[str], req: PodRequest)
     return out
 
 
-def _return_share(plan: NodePlan, req: PodRequest) -> tuple[float, float, float]:
+def return_share(plan: NodePlan, req: PodRequest) -> tuple[float, float, float]:
     """Of the devices the plan takes: the share that are the owner's own lent ones, then the
     share from the standby pool (the rest are other devices: a stand-in takes as few as it
     can), then their mean tier (a stand-in replaces lent devices that cannot come back, so it
@@ -205,7 +205,7 @@ def _right_of_return(decision: FilterDecision, plans: dict[str, NodePlan], req: 
     standby devices, where it takes the most of them, of the best tiers: nodes that would give
     it less are rejected while better ones pass (scores alone could be outweighed by
     kube-scheduler's own plugins)."""
-    shares = {name: _return_share(plans[name], req) for name in decision.passed}
+    shares = {name: return_share(plans[name], req) for name in decision.passed}
     best = max(shares.values(), default=(0.0, 0.0, 0.0))
     if best[:2] <= (0.0, 0.0):
         return

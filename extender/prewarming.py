@@ -33,16 +33,28 @@ from typing import Any
 from common import contract
 from common.errors import InvalidInput
 from common.hotrestart import normalized
-from common.model import Device, GpuUuid, Holder, NodeCache, NodeInventory, Tier
+from common.model import (
+    Device,
+    GpuUuid,
+    Holder,
+    NodeCache,
+    NodeInventory,
+    PodRequest,
+    PodUid,
+    Priority,
+    Tier,
+)
 from common.prelaunch import Bandwidths, PrelaunchInputs, PrelaunchWindow, prelaunch_window
 from common.prewarmwire import (
     Directive,
     Role,
 )
 from common.timefmt import microtime
+from extender.filtering import return_share
 from extender.leases import GpuLease, LentGroup
 from extender.leasing import ordinal, replicas_for, target_gpus
 from extender.lending import View, choose_groups
+from extender.placement import plan_node
 
 GB = 1e9
 
@@ -327,6 +339,22 @@ def _type_tier(devices: Iterable[Device]) -> tuple[str, Tier] | None:
     return max(sorted(counts), key=lambda k: counts[k]) if counts else None
 
 
+def _stand_in(lease: GpuLease, per: int, key: tuple[str, Tier] | None) -> PodRequest:
+    """The owner's reclaim pod for a replica whose lent group cannot come back: what the
+    extender's filter will place on standby devices of ``key``'s type and tier (or better)."""
+    return PodRequest(
+        namespace=lease.namespace,
+        name=f"{lease.spec.owner}-stand-in",
+        uid=PodUid(""),
+        gpus=per,
+        priority=Priority.HIGH,
+        owner=lease.spec.owner,
+        min_tier=Tier.LA if key is None else key[1],
+        gpu_type=None if key is None else key[0],
+        reclaim=True,
+    )
+
+
 def plan_lease(
     lease: GpuLease,
     template: WorkloadTemplate,
@@ -385,29 +413,37 @@ def plan_lease(
     if need and settings.spare_standby_replicas:
         need[max(need, key=lambda k: need[k])] += settings.spare_standby_replicas
     per = lease.spec.gpus_per_replica
+    held = holders or {}
     for key in sorted(need, key=lambda k: ("", 0) if k is None else (k[0], int(k[1]))):
         wanted = need[key]
-        candidates: list[tuple[float, int, str, int]] = []
+        # The reclaim pod that will stand in for a group, and the nodes the extender's filter
+        # would send it to first (its rule, filtering.return_share: the most standby devices,
+        # of the best tiers); among equals, those holding the job's data already (smallest W),
+        # then the largest.
+        stand_in = _stand_in(lease, per, key)
+        candidates: list[tuple[tuple[float, float, float], float, int, str]] = []
         for name, inv in nodes.items():
             if name in taken:
                 continue
+            free = [d for d in inv.devices if d.uuid not in held]
             fit = [
                 d
-                for d in inv.devices
+                for d in free
                 if d.cls.standby
                 and d.cls.healthy
                 and d.cls.owner in (None, lease.spec.owner)
                 and (key is None or (d.gpu_type == key[0] and d.tier >= key[1]))
             ]
             capacity = len(fit) // per
-            if capacity:
+            plan = plan_node(Counter(d.cls for d in free), stand_in)
+            if capacity and plan.fits and plan.standby_used:
                 w = _decide_node(
                     inv, "Standby", "", scale_up, template, mine.get(name), settings, now
                 ).window.window_s
-                exact = 0 if key is None or all(d.tier == key[1] for d in fit) else 1
-                candidates.append((w, exact, name, capacity))
+                candidates.append((return_share(plan, stand_in), w, capacity, name))
         what = "any type" if key is None else f"{key[0]}/{key[1].name}"
-        for _, _, name, capacity in sorted(candidates, key=lambda c: (c[1], c[0], -c[3], c[2])):
+        ranked = sorted(candidates, key=lambda c: (tuple(-x for x in c[0]), c[1], -c[2], c[3]))
+        for _, _, capacity, name in ranked:
             if wanted <= 0:
                 break
             taken.add(name)

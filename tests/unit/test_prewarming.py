@@ -10,6 +10,7 @@ starts at 08:00 - 82 s - 120 s = 07:56:38; a node holding both has W = 2 s (the 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -22,13 +23,16 @@ from common.model import (
     Device,
     GpuUuid,
     Holder,
+    JobName,
     NodeCache,
     NodeInventory,
     NodeName,
+    PodRequest,
     PodUid,
     Priority,
     Tier,
 )
+from common.objects import gpu_node_object
 from common.prelaunch import Bandwidths
 from common.prewarmwire import (
     Directive,
@@ -37,6 +41,7 @@ from common.prewarmwire import (
     parse_directives,
     parse_items,
 )
+from extender.filtering import filter_nodes
 from extender.leases import GpuLease, parse_gpu_lease
 from extender.prewarming import (
     PrewarmPlan,
@@ -48,6 +53,7 @@ from extender.prewarming import (
     plan_prewarm,
 )
 from tests.imports import imported
+from tests.unit.cluster import cluster
 
 GB = 1e9
 IMAGE = "registry.example/recsys:v7"
@@ -257,6 +263,51 @@ def test_a_broken_group_is_covered_by_standby_of_its_type_and_tier_with_a_margin
     chosen = {n.node for n in p.leases[0].nodes}
     # n2's group cannot come back: 1 replica + 1 spare from standby (s2 warm, then s1)
     assert chosen == {"n1", "s1", "s2"}
+
+
+def test_standby_nodes_are_ranked_as_the_filter_will_send_the_stand_in() -> None:
+    """The better tier wins over the exact one, even cold: the extender's filter sends the
+    reclaim pod to the standby devices of the best tiers (filtering.return_share)."""
+    n2 = lent("n2", tier=Tier.MA)
+    n2[5] = Device(n2[5].node, 5, n2[5].uuid, n2[5].cls._replace(healthy=False))
+    spares = [
+        node("s-ma", standby("s-ma", tier=Tier.MA), **WARM),  # exact tier, holds the data
+        node("s-ha", standby("s-ha", tier=Tier.HA)),  # better tier, cold
+    ]
+    nodes = [node("n1", lent("n1", tier=Tier.MA), **WARM), node("n2", n2), *spares]
+    p = plan(nodes, at("07:50:00"), settings=replace(SETTINGS, spare_standby_replicas=0))
+    assert [n.node for n in p.leases[0].nodes if n.role == "Standby"] == ["s-ha"]
+    # The filter agrees: of the standby nodes, it passes only that one.
+    state = cluster(*(gpu_node_object(n) for n in spares))
+    stand_in = PodRequest(
+        "ml",
+        "recsys-3",
+        PodUid("uid-recsys-3"),
+        4,
+        Priority.HIGH,
+        owner=JobName("recsys"),
+        min_tier=Tier.MA,
+        gpu_type="H20",
+        reclaim=True,
+    )
+    assert filter_nodes(state, stand_in, ["s-ma", "s-ha"]).passed == ["s-ha"]
+
+
+def test_standby_devices_held_already_are_not_counted() -> None:
+    n2 = lent("n2")
+    n2[5] = Device(n2[5].node, 5, n2[5].uuid, n2[5].cls._replace(healthy=False))
+    nodes = [node("n1", lent("n1"), **WARM), node("n2", n2), node("s1", standby("s1"), **WARM)]
+    busy = {
+        builders.device_uuid("s1", i): Holder(
+            PodUid("uid-other-0"), "ml", "other-0", Priority.HIGH, 0, JobName("other")
+        )
+        for i in range(2)
+    }
+    p = plan(nodes, at("07:50:00"), holders=busy)
+    assert [n.node for n in p.leases[0].nodes if n.role == "Standby"] == []
+    assert [n.node for n in plan(nodes, at("07:50:00")).leases[0].nodes if n.role == "Standby"] == [
+        "s1"
+    ]
 
 
 def test_a_group_on_a_node_gone_is_backfilled_by_the_type_of_the_other_lent_devices() -> None:
