@@ -82,6 +82,7 @@ async def hot_restart(
     found: ContainerSummary | None = None
     step = Step.FIND
     old_stopped = stop_uncertain = False
+    was_running = True
     new_id = ""
     dropped: tuple[str, ...] = ()
     old_config: pb.ContainerConfig | None = None
@@ -98,6 +99,7 @@ async def hot_restart(
             old_container_id=found.id if found else "",
             old_image=found.image if found else "",
             old_stopped=old_stopped,
+            old_was_running=was_running,
             dropped_config_keys=dropped,
             **kw,  # type: ignore[arg-type]
         )
@@ -134,7 +136,8 @@ async def hot_restart(
         await ensure_image(runtime, image, settings, sb_config)
 
         step = Step.STOP
-        if found.state is ContainerState.RUNNING:
+        was_running = found.state is ContainerState.RUNNING
+        if was_running:
             stop_uncertain = True
             old_stopped = True
             await runtime.stop_container(found.id, settings.stop_timeout_s)
@@ -169,7 +172,14 @@ async def hot_restart(
             and sb_config is not None
         ):
             restored_id, restore_error = await _restore(
-                runtime, sandbox_id, found.id, new_id, restore_config, sb_config, restore_attempt
+                runtime,
+                sandbox_id,
+                found.id,
+                new_id,
+                restore_config,
+                sb_config,
+                restore_attempt,
+                start=was_running,
             )
         reason = failure_reason(
             step,
@@ -179,6 +189,7 @@ async def hot_restart(
             restored=bool(restored_id),
             restore_error=restore_error,
             stop_uncertain=stop_uncertain,
+            was_running=was_running,
         )
         log.warning("hot restart of %s in sandbox %s failed: %s", container, sandbox_id, reason)
         return outcome(
@@ -198,8 +209,11 @@ async def _restore(
     old_config: pb.ContainerConfig,
     sb_config: pb.PodSandboxConfig,
     attempt: int,
+    *,
+    start: bool,
 ) -> tuple[str, str]:
-    """Best effort: remove what the failed restart left, run the old configuration again.
+    """Best effort: remove what the failed restart left, create the old configuration again and
+    start it if the old container ran (a container that was not running stays so).
     (restored container id, "") or ("", why not)."""
     try:
         for leftover in (new_id, old_id):
@@ -208,7 +222,8 @@ async def _restore(
                     await runtime.remove_container(leftover)
         again = replacement(old_config, old_config.image.image, attempt)
         restored = await runtime.create_container(sandbox_id, again, sb_config)
-        await runtime.start_container(restored)
+        if start:
+            await runtime.start_container(restored)
     except TideleaseError as e:
         return "", str(e)
     log.info("sandbox %s: old container configuration restored as %s", sandbox_id, restored)

@@ -78,13 +78,19 @@ class Outcome:
     new_container_id: str = ""
     failed_step: Step | None = None
     old_stopped: bool = False  # the old container was stopped (or its state is unknown)
-    restored_container_id: str = ""  # the old configuration running again, after a failure
+    old_was_running: bool = True  # the old container ran when the restart began
+    # the old configuration again, after a failure: running if it ran before, else created
+    restored_container_id: str = ""
     dropped_config_keys: tuple[str, ...] = ()  # config keys not carried to the new container
 
     @property
     def old_running(self) -> bool:
         """Whether the workload still runs its old version (untouched or restored)."""
-        return not self.succeeded and (not self.old_stopped or bool(self.restored_container_id))
+        return (
+            not self.succeeded
+            and self.old_was_running
+            and (not self.old_stopped or bool(self.restored_container_id))
+        )
 
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = {
@@ -98,6 +104,7 @@ class Outcome:
             "oldImage": self.old_image,
             "newContainerId": self.new_container_id,
             "oldStopped": self.old_stopped,
+            "oldWasRunning": self.old_was_running,
         }
         if self.failed_step is not None:
             out["failedStep"] = self.failed_step.value
@@ -117,6 +124,7 @@ def failure_reason(
     restored: bool,
     restore_error: str = "",
     stop_uncertain: bool = False,
+    was_running: bool = True,
 ) -> str:
     """One sentence (or three) that tells an operator what failed and what is running now."""
     what = {
@@ -134,6 +142,11 @@ def failure_reason(
     )
     if not old_stopped:
         return f"{head}; the old container was left running, untouched"
+    if restored and not was_running:
+        return (
+            f"{head}; the old container, which was not running, was created again with its old "
+            "config and left stopped"
+        )
     if restored:
         return f"{head}; the old container had been stopped and was restarted with its old config"
     tail = (

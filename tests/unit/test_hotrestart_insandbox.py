@@ -156,6 +156,25 @@ async def test_failed_start_restores_the_old_config() -> None:
     assert "restarted with its old config" in out.reason
 
 
+async def test_a_restore_leaves_a_container_that_was_not_running_stopped() -> None:
+    rt = fake()
+    rt.unstartable.add(V2)
+    sandbox = pb.PodSandboxConfig(metadata=pb.PodSandboxMetadata(name="p", uid="u", namespace="n"))
+    sid = await rt.run_sandbox(sandbox)
+    await rt.create_container(sid, app(), sandbox)  # created, never started
+    out = await restart(rt, sid)
+    assert out.failed_step is Step.START
+    assert out.restored_container_id
+    assert not out.old_was_running
+    assert not out.old_running
+    assert rt.running(sid, "app") == []  # nothing runs that did not run before
+    restored = await rt.container_status(out.restored_container_id)
+    assert restored.config is not None
+    assert restored.config.image.image == V1
+    assert "was not running" in out.reason
+    assert out.to_json()["oldWasRunning"] is False
+
+
 @pytest.mark.parametrize(
     ("method", "step", "old_running", "phrase"),
     [
