@@ -37,7 +37,16 @@ from extender.orchestration.jobs import (
     parse_job,
 )
 from extender.orchestration.metrics import OrchestratorMetrics
-from extender.orchestration.records import Record, State, claim, finish, merge, same_attempt
+from extender.orchestration.records import (
+    Record,
+    State,
+    abandoned,
+    claim,
+    finish,
+    give_up_abandoned,
+    merge,
+    same_attempt,
+)
 from extender.orchestration.rendering import (
     Context,
     detached,
@@ -215,6 +224,10 @@ class Orchestrator:
         for issue in [] if self.closing else ev.issues:
             self.in_flight.add(f"{key}#{issue.key}")
             self._spawn(self._issue(key, spec, issue))
+        for gone in [] if self.closing else ev.abandoned:
+            if f"{key}#{gone}" not in self.in_flight:
+                self.in_flight.add(f"{key}#{gone}")
+                self._spawn(self._give_up(key, spec, gone))
         for w in ev.waiting:
             log.debug("job %s: %s %s", key, w.command, w.reason)
         if ev.complete and not job.complete_logged:
@@ -380,6 +393,42 @@ class Orchestrator:
             if flight in self.in_flight:
                 self.in_flight.discard(flight)
                 self._mark(key)
+
+    async def _give_up(self, key: str, spec: JobSpec, issue_key: str) -> None:
+        """Record as given up the last attempt that a controller now gone left running and
+        that timed out (``Evaluation.abandoned``), with its Event: otherwise it would read
+        "running" for ever and no one would be told."""
+        flight = f"{key}#{issue_key}"
+        name = issue_key.partition("@")[0]
+        command = next(c for c in spec.dag.order if c.name == name)
+        now = self.clock()
+        final: Record | None = None
+
+        def change(records: Mapping[str, Record]) -> Mapping[str, Record] | None:
+            nonlocal final
+            r = records.get(issue_key)
+            if r is None or not abandoned(r, command, now):
+                return None  # settled meanwhile, or taken over
+            final = give_up_abandoned(r, now)
+            return {**records, issue_key: final}
+
+        try:
+            records = await self.store.update_records(spec.ref, change)
+            if records is None or final is None:
+                return
+            self._seen(key, records)
+            framework = spec.dag.file.framework or "-"
+            self.metrics.issues.labels(framework, command.name, "gave_up").inc()
+            log.error("job %s: %s gave up: %s", key, issue_key, final.error)
+            await self._report_gave_up(spec, command.name, final)
+        except NotFound:
+            log.info("job %s is gone; %s left as it was", key, issue_key)
+        except TideleaseError as e:
+            log.warning("job %s: %s not recorded as given up (retrying): %s", key, issue_key, e)
+            self.wake[key] = min(self.wake.get(key, float("inf")), self.clock() + 1.0)
+        finally:
+            self.in_flight.discard(flight)
+            self._mark(key)
 
     async def _settle(
         self, spec: JobSpec, change: Callable[[Mapping[str, Record]], Mapping[str, Record] | None]

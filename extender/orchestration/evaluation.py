@@ -21,6 +21,7 @@ from extender.orchestration.records import (
     Record,
     Records,
     State,
+    abandoned,
     claimable,
     issue_key,
     record_of,
@@ -48,6 +49,9 @@ class Evaluation:
     waiting: tuple[Waiting, ...]
     wake_at: float | None  # the earliest retry or takeover time, if any
     complete: bool  # every command done
+    # issue keys whose last attempt a controller that is gone left RUNNING, timed out: to be
+    # recorded as given up (records.give_up_abandoned)
+    abandoned: tuple[str, ...] = ()
 
 
 def _done(r: Record | None) -> bool:
@@ -86,6 +90,7 @@ def evaluate(
 ) -> Evaluation:
     issues: list[Issue] = []
     waiting: list[Waiting] = []
+    gone: list[str] = []
     wake: float | None = None
     satisfied: dict[str, bool] = {}
 
@@ -149,4 +154,6 @@ def evaluate(
                 reason, until = _blocked_by(r, command, now)
                 waiting.append(Waiting(key, reason))
                 later(until)
-    return Evaluation(tuple(issues), tuple(waiting), wake, all(satisfied.values()))
+                if abandoned(r, command, now):
+                    gone.append(key)
+    return Evaluation(tuple(issues), tuple(waiting), wake, all(satisfied.values()), tuple(gone))

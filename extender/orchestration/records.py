@@ -175,6 +175,28 @@ def finish(
     return replace(claimed, state=State.FAILED, at=now, holder="", retry_at=now + wait, error=short)
 
 
+def abandoned(r: Record | None, command: Command, now: float) -> bool:
+    """Whether ``r`` is the last attempt, left RUNNING by a controller that is gone (the caller
+    knows it is not its own), and timed out: no takeover will come, so it has given up."""
+    return (
+        r is not None
+        and r.state is State.RUNNING
+        and r.attempts >= command.retry.attempts
+        and now >= r.at + command.timeout_s
+    )
+
+
+def give_up_abandoned(r: Record, now: float) -> Record:
+    """The GAVE_UP record that replaces an :func:`abandoned` one."""
+    return replace(
+        r,
+        state=State.GAVE_UP,
+        at=now,
+        holder="",
+        error=f"the last attempt, left running by {r.holder or 'a former controller'}, timed out",
+    )
+
+
 def _rank(r: Record) -> tuple[int, int]:
     return (r.attempts, 0 if r.state is State.RUNNING else 1)
 

@@ -274,11 +274,20 @@ async def test_a_timed_out_last_attempt_left_running_does_not_spin_the_controlle
     rig.orch.on_pod("ADDED", pod("l", "launcher", job="train"))
     rig.orch.on_pod("ADDED", pod("w-0", "worker", job="train"))
     await rig.settle()
+    assert rig.store.records["ns/train"]["mpirun"].state is State.RUNNING  # not timed out yet
+    assert rig.store.events == []
     rig.clock.now += 86400  # mpi.yaml's timeoutSeconds
     await rig.settle()
     assert rig.executor.calls == []
     assert await rig.orch.step() == rig.orch.settings.resync_s
     assert "ns/train" not in rig.orch.wake
+    # Recorded as given up, and said so: it no longer reads "running" for ever.
+    record = rig.store.records["ns/train"]["mpirun"]
+    assert (record.state, record.attempts, record.holder) == (State.GAVE_UP, 3, "")
+    assert "left running by dead, timed out" in record.error
+    assert [e[1] for e in rig.store.events] == ["CommandGaveUp"]
+    await rig.settle()
+    assert [e[1] for e in rig.store.events] == ["CommandGaveUp"]  # once
 
 
 class _Msg:

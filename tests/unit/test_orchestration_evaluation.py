@@ -202,6 +202,24 @@ def test_a_timed_out_last_attempt_of_a_dead_controller_counts_as_given_up() -> N
     assert waiting.reason.startswith("gave up after 3 attempt(s): the last one, left running by")
 
 
+@pytest.mark.parametrize(
+    ("attempts", "now", "in_flight", "expected"),
+    [
+        pytest.param(3, 400.0, frozenset(), ("mpirun",), id="last-attempt-timed-out"),
+        pytest.param(3, 90.0 + 59.0, frozenset(), (), id="not-timed-out-yet"),
+        pytest.param(2, 400.0, frozenset(), (), id="an-attempt-left: taken over instead"),
+        pytest.param(3, 400.0, frozenset({"mpirun"}), (), id="in-flight-here"),
+    ],
+)
+def test_abandoned_last_attempts_are_named_for_giving_up(
+    attempts: int, now: float, in_flight: frozenset[str], expected: tuple[str, ...]
+) -> None:
+    text = MPI.replace("retry: {", "timeoutSeconds: 60\n    retry: {")
+    left = Record(State.RUNNING, attempts, "l-0", "u", 90.0, holder="dead")
+    ev = run(text, R3, [LAUNCHER, *W], {"mpirun": left}, in_flight=in_flight, now=now)
+    assert ev.abandoned == expected
+
+
 def test_a_command_in_flight_is_not_issued_twice() -> None:
     assert issued(run(MPI, R3, [LAUNCHER, *W], in_flight=frozenset({"mpirun"}))) == []
 
