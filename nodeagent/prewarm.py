@@ -103,6 +103,9 @@ class PeerCheckpoints:
     ) -> None:
         self.store, self.peers, self.headers = store, peers, headers
         self.origin, self.settings = origin, settings
+        # One pull per checkpoint, however many directives want it (the store admits one pull
+        # of an entry at a time): later callers wait for it. Cancelled once no one waits.
+        self._pulls: dict[str, tuple[asyncio.Task[str], list[int]]] = {}
 
     def has(self, checkpoint: str) -> bool:
         from nodeagent.cache.naming import Kind, parse_id
@@ -111,6 +114,26 @@ class PeerCheckpoints:
         return entry is not None and self.store.has(Kind.CHECKPOINT, entry)
 
     async def fetch(self, checkpoint: str) -> str:
+        shared = self._pulls.get(checkpoint)
+        if shared is None:
+            task = asyncio.create_task(self._pull(checkpoint), name=f"pull {checkpoint}")
+            shared = self._pulls[checkpoint] = (task, [0])
+            task.add_done_callback(lambda t: self._forget(checkpoint, t))
+        task, waiters = shared
+        waiters[0] += 1
+        try:
+            return await asyncio.shield(task)
+        finally:
+            waiters[0] -= 1
+            if waiters[0] == 0 and not task.done():
+                task.cancel()  # every directive that wanted it is gone
+
+    def _forget(self, checkpoint: str, task: asyncio.Task[str]) -> None:
+        self._pulls.pop(checkpoint, None)
+        if not task.cancelled():
+            task.exception()  # retrieved: its waiters may all have left before it failed
+
+    async def _pull(self, checkpoint: str) -> str:
         from common.errors import InvalidInput
         from nodeagent.cache.naming import Kind, parse_id
         from nodeagent.pulling.puller import pull

@@ -184,6 +184,53 @@ async def test_without_a_runtime_images_fail_and_checkpoints_still_come(tmp_path
         assert items[(LEASE, "checkpoint", CKPT)].state == "Done"
 
 
+async def test_two_leases_wanting_one_checkpoint_share_one_pull(tmp_path: Path) -> None:
+    now = time.time()
+    async with rig(None, tmp_path) as r:
+        other = Directive("ml/ranking", "Standby", (), (CKPT,), now, now + 60, 82.0)
+        r.node.set([directive((), not_before=now, deadline=now + 60), other])
+        items = await settled(r.node, 2)
+        # retries=0: before, the second pull found the entry "already being pulled" and failed
+        assert items[(LEASE, "checkpoint", CKPT)].state == "Done"
+        assert items[("ml/ranking", "checkpoint", CKPT)].state == "Done"
+        assert r.store.has(Kind.CHECKPOINT, EntryId(CKPT))
+
+
+async def test_a_shared_pull_is_cancelled_once_no_directive_waits(tmp_path: Path) -> None:
+    started, release = asyncio.Event(), asyncio.Event()
+    pulls: list[str] = []
+
+    async def slow_pull(checkpoint: str) -> str:
+        pulls.append(checkpoint)
+        started.set()
+        await release.wait()
+        return "fetched"
+
+    checkpoints = PeerCheckpoints(
+        CacheStore(tmp_path / "agent", max_bytes=1 << 20), StaticPeers([]), dict
+    )
+    checkpoints._pull = slow_pull  # type: ignore[method-assign]
+    first = asyncio.create_task(checkpoints.fetch(CKPT))
+    second = asyncio.create_task(checkpoints.fetch(CKPT))
+    await started.wait()
+    first.cancel()
+    await asyncio.gather(first, return_exceptions=True)
+    release.set()
+    assert await second == "fetched"  # the other directive still got it
+    assert pulls == [CKPT]  # one pull for both
+    # Now one waiter that leaves: the pull is cancelled with it.
+    release.clear()
+    started.clear()
+    lone = asyncio.create_task(checkpoints.fetch(CKPT))
+    await started.wait()
+    (shared, _) = checkpoints._pulls[CKPT]
+    lone.cancel()
+    await asyncio.gather(lone, return_exceptions=True)
+    await asyncio.sleep(0)
+    assert shared.cancelled()
+    assert CKPT not in checkpoints._pulls
+
+
 class SlowCheckpoints:
     """Checkpoints that take a while, counting how many are fetched at once."""
 
