@@ -46,11 +46,15 @@ def needs_pull(present: bool, policy: PullPolicy) -> bool:
 
 def replacement(old: pb.ContainerConfig, image: str, attempt: int) -> pb.ContainerConfig:
     """``old`` with only the image (and the attempt, which names the container) changed:
-    command, args, envs, mounts, devices, labels, annotations, resources and security stay."""
+    command, args, envs, mounts, devices, labels, annotations, resources and security stay, and
+    so do the image spec's annotations and runtime handler. The image spec's references to the
+    old image (``user_specified_image``, the resolved ``image_ref``) follow the new one."""
     new = pb.ContainerConfig()
     new.CopyFrom(old)
-    new.image.Clear()
     new.image.image = image
+    new.image.ClearField("image_ref")
+    if old.image.user_specified_image:
+        new.image.user_specified_image = image
     new.metadata.attempt = attempt
     return new
 

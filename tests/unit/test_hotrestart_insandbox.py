@@ -76,6 +76,19 @@ def test_replacement_changes_only_image_and_attempt() -> None:
     assert app().image.image == V1  # the old config is not changed
 
 
+def test_replacement_keeps_the_image_specs_own_settings() -> None:
+    old = app()
+    old.image.annotations["io.kubernetes.cri.runtimehandler"] = "nvidia"
+    old.image.runtime_handler = "nvidia"
+    old.image.user_specified_image = V1
+    old.image.image_ref = "sha256:" + "a" * 64
+    new = replacement(old, V2, attempt=3)
+    assert dict(new.image.annotations) == {"io.kubernetes.cri.runtimehandler": "nvidia"}
+    assert new.image.runtime_handler == "nvidia"
+    assert (new.image.image, new.image.user_specified_image) == (V2, V2)
+    assert new.image.image_ref == ""  # it named the old image's content
+
+
 @pytest.mark.parametrize(
     ("present", "policy", "pull"),
     [
