@@ -43,7 +43,10 @@ log = logging.getLogger(__name__)
 
 Signature = tuple[int, tuple[tuple[DeviceClass, int], ...]]
 Freeable = frozenset[tuple[DeviceClass, int]]  # device classes, with counts, evictions would free
-MEMO_SHAPES = 10_000  # distinct request shapes remembered; each holds one answer per state
+# Distinct request shapes remembered, each with one answer per node state; all are dropped
+# past this (checked on node changes). Measured at 1,250 nodes: about 13 KB a shape, so some
+# 40 MB at the bound; a cluster's jobs ask far fewer distinct questions than that.
+MEMO_SHAPES = 3_000
 KEYS_PER_STATE = 3  # decision_key, score_key, free_key
 
 

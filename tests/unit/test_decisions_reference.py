@@ -341,3 +341,15 @@ def test_priority_list_encoding_is_json_dumps() -> None:
     fast = wire.encode(wire.encoded_host_priority_list(scores))
     assert fast == wire.encode(wire.host_priority_list(scores))
     assert wire.encode(wire.encoded_host_priority_list([])) == b"[]"
+
+
+def test_the_answer_memo_is_bounded() -> None:
+    from extender.clusterstate import MEMO_SHAPES
+
+    world = World(random.Random(5), 20)
+    cluster = world.cluster
+    for i in range(MEMO_SHAPES + 1):
+        cluster.memo[("probe", i)] = {0: i}
+    state = cluster.nodes[NodeName(world.names[0])]
+    cluster.set_inventory(NodeInventory(state.node, state.devices, state.cache))  # a node change
+    assert not [k for k in cluster.memo if k[0] == "probe"]
