@@ -7,10 +7,11 @@ with compare-and-swap on its resourceVersion:
 2. write the ledger with the new allocation, conditional on the version the pick was made from;
    a lost race re-reads the ledger and picks again, so two replicas (or two concurrent binds)
    never hand out one device twice;
-3. annotate the pod with the device UUIDs (the node agent's device plugin reads them);
-4. create the Binding.
+3. create the Binding, carrying the device UUIDs as annotations: the API server writes them on
+   the pod in the same update that binds it (the node agent's device plugin reads them), so a
+   pod is never bound without its devices, nor annotated without being bound.
 
-If 3 or 4 fails the allocation is released again; if the process dies in between, the reaper
+If 3 fails the allocation is released again; if the process dies in between, the reaper
 releases it once the pod turns out not to be bound there (:func:`stale_allocations`). A retried
 bind of a pod that already holds an allocation on the node reuses it.
 """
@@ -192,7 +193,8 @@ class Binder:
         return 0
 
     async def bind(self, namespace: str, name: str, uid: str, node: str) -> BindResult:
-        """Allocate, annotate, bind. Raises BindRefused, NotFound, InvalidInput or Conflict."""
+        """Allocate, then bind with the devices annotated. Raises BindRefused, NotFound,
+        InvalidInput or Conflict."""
         req, bound_to = await self._request(namespace, name, uid)
         node_name = NodeName(node)
         if bound_to:
@@ -207,13 +209,13 @@ class Binder:
         allocation, reused = await self._allocate(req, node_name)
         devices = ",".join(allocation.devices)
         try:
-            await self._store.annotate_pod(
+            await self._store.bind_pod(
                 namespace,
                 name,
                 uid,
+                node,
                 {contract.ANN_DEVICES: devices, contract.ANN_DEVICE_NODE: node},
             )
-            await self._store.bind_pod(namespace, name, uid, node)
         except Exception:
             await self.release(node_name, {req.uid}, "bind-failed")
             raise

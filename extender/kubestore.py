@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -71,23 +71,23 @@ class KubeStore:
             written = await self._kube.json("POST", path, body=obj)
         return resource_version(written)
 
-    async def annotate_pod(
-        self, namespace: str, name: str, uid: str, annotations: dict[str, str]
+    async def bind_pod(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        node: str,
+        annotations: Mapping[str, str] | None = None,
     ) -> None:
-        # The UID in the patch is a precondition: a re-created pod of that name fails the patch.
-        patch = {"metadata": {"uid": uid, "annotations": annotations}}
-        await self._kube.json(
-            "PATCH",
-            f"/api/v1/namespaces/{namespace}/pods/{name}",
-            body=patch,
-            content_type="application/merge-patch+json",
-        )
-
-    async def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
+        # The UID is a precondition (a re-created pod of that name fails the binding), and the
+        # API server writes the Binding's annotations on the pod in the same update as the node.
+        metadata: dict[str, Any] = {"name": name, "namespace": namespace, "uid": uid}
+        if annotations:
+            metadata["annotations"] = dict(annotations)
         binding = {
             "apiVersion": "v1",
             "kind": "Binding",
-            "metadata": {"name": name, "namespace": namespace, "uid": uid},
+            "metadata": metadata,
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
         await self._kube.json(

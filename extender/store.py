@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import itertools
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any, Literal, Protocol
 
 from common import contract
@@ -39,11 +39,17 @@ class Store(Protocol):
         """Replace the ledger if it is still at ``version``; return the new version."""
         ...
 
-    async def annotate_pod(
-        self, namespace: str, name: str, uid: str, annotations: dict[str, str]
-    ) -> None: ...
-
-    async def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None: ...
+    async def bind_pod(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        node: str,
+        annotations: Mapping[str, str] | None = None,
+    ) -> None:
+        """Bind the pod (UID as a precondition) and write ``annotations`` on it in the same
+        update: the API server copies a Binding's annotations onto the pod it binds."""
+        ...
 
     def watch(self) -> AsyncIterator[WatchEvent]:
         """Every object as ADDED, SYNCED once per kind, then every change, until cancelled."""
@@ -148,21 +154,22 @@ class MemoryStore:
             raise Conflict(f"pod {namespace}/{name} is no longer UID {uid}")
         return copy.deepcopy(pod)
 
-    async def annotate_pod(
-        self, namespace: str, name: str, uid: str, annotations: dict[str, str]
+    async def bind_pod(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        node: str,
+        annotations: Mapping[str, str] | None = None,
     ) -> None:
-        await asyncio.sleep(0)
-        pod = self._pod(namespace, name, uid)
-        pod["metadata"].setdefault("annotations", {}).update(annotations)
-        self.put(pod)
-
-    async def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
         await asyncio.sleep(0)
         pod = self._pod(namespace, name, uid)
         spec = pod.setdefault("spec", {})
         if spec.get("nodeName"):
             raise Conflict(f"pod {namespace}/{name} is already bound to {spec['nodeName']}")
         spec["nodeName"] = node
+        if annotations:
+            pod["metadata"].setdefault("annotations", {}).update(annotations)
         self.put(pod)
 
     async def watch(self) -> AsyncIterator[WatchEvent]:

@@ -107,25 +107,28 @@ async def test_concurrent_ledger_writers_one_wins(store: KubeStore) -> None:
     assert all(isinstance(r, Conflict) for r in results if isinstance(r, BaseException))
 
 
-async def test_annotate_and_bind_with_uid_preconditions(store: KubeStore, api: Api) -> None:
+async def test_bind_writes_the_annotations_in_the_same_update(store: KubeStore, api: Api) -> None:
     ns = await api.namespace()
     pod = await api.create_pod(ns, builders.pod("p", 1))
     uid = pod["metadata"]["uid"]
+    devices = {contract.ANN_DEVICES: "GPU-1", contract.ANN_DEVICE_NODE: "node-1"}
     with pytest.raises((Conflict, InvalidInput)):
-        await store.annotate_pod(ns, "p", "not-the-uid", {contract.ANN_DEVICES: "x"})
-    await store.annotate_pod(ns, "p", uid, {contract.ANN_DEVICES: "GPU-1"})
-    with pytest.raises((Conflict, InvalidInput)):
-        await store.bind_pod(ns, "p", "not-the-uid", "node-1")
-    await store.bind_pod(ns, "p", uid, "node-1")
+        await store.bind_pod(ns, "p", "not-the-uid", "node-1", devices)
+    got = await store.get_pod(ns, "p")
+    assert got is not None
+    assert contract.ANN_DEVICES not in (got["metadata"].get("annotations") or {})
+    assert not got["spec"].get("nodeName")
+    await store.bind_pod(ns, "p", uid, "node-1", devices)
     with pytest.raises(Conflict):
-        await store.bind_pod(ns, "p", uid, "node-2")
+        await store.bind_pod(ns, "p", uid, "node-2", {contract.ANN_DEVICES: "GPU-9"})
     got = await store.get_pod(ns, "p")
     assert got is not None
     assert got["spec"]["nodeName"] == "node-1"
     assert got["metadata"]["annotations"][contract.ANN_DEVICES] == "GPU-1"
+    assert got["metadata"]["annotations"][contract.ANN_DEVICE_NODE] == "node-1"
     assert await store.get_pod(ns, "missing") is None
     with pytest.raises(NotFound):
-        await store.annotate_pod(ns, "missing", "u", {})
+        await store.bind_pod(ns, "missing", "u", "node-1")
 
 
 async def test_watch_lists_then_follows(store: KubeStore, api: Api) -> None:

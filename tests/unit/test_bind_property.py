@@ -33,10 +33,6 @@ class JitteryStore(MemoryStore):
         await self._jitter()
         return await super().write_ledger(*a, **k)
 
-    async def annotate_pod(self, *a: Any, **k: Any) -> None:
-        await self._jitter()
-        await super().annotate_pod(*a, **k)
-
     async def bind_pod(self, *a: Any, **k: Any) -> None:
         await self._jitter()
         await super().bind_pod(*a, **k)
