@@ -40,8 +40,9 @@ def devices(
     owner: str | None = None,
     standby: bool = False,
     start: int = 0,
+    replica: str | None = None,
 ) -> list[Device]:
-    cls = DeviceClass(gpu_type, tier, healthy, JobName(owner) if owner else None, standby)
+    cls = DeviceClass(gpu_type, tier, healthy, JobName(owner) if owner else None, standby, replica)
     return [
         Device(NodeName(node), i, device_uuid(node, i), cls) for i in range(start, start + count)
     ]

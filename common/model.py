@@ -55,6 +55,9 @@ class DeviceClass(NamedTuple):
     healthy: bool
     owner: JobName | None = None  # right-of-return tag: the job that lent this device
     standby: bool = False  # reserved to backfill reclaims
+    # The replica (lent group) of the owner that lent this device and takes it back; None for a
+    # device tagged with the job alone (any of its replicas may take it back).
+    replica: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +108,10 @@ class PodRequest:
     min_tier: Tier = Tier.LA
     gpu_type: str | None = None
     reclaim: bool = False
+    # The lent group this pod takes back (a StatefulSet replica's own name, set while its
+    # lease reclaims): it may use only the owner's devices tagged for this replica. None: any
+    # of the owner's tagged devices (a Deployment's pods have no identity across scale-ups).
+    lent_group: str | None = None
     checkpoint: str | None = None
     images: frozenset[str] = field(default_factory=frozenset)
 

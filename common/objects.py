@@ -77,7 +77,7 @@ def parse_gpu_node(obj: Mapping[str, Any]) -> NodeInventory:
     if not isinstance(spec, dict) or not isinstance(status, dict):
         raise InvalidInput(f"{where}: spec and status must be objects")
 
-    tags: dict[str, tuple[JobName | None, bool]] = {}
+    tags: dict[str, tuple[JobName | None, bool, str | None]] = {}
     for i, entry in enumerate(spec.get("devices") or []):
         if not isinstance(entry, dict) or not isinstance(entry.get("uuid"), str):
             problems.append(f"{where}: spec.devices[{i}] needs a uuid")
@@ -90,7 +90,11 @@ def parse_gpu_node(obj: Mapping[str, Any]) -> NodeInventory:
         if not isinstance(standby, bool):
             problems.append(f"{where}: spec.devices[{i}].standby must be a boolean")
             standby = False
-        tags[entry["uuid"]] = (JobName(owner) if owner else None, standby)
+        replica = entry.get("replica")
+        if replica is not None and not (isinstance(replica, str) and replica and owner):
+            problems.append(f"{where}: spec.devices[{i}].replica must be a pod name, with an owner")
+            replica = None
+        tags[entry["uuid"]] = (JobName(owner) if owner else None, standby, replica or None)
 
     devices: list[Device] = []
     seen: set[str] = set()
@@ -121,8 +125,8 @@ def parse_gpu_node(obj: Mapping[str, Any]) -> NodeInventory:
         if tier is None:
             problems.append(f"{at}.tier must be one of {', '.join(_TIERS)}")
             continue
-        owner, standby = tags.get(uuid, (None, False))
-        cls = DeviceClass(gpu_type, tier, health is Health.HEALTHY, owner, standby)
+        owner, standby, replica = tags.get(uuid, (None, False, None))
+        cls = DeviceClass(gpu_type, tier, health is Health.HEALTHY, owner, standby, replica)
         devices.append(Device(node, index, GpuUuid(uuid), cls))
 
     cache = status.get("cache") or {}
@@ -148,6 +152,7 @@ def gpu_node_object(inv: NodeInventory) -> dict[str, Any]:
             "uuid": d.uuid,
             **({"owner": d.cls.owner} if d.cls.owner else {}),
             **({"standby": True} if d.cls.standby else {}),
+            **({"replica": d.cls.replica} if d.cls.replica else {}),
         }
         for d in inv.devices
         if d.cls.owner or d.cls.standby

@@ -38,6 +38,7 @@ from common.model import (
 )
 from common.objects import object_key, parse_gpu_allocation, parse_gpu_node, resource_version
 from common.timefmt import epoch
+from extender.leasing import names_replicas
 
 log = logging.getLogger(__name__)
 
@@ -131,8 +132,8 @@ class NodeState:
         return (self.signature, self.cache)
 
 
-def _class_key(c: DeviceClass) -> tuple[str, int, bool, str, bool]:
-    return (c.gpu_type, int(c.tier), c.healthy, c.owner or "", c.standby)
+def _class_key(c: DeviceClass) -> tuple[str, int, bool, str, bool, str]:
+    return (c.gpu_type, int(c.tier), c.healthy, c.owner or "", c.standby, c.replica or "")
 
 
 class _Interner:
@@ -169,7 +170,8 @@ class ClusterState:
         self.memo: dict[Hashable, dict[Any, Any]] = {}
         # (namespace, owner) of online jobs whose GpuLease is reclaiming: their high-priority
         # pods are reclaim requests (Algorithm 1's IsReclaim) without needing an annotation.
-        self._reclaiming: dict[tuple[str, str], str] = {}  # -> lease key
+        # -> (lease key, whether its workload names its replicas: extender.leasing.names_replicas)
+        self._reclaiming: dict[tuple[str, str], tuple[str, bool]] = {}
         # Pods seen deleted (or finished) whose allocations are still in a stored ledger.
         self._gone: set[PodUid] = set()
         self._ledger_of: dict[PodUid, NodeName] = {}  # where each pod's allocation is
@@ -306,24 +308,30 @@ class ClusterState:
     def apply_gpu_lease(self, event: str, obj: Mapping[str, Any]) -> None:
         meta = obj.get("metadata") or {}
         key = object_key(obj)
-        for job, lease in list(self._reclaiming.items()):
+        for job, (lease, _) in list(self._reclaiming.items()):
             if lease == key:
                 del self._reclaiming[job]
-        owner = (obj.get("spec") or {}).get("owner")
+        spec = obj.get("spec") or {}
+        owner = spec.get("owner")
         phase = (obj.get("status") or {}).get("phase")
         if event != "DELETED" and phase == "Reclaiming" and isinstance(owner, str):
-            self._reclaiming[(str(meta.get("namespace", "")), owner)] = key
+            kind = (spec.get("workload") or {}).get("kind")
+            per_replica = isinstance(kind, str) and names_replicas(kind)
+            self._reclaiming[(str(meta.get("namespace", "")), owner)] = (key, per_replica)
 
     def with_reclaim(self, req: PodRequest) -> PodRequest:
-        """The request as Algorithm 1 sees it: a reclaim when the owner's lease is reclaiming."""
-        if (
-            not req.reclaim
-            and req.priority is Priority.HIGH
-            and req.owner is not None
-            and (req.namespace, req.owner) in self._reclaiming
-        ):
-            return replace(req, reclaim=True)
-        return req
+        """The request as Algorithm 1 sees it: a reclaim when the owner's lease is reclaiming;
+        where the lease's workload names its replicas, the pod takes back its own lent group
+        (``lent_group``: the replica's name, as the leasing controller recorded the group)."""
+        if req.priority is not Priority.HIGH or req.owner is None:
+            return req
+        found = self._reclaiming.get((req.namespace, req.owner))
+        if found is None:
+            return req
+        lent_group = req.name if found[1] else None
+        if req.reclaim and req.lent_group == lent_group:
+            return req
+        return replace(req, reclaim=True, lent_group=lent_group)
 
     def apply_gpu_allocation(self, event: str, obj: Mapping[str, Any]) -> None:
         name = NodeName(str((obj.get("metadata") or {}).get("name", "")))

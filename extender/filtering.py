@@ -19,8 +19,16 @@ from dataclasses import dataclass, field, replace
 
 from common.model import DeviceClass, PodRequest
 from extender.clusterstate import ClusterState, Freeable, NodeState, Signature
-from extender.placement import NodePlan, Verdict, placement_shape, plan_node, remembered_plans
+from extender.placement import (
+    NodePlan,
+    Verdict,
+    own_tag,
+    placement_shape,
+    plan_node,
+    remembered_plans,
+)
 from extender.preemption import freeable, may_evict, resolvable_counts
+from extender.returning import RETURN_HOME, lent_group_home
 
 AGENT_SILENT = "tidelease: node agent silent for too long; its GPUs are not offered"
 NO_INVENTORY = (
@@ -155,8 +163,24 @@ def filter_nodes(cluster: ClusterState, req: PodRequest, names: Iterable[str]) -
                 if needs_standby and name not in decision.failed:
                     decision.unresolvable[name] = STANDBY_KEPT
         _right_of_return(decision, plans, req)
+        _home_only(decision, lent_group_home(cluster, req))
     decision.unresolvable.update(missing)
     return decision
+
+
+def _home_only(decision: FilterDecision, home: str | None) -> None:
+    """A replica whose lent group can come back goes there and nowhere else: every other node
+    is rejected, so kube-scheduler places it there, or preempts the group's borrowers there.
+    Where the group's node cannot take it at all, nothing changes (it falls back)."""
+    if home is None or (home not in decision.passed and home not in decision.failed):
+        return
+    reason = RETURN_HOME.format(node=home)
+    for name in [*decision.passed, *decision.failed]:
+        if name != home:
+            decision.unresolvable[name] = reason
+    decision.passed[:] = [n for n in decision.passed if n == home]
+    for name in [n for n in decision.failed if n != home]:
+        del decision.failed[name]
 
 
 def own_resolvable(cluster: ClusterState, names: Iterable[str], req: PodRequest) -> set[str]:
@@ -175,7 +199,7 @@ def own_resolvable(cluster: ClusterState, names: Iterable[str], req: PodRequest)
         counts: Counter[DeviceClass] = Counter()
         for a in state.allocations.values():
             classes = state.held_classes.get(a.holder.pod_uid, ())
-            if may_evict(a.holder, req) and any(c.owner == owner for c in classes):
+            if may_evict(a.holder, req) and any(own_tag(c, req) for c in classes):
                 counts.update(classes)
         if not counts:
             continue
@@ -195,7 +219,7 @@ def return_share(plan: NodePlan, req: PodRequest) -> tuple[float, float, float]:
     takes the best tiers it can: equal or better, FETCHSTANDBY(k, r) of Algorithm 1)."""
     if not plan.taken:
         return (0.0, 0.0, 0.0)
-    own = sum(n for c, n in plan.take if c.owner is not None and c.owner == req.owner)
+    own = sum(n for c, n in plan.take if own_tag(c, req))
     tiers = sum(int(c.tier) * n for c, n in plan.take)
     return (own / plan.taken, plan.standby_used / plan.taken, tiers / plan.taken)
 

@@ -14,7 +14,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -125,6 +125,8 @@ class KubeWorld:
                         entry["owner"] = c.owner
                     if c.standby:
                         entry["standby"] = True
+                    if c.owner and c.replica:
+                        entry["replica"] = c.replica
                     entries[c.uuid] = entry
                 spec["devices"] = [e for e in entries.values() if len(e) > 1]
                 obj.pop("status", None)
@@ -275,15 +277,20 @@ class LeaseController:
         clock: Callable[[], float] = time.time,
         standby_targets: Mapping[TypeTier, int] | None = None,
         standby_interval_s: float = 60.0,
+        test_grace_s: int | None = None,
     ) -> None:
         self.cluster, self.pods, self.leases = cluster, pods, leases
         self.world, self.metrics, self.clock = world, metrics, clock
         self.standby_targets = dict(standby_targets or {})
         self.standby_interval_s = standby_interval_s
+        # extender.settings' leasing_test_grace_s: every lease's notice, for test clusters
+        self.test_grace_s = test_grace_s
         self._conflicts: dict[str, int] = {}  # consecutive write conflicts, by lease
 
     async def step(self, lease: GpuLease) -> Action:
         """Decide and execute one action for one lease."""
+        if self.test_grace_s is not None:
+            lease = replace(lease, spec=replace(lease.spec, grace_s=self.test_grace_s))
         replicas = await self.world.replicas(lease.namespace, lease.spec.workload)
         owner_pods, view = observe(self.cluster, self.pods, lease)
         now = self.clock()

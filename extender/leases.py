@@ -21,6 +21,11 @@ from extender.leasing import ScheduleEntry, parse_schedule_time
 Phase = Literal["Steady", "Lending", "Reclaiming"]
 PHASES: tuple[Phase, ...] = ("Steady", "Lending", "Reclaiming")
 DEFAULT_GRACE_S = 45
+# The shortest notice a lease may give its borrowers: time to checkpoint (weflex 3.5 gives
+# 30-60 s). manifests/crds/gpuleases.yaml holds the same minimum; a test cluster shortens every
+# notice with the extender's leasing_test_grace_s setting instead (docs/leasing.md).
+MIN_GRACE_S = 30
+MAX_GRACE_S = 600
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +58,12 @@ class Notice:
 
 @dataclass(frozen=True, slots=True)
 class LentGroup:
-    """The devices one released replica lent; they come back when that replica does."""
+    """The devices one released replica lent, named by that replica (its pod's name).
+
+    Where the workload names its replicas (a StatefulSet), they come back when that replica
+    does, to it and no other; where the group cannot come back whole, the replica takes another
+    group that stays lent, swapping names with it, or standby devices
+    (:func:`extender.lending.scale_up_groups`). A Deployment's groups come back as a set."""
 
     replica: str
     devices: tuple[GpuUuid, ...]
@@ -158,7 +168,8 @@ def parse_gpu_lease(obj: Mapping[str, Any]) -> GpuLease:
         f"{where}: spec.graceSeconds",
         problems,
         default=DEFAULT_GRACE_S,
-        high=600,
+        low=MIN_GRACE_S,
+        high=MAX_GRACE_S,
     )
     schedule: list[ScheduleEntry] = []
     for i, entry in enumerate(spec.get("schedule") or []):

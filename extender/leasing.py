@@ -9,6 +9,10 @@ is one implementation of every rule:
   StatefulSet removes them);
 * :func:`devices_to_tag` — the devices those replicas release are tagged with the owner (lent,
   to come back), every one of them but the standby devices they had on loan;
+* :func:`names_replicas`, :func:`incoming_replicas` — whether a workload names its replicas
+  (a StatefulSet: each takes back its own lent group) and which a scale-up brings;
+* :func:`can_return`, :func:`group_can_return` — whether a lent device, a lent group, can come
+  back now (one rule for the controller, the extender's filter and prewarm);
 * :func:`plan_reclaim` — on a scale-up: which lent devices can come back, which borrowers hold
   them (notice, then eviction after the grace period), and how many devices of which type and
   tier the standby pool must backfill for those that cannot;
@@ -79,6 +83,26 @@ def replicas_to_release(pod_names: Iterable[str], target_replicas: int) -> list[
     return names[max(0, target_replicas) :]
 
 
+STATEFULSET = "StatefulSet"
+
+
+def names_replicas(kind: str) -> bool:
+    """Whether a workload of this kind names its replicas stably, so that a replica can take
+    back the very devices it lent: a StatefulSet's pods are ``<name>-<ordinal>``, and a
+    scale-up creates the lowest ordinals missing. A Deployment's (a ReplicaSet's) pods get new
+    random names, so nothing ties a new pod to the one that left: its lent groups come back as
+    a set, any new pod on any group."""
+    return kind == STATEFULSET
+
+
+def incoming_replicas(kind: str, name: str, have: int, target: int) -> tuple[str, ...] | None:
+    """The pods a scale-up from ``have`` to ``target`` replicas creates, by name; None where the
+    workload does not name them (:func:`names_replicas`)."""
+    if not names_replicas(kind):
+        return None
+    return tuple(f"{name}-{k}" for k in range(max(0, have), max(0, target)))
+
+
 def devices_to_tag(released: Iterable[Device]) -> tuple[Device, ...]:
     """Released devices to tag with the owner: all of them, whatever their tier or health, except
     standby devices the replica had on loan from the pool (those go back to the pool).
@@ -92,6 +116,40 @@ def devices_to_tag(released: Iterable[Device]) -> tuple[Device, ...]:
     repaired, instead of leaving such a hole. The owner keeps its tier mix exactly.
     """
     return tuple(d for d in released if not d.cls.standby)
+
+
+def can_return(
+    owner: JobName | None,
+    dev: Device | None,
+    holder: Holder | None,
+    offering: Mapping[str, bool],
+) -> bool:
+    """Whether a lent device can come back to its owner now: it is there (``dev``: None for a
+    node gone), healthy, on a node that offers its devices, and free or held by a borrower (a
+    low-priority pod, evicted by the reclaim) or by the owner itself. The one rule of the
+    leasing controller (:func:`plan_reclaim`, :func:`assign_groups`), the extender's filter and
+    prewarm."""
+    if dev is None or not dev.cls.healthy or not offering.get(dev.node, False):
+        return False
+    return holder is None or holder.owner == owner or holder.priority is Priority.LOW
+
+
+def group_can_return(
+    owner: JobName | None,
+    uuids: Iterable[GpuUuid],
+    devices: Mapping[GpuUuid, Device],
+    holders: Mapping[GpuUuid, Holder],
+    offering: Mapping[str, bool],
+) -> bool:
+    """Whether a lent group comes back whole: every one of its devices can return, all on one
+    node (a replica takes all its GPUs on one node)."""
+    uuids = list(uuids)
+    nodes = {devices[u].node for u in uuids if u in devices}
+    return (
+        bool(uuids)
+        and len(nodes) == 1
+        and all(can_return(owner, devices.get(u), holders.get(u), offering) for u in uuids)
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,19 +188,20 @@ def plan_reclaim(
         dev = devices.get(uuid)
         if dev is None:
             continue  # node gone: its type and tier are unknown now; counted by the caller
-        if not dev.cls.healthy or not offering.get(dev.node, False):
+        holder = holders.get(uuid)
+        if can_return(owner, dev, holder, offering):
+            if holder is not None and holder.owner != owner:
+                borrowers[holder.key] = holder
+            returnable.append(dev)
+        elif holder is not None and holder.owner != owner and dev.cls.healthy:
+            if offering.get(dev.node, False):
+                blocked[holder.key] = holder
+            else:
+                lost.append(dev)
+            lost_types[(dev.gpu_type, dev.tier)] += 1
+        else:
             lost.append(dev)
             lost_types[(dev.gpu_type, dev.tier)] += 1
-            continue
-        holder = holders.get(uuid)
-        if holder is not None and holder.owner != owner:
-            if holder.priority is Priority.LOW:
-                borrowers[holder.key] = holder
-            else:
-                blocked[holder.key] = holder
-                lost_types[(dev.gpu_type, dev.tier)] += 1
-                continue
-        returnable.append(dev)
     return ReclaimPlan(
         returnable=tuple(returnable),
         lost=tuple(lost),

@@ -14,6 +14,17 @@ extender sends the owner's pods back to their own lent devices, and to standby d
 those that cannot come back), and once all its pods are placed, clear the tags of the lent
 devices it holds again and mark the standby devices it holds as its loans.
 
+Right of return per replica: each lent device is tagged with the owner and with the replica
+that lent it (its group). Where the workload names its replicas (a StatefulSet,
+:func:`~extender.leasing.names_replicas`), the replica a scale-up brings back takes back its own
+group, and only it: the extender lets a returning replica use no other group's devices and sends
+it to the node holding its group. A group that cannot come back whole (a device unhealthy, its
+node gone or silent, a device held by another job's high-priority pod) is swapped, at the start
+of the reclaim, with a group of the owner that stays lent and can come back (the replica takes
+that group instead, and the broken group stays lent under the other's name); without one the
+replica takes what the node of its group offers, then standby devices. A Deployment's pods have
+no stable names: its lent groups come back as a set.
+
 Loans: a standby device a reclaim takes stands in for a lent device that could not come back
 (failed, or on a node gone). It keeps its standby flag and is tagged with the owner while the
 owner holds it, and goes back to the pool when the replica holding it is released; the lent
@@ -32,6 +43,8 @@ from common.model import Device, GpuUuid, Holder, JobName
 from extender.leases import GpuLease, LeaseStatus, LentGroup, Notice
 from extender.leasing import (
     devices_to_tag,
+    group_can_return,
+    incoming_replicas,
     ordinal,
     plan_reclaim,
     replicas_for,
@@ -70,6 +83,7 @@ class TagChange:
     uuid: GpuUuid
     owner: JobName | None
     standby: bool
+    replica: str | None = None  # the owner's replica that lent the device (its group)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,8 +124,26 @@ class Wait:
 Action = WriteStatus | SetTags | ScaleTo | Notify | Evict | Wait
 
 
-def _tag(dev: Device, owner: JobName | None, standby: bool) -> TagChange:
-    return TagChange(dev.node, dev.uuid, owner, standby)
+def _tag(
+    dev: Device, owner: JobName | None, standby: bool, replica: str | None = None
+) -> TagChange:
+    return TagChange(dev.node, dev.uuid, owner, standby, replica)
+
+
+def _retag(
+    groups: Sequence[LentGroup], view: View, owner: JobName, skip: set[GpuUuid] | None = None
+) -> tuple[TagChange, ...]:
+    """The tags that do not yet say what the status says: every lent device tagged with the
+    owner and the replica whose group it is in (``skip``: devices whose tags are cleared)."""
+    out = []
+    for g in groups:
+        for u in g.devices:
+            d = view.devices.get(u)
+            if d is None or (skip and u in skip):
+                continue
+            if d.cls.owner != owner or d.cls.replica != g.replica:
+                out.append(_tag(d, owner, False, g.replica))
+    return tuple(out)
 
 
 def _loans(pods: Sequence[OwnerPod], view: View, lent: set[GpuUuid]) -> set[GpuUuid]:
@@ -149,6 +181,49 @@ def choose_groups(groups: Sequence[LentGroup], count: int, view: View) -> list[L
     return sorted(groups, key=cost)[: max(0, count)]
 
 
+def scale_up_groups(
+    lease: GpuLease, have: int, target: int, view: View
+) -> tuple[tuple[LentGroup, ...], tuple[LentGroup, ...]]:
+    """The lent groups as a scale-up from ``have`` to ``target`` replicas takes them back:
+    (every lent group, renamed where one stands in for another; the groups taken back).
+
+    Where the workload names its replicas, each incoming replica takes back its own group. One
+    whose group cannot come back whole (:func:`~extender.leasing.group_can_return`) takes,
+    instead, a group that stays lent and can (the cheapest by :func:`choose_groups`): the two
+    swap names, so the broken group stays lent for the replica still down. A replica with no
+    such group takes its own anyway (its healthy devices come back, standby for the rest).
+    Elsewhere: :func:`choose_groups` picks ``target - have`` groups, any replica any group.
+    """
+    spec, groups = lease.spec, lease.status.groups
+    incoming = incoming_replicas(spec.workload.kind, spec.workload.name, have, target)
+    if incoming is None:
+        return groups, tuple(choose_groups(groups, target - have, view))
+
+    def whole(g: LentGroup) -> bool:
+        return group_can_return(spec.owner, g.devices, view.devices, view.holders, view.offering)
+
+    names = set(incoming)
+    spare = choose_groups(
+        [g for g in groups if g.replica not in names and whole(g)], len(groups), view
+    )
+    by_name = {g.replica: g for g in groups}
+    for name in incoming:
+        own = by_name.get(name)
+        if (own is not None and whole(own)) or not spare:
+            continue
+        sub = spare.pop(0)
+        by_name[name] = LentGroup(name, sub.devices)
+        if own is None:
+            del by_name[sub.replica]
+        else:
+            by_name[sub.replica] = LentGroup(sub.replica, own.devices)
+    # In their recorded order, a substitute's new name where the name it left was.
+    order = [g.replica for g in groups if g.replica in by_name]
+    order += sorted(by_name.keys() - set(order), key=lambda n: (ordinal(n), n))
+    renamed = tuple(by_name[n] for n in order)
+    return renamed, tuple(g for g in renamed if g.replica in names)
+
+
 def relabel(groups: Sequence[LentGroup], replicas: int) -> tuple[LentGroup, ...]:
     """Give the groups still lent the names of the replicas still down (ordinals from
     ``replicas`` on): which replica lent which group no longer matters once one is back."""
@@ -177,19 +252,26 @@ def decide(
         return _reclaim(lease, replicas, pods, view, now)
     target = replicas_for(target_gpus(spec.desired_gpus, spec.schedule, now), spec.gpus_per_replica)
     if target > replicas:
-        chosen = choose_groups(status.groups, target - replicas, view)
+        groups, chosen = scale_up_groups(lease, replicas, target, view)
+        swapped = [g.replica for g in chosen if g not in status.groups]
         return WriteStatus(
             replace(
                 status,
                 phase="Reclaiming",
                 target_replicas=target,
+                groups=groups,
                 reclaim_started=now,
                 reclaim_deadline=now + spec.grace_s,
                 noticed=(),
                 reclaiming=tuple(g.replica for g in chosen),
                 finalizing=False,
             ),
-            f"scale up {replicas} -> {target} replicas: reclaim {len(chosen)} lent group(s)",
+            f"scale up {replicas} -> {target} replicas: reclaim {len(chosen)} lent group(s)"
+            + (
+                f"; {', '.join(swapped)} take(s) another group, theirs cannot come back"
+                if swapped
+                else ""
+            ),
         )
     if target < replicas:
         released = set(replicas_to_release([p.name for p in pods], target))
@@ -214,16 +296,9 @@ def decide(
                 f"scale down {replicas} -> {target} replicas: lend "
                 f"{sum(len(g.devices) for g in new)} device(s)",
             )
-        untagged = [
-            view.devices[u]
-            for u in status.lent
-            if u in view.devices and view.devices[u].cls.owner != spec.owner
-        ]
+        untagged = _retag(status.groups, view, spec.owner)
         if untagged:
-            return SetTags(
-                tuple(_tag(d, spec.owner, False) for d in untagged),
-                f"tag {len(untagged)} lent device(s) with owner {spec.owner}",
-            )
+            return SetTags(untagged, f"tag {len(untagged)} lent device(s) with owner {spec.owner}")
         loans = [
             view.devices[u]
             for p in pods
@@ -239,6 +314,9 @@ def decide(
         return ScaleTo(target)
     if status.phase == "Lending":
         return WriteStatus(replace(status, phase="Steady"), "scaled down; devices lent")
+    stale = _retag(status.groups, view, spec.owner)
+    if stale:
+        return SetTags(stale, f"tag {len(stale)} lent device(s) with the replica that lent them")
     return Wait(now + RESYNC_S, "steady")
 
 
@@ -252,6 +330,9 @@ def _reclaim(
     back = tuple(g for g in status.groups if g.replica in status.reclaiming)
     reclaimed = tuple(u for g in back for u in g.devices)
     if not status.finalizing:
+        stale = _retag(status.groups, view, spec.owner)
+        if stale:
+            return SetTags(stale, f"tag {len(stale)} lent device(s) with the replica taking them")
         plan = plan_reclaim(spec.owner, reclaimed, view.devices, view.holders, view.offering)
         noticed = {n.uid for n in status.noticed}
         fresh = tuple(b for b in plan.borrowers if b.pod_uid not in noticed)

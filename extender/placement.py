@@ -33,6 +33,7 @@ class Verdict(enum.Enum):
     WRONG_TYPE = "of another GPU type"
     BELOW_TIER = "below the required reliability tier"
     TAGGED_OTHER = "tagged for another job's right of return"
+    TAGGED_REPLICA = "lent by another replica of the job, which takes them back"
     STANDBY_RESERVED = "reserved for reclaims (standby pool)"
 
 
@@ -50,14 +51,34 @@ def verdict(cls: DeviceClass, req: PodRequest) -> Verdict:
         return Verdict.USABLE
     if req.priority is Priority.LOW:  # line 10: borrowers may use tagged devices
         return Verdict.USABLE
-    if req.owner == cls.owner:  # line 12: high priority only on its own tags
+    if req.owner == cls.owner:  # line 12: high priority only on its own tags ...
+        if req.lent_group is not None and cls.replica not in (None, req.lent_group):
+            return Verdict.TAGGED_REPLICA  # ... and a returning replica only on its own group
         return Verdict.USABLE
     return Verdict.TAGGED_OTHER
 
 
+def own_tag(cls: DeviceClass, req: PodRequest) -> bool:
+    """Whether a device of this class is the pod's own to take back: tagged with its job and,
+    for a replica returning to its lent group, with that replica (or with no replica)."""
+    return (
+        cls.owner is not None
+        and cls.owner == req.owner
+        and (req.lent_group is None or cls.replica in (None, req.lent_group))
+    )
+
+
 def placement_shape(req: PodRequest) -> tuple[object, ...]:
     """Everything of a request that :func:`plan_node` depends on, as a cheap hashable key."""
-    return (req.gpus, req.priority.value, req.owner, int(req.min_tier), req.gpu_type, req.reclaim)
+    return (
+        req.gpus,
+        req.priority.value,
+        req.owner,
+        int(req.min_tier),
+        req.gpu_type,
+        req.reclaim,
+        req.lent_group,
+    )
 
 
 def remembered_plans(
@@ -69,7 +90,7 @@ def remembered_plans(
     return memo.setdefault(("plan", *placement_shape(req)), {})
 
 
-def preference(cls: DeviceClass, req: PodRequest) -> tuple[int, int, str]:
+def preference(cls: DeviceClass, req: PodRequest) -> tuple[int, int, str, str]:
     """Order in which a pod takes usable devices of one type (smaller first).
 
     The owner takes its own tagged devices first (right of return: the same devices back);
@@ -79,13 +100,13 @@ def preference(cls: DeviceClass, req: PodRequest) -> tuple[int, int, str]:
     """
     if cls.standby:
         rank = 3
-    elif req.priority is Priority.HIGH and cls.owner is not None and cls.owner == req.owner:
+    elif req.priority is Priority.HIGH and own_tag(cls, req):
         rank = 0
     elif cls.owner is None:
         rank = 1
     else:
         rank = 2
-    return (rank, int(cls.tier), cls.owner or "")
+    return (rank, int(cls.tier), cls.owner or "", cls.replica or "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,11 +174,7 @@ def plan_node(
         n_standby = count(standby.get(gpu_type, ()))
         if n_usable + n_standby < req.gpus:
             continue
-        own = sum(
-            free[c]
-            for c in usable.get(gpu_type, ())
-            if req.owner is not None and c.owner == req.owner
-        )
+        own = sum(free[c] for c in usable.get(gpu_type, ()) if own_tag(c, req))
         shortfall = max(0, req.gpus - n_usable)
         key = (shortfall, -own, n_usable, gpu_type)
         if best is None or key < best[0]:

@@ -24,7 +24,8 @@ from common.model import (
     Priority,
 )
 from extender.clusterstate import ClusterState
-from extender.placement import Verdict, free_counts, plan_node, verdict
+from extender.placement import Verdict, free_counts, own_tag, plan_node, verdict
+from extender.returning import lent_group_home
 
 _HELPFUL = (Verdict.USABLE, Verdict.STANDBY)
 
@@ -43,10 +44,10 @@ def _classes(alloc: Allocation, by_uuid: dict[GpuUuid, Device]) -> list[DeviceCl
 
 
 def _borrower_rank(alloc: Allocation, by_uuid: dict[GpuUuid, Device], req: PodRequest) -> int:
-    owners = {c.owner for c in _classes(alloc, by_uuid) if c.owner is not None}
-    if req.owner is not None and req.owner in owners:
+    classes = _classes(alloc, by_uuid)
+    if any(own_tag(c, req) for c in classes):
         return 0  # borrowing the preemptor's own lent devices
-    return 1 if owners else 2
+    return 1 if any(c.owner is not None for c in classes) else 2
 
 
 def _candidates(
@@ -185,6 +186,10 @@ def preempt_nodes(
     """
     answer: dict[str, Proposal] = {}
     costs: dict[str, tuple[int, int, int]] = {}
+    home = lent_group_home(cluster, req)
+    if home is not None and home in proposals:
+        # A replica taking back its lent group evicts there or nowhere (extender.returning).
+        proposals = {n: p for n, p in proposals.items() if n == home}
     for name, proposal in proposals.items():
         state = cluster.get(name)
         if state is None or not state.offering:

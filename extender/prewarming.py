@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -52,8 +52,8 @@ from common.prewarmwire import (
 from common.timefmt import microtime
 from extender.filtering import return_share
 from extender.leases import GpuLease, LentGroup
-from extender.leasing import ordinal, replicas_for, target_gpus
-from extender.lending import View, choose_groups
+from extender.leasing import group_can_return, ordinal, replicas_for, target_gpus
+from extender.lending import View, scale_up_groups
 from extender.placement import plan_node
 
 GB = 1e9
@@ -174,6 +174,9 @@ class NodeDecision:
     window: PrelaunchWindow
     directive: Directive | None  # None: nothing to fetch, or not yet within the horizon
     why: str
+    # The lent groups (by replica) this node holds and is warmed for: where those replicas
+    # land (extender.returning sends each to the node holding its group).
+    groups: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,14 +244,14 @@ def scale_up_of(
     start, nxt, nxt_gpus = _entry_times(lease, now)
     if want > have:
         at = since if since is not None else start if start is not None else now
-        groups = tuple(choose_groups(status.groups, want - have, view))
+        groups = scale_up_groups(lease, have, want, view)[1]
         return (
             ScaleUp(lease.key, at, have, want, groups, True),
             f"{have} replica(s) now, {want} wanted",
         )
     if nxt is not None and replicas_for(nxt_gpus, per) > have:
         target = replicas_for(nxt_gpus, per)
-        groups = tuple(choose_groups(status.groups, target - have, view))
+        groups = scale_up_groups(lease, have, target, view)[1]
         return (
             ScaleUp(lease.key, nxt, have, target, groups, False),
             f"scale-up {have} -> {target} replica(s) at {microtime(nxt)}",
@@ -379,29 +382,34 @@ def plan_lease(
     if scale_up.ongoing and now > scale_up.at + settings.stale_s:
         return LeasePlan(lease.key, None, (), f"{why}; scale-up older than {settings.stale_s} s")
     decisions: list[NodeDecision] = []
-    taken: set[str] = set()
     broken: list[LentGroup] = []
+    homes: dict[str, list[LentGroup]] = {}  # node -> the groups it holds
     for g in sorted(scale_up.groups, key=lambda g: (ordinal(g.replica), g.replica)):
-        devs = [devices[u] for u in g.devices if u in devices]
-        if len(devs) < len(g.devices) or not all(d.cls.healthy for d in devs):
+        # the filter's rule (extender.returning): the replica goes where its group is, if the
+        # group can come back whole (borrowers on it are evicted by then)
+        if not group_can_return(lease.spec.owner, g.devices, devices, view.holders, view.offering):
             broken.append(g)
             continue
-        for node in sorted({d.node for d in devs}):
-            if node in taken:
-                continue
-            taken.add(node)
-            decisions.append(
+        homes.setdefault(devices[g.devices[0]].node, []).append(g)
+    for node, held_groups in sorted(homes.items()):
+        names = tuple(g.replica for g in held_groups)
+        count = sum(len(g.devices) for g in held_groups)
+        decisions.append(
+            replace(
                 _decide_node(
                     nodes[node],
                     "Lent",
-                    f"holds lent group {g.replica} ({len(devs)} device(s))",
+                    f"holds lent group(s) {', '.join(names)} ({count} device(s))",
                     scale_up,
                     template,
                     mine.get(node),
                     settings,
                     now,
-                )
+                ),
+                groups=names,
             )
+        )
+    taken = set(homes)
     # Replicas the lent groups cannot take (none lent, or broken) go to standby devices of the
     # lent devices' type and tier (the controller's backfill), plus a margin.
     lent_devices = [devices[u] for g in scale_up.groups for u in g.devices if u in devices]

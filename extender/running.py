@@ -113,7 +113,14 @@ async def serve(
             world=leasing.world,
             metrics=LeasingMetrics(app.metrics.registry),
             standby_targets=settings.standby_targets(),
+            test_grace_s=settings.leasing_test_grace_s,
         )
+        if settings.leasing_test_grace_s is not None:
+            log.warning(
+                "leasing: every borrower gets %d s of notice, whatever its lease says "
+                "(leasing_test_grace_s: for test clusters only)",
+                settings.leasing_test_grace_s,
+            )
 
         async def lead() -> None:
             await synced.wait()

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from common.model import NodeCache, PodRequest, Priority, Tier
 from extender.clusterstate import ClusterState
-from extender.placement import NodePlan, placement_shape, plan_node, remembered_plans
+from extender.placement import NodePlan, own_tag, placement_shape, plan_node, remembered_plans
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +61,7 @@ def plan_parts(
     if taken == 0 or node_devices == 0:
         return (0.0, 0.0, 0.0)
     if req.priority is Priority.HIGH:
-        good = sum(n for c, n in plan.take if c.owner is not None and c.owner == req.owner)
+        good = sum(n for c, n in plan.take if own_tag(c, req))
     else:
         good = sum(n for c, n in plan.take if c.owner is None and not c.standby)
     ownership = good / taken

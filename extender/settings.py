@@ -37,6 +37,9 @@ class ExtenderSettings:
     agent_namespace: str = contract.DEFAULT_AGENT_NAMESPACE
     # The leasing controller (leader-elected) runs in this process when set.
     leasing_controller: bool = False
+    # Test clusters only: every reclaim gives borrowers this many seconds of notice instead of
+    # its lease's graceSeconds (which the CRD keeps at 30 or more). None: the leases' own.
+    leasing_test_grace_s: int | None = None
     # Standby pool targets: "TYPE/TIER" -> devices, e.g. {"H20/HA": 16}. File only.
     standby: dict[str, int] = field(default_factory=dict)
     snapshot: Path | None = None
@@ -64,6 +67,8 @@ class ExtenderSettings:
         for name in ("reserve_ttl_s", "missing_grace_s", "reap_interval_s", "agent_timeout_s"):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be positive")
+        if self.leasing_test_grace_s is not None and self.leasing_test_grace_s < 0:
+            problems.append("leasing_test_grace_s must not be negative")
         for key, count in self.standby.items():
             gpu_type, _, tier = key.partition("/")
             if (
@@ -91,6 +96,7 @@ _FIELD_TYPES: dict[str, type] = {
     "agent_timeout_s": float,
     "agent_namespace": str,
     "leasing_controller": bool,
+    "leasing_test_grace_s": int,
     "snapshot": Path,
     "kubeconfig": Path,
 }

@@ -9,7 +9,9 @@
 #       then stop everything and clean up
 #   -d  detach: start in the background, return once ready; stop with hack/cluster-down.sh
 #   -n  kwok GPU nodes to create (TL_CLUSTER_NODES, default 4)
-#   -D  cluster directory (TL_CLUSTER_DIR, default ${TMPDIR:-/tmp}/tidelease-cluster-$UID)
+#   -D  cluster directory (TL_CLUSTER_DIR, default ${TMPDIR:-/tmp}/tidelease-cluster-$UID): a
+#       new or empty one is used; one left by a cluster that died is cleaned up first; any other
+#       is refused. It is removed when the cluster stops (TL_CLUSTER_KEEP_DIR=true keeps it).
 #   -p  also run a kube-scheduler without extenders for pods with schedulerName tidelease-plain
 #   -r  also join a real node (hack/realnode.sh: containerd + kubelet + the tidelease agent with
 #       fake GPUs; needs root): TL_CLUSTER_REAL_NODE=true
@@ -18,7 +20,10 @@
 # TL_CLUSTER_CA, TL_CLUSTER_EXTENDER_URL, the pids, ...; `source` it). Idempotent: with -d, a
 # cluster already running in DIR is reported and left alone; a stale DIR (its supervisor gone)
 # is cleaned up first. Other settings: see hack/lib/cluster.sh (TL_CLUSTER_*); variables
-# TIDELEASE_EXTENDER_* reach the extender.
+# TIDELEASE_EXTENDER_* reach the extender. The extender runs the leasing controller, the
+# hot-restart operator and the prewarm controller (not the planner, nor the orchestrator), and
+# gives borrowers TL_CLUSTER_LEASING_GRACE_S (2) seconds of notice. It runs from the project's
+# virtualenv, TL_VENV (default: .venv in the checkout), created and installed on first use.
 set -o errexit -o nounset -o pipefail
 
 source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
@@ -28,7 +33,7 @@ MODE="${TL_CLUSTER_MODE:-foreground}"
 # Foreground mode also exits when this process does (the test fixture's pytest).
 TL_CLUSTER_PARENT_PID="${TL_CLUSTER_PARENT_PID:-}"
 
-usage() { sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 cleanup() {
   local rc=$?

@@ -427,7 +427,9 @@ class OnlineJobs:
             for c in action.changes:
                 dev = world.devices.get(c.uuid)
                 if dev is not None:
-                    changes[c.uuid] = dev.cls._replace(owner=c.owner, standby=c.standby)
+                    changes[c.uuid] = dev.cls._replace(
+                        owner=c.owner, standby=c.standby, replica=c.replica
+                    )
             world.set_classes(changes)
         elif isinstance(action, ScaleTo):
             self._scale(job, action.replicas)

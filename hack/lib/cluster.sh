@@ -53,6 +53,10 @@ TL_CLUSTER_KCM_BURST="${TL_CLUSTER_KCM_BURST:-400}"
 TL_CLUSTER_READY_TIMEOUT="${TL_CLUSTER_READY_TIMEOUT:-180}"
 TL_CLUSTER_VERBOSITY="${TL_CLUSTER_VERBOSITY:-1}"
 TL_CLUSTER_EXTENDER_LOG_LEVEL="${TL_CLUSTER_EXTENDER_LOG_LEVEL:-INFO}"
+# Seconds of notice every reclaim gives borrowers on this cluster, whatever its lease's
+# graceSeconds (the CRD keeps those at 30 or more): the extender's leasing_test_grace_s, so that
+# tests do not wait half a minute per reclaim. Empty: the leases' own notice, as in production.
+TL_CLUSTER_LEASING_GRACE_S="${TL_CLUSTER_LEASING_GRACE_S-2}"
 # true: also join a real node (hack/realnode.sh: Debian's containerd and a real kubelet, root
 # only) named TL_CLUSTER_REAL_NODE_NAME, with TL_CLUSTER_REAL_NODE_GPUS fake GPUs served by the
 # tidelease agent's device plugin. It is tainted tidelease.io/real-node=true:NoSchedule.
@@ -173,10 +177,15 @@ tl::cluster::remove_dir() {
 }
 
 # tl::cluster::reap_stale DIR - a cluster directory left by a run that did not clean up: stop
-# what it recorded and remove it. A live cluster is left alone (returns 1).
+# what it recorded and remove it. A live cluster is left alone (returns 1); an empty directory
+# is kept, to be used.
 tl::cluster::reap_stale() {
   local dir="$1"
   [[ -e "${dir}" ]] || return 0
+  # An empty directory (made for the cluster, say with mktemp -d) is used as it is.
+  if [[ -d "${dir}" && -z "$(ls -A -- "${dir}")" ]]; then
+    return 0
+  fi
   if tl::cluster::running "${dir}"; then
     return 1
   fi
@@ -292,7 +301,8 @@ tl::cluster::start_extender() {
   local port log="${TL_CLUSTER_DIR}/logs/extender.log"
   port="$(tl::free_port)"
   TL_CLUSTER_EXTENDER_URL="http://127.0.0.1:${port}"
-  "${TL_VENV}/bin/tidelease" --log-level "${TL_CLUSTER_EXTENDER_LOG_LEVEL}" extender \
+  TIDELEASE_EXTENDER_LEASING_TEST_GRACE_S="${TL_CLUSTER_LEASING_GRACE_S}" \
+    "${TL_VENV}/bin/tidelease" --log-level "${TL_CLUSTER_EXTENDER_LOG_LEVEL}" extender \
     --kubeconfig "${TL_CP_KUBECONFIG}" --host 127.0.0.1 --port "${port}" \
     --leasing-controller --hot-restart-operator --prewarm-controller \
     >"${log}" 2>&1 &

@@ -54,6 +54,8 @@ class Rig:
     nodes: list[str]
     kubeconfig: str
     running: Running | None = None
+    # Borrowers' notice: the extender's leasing_test_grace_s (the lease says 30, the minimum)
+    grace_s: int = 1
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     # --- objects ---
@@ -218,7 +220,7 @@ async def make_rig(kube: KubeClient, kubeconfig: str, *, standby: bool = True) -
             "owner": "recsys",
             "gpusPerReplica": 4,
             "desiredGPUs": 16,
-            "graceSeconds": 1,
+            "graceSeconds": 30,
             "workload": {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "recsys"},
         },
     }
@@ -236,12 +238,7 @@ async def running_rig(
     kube = await KubeClient.connect(Path(kubeconfig))
     rig = await make_rig(kube, kubeconfig, standby=standby)
     if grace_s is not None:
-        await kube.json(
-            "PATCH",
-            f"/apis/{contract.API_VERSION}/namespaces/{rig.ns}/gpuleases/recsys",
-            body={"spec": {"graceSeconds": grace_s}},
-            content_type="application/merge-patch+json",
-        )
+        rig.grace_s = grace_s
     async with aiohttp.ClientSession() as session:
         rig.tasks = [
             asyncio.create_task(rig.statefulset_loop()),
@@ -264,7 +261,13 @@ async def extender(rig: Rig) -> AsyncIterator[Running]:
 
     store = await KubeStore.connect(Path(rig.kubeconfig))
     kube = await KubeClient.connect(Path(rig.kubeconfig))
-    settings = ExtenderSettings(host="127.0.0.1", port=0, reap_interval_s=0.5, missing_grace_s=0.5)
+    settings = ExtenderSettings(
+        host="127.0.0.1",
+        port=0,
+        reap_interval_s=0.5,
+        missing_grace_s=0.5,
+        leasing_test_grace_s=rig.grace_s,
+    )
     try:
         async with serve(
             store=store, settings=settings, leasing=Leasing(KubeWorld(kube))

@@ -7,6 +7,14 @@ borrowers run on them, then the lease asks for 16 again: the borrowers get a not
 after the grace period, and the owner's new replicas land on the very devices it lent. With one
 lent device made unhealthy, the replica that held it gets standby devices of the same type and
 tier instead.
+
+Right of return per replica: a 3 x 4 GPU StatefulSet lends replicas 1 and 2 and takes them back
+twenty times, borrowers on exactly the lent devices each time; every time each replica is back
+on exactly the UUIDs it lent (compared per ordinal). With a device of recsys-1's group made
+unhealthy, recsys-1 alone falls back to standby devices.
+
+The local cluster gives borrowers GRACE_S seconds of notice (hack/cluster-up.sh sets the
+extender's leasing_test_grace_s); the leases say 30 s, the CRD's minimum.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ from tests.e2e.kube import get_text, wait_for
 
 pytestmark = pytest.mark.cluster
 
-GRACE_S = 2
+GRACE_S = 2  # TL_CLUSTER_LEASING_GRACE_S's default
 REPLICA_GPUS = 4
 
 
@@ -36,8 +44,11 @@ def lent_devices(lease: dict[str, Any]) -> set[str]:
 class Job:
     """The owner's StatefulSet and GpuLease in one namespace, on one node group."""
 
-    def __init__(self, cluster: Cluster, group: NodeGroup, namespace: str) -> None:
+    def __init__(
+        self, cluster: Cluster, group: NodeGroup, namespace: str, *, replicas: int = 4
+    ) -> None:
         self.cluster, self.group, self.ns = cluster, group, namespace
+        self.replicas = replicas
         kube = cluster.kube
         template = group.pod(
             namespace,
@@ -54,7 +65,7 @@ class Job:
                 "kind": "StatefulSet",
                 "metadata": {"name": "recsys", "namespace": namespace},
                 "spec": {
-                    "replicas": 4,
+                    "replicas": replicas,
                     "serviceName": "recsys",
                     "podManagementPolicy": "Parallel",
                     "selector": {"matchLabels": {"app": "recsys"}},
@@ -76,8 +87,8 @@ class Job:
                 "spec": {
                     "owner": "recsys",
                     "gpusPerReplica": REPLICA_GPUS,
-                    "desiredGPUs": 16,
-                    "graceSeconds": GRACE_S,
+                    "desiredGPUs": replicas * REPLICA_GPUS,
+                    "graceSeconds": 30,
                     "workload": {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "recsys"},
                 },
             }
@@ -133,18 +144,37 @@ class Job:
         self.wait_placed("recsys-", {"recsys-0", "recsys-1"})
         return lent_devices({"status": status})
 
-    def borrow(self, lent: set[str]) -> dict[str, list[str]]:
+    def borrow(self, lent: set[str], prefix: str = "finetune-") -> dict[str, list[str]]:
         for i in range(2):
             self.group.create_pod(
                 self.ns,
-                f"finetune-{i}",
+                f"{prefix}{i}",
                 REPLICA_GPUS,
                 priority=Priority.LOW,
                 priority_class=BORROWER,
             )
-        placed = self.wait_placed("finetune-", {"finetune-0", "finetune-1"})
+        placed = self.wait_placed(prefix, {f"{prefix}0", f"{prefix}1"})
         assert {u for d in placed.values() for u in d} <= lent, placed
         return placed
+
+    def replicas_placed(self, count: int) -> dict[str, list[str]]:
+        return self.wait_placed("recsys-", {f"recsys-{i}" for i in range(count)})
+
+    def lend_groups(self, keep: int) -> dict[str, list[str]]:
+        """Scale down to ``keep`` replicas: the lent groups, by replica, once lent."""
+        lent = (self.replicas - keep) * REPLICA_GPUS
+        self.set_desired(keep * REPLICA_GPUS)
+        status = self.wait_steady(
+            f"{lent} devices lent", lambda s: len(lent_devices({"status": s})) == lent
+        )
+        self.replicas_placed(keep)
+        return {g["replica"]: sorted(g["devices"]) for g in status["lent"]}
+
+    def reclaim(self, reclaims: int) -> dict[str, Any]:
+        self.set_desired(self.replicas * REPLICA_GPUS)
+        return self.wait_steady(
+            f"reclaim {reclaims} to finish", lambda s: s.get("reclaims") == reclaims
+        )
 
 
 @pytest.fixture
@@ -216,6 +246,66 @@ def test_a_lent_device_that_failed_is_backfilled_from_standby(job: Job) -> None:
             devices[broken]["tier"],
         )
     assert (status["returned"], status["backfilled"]) == (4, 4)
+
+
+@pytest.fixture
+def small_job(cluster: Cluster, group: NodeGroup, namespace: str) -> Job:
+    """3 x 4 GPUs on a 4-GPU and an 8-GPU node (no free device beside the job's), and a
+    4-GPU standby node."""
+    cluster.ensure_priority_class(BORROWER, 10)
+    group.add_node("n1", lambda name: builders.devices(name, 4))
+    group.add_node("n2", lambda name: builders.devices(name, 8))
+    group.add_node("s1", lambda name: builders.devices(name, 4, standby=True))
+    group.wait_ready()
+    return Job(cluster, group, namespace, replicas=3)
+
+
+CYCLES = 20
+
+
+def test_each_replica_gets_back_exactly_its_own_devices_every_cycle(small_job: Job) -> None:
+    job = small_job
+    first = job.replicas_placed(3)
+    for cycle in range(CYCLES):
+        groups = job.lend_groups(keep=1)
+        assert set(groups) == {"recsys-1", "recsys-2"}, groups
+        if cycle == 0:  # each group is what its replica held
+            assert groups == {r: sorted(first[r]) for r in groups}
+        job.borrow({u for devs in groups.values() for u in devs}, prefix=f"borrow-{cycle}-")
+        status = job.reclaim(reclaims=cycle + 1)
+        placed = job.replicas_placed(3)
+        got = {r: sorted(placed[r]) for r in groups}
+        assert got == groups, f"cycle {cycle}: replicas back on {got}, lent {groups}"
+        assert sorted(placed["recsys-0"]) == sorted(first["recsys-0"])
+        assert (status["returned"], status["backfilled"]) == (8 * (cycle + 1), 0)
+        assert not job.placed(f"borrow-{cycle}-"), "the borrowers were not evicted"
+
+
+def test_only_the_replica_whose_device_failed_falls_back_to_standby(small_job: Job) -> None:
+    job = small_job
+    job.replicas_placed(3)
+    groups = job.lend_groups(keep=1)
+    job.borrow({u for devs in groups.values() for u in devs})
+    broken = groups["recsys-1"][0]
+    node = next(n for n in job.group.nodes if broken in job.cluster.gpu_node_uuids(n))
+    gpu_node = job.cluster.kube.get(contract.KIND_GPU_NODE, node)
+    assert gpu_node is not None
+    for d in gpu_node["status"]["devices"]:
+        if d["uuid"] == broken:
+            d["health"] = "Unhealthy"
+    job.cluster.kube.patch(
+        contract.KIND_GPU_NODE, node, {"status": gpu_node["status"]}, subresource="status"
+    )
+    status = job.reclaim(reclaims=1)
+    placed = job.replicas_placed(3)
+    assert sorted(placed["recsys-2"]) == groups["recsys-2"]  # untouched by the failure
+    standby = job.cluster.gpu_node_uuids(job.group.nodes[2])
+    assert set(placed["recsys-1"]) <= set(standby), placed["recsys-1"]
+    assert (status["returned"], status["backfilled"]) == (4, 4)
+    # recsys-1's own devices stay lent to it (they come back once repaired).
+    assert [(g["replica"], sorted(g["devices"])) for g in status["lent"]] == [
+        ("recsys-1", groups["recsys-1"])
+    ]
 
 
 def test_the_extender_serves_every_controllers_metrics(cluster: Cluster) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
 
 import pytest
@@ -15,6 +16,7 @@ from extender.lending import (
     OwnerPod,
     ScaleTo,
     SetTags,
+    TagChange,
     View,
     Wait,
     WriteStatus,
@@ -34,10 +36,28 @@ def lease(desired: int, status: LeaseStatus | None = None, grace: int = 45) -> G
 def world(*, lent_owner: bool = False, healthy: bool = True) -> tuple[list[Device], View]:
     a = builders.devices("a", 8)
     b = builders.devices(
-        "b", 4, owner="recsys" if lent_owner else None, healthy=healthy
+        "b",
+        4,
+        owner="recsys" if lent_owner else None,
+        replica="recsys-2" if lent_owner else None,
+        healthy=healthy,
     ) + builders.devices("b", 4, tier=Tier.LA, start=4)
     devs = a + b
     return devs, View({d.uuid: d for d in devs}, {}, {"a": True, "b": True})
+
+
+def applied(view: View, changes: Iterable[TagChange]) -> View:
+    """The view once the controller's tag changes are written (as KubeWorld.set_tags does)."""
+    classes = {
+        c.uuid: view.devices[c.uuid].cls._replace(
+            owner=c.owner, standby=c.standby, replica=c.replica
+        )
+        for c in changes
+    }
+    return replace(
+        view,
+        devices={u: replace(d, cls=classes.get(u, d.cls)) for u, d in view.devices.items()},
+    )
 
 
 def pods(devs: list[Device], n: int) -> list[OwnerPod]:
@@ -70,13 +90,7 @@ def test_scale_down_records_then_tags_then_scales() -> None:
     assert isinstance(step, SetTags)
     assert {(c.node, c.owner) for c in step.changes} == {("b", OWNER)}
     assert len(step.changes) == 8
-    tagged = replace(
-        view,
-        devices={
-            **view.devices,
-            **{d.uuid: replace(d, cls=d.cls._replace(owner=OWNER)) for d in devs[8:16]},
-        },
-    )
+    tagged = applied(view, step.changes)
     step = decide(recorded, 4, pods(devs, 4), tagged, NOW)
     assert step == ScaleTo(2)
     step = decide(recorded, 2, pods(devs, 2), tagged, NOW)
@@ -169,14 +183,7 @@ def test_backfilled_standby_devices_are_counted_and_kept_on_loan() -> None:
         ("b", None, False),
         ("s", OWNER, True),
     }
-    changed = {
-        c.uuid: view.devices[c.uuid].cls._replace(owner=c.owner, standby=c.standby)
-        for c in step.changes
-    }
-    after = replace(
-        view,
-        devices={u: replace(d, cls=changed.get(u, d.cls)) for u, d in view.devices.items()},
-    )
+    after = applied(view, step.changes)
     done = decide(lease(16, finalizing), 4, placed, after, NOW + 7)
     assert isinstance(done, WriteStatus)
     assert (done.status.phase, done.status.backfilled) == ("Steady", 4)
@@ -271,12 +278,10 @@ def test_high_priority_squatters_are_never_evicted() -> None:
 
 
 async def test_standby_top_up_through_the_controller() -> None:
-    from collections.abc import Iterable
 
     from prometheus_client import CollectorRegistry
 
     from extender.leasecontroller import LeaseCache, LeaseController, LeasingMetrics
-    from extender.lending import TagChange
     from extender.watching import PodCache
     from tests.unit.cluster import allocate, cluster
 
@@ -308,12 +313,10 @@ async def test_standby_beyond_its_target_goes_back_through_the_controller() -> N
     """Loans given back leave the pool above its target: free standby devices go back to the
     platform, from the nodes with the fewest first (whole standby nodes are kept); devices a
     replica still holds on loan stay."""
-    from collections.abc import Iterable
 
     from prometheus_client import CollectorRegistry
 
     from extender.leasecontroller import LeaseCache, LeaseController, LeasingMetrics
-    from extender.lending import TagChange
     from extender.watching import PodCache
     from tests.unit.cluster import allocate, cluster
 
@@ -355,7 +358,8 @@ def test_a_partial_scale_up_reclaims_only_the_returning_replicas_devices() -> No
     )
     on_b = holder("borrower-b")
     on_a = holder("borrower-a")
-    busy = replace(view, holders={a_lent[0]: on_a, b_lent[0]: on_b})
+    tagged_a = applied(view, (TagChange("a", u, OWNER, False, "recsys-1") for u in a_lent))
+    busy = replace(tagged_a, holders={a_lent[0]: on_a, b_lent[0]: on_b})
     start = decide(lease(8, status), 1, pods(devs, 1), busy, NOW)
     assert isinstance(start, WriteStatus)
     step = decide(lease(8, start.status), 1, pods(devs, 1), busy, NOW + 1)
@@ -367,13 +371,6 @@ def test_a_partial_scale_up_reclaims_only_the_returning_replicas_devices() -> No
         OwnerPod("recsys-1", "uid-1", "a", a_lent),
     ]
     fin = replace(start.status, finalizing=True)
-    tagged_a = replace(
-        view,
-        devices={
-            u: (replace(d, cls=d.cls._replace(owner=OWNER)) if u in a_lent else d)
-            for u, d in view.devices.items()
-        },
-    )
     step = decide(lease(8, fin), 2, back, tagged_a, NOW + 5)
     assert isinstance(step, SetTags)
     assert {c.uuid for c in step.changes} == set(a_lent)  # b's tags stay
@@ -444,3 +441,90 @@ async def test_an_unexpected_error_on_one_lease_is_logged_and_the_others_go_on(
     assert sorted(asked) == ["broken", "fine"]
     assert wake <= NOW + 2.0
     assert "lease ns/broken: unexpected error (retrying)" in caplog.text
+
+
+# --- right of return per replica ---
+
+
+def three_groups(*, broken: bool) -> tuple[View, tuple[LentGroup, ...]]:
+    """recsys-1, -2 and -3 lent, on nodes a, b and c; recsys-1's group with an unhealthy
+    device when ``broken``."""
+    groups = tuple(
+        LentGroup(f"recsys-{i}", tuple(d.uuid for d in builders.devices(node, 4)))
+        for i, node in ((1, "a"), (2, "b"), (3, "c"))
+    )
+    devices = {}
+    for g, node in zip(groups, "abc", strict=True):
+        for d in builders.devices(node, 4, owner=OWNER, replica=g.replica):
+            sick = broken and node == "a" and d.index == 0
+            devices[d.uuid] = replace(d, cls=d.cls._replace(healthy=False)) if sick else d
+    return View(devices, {}, dict.fromkeys("abc", True)), groups
+
+
+@pytest.mark.parametrize(
+    ("broken", "target", "reclaimed", "renamed"),
+    [
+        (False, 3, ("recsys-1", "recsys-2"), {}),
+        # recsys-1's group cannot come back: recsys-3's (staying lent) stands in, names swap
+        (True, 3, ("recsys-1", "recsys-2"), {"recsys-1": "c", "recsys-3": "a"}),
+        # nothing stays lent to stand in: recsys-1 takes its own group as it is
+        (True, 4, ("recsys-1", "recsys-2", "recsys-3"), {}),
+    ],
+    ids=["own-groups", "broken-swaps-with-a-spare", "broken-without-a-spare"],
+)
+def test_a_scale_up_takes_back_each_replicas_own_group(
+    broken: bool, target: int, reclaimed: tuple[str, ...], renamed: dict[str, str]
+) -> None:
+    view, groups = three_groups(broken=broken)
+    status = LeaseStatus(phase="Steady", target_replicas=1, groups=groups)
+    step = decide(lease(4 * target, status), 1, pods(builders.devices("z", 4), 1), view, NOW)
+    assert isinstance(step, WriteStatus)
+    assert step.status.reclaiming == reclaimed
+    by_name = {g.replica: {view.devices[u].node for u in g.devices} for g in step.status.groups}
+    expected = {"recsys-1": "a", "recsys-2": "b", "recsys-3": "c"} | renamed
+    assert by_name == {name: {node} for name, node in expected.items()}
+    # The tags follow the names before any borrower is told: each device says its group.
+    step2 = decide(lease(4 * target, step.status), 1, pods(builders.devices("z", 4), 1), view, NOW)
+    if renamed:
+        assert isinstance(step2, SetTags)
+        assert {(c.node, c.replica) for c in step2.changes} == {
+            (node, name) for name, node in renamed.items()
+        }
+        step2 = decide(
+            lease(4 * target, step.status),
+            1,
+            pods(builders.devices("z", 4), 1),
+            applied(view, step2.changes),
+            NOW,
+        )
+    assert step2 == ScaleTo(target)
+
+
+def test_a_deployment_takes_back_the_cheapest_groups() -> None:
+    view, groups = three_groups(broken=True)
+    deployment = Workload("apps/v1", "Deployment", "recsys")
+    spec = replace(lease(8).spec, workload=deployment)
+    status = LeaseStatus(phase="Steady", target_replicas=1, groups=groups)
+    busy = replace(view, holders={groups[1].devices[0]: holder("finetune")})
+    step = decide(
+        GpuLease("ml", "recsys", "1", spec, status), 1, pods(builders.devices("z", 4), 1), busy, NOW
+    )
+    assert isinstance(step, WriteStatus)
+    assert step.status.groups == groups  # no renaming
+    assert step.status.reclaiming == ("recsys-3",)  # healthy and free: the cheapest
+
+
+def test_steady_tags_follow_the_recorded_groups() -> None:
+    view, groups = three_groups(broken=False)
+    untagged = applied(
+        view, (TagChange(view.devices[u].node, u, OWNER, False) for u in groups[0].devices)
+    )
+    status = LeaseStatus(phase="Steady", target_replicas=1, groups=groups)
+    step = decide(lease(4, status), 1, pods(builders.devices("z", 4), 1), untagged, NOW)
+    assert isinstance(step, SetTags)
+    assert {(c.uuid, c.owner, c.replica) for c in step.changes} == {
+        (u, OWNER, "recsys-1") for u in groups[0].devices
+    }
+    assert isinstance(
+        decide(lease(4, status), 1, pods(builders.devices("z", 4), 1), view, NOW), Wait
+    )

@@ -118,3 +118,24 @@ def test_deployed_command_lines_are_ones_tidelease_accepts(kind: str) -> None:
         except SystemExit:
             pytest.fail(f"{path}: tidelease rejects {args}")
         assert callable(parsed.run), path
+
+
+@pytest.mark.parametrize("grace", [0, 29, 601])
+def test_the_crd_and_the_parser_refuse_the_same_notices(grace: int) -> None:
+    """graceSeconds below the minimum (no time to checkpoint) or above the maximum: refused by
+    the CRD's schema and by the controller's parser alike; the bounds themselves pass."""
+    from common.errors import InvalidInput
+    from extender.leases import MAX_GRACE_S, MIN_GRACE_S, parse_gpu_lease
+
+    (lease,) = load(MANIFESTS / "examples" / "gpulease.yaml")
+    lease["metadata"]["namespace"] = "ml"
+    schema = crd_schema(contract.PLURAL_GPU_LEASE)
+    for ok in (MIN_GRACE_S, MAX_GRACE_S):
+        lease["spec"]["graceSeconds"] = ok
+        jsonschema.validate(lease, schema)
+        assert parse_gpu_lease(lease).spec.grace_s == ok
+    lease["spec"]["graceSeconds"] = grace
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(lease, schema)
+    with pytest.raises(InvalidInput, match="graceSeconds"):
+        parse_gpu_lease(lease)

@@ -42,7 +42,7 @@ from common.prewarmwire import (
     parse_items,
 )
 from extender.filtering import filter_nodes
-from extender.leases import GpuLease, parse_gpu_lease
+from extender.leases import GpuLease, Workload, parse_gpu_lease
 from extender.prewarming import (
     PrewarmPlan,
     PrewarmSettings,
@@ -322,7 +322,8 @@ def test_no_spare_standby_without_a_backfill_need() -> None:
 
 
 def test_the_groups_taken_back_are_the_controllers_choice() -> None:
-    """A scale-up by one replica takes one group back: the one without borrowers."""
+    """A StatefulSet's scale-up by one replica takes back that replica's own group (recsys-2's,
+    on n1), borrowers or not; a Deployment's takes the group without borrowers."""
     one_more = lease(
         schedule=False,
         desired=12,
@@ -332,8 +333,16 @@ def test_the_groups_taken_back_are_the_controllers_choice() -> None:
     holders = {GpuUuid(u): borrower for u in group_of("n1")}
     nodes = [node("n1", lent("n1")), node("n2", lent("n2"))]
     got = prewarmed(plan(nodes, at("07:00:00"), leases=[one_more], holders=holders))
-    assert set(got) == {"n2"}
+    assert set(got) == {"n1"}
     got = prewarmed(plan(nodes, at("07:00:00"), leases=[one_more]))
+    assert set(got) == {"n1"}
+    deployment = replace(
+        one_more,
+        spec=replace(one_more.spec, workload=Workload("apps/v1", "Deployment", "recsys")),
+    )
+    got = prewarmed(plan(nodes, at("07:00:00"), leases=[deployment], holders=holders))
+    assert set(got) == {"n2"}
+    got = prewarmed(plan(nodes, at("07:00:00"), leases=[deployment]))
     assert set(got) == {"n1"}  # no borrowers anywhere: the lowest ordinal, as the controller
 
 
@@ -556,7 +565,6 @@ async def test_a_node_deleted_while_its_directives_are_written_does_not_stop_the
     with it the controller)."""
     from prometheus_client import CollectorRegistry
 
-    from extender.leases import Workload
     from extender.prewarmcontroller import PrewarmController, PrewarmMetrics, Watched
 
     watched = Watched()

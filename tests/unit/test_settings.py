@@ -41,3 +41,15 @@ def test_validation(tmp_path: Path) -> None:
             overrides={"port": 70000, "gpu_resource": "gpu", "snapshot": tmp_path / "missing.yaml"},
         )
     assert len(err.value.problems) == 3
+
+
+def test_the_test_grace_is_off_unless_set() -> None:
+    assert load_settings(env={}).leasing_test_grace_s is None
+    env = {"TIDELEASE_EXTENDER_LEASING_TEST_GRACE_S": "2"}
+    assert load_settings(env=env).leasing_test_grace_s == 2
+    assert (
+        load_settings(env={"TIDELEASE_EXTENDER_LEASING_TEST_GRACE_S": ""}).leasing_test_grace_s
+        is None
+    )
+    with pytest.raises(InvalidInput, match="leasing_test_grace_s must not be negative"):
+        load_settings(env={"TIDELEASE_EXTENDER_LEASING_TEST_GRACE_S": "-1"})

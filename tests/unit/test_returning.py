@@ -1,0 +1,247 @@
+"""Right of return per replica: a StatefulSet replica taking back its lent group goes to the
+node holding that group, binds exactly those devices, and no other replica's; where its group
+cannot come back it falls back without touching the others' groups. Prewarm warms, for each
+group, the node where that group's replica is placed."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from common import builders
+from common.model import (
+    Device,
+    DeviceClass,
+    GpuUuid,
+    Holder,
+    JobName,
+    NodeInventory,
+    PodRequest,
+    Priority,
+    Tier,
+)
+from common.objects import parse_gpu_node
+from common.podrequest import parse_pod
+from extender.clusterstate import ClusterState
+from extender.filtering import filter_nodes
+from extender.leases import parse_gpu_lease
+from extender.placement import Verdict, pick_devices, verdict
+from extender.preemption import Proposal, preempt_nodes
+from extender.prewarming import PrewarmSettings, WorkloadTemplate, plan_lease
+from extender.returning import RETURN_HOME, lent_group_home
+from extender.scoring import prioritize_nodes
+from extender.settings import ExtenderSettings
+from tests.unit.cluster import allocate, cluster, holder
+
+OWNER = "recsys"
+STATEFULSET = {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": OWNER}
+
+
+def group(node: str, replica: str, start: int, *, healthy: bool = True) -> list[Device]:
+    return builders.devices(node, 4, owner=OWNER, replica=replica, start=start, healthy=healthy)
+
+
+def reclaiming(
+    state: ClusterState, groups: dict[str, list[Device]], workload: dict[str, str] | None = None
+) -> dict[str, Any]:
+    lease = {
+        "metadata": {"namespace": "default", "name": OWNER, "resourceVersion": "7"},
+        "spec": {
+            "owner": OWNER,
+            "workload": workload or STATEFULSET,
+            "gpusPerReplica": 4,
+            "desiredGPUs": 12,
+        },
+        "status": {
+            "phase": "Reclaiming",
+            "targetReplicas": 3,
+            "lent": [
+                {"replica": r, "devices": [d.uuid for d in devs]} for r, devs in groups.items()
+            ],
+            "reclaim": {"groups": sorted(groups)},
+        },
+    }
+    state.apply_gpu_lease("MODIFIED", lease)
+    return lease
+
+
+def replica_pod(state: ClusterState, ordinal: int) -> PodRequest:
+    pod = builders.pod(
+        f"{OWNER}-{ordinal}", 4, priority=Priority.HIGH, owner=OWNER, pod_priority=1000
+    )
+    return state.with_reclaim(parse_pod(pod))
+
+
+def place(state: ClusterState, req: PodRequest, names: list[str]) -> tuple[str, tuple[Any, ...]]:
+    """Filter, prioritize (best score), then bind's pick: the node and the devices."""
+    decision = filter_nodes(state, req, names)
+    assert decision.passed, decision
+    scores = dict(prioritize_nodes(state, req, decision.passed, ExtenderSettings().weights))
+    node = max(decision.passed, key=lambda n: (scores[n], n))
+    node_state = state.get(node)
+    assert node_state is not None
+    allocated = [u for a in node_state.allocations.values() for u in a.devices]
+    plan, devices = pick_devices(node_state.devices, allocated, req)
+    assert plan.fits
+    return node, tuple(d.uuid for d in devices)
+
+
+def test_a_replica_takes_only_its_own_groups_devices() -> None:
+    cls = DeviceClass("H20", Tier.HA, True, JobName(OWNER), False, "recsys-1")
+    own = PodRequest("default", "recsys-1", "u", 4, Priority.HIGH, owner=JobName(OWNER))
+    assert verdict(cls, own) is Verdict.USABLE  # no lent group: any of the job's tags
+    assert verdict(cls, replace(own, lent_group="recsys-1")) is Verdict.USABLE
+    other = PodRequest(
+        "default", "recsys-2", "u", 4, Priority.HIGH, owner=JobName(OWNER), lent_group="recsys-2"
+    )
+    assert verdict(cls, other) is Verdict.TAGGED_REPLICA
+    borrower = PodRequest("default", "b", "u", 4, Priority.LOW)
+    assert verdict(cls, borrower) is Verdict.USABLE
+
+
+@pytest.mark.parametrize("shared_node", [True, False], ids=["groups-on-one-node", "apart"])
+def test_each_replica_goes_back_to_exactly_its_own_devices(shared_node: bool) -> None:
+    if shared_node:
+        g1, g2 = group("n1", "recsys-1", 0), group("n1", "recsys-2", 4)
+        layout = [builders.gpu_node("n1", g1 + g2)]
+    else:
+        g1, g2 = group("n1", "recsys-1", 0), group("n2", "recsys-2", 0)
+        layout = [
+            builders.gpu_node("n1", g1 + builders.devices("n1", 4, start=4)),
+            builders.gpu_node("n2", g2 + builders.devices("n2", 4, start=4)),
+        ]
+    # A free untagged node that caches nothing and packs as well: it must not win.
+    state = cluster(*layout, builders.gpu_node("free"))
+    reclaiming(state, {"recsys-1": g1, "recsys-2": g2})
+    names = [s.node for s in state]
+    # Replica 2 first: it must not take replica 1's devices although they come first by index.
+    for ordinal, lent in ((2, g2), (1, g1)):
+        req = replica_pod(state, ordinal)
+        assert req.lent_group == f"{OWNER}-{ordinal}"
+        node, devices = place(state, req, names)
+        assert (node, devices) == (lent[0].node, tuple(d.uuid for d in lent))
+        allocate(state, node, [(req.holder(), list(devices))])
+
+
+def test_a_borrower_on_the_group_is_preempted_there_not_elsewhere() -> None:
+    g2 = group("n2", "recsys-2", 0)
+    state = cluster(
+        builders.gpu_node("n2", g2 + builders.devices("n2", 4, start=4, owner="other")),
+        builders.gpu_node("free"),
+    )
+    reclaiming(state, {"recsys-2": g2})
+    borrower = holder("finetune", pod_priority=10)
+    allocate(state, "n2", [(borrower, [d.uuid for d in g2[:2]])])
+    req = replica_pod(state, 2)
+    assert lent_group_home(state, req) == "n2"
+    decision = filter_nodes(state, req, ["free", "n2"])
+    assert decision.passed == []
+    assert "n2" in decision.failed
+    assert decision.unresolvable == {"free": RETURN_HOME.format(node="n2")}
+    proposals = {"free": Proposal(()), "n2": Proposal((borrower.pod_uid,))}
+    answer = preempt_nodes(state, req, proposals)
+    assert answer == {"n2": Proposal((borrower.pod_uid,))}
+
+
+def test_a_broken_group_falls_back_without_taking_another_replicas_group() -> None:
+    """recsys-1's group has an unhealthy device: recsys-1 goes to the standby node, and
+    recsys-2's group, free on the same node, is left for recsys-2."""
+    g1 = group("n1", "recsys-1", 0)[:3] + group("n1", "recsys-1", 3, healthy=False)[:1]
+    g2 = group("n1", "recsys-2", 4)
+    state = cluster(
+        builders.gpu_node("n1", g1 + g2),
+        builders.gpu_node("s1", builders.devices("s1", 4, standby=True)),
+    )
+    reclaiming(state, {"recsys-1": g1, "recsys-2": g2})
+    req = replica_pod(state, 1)
+    assert lent_group_home(state, req) is None
+    node, devices = place(state, req, ["n1", "s1"])
+    assert node == "s1"
+    assert not set(devices) & {d.uuid for d in g1 + g2}
+    allocate(state, node, [(req.holder(), list(devices))])
+    node, devices = place(state, replica_pod(state, 2), ["n1", "s1"])
+    assert (node, devices) == ("n1", tuple(d.uuid for d in g2))
+
+
+def test_a_deployments_pods_take_the_groups_back_as_a_set() -> None:
+    g1, g2 = group("n1", "recsys-1", 0), group("n2", "recsys-2", 0)
+    state = cluster(builders.gpu_node("n1", g1), builders.gpu_node("n2", g2))
+    deployment = {**STATEFULSET, "kind": "Deployment"}
+    reclaiming(state, {"recsys-1": g1, "recsys-2": g2}, workload=deployment)
+    req = state.with_reclaim(
+        parse_pod(builders.pod("recsys-7c9f-x2", 4, priority=Priority.HIGH, owner=OWNER))
+    )
+    assert (req.reclaim, req.lent_group) == (True, None)
+    assert filter_nodes(state, req, ["n1", "n2"]).passed == ["n1", "n2"]
+
+
+def test_a_group_tag_survives_the_gpunode_round_trip() -> None:
+    devs = group("n1", "recsys-1", 0) + builders.devices("n1", 4, start=4)
+    inv = parse_gpu_node(builders.gpu_node("n1", devs))
+    assert [d.cls.replica for d in inv.devices] == ["recsys-1"] * 4 + [None] * 4
+    bad = builders.gpu_node("n1", devs)
+    bad["spec"]["devices"][0].pop("owner")
+    with pytest.raises(Exception, match="replica must be a pod name, with an owner"):
+        parse_gpu_node(bad)
+
+
+# --- prewarm and placement agree ---
+
+
+def test_prewarm_warms_for_each_group_the_node_its_replica_is_bound_to() -> None:
+    """Four groups lent over three nodes, one node holding two; three come back. recsys-3's
+    group is broken and the reclaim took it as it is (as the controller does where no group
+    that stays lent can stand in), so recsys-3 stands in on the standby node. For every group,
+    the node prewarm chose is the node filter, prioritize and bind put that group's replica
+    on."""
+    g1, g2 = group("n1", "recsys-1", 0), group("n2", "recsys-2", 0)
+    g3 = group("n2", "recsys-3", 4)[:3] + group("n2", "recsys-3", 7, healthy=False)
+    g4 = group("n3", "recsys-4", 0)
+    objects = [
+        builders.gpu_node("n1", g1),
+        builders.gpu_node("n2", g2 + g3),
+        builders.gpu_node("n3", g4),
+        builders.gpu_node("s1", builders.devices("s1", 4, standby=True)),
+    ]
+    state = cluster(*objects)
+    groups = {"recsys-1": g1, "recsys-2": g2, "recsys-3": g3, "recsys-4": g4}
+    raw = reclaiming(state, groups)
+    raw["status"]["targetReplicas"] = 4
+    raw["status"]["reclaim"]["groups"] = ["recsys-1", "recsys-2", "recsys-3"]
+    state.apply_gpu_lease("MODIFIED", raw)
+    lease = parse_gpu_lease(raw)
+    nodes: dict[str, NodeInventory] = {o["metadata"]["name"]: parse_gpu_node(o) for o in objects}
+    template = WorkloadTemplate(
+        replicas=1, images=("registry.example/train:v1",), checkpoint="ck", image_bytes=1e9
+    )
+    settings = PrewarmSettings(spare_standby_replicas=0)
+    plan = plan_lease(lease, template, nodes, {}, settings, now=1.8e9)
+    warmed = {g: d.node for d in plan.nodes for g in d.groups}
+    standby = [d.node for d in plan.nodes if d.role == "Standby"]
+    assert warmed == {"recsys-1": "n1", "recsys-2": "n2"}
+    assert standby == ["s1"]
+    names = [s.node for s in state]
+    bound: dict[str, str] = {}
+    for ordinal in (3, 2, 1):
+        req = replica_pod(state, ordinal)
+        node, devices = place(state, req, names)
+        bound[req.name] = node
+        allocate(state, node, [(req.holder(), list(devices))])
+        if req.name in groups and req.name in warmed:
+            assert devices == tuple(d.uuid for d in groups[req.name])
+    assert {g: bound[g] for g in warmed} == warmed
+    assert bound["recsys-3"] in standby
+    held = Counter(u for s in state for a in s.allocations.values() for u in a.devices)
+    assert max(held.values()) == 1
+
+
+def test_holders_of_a_group_decide_whether_it_comes_back() -> None:
+    g1 = group("n1", "recsys-1", 0)
+    state = cluster(builders.gpu_node("n1", g1 + builders.devices("n1", 4, start=4)))
+    reclaiming(state, {"recsys-1": g1})
+    squatter = Holder(holder("hp").pod_uid, "default", "hp", Priority.HIGH, 5000, JobName("other"))
+    allocate(state, "n1", [(squatter, [GpuUuid(g1[0].uuid)])])
+    assert lent_group_home(state, replica_pod(state, 1)) is None
