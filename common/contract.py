@@ -1,4 +1,4 @@
-"""The object and annotation contract: one place for every name users and components share.
+"""The object and annotation contract: one place for every name users and components share. Pure.
 
 The README's "Pod annotations" and "Objects" sections document these; change both together.
 """

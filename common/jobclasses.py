@@ -1,4 +1,4 @@
-"""Job classes of the shared queues (cornucopia 3.1), read from pod annotations.
+"""Job classes of the shared queues (cornucopia 3.1), read from pod annotations. Pure.
 
 ``tidelease.io/job-class: interactive | batch`` (default batch: cornucopia accepts no unlabeled
 job; a missing label is treated as the class that is never favoured) and

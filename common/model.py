@@ -1,8 +1,8 @@
-"""Typed values shared by the extender and the node agent.
+"""Typed values shared by the extender and the node agent. Pure.
 
 Everything here is plain data: frozen dataclasses, enums and ``NewType`` ids. Parsing from
 Kubernetes objects lives in :mod:`common.objects` and :mod:`common.podrequest`; decisions live in
-``extender.placement`` and friends.
+``extender.scheduler.placement`` and friends.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Translate tidelease's custom resources to and from typed values.
+"""Translate tidelease's custom resources to and from typed values. Pure.
 
 Two kinds, both cluster-scoped and named after their node (manifests/crds documents them):
 

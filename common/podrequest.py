@@ -1,4 +1,4 @@
-"""Parse a Pod (as JSON from kube-scheduler or the API server) into a :class:`PodRequest`.
+"""Parse a Pod (as JSON from kube-scheduler or the API server) into a :class:`PodRequest`. Pure.
 
 This is the pod-author contract in code. Every problem is collected, so an author fixing a pod
 sees all of them at once.

@@ -1,7 +1,7 @@
 """The prewarm wire format on GpuNode objects, shared by the control plane and the node agent.
 Pure: parsing and formatting, no I/O.
 
-- ``spec.prewarm`` (written by :mod:`extender.prewarmcontroller`): one :class:`Directive` per
+- ``spec.prewarm`` (written by :mod:`extender.prewarm.controller`): one :class:`Directive` per
   lease that wants this node to fetch images and a checkpoint ahead of a scale-up.
 - ``status.prewarm.items`` (written by the node agent, :mod:`nodeagent.prewarm`): one
   :class:`ItemStatus` per item of those directives.

@@ -2,8 +2,8 @@
 
 ``tidelease demo`` starts a real extender HTTP server on loopback over an in-memory store holding
 the demo cluster below, and drives it over HTTP exactly as kube-scheduler would
-(:class:`~extender.driver.SchedulerDriver`). The steps a leasing controller will take (tag the
-devices an online job releases, evict borrowers) are played by the script itself. Every
+(:class:`~extender.scheduler.driver.SchedulerDriver`). The steps a leasing controller will take
+(tag the devices an online job releases, evict borrowers) are played by the script itself. Every
 placement decision is printed with its reason.
 
 The demo cluster: five nodes of eight GPUs.
@@ -28,11 +28,11 @@ import aiohttp
 
 from common import builders, contract
 from common.model import Priority, Tier
-from extender.driver import Outcome, SchedulerDriver
-from extender.leasing import ordinal
-from extender.running import Running, serve
-from extender.settings import ExtenderSettings
-from extender.store import MemoryStore
+from extender.cluster.store import MemoryStore
+from extender.leasing.rules import ordinal
+from extender.scheduler.driver import Outcome, SchedulerDriver
+from extender.scheduler.serving import Running, serve
+from extender.scheduler.settings import ExtenderSettings
 
 RECSYS_IMAGE = "registry.example/recsys:v7"
 RECSYS_CKPT = "recsys-ckpt-0412"

@@ -21,9 +21,12 @@ fault.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from common.model import Health
-from nodeagent.nvml import Sample, XidEvent
+
+if TYPE_CHECKING:
+    from nodeagent.nvml import Sample, XidEvent
 
 DEFAULT_IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 XID_FALLEN_OFF_BUS = 79

@@ -1,6 +1,6 @@
 """The node agent's side of prewarming: carry out this node's ``GpuNode.spec.prewarm``.
 
-The prewarm controller (:mod:`extender.prewarmcontroller`) writes a directive per GpuLease whose
+The prewarm controller (:mod:`extender.prewarm.controller`) writes a directive per GpuLease whose
 scale-up this node prepares for: images to pull through the node's CRI runtime, checkpoints to
 fetch from peers into the node's cache, not before ``notBefore``. The agent watches its own
 GpuNode, and once an item's time has come fetches it (at most ``concurrency`` at a time, a

@@ -1,12 +1,14 @@
 """A trace-driven cluster simulator that decides through the extender's own policy code.
 
-Nothing here re-implements a rule. Nodes are chosen by :func:`extender.filtering.filter_nodes`
-and :func:`extender.scoring.prioritize_nodes` over a :class:`extender.clusterstate.ClusterState`
-(as kube-scheduler with the extender would), devices by :func:`extender.placement.pick_devices`,
-victims by :func:`extender.preemption.choose_victims`; the leasing controller's every step
-(lend, tag, scale, notice, evict, clear tags) is :func:`extender.lending.decide`, executed on the
-simulated world, and the standby pool is topped up by :func:`extender.leasing.standby_topup`.
-What the simulator adds is time, load and bookkeeping:
+Nothing here re-implements a rule. Nodes are chosen by
+:func:`extender.scheduler.filtering.filter_nodes` and
+:func:`extender.scheduler.scoring.prioritize_nodes` over a
+:class:`extender.cluster.state.ClusterState` (as kube-scheduler with the extender would), devices
+by :func:`extender.scheduler.placement.pick_devices`, victims by
+:func:`extender.scheduler.preemption.choose_victims`; the leasing controller's every step (lend,
+tag, scale, notice, evict, clear tags) is :func:`extender.leasing.decisions.decide`, executed on
+the simulated world, and the standby pool is topped up by
+:func:`extender.leasing.rules.standby_topup`. What the simulator adds is time, load and bookkeeping:
 
 * :mod:`.scenario` — typed inputs: the cluster description and the trace;
 * :mod:`.tides` — the built-in 10,000-GPU cluster and two-week trace, generated from a seed;

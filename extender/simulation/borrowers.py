@@ -1,4 +1,4 @@
-"""Low-priority jobs (borrowers): their queue, placement, completion, eviction and giving up.
+"""Low-priority jobs (borrowers): their queue, placement, completion, eviction and giving up. Pure.
 
 A borrower is one pod of ``gpus`` GPUs, priority low, pod priority ``tidelease-borrower``. Pending
 pods are tried in the order kube-scheduler's queue would (equal priority: the oldest first); a

@@ -1,4 +1,4 @@
-"""Simulated time: discrete steps and an event queue. Nothing here sleeps.
+"""Simulated time: discrete steps and an event queue. Nothing here sleeps. Pure.
 
 The simulation advances in steps of a few simulated minutes. Events (a borrower finishes, a
 device fails or is repaired, a pending job gives up) are kept in a heap and handled at the first

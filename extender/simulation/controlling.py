@@ -1,4 +1,4 @@
-"""The online jobs, their workloads, and the leasing controller, under one of three policies.
+"""The online jobs, their workloads, and the leasing controller, under one of three policies. Pure.
 
 An online job runs a StatefulSet of ``gpus_per_replica``-GPU pods named ``<job>-<ordinal>``
 (high priority, pod priority ``tidelease-online``, its owner, type and tier annotations). Its
@@ -7,15 +7,16 @@ and is tried again at every step, preempting borrowers where that helps.
 
 * **Right of return** (``right-of-return``): each job has a ``GpuLease`` (owner, workload, GPUs
   per replica, desired GPUs from the trace, or its schedule; grace 45 s) and the leasing
-  controller's own decisions drive it: :func:`extender.lending.decide` is asked for the next
-  action, the action is executed on the simulated world (write the lease status, tag devices,
+  controller's own decisions drive it: :func:`extender.leasing.decisions.decide` is asked for the
+  next action, the action is executed on the simulated world (write the lease status, tag devices,
   scale the StatefulSet, give borrowers notice, evict them), and again, until it waits past the
   end of the step. While a lease is ``Reclaiming`` the extender treats the owner's pods as
-  reclaims (:meth:`~extender.clusterstate.ClusterState.with_reclaim`), as it does when fed the
+  reclaims (:meth:`~extender.cluster.state.ClusterState.with_reclaim`), as it does when fed the
   GpuLease by its watch. The standby pool is topped up every ``topup_every`` minutes exactly as
-  the controller does it (:func:`~extender.leasing.standby_topup` over the same view).
-* **No right of return** (``no-return``): the same targets (:func:`~extender.leasing.target_gpus`,
-  :func:`~extender.leasing.replicas_for`), but the StatefulSet is scaled directly: released
+  the controller does it (:func:`~extender.leasing.rules.standby_topup` over the same view).
+* **No right of return** (``no-return``): the same targets
+(:func:`~extender.leasing.rules.target_gpus`,
+  :func:`~extender.leasing.rules.replicas_for`), but the StatefulSet is scaled directly: released
   devices go back untagged, new pods go wherever placement puts them. No standby pool.
 * **No elastic scaling** (``no-scaling``): the jobs keep their peak replicas.
 
@@ -44,17 +45,7 @@ from common.model import (
     Priority,
     Tier,
 )
-from extender.leases import GpuLease, LeaseSpec, LeaseStatus, Workload
-from extender.leasing import (
-    TypeTier,
-    ordinal,
-    replicas_for,
-    replicas_to_release,
-    standby_excess,
-    standby_topup,
-    target_gpus,
-)
-from extender.lending import (
+from extender.leasing.decisions import (
     Action,
     Evict,
     Notify,
@@ -65,6 +56,16 @@ from extender.lending import (
     Wait,
     WriteStatus,
     decide,
+)
+from extender.leasing.lease import GpuLease, LeaseSpec, LeaseStatus, Workload
+from extender.leasing.rules import (
+    TypeTier,
+    ordinal,
+    replicas_for,
+    replicas_to_release,
+    standby_excess,
+    standby_topup,
+    target_gpus,
 )
 from extender.simulation.scenario import NodeSpec, OnlineJob, Role
 from extender.simulation.scheduling import Scheduler
@@ -578,12 +579,12 @@ class OnlineJobs:
 
     # --- the standby pool ---
     def topup(self) -> None:
-        """:meth:`extender.leasecontroller.LeaseController.top_up_standby` over the world: the
+        """:meth:`extender.leasing.controller.LeaseController.top_up_standby` over the world: the
         pool (healthy standby devices, those on loan included) and the free devices, offered by
-        their nodes, given to :func:`~extender.leasing.standby_topup`; free standby devices
+        their nodes, given to :func:`~extender.leasing.rules.standby_topup`; free standby devices
         beyond the targets (loans given back) leave the pool by
-        :func:`~extender.leasing.standby_excess`. Only nodes with a free healthy device can add
-        one, so only they are looked at."""
+        :func:`~extender.leasing.rules.standby_excess`. Only nodes with a free healthy device can
+        add one, so only they are looked at."""
         targets = self.standby_targets
         if not targets:
             return

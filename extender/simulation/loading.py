@@ -70,7 +70,7 @@ import yaml
 
 from common.errors import InvalidInput
 from common.model import JobName, NodeName, Tier
-from extender.leasing import ScheduleEntry, parse_schedule_time
+from extender.leasing.rules import ScheduleEntry, parse_schedule_time
 from extender.simulation.scenario import (
     DEFAULT_START,
     MINUTES_PER_DAY,

@@ -1,4 +1,4 @@
-"""What a simulation runs on, as typed values: the cluster description and the trace.
+"""What a simulation runs on, as typed values: the cluster description and the trace. Pure.
 
 Time in a trace is whole minutes from its start (``start``, UTC epoch seconds, is minute 0).
 
@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from common.model import JobName, NodeName, Tier
-from extender.leasing import ScheduleEntry
+from extender.leasing.rules import ScheduleEntry
 
 MINUTES_PER_DAY = 24 * 60
 
@@ -122,7 +122,7 @@ class OnlineJob:
 
     Its demand is either ``demand`` — (minute, GPUs) points of a step function, the value holding
     until the next point — or a daily ``schedule`` (UTC times of day), as the leasing
-    controller reads it (:func:`extender.leasing.target_gpus`).
+    controller reads it (:func:`extender.leasing.rules.target_gpus`).
     """
 
     name: JobName

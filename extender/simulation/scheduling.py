@@ -1,15 +1,15 @@
-"""kube-scheduler's cycle for one GPU pod, as it runs with the tidelease extender.
+"""kube-scheduler's cycle for one GPU pod, as it runs with the tidelease extender. Pure.
 
-filter (:func:`extender.filtering.filter_nodes`) -> prioritize
-(:func:`extender.scoring.prioritize_nodes`) -> the best score among the nodes that passed, ties
-by name (as :class:`extender.driver.SchedulerDriver` picks) -> bind: the devices of
-:func:`extender.placement.pick_devices`, recorded in the node's ledger.
+filter (:func:`extender.scheduler.filtering.filter_nodes`) -> prioritize
+(:func:`extender.scheduler.scoring.prioritize_nodes`) -> the best score among the nodes that
+passed, ties by name (as :class:`extender.scheduler.driver.SchedulerDriver` picks) -> bind: the
+devices of :func:`extender.scheduler.placement.pick_devices`, recorded in the node's ledger.
 
 When no node passes, high-priority pods preempt as kube-scheduler's DefaultPreemption does: from
 a random node (seeded), it collects the nodes the filter marked as resolvable by eviction
 (``FailedNodes``) until it has ``max(10 % of the nodes, 100)`` candidates, asks the extender's
-preempt (:func:`extender.preemption.choose_victims` per node), evicts the victims of the node
-with the fewest (ties by name) and runs the cycle once more.
+preempt (:func:`extender.scheduler.preemption.choose_victims` per node), evicts the victims of the
+node with the fewest (ties by name) and runs the cycle once more.
 
 Two shortcuts keep a two-week run of 10,000 GPUs fast, neither changing an answer:
 
@@ -30,10 +30,10 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 
 from common.model import Device, Holder, NodeName, PodRequest
-from extender.filtering import filter_nodes, own_resolvable
-from extender.placement import pick_devices, placement_shape
-from extender.preemption import choose_victims
-from extender.scoring import ScoreWeights, prioritize_nodes
+from extender.scheduler.filtering import filter_nodes, own_resolvable
+from extender.scheduler.placement import pick_devices, placement_shape
+from extender.scheduler.preemption import choose_victims
+from extender.scheduler.scoring import ScoreWeights, prioritize_nodes
 from extender.simulation.world import SimCluster
 
 Evict = Callable[[Holder], object]

@@ -22,8 +22,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from extender.simulation.simulating import RunResult
+if TYPE_CHECKING:
+    from extender.simulation.simulating import RunResult
+
 
 TARGET = 0.999
 CONFIRM = 2

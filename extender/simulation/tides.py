@@ -1,4 +1,4 @@
-"""The built-in cluster and trace, generated deterministically from a seed.
+"""The built-in cluster and trace, generated deterministically from a seed. Pure.
 
 **Cluster**: 1,250 nodes of 8 GPUs (10,000 GPUs): 1,000 H20 nodes and 250 A100 nodes. About 48 %
 of the GPUs start out held by online jobs (weflex 4.3.1); those nodes are a little more reliable

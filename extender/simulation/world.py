@@ -1,8 +1,9 @@
 """The simulated cluster: devices, allocation ledgers and pods, mirrored into a ``ClusterState``.
+Pure.
 
 What the node agents and the extender's bind would write to the API server (device health,
 owner tags and standby flags, the ``GpuAllocation`` ledgers) is written here, and every change
-is pushed into an :class:`extender.clusterstate.ClusterState` through the same calls its watches
+is pushed into an :class:`extender.cluster.state.ClusterState` through the same calls its watches
 use (``set_inventory``, ``set_ledger``), so the policy code sees exactly what the extender would.
 
 For speed the world also keeps, per GPU type, the nodes by number of free healthy devices: only
@@ -26,7 +27,7 @@ from common.model import (
     PodUid,
     Tier,
 )
-from extender.clusterstate import ClusterState
+from extender.cluster.state import ClusterState
 from extender.simulation.scenario import NodeSpec
 
 ANY_TYPE = ""

@@ -296,7 +296,7 @@ EOF
 
 # tl::cluster::start_extender - the tidelease extender (.venv) on a free loopback port, with the
 # leasing controller, the hot-restart operator and the prewarm controller, as the Deployment.
-# TIDELEASE_EXTENDER_* variables in the environment reach it (see extender/settings.py).
+# TIDELEASE_EXTENDER_* variables in the environment reach it (see extender/scheduler/settings.py).
 tl::cluster::start_extender() {
   local port log="${TL_CLUSTER_DIR}/logs/extender.log"
   port="$(tl::free_port)"

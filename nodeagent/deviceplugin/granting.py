@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from common import contract
 from common.errors import InvalidInput
 from common.model import GpuUuid
-from nodeagent.deviceplugin.devices import PluginDevice
+
+if TYPE_CHECKING:
+    from nodeagent.deviceplugin.devices import PluginDevice
 
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
 

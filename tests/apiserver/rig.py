@@ -18,11 +18,11 @@ from common import builders, contract
 from common.errors import Conflict, NotFound
 from common.kubeclient import KubeClient
 from common.model import Priority, Tier
-from extender.driver import SchedulerDriver
-from extender.kubestore import KubeStore
-from extender.leasecontroller import KubeWorld
-from extender.running import Leasing, Running, serve
-from extender.settings import ExtenderSettings
+from extender.cluster.kubestore import KubeStore
+from extender.leasing.controller import KubeWorld
+from extender.scheduler.driver import SchedulerDriver
+from extender.scheduler.serving import Leasing, Running, serve
+from extender.scheduler.settings import ExtenderSettings
 
 log = logging.getLogger(__name__)
 GPN = f"/apis/{contract.API_VERSION}/{contract.PLURAL_GPU_NODE}"

@@ -17,11 +17,11 @@ import pytest
 from common import builders
 from common.errors import Conflict
 from common.kubeclient import KubeClient
-from extender.driver import SchedulerDriver
-from extender.filtering import AGENT_SILENT
-from extender.kubestore import KubeStore
-from extender.running import serve
-from extender.settings import ExtenderSettings
+from extender.cluster.kubestore import KubeStore
+from extender.scheduler.driver import SchedulerDriver
+from extender.scheduler.filtering import AGENT_SILENT
+from extender.scheduler.serving import serve
+from extender.scheduler.settings import ExtenderSettings
 from nodeagent.agent import AgentSettings, run_agent
 from nodeagent.health import HealthSettings
 from nodeagent.nvml import NvmlReader

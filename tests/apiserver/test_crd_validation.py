@@ -9,7 +9,7 @@ import pytest
 from common import contract
 from common.errors import InvalidInput
 from common.kubeclient import KubeClient
-from extender.leases import MIN_GRACE_S
+from extender.leasing.lease import MIN_GRACE_S
 from tests.apiserver.conftest import ApiServer
 
 pytestmark = pytest.mark.apiserver

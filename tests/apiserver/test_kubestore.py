@@ -14,9 +14,9 @@ import pytest
 from common import builders, contract
 from common.errors import Conflict, InvalidInput, NotFound
 from common.model import Allocation, GpuUuid, NodeName
-from extender.kubestore import KubeStore
-from extender.running import serve
-from extender.settings import ExtenderSettings
+from extender.cluster.kubestore import KubeStore
+from extender.scheduler.serving import serve
+from extender.scheduler.settings import ExtenderSettings
 from tests.apiserver.conftest import ApiServer
 from tests.unit.cluster import holder
 

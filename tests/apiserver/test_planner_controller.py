@@ -18,14 +18,14 @@ from prometheus_client import CollectorRegistry
 
 from common import contract
 from common.kubeclient import KubeClient
-from extender.planning.controller import (
+from extender.planner.controller import (
     KubeLeaseWriter,
     PlannerController,
     PlannerMetrics,
     run_planner_controller,
 )
-from extender.planning.onlinesim import TRUE_MODEL
-from extender.planning.sources import FakePrometheus, PrometheusSource, TidalJob
+from extender.planner.sources import FakePrometheus, PrometheusSource, TidalJob
+from extender.simulation.online import TRUE_MODEL
 from tests.apiserver.conftest import ApiServer
 from tests.integration.test_planning_live import MONDAY, SETTINGS, lease_object
 from tests.polling import eventually

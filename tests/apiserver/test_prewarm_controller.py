@@ -24,13 +24,13 @@ from common.errors import NotFound
 from common.kubeclient import KubeClient
 from common.model import Device, Tier
 from common.timefmt import epoch, microtime
-from extender.prewarmcontroller import (
+from extender.prewarm.controller import (
     KubePrewarmWorld,
     PrewarmController,
     PrewarmMetrics,
     run_prewarm_controller,
 )
-from extender.prewarming import PrewarmSettings
+from extender.prewarm.policy import PrewarmSettings
 from tests.apiserver.conftest import ApiServer
 from tests.polling import eventually
 

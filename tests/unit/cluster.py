@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from common.model import Allocation, GpuUuid, Holder, NodeName, PodUid, Priority
-from extender.clusterstate import ClusterState
+from extender.cluster.state import ClusterState
 
 
 def cluster(*gpu_nodes: dict[str, Any]) -> ClusterState:

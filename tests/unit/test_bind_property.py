@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from common import builders, contract
 from common.errors import Conflict
 from common.model import NodeName
-from extender.binding import BindRefused
-from extender.store import MemoryStore
+from extender.cluster.store import MemoryStore
+from extender.scheduler.binding import BindRefused
 from tests.unit.test_binding import replica
 
 

@@ -10,12 +10,12 @@ import pytest
 from common import builders, contract
 from common.errors import Conflict, InvalidInput, NotFound
 from common.model import Allocation, GpuUuid, NodeName, PodUid, Priority
-from extender.binding import BindRefused, stale_allocations
-from extender.running import build_app
-from extender.server import ExtenderApp
-from extender.settings import ExtenderSettings
-from extender.store import MemoryStore
-from extender.watching import PodStatus, run_watch
+from extender.cluster.store import MemoryStore
+from extender.cluster.watching import PodStatus, run_watch
+from extender.scheduler.binding import BindRefused, stale_allocations
+from extender.scheduler.server import ExtenderApp
+from extender.scheduler.serving import build_app
+from extender.scheduler.settings import ExtenderSettings
 from tests.unit.cluster import holder
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

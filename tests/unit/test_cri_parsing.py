@@ -15,7 +15,6 @@ from nodeagent.cri import api_pb2 as pb
 from nodeagent.cri.client import mapped, target
 from nodeagent.cri.parsing import container_status, sandbox_status
 from nodeagent.cri.runtime import ContainerState, RuntimeFailed
-from tests.imports import imported
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -131,21 +130,3 @@ def test_target(endpoint: str, want: str) -> None:
 def test_target_rejects_tcp() -> None:
     with pytest.raises(InvalidInput):
         target("localhost:1234")
-
-
-PURE = [
-    "nodeagent/cri/parsing.py",
-    "nodeagent/restarting/planning.py",
-    "nodeagent/restarting/requests.py",
-    "common/prelaunch.py",
-    "extender/hotrestartpolicy.py",
-]
-FORBIDDEN = {"aiohttp", "asyncio", "grpc", "kubernetes_asyncio", "socket", "subprocess"}
-FORBIDDEN_MODULES = {"common.kubeclient", "nodeagent.cri.client"}
-
-
-@pytest.mark.parametrize("module", PURE)
-def test_hot_restart_policy_does_no_io(module: str) -> None:
-    names = imported(ROOT / module)
-    bad = {n for n in names if n.split(".")[0] in FORBIDDEN or n in FORBIDDEN_MODULES}
-    assert not bad, f"{module} imports {sorted(bad)}"

@@ -30,9 +30,9 @@ from common.model import (
     Tier,
 )
 from common.podrequest import parse_pod
-from extender import wire
-from extender.clusterstate import ClusterState, NodeState
-from extender.filtering import (
+from extender.cluster.state import ClusterState, NodeState
+from extender.scheduler import wire
+from extender.scheduler.filtering import (
     AGENT_SILENT,
     LENT_ELSEWHERE,
     NO_INVENTORY,
@@ -42,9 +42,9 @@ from extender.filtering import (
     FilterDecision,
     filter_nodes,
 )
-from extender.placement import NodePlan, free_counts, plan_node
-from extender.preemption import may_evict, resolvable
-from extender.scoring import ScoreWeights, prioritize_nodes, score
+from extender.scheduler.placement import NodePlan, free_counts, plan_node
+from extender.scheduler.preemption import may_evict, resolvable
+from extender.scheduler.scoring import ScoreWeights, prioritize_nodes, score
 
 W = ScoreWeights()
 JOBS = ["a", "b", "c"]
@@ -344,7 +344,7 @@ def test_priority_list_encoding_is_json_dumps() -> None:
 
 
 def test_the_answer_memo_is_bounded() -> None:
-    from extender.clusterstate import MEMO_SHAPES
+    from extender.cluster.state import MEMO_SHAPES
 
     world = World(random.Random(5), 20)
     cluster = world.cluster

@@ -21,7 +21,6 @@ from nodeagent.deviceplugin.matching import (
     prefer,
 )
 from nodeagent.deviceplugin.testing import NODE, gpus, node_pod, placed_pod, uuids
-from tests.imports import imported
 
 U = uuids(0, 1, 2, 3, 4, 5, 6, 7)
 ALL = list(U)
@@ -420,21 +419,4 @@ def test_container_grant_refuses_unknown_devices() -> None:
 # --- layers --------------------------------------------------------------------------------------
 
 ROOT = Path(__file__).resolve().parents[2]
-PURE = ["nodeagent/deviceplugin/matching.py", "nodeagent/deviceplugin/granting.py"]
-IO = {"asyncio", "aiohttp", "grpc", "kubernetes_asyncio", "socket", "subprocess", "pynvml"}
 # The plugin's adapters; devices.py is allowed for the PluginDevice dataclass.
-IO_MODULES = {
-    "nodeagent.deviceplugin.allocating",
-    "nodeagent.deviceplugin.plugin",
-    "nodeagent.deviceplugin.pods",
-    "nodeagent.deviceplugin.registering",
-    "nodeagent.deviceplugin.servicer",
-    "nodeagent.deviceplugin.testing",
-}
-
-
-@pytest.mark.parametrize("module", PURE)
-def test_decisions_do_no_io(module: str) -> None:
-    names = imported(ROOT / module)
-    bad = {n for n in names if n.split(".")[0] in IO or n in IO_MODULES}
-    assert not bad, f"{module} imports {sorted(bad)}"

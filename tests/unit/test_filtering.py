@@ -5,7 +5,7 @@ from __future__ import annotations
 from common import builders
 from common.model import Priority, Tier
 from common.podrequest import parse_pod
-from extender.filtering import (
+from extender.scheduler.filtering import (
     NO_INVENTORY,
     RECLAIM_OWN_FIRST,
     STANDBY_ELSEWHERE,
@@ -142,7 +142,7 @@ def lease(node: str, renewed: str) -> dict:
 def test_silent_agent_node_is_not_offered_until_it_renews() -> None:
     from datetime import datetime
 
-    from extender.filtering import AGENT_SILENT
+    from extender.scheduler.filtering import AGENT_SILENT
 
     state = cluster(builders.gpu_node("a"), builders.gpu_node("b"))
     t0 = datetime.fromisoformat("2026-11-21T10:00:00.000000Z").timestamp()
@@ -163,7 +163,7 @@ def test_silent_agent_node_is_not_offered_until_it_renews() -> None:
 
 
 def test_reclaim_goes_back_to_its_own_lent_devices() -> None:
-    from extender.filtering import LENT_ELSEWHERE
+    from extender.scheduler.filtering import LENT_ELSEWHERE
 
     state = cluster(
         builders.gpu_node("free", checkpoints=["ck"]),  # untagged, caches the checkpoint

@@ -24,9 +24,9 @@ from common.hotrestart import (
     parse_wish,
     pod_view,
 )
-from extender.hotrestarting import HotRestartOperator, KubeRequests, run_hot_restart_operator
-from extender.hotrestartpolicy import Reject, WriteRequest
-from extender.hotrestartpolicy import decide as operator_decide
+from extender.hotrestart.operator import HotRestartOperator, KubeRequests, run_hot_restart_operator
+from extender.hotrestart.policy import Reject, WriteRequest
+from extender.hotrestart.policy import decide as operator_decide
 from nodeagent.cri.testing import FakeRuntime
 from nodeagent.restarting.podwatch import PodRestarter, PodRestartSettings, run_pod_hot_restarts
 from nodeagent.restarting.requests import Begin, Finish, Wait, decide

@@ -13,8 +13,8 @@ import pytest
 
 from common import contract
 from common.hotrestart import PodView, Request, pod_view
-from extender.hotrestarting import HotRestartOperator, run_hot_restart_operator
-from extender.hotrestartpolicy import (
+from extender.hotrestart.operator import HotRestartOperator, run_hot_restart_operator
+from extender.hotrestart.policy import (
     Reject,
     Template,
     owner_key,

@@ -9,8 +9,7 @@ import pytest
 
 from common import builders
 from common.model import Device, Holder, JobName, Priority, Tier
-from extender.leases import GpuLease, LeaseSpec, LeaseStatus, LentGroup, Notice, Workload
-from extender.lending import (
+from extender.leasing.decisions import (
     Evict,
     Notify,
     OwnerPod,
@@ -22,6 +21,7 @@ from extender.lending import (
     WriteStatus,
     decide,
 )
+from extender.leasing.lease import GpuLease, LeaseSpec, LeaseStatus, LentGroup, Notice, Workload
 from tests.unit.cluster import holder
 
 OWNER = JobName("recsys")
@@ -281,8 +281,8 @@ async def test_standby_top_up_through_the_controller() -> None:
 
     from prometheus_client import CollectorRegistry
 
-    from extender.leasecontroller import LeaseCache, LeaseController, LeasingMetrics
-    from extender.watching import PodCache
+    from extender.cluster.watching import PodCache
+    from extender.leasing.controller import LeaseCache, LeaseController, LeasingMetrics
     from tests.unit.cluster import allocate, cluster
 
     state = cluster(
@@ -316,8 +316,8 @@ async def test_standby_beyond_its_target_goes_back_through_the_controller() -> N
 
     from prometheus_client import CollectorRegistry
 
-    from extender.leasecontroller import LeaseCache, LeaseController, LeasingMetrics
-    from extender.watching import PodCache
+    from extender.cluster.watching import PodCache
+    from extender.leasing.controller import LeaseCache, LeaseController, LeasingMetrics
     from tests.unit.cluster import allocate, cluster
 
     state = cluster(
@@ -381,7 +381,7 @@ def test_a_partial_scale_up_reclaims_only_the_returning_replicas_devices() -> No
 
 
 def test_reclaim_takes_back_free_groups_first_and_keeps_the_rest_lent() -> None:
-    from extender.lending import choose_groups, relabel
+    from extender.leasing.decisions import choose_groups, relabel
 
     devs, view = world(lent_owner=True)
     g1 = LentGroup("recsys-1", tuple(d.uuid for d in devs[4:8]))  # a: a borrower on it
@@ -400,8 +400,8 @@ async def test_an_unexpected_error_on_one_lease_is_logged_and_the_others_go_on(
     from prometheus_client import CollectorRegistry
 
     from common import contract
-    from extender.leasecontroller import LeaseCache, LeaseController, LeasingMetrics
-    from extender.watching import PodCache
+    from extender.cluster.watching import PodCache
+    from extender.leasing.controller import LeaseCache, LeaseController, LeasingMetrics
     from tests.unit.cluster import cluster
 
     def lease(name: str) -> dict[str, object]:

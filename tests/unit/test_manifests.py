@@ -75,8 +75,8 @@ def test_scheduler_configuration_registers_every_verb() -> None:
 
 
 def test_extender_settings_configmap_is_valid(tmp_path: Path) -> None:
-    from extender.leases import parse_gpu_lease
-    from extender.settings import load_settings
+    from extender.leasing.lease import parse_gpu_lease
+    from extender.scheduler.settings import load_settings
 
     (cm,) = load(MANIFESTS / "extender" / "settings.yaml")
     f = tmp_path / "settings.yaml"
@@ -125,7 +125,7 @@ def test_the_crd_and_the_parser_refuse_the_same_notices(grace: int) -> None:
     """graceSeconds below the minimum (no time to checkpoint) or above the maximum: refused by
     the CRD's schema and by the controller's parser alike; the bounds themselves pass."""
     from common.errors import InvalidInput
-    from extender.leases import MAX_GRACE_S, MIN_GRACE_S, parse_gpu_lease
+    from extender.leasing.lease import MAX_GRACE_S, MIN_GRACE_S, parse_gpu_lease
 
     (lease,) = load(MANIFESTS / "examples" / "gpulease.yaml")
     lease["metadata"]["namespace"] = "ml"

@@ -10,7 +10,6 @@ from common.errors import InvalidInput
 from extender.orchestration.depfile import ReadyCondition, Retry, Target, parse
 from extender.orchestration.graph import build, find_cycle, load
 from extender.orchestration.jobs import parse_replicas
-from tests.imports import imported
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted((ROOT / "manifests" / "orchestration" / "frameworks").glob("*.yaml"))
@@ -357,30 +356,3 @@ def test_shipped_dependency_files_load(path: Path) -> None:
 
 def test_every_framework_of_table_1_is_shipped() -> None:
     assert {p.stem for p in SHIPPED} >= {"mpi", "pytorch", "ray", "tensorflow", "horovod-elastic"}
-
-
-PURE = [
-    "depfile",
-    "graph",
-    "snapshot",
-    "evaluation",
-    "records",
-    "backoff",
-    "rendering",
-    "jobs",
-]
-FORBIDDEN = {"aiohttp", "asyncio", "kubernetes_asyncio", "socket", "subprocess", "random", "time"}
-
-
-@pytest.mark.parametrize("module", PURE)
-def test_orchestration_policy_modules_do_no_io(module: str) -> None:
-    path = ROOT / "extender" / "orchestration" / f"{module}.py"
-    names = imported(path)
-    bad = {n for n in names if n.split(".")[0] in FORBIDDEN}
-    bad |= {
-        n
-        for n in names
-        if (n.startswith("extender.orchestration.") and n.rsplit(".", 1)[1] not in PURE)
-        or n == "common.kubeclient"
-    }
-    assert not bad, f"{module} imports {sorted(bad)}"

@@ -8,7 +8,7 @@ import pytest
 
 from common import builders
 from common.model import DeviceClass, JobName, PodRequest, PodUid, Priority, Tier
-from extender.placement import Verdict, pick_devices, plan_node, verdict
+from extender.scheduler.placement import Verdict, pick_devices, plan_node, verdict
 
 
 def req(

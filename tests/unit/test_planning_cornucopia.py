@@ -8,10 +8,11 @@ from common import builders, contract
 from common.jobclasses import JobClass, JobKind, job_class
 from common.model import JobName, Priority
 from common.podrequest import parse_pod
-from extender.planning.allocation import JobView, allocate
-from extender.planning.mlfq import Means, Queue, Thresholds, adapt, requeue
-from extender.planning.preempting import choose_preemption, plan_preemption, preempt_counts
-from extender.planning.profiling import Profile, profile_from_batches, scaling_factors
+from extender.queues.allocation import JobView, allocate
+from extender.queues.mlfq import Means, Queue, Thresholds, adapt, requeue
+from extender.queues.preemption import preempt_counts
+from extender.queues.profiling import Profile, profile_from_batches, scaling_factors
+from extender.scheduler.partialpreemption import choose_preemption, plan_preemption
 from tests.unit.cluster import allocate as ledger
 from tests.unit.cluster import cluster, holder
 

@@ -13,18 +13,19 @@ import pytest
 from common import builders, contract
 from common.model import Holder, PodUid, Priority
 from common.podrequest import parse_pod
-from extender.leases import LentGroup
-from extender.lending import View, choose_groups
-from extender.planning.jobviews import (
+from extender.leasing.decisions import View, choose_groups
+from extender.leasing.lease import LentGroup
+from extender.queues.jobviews import (
     held_by_job,
     job_views,
     opted_in,
     preemptor_queue,
     profile_of,
 )
-from extender.planning.mlfq import Queue
-from extender.planning.preempting import choose_preemption, eviction_cost
-from extender.preemption import Proposal, preempt_nodes
+from extender.queues.mlfq import Queue
+from extender.queues.preemption import eviction_cost
+from extender.scheduler.partialpreemption import choose_preemption
+from extender.scheduler.preemption import Proposal, preempt_nodes
 from tests.unit.cluster import allocate, cluster, holder
 
 U = builders.device_uuid

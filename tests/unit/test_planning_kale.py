@@ -8,17 +8,17 @@ import numpy as np
 import pytest
 
 from common.errors import InvalidInput
-from extender.leases import parse_gpu_lease
-from extender.planning.autoscaling import Measurements, OnlineSettings, Reason, plan_online
-from extender.planning.directives import (
+from extender.leasing.lease import parse_gpu_lease
+from extender.planner.autoscaling import Measurements, OnlineSettings, Reason, plan_online
+from extender.planner.directives import (
     LeaseDirective,
     desired_patch,
     gpus_for,
     schedule_from_plan,
 )
-from extender.planning.forecasting import DAY_S, HOUR_S, WEEK_S, LastValue, Seasonal, fold
-from extender.planning.stabilizing import stabilize, stabilize_with_reasons
-from extender.planning.throughput import (
+from extender.planner.forecasting import DAY_S, HOUR_S, WEEK_S, LastValue, Seasonal, fold
+from extender.planner.stabilizing import stabilize, stabilize_with_reasons
+from extender.planner.throughput import (
     CapacityTable,
     Form,
     Observation,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from common import builders
 from common.model import Priority, Tier
 from common.podrequest import parse_pod
-from extender.preemption import Proposal, choose_victims, preempt_nodes, resolvable
+from extender.scheduler.preemption import Proposal, choose_victims, preempt_nodes, resolvable
 from tests.unit.cluster import allocate, cluster, holder
 
 U = builders.device_uuid
@@ -117,7 +117,7 @@ def test_reclaim_preemption_agrees_with_the_filter_about_standby() -> None:
     """Standby free on the node, a borrower on the owner's lent devices: the filter sends
     kube-scheduler to preemption (borrowers before standby), so preempt must name the borrower
     rather than answer 'no victims needed'."""
-    from extender.filtering import filter_nodes
+    from extender.scheduler.filtering import filter_nodes
 
     devs = builders.devices("n", 2, standby=True) + builders.devices("n", 2, owner="a", start=2)
     state = cluster(builders.gpu_node("n", devs))
@@ -153,7 +153,7 @@ def test_only_the_cheapest_node_is_proposed_borrowers_of_own_devices_first() -> 
 
 def test_a_deleted_pods_devices_are_free_at_once_and_never_victims() -> None:
     from common.model import PodUid
-    from extender.filtering import filter_nodes
+    from extender.scheduler.filtering import filter_nodes
 
     state = cluster(builders.gpu_node("n", builders.devices("n", 4)))
     allocate(state, "n", [(holder("gone", pod_priority=1), [U("n", i) for i in range(4)])])

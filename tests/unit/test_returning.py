@@ -25,15 +25,15 @@ from common.model import (
 )
 from common.objects import parse_gpu_node
 from common.podrequest import parse_pod
-from extender.clusterstate import ClusterState
-from extender.filtering import filter_nodes
-from extender.leases import parse_gpu_lease
-from extender.placement import Verdict, pick_devices, verdict
-from extender.preemption import Proposal, preempt_nodes
-from extender.prewarming import PrewarmSettings, WorkloadTemplate, plan_lease
-from extender.returning import RETURN_HOME, lent_group_home
-from extender.scoring import prioritize_nodes
-from extender.settings import ExtenderSettings
+from extender.cluster.state import ClusterState
+from extender.leasing.lease import parse_gpu_lease
+from extender.prewarm.policy import PrewarmSettings, WorkloadTemplate, plan_lease
+from extender.scheduler.filtering import filter_nodes
+from extender.scheduler.placement import Verdict, pick_devices, verdict
+from extender.scheduler.preemption import Proposal, preempt_nodes
+from extender.scheduler.returning import RETURN_HOME, lent_group_home
+from extender.scheduler.scoring import prioritize_nodes
+from extender.scheduler.settings import ExtenderSettings
 from tests.unit.cluster import allocate, cluster, holder
 
 OWNER = "recsys"

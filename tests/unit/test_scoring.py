@@ -5,7 +5,7 @@ from __future__ import annotations
 from common import builders
 from common.model import Priority, Tier
 from common.podrequest import parse_pod
-from extender.scoring import ScoreWeights, prioritize_nodes
+from extender.scheduler.scoring import ScoreWeights, prioritize_nodes
 from tests.unit.cluster import allocate, cluster, holder
 
 W = ScoreWeights()

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from common.errors import InvalidInput
-from extender.settings import load_settings
+from extender.scheduler.settings import load_settings
 
 
 def test_defaults() -> None:

@@ -22,7 +22,7 @@ from common.model import (
     Priority,
     Tier,
 )
-from extender.filtering import filter_nodes
+from extender.scheduler.filtering import filter_nodes
 from extender.simulation.scenario import NodeSpec
 from extender.simulation.scheduling import Scheduler, SchedulerSettings
 from extender.simulation.world import SimCluster

@@ -1,0 +1,356 @@
+"""The extender's in-memory view of the cluster, fed by watches of the API server. Pure.
+
+Answers scheduling requests without an API call. Per node it keeps the inventory (``GpuNode``)
+and the allocation ledger (``GpuAllocation``), and derives the free devices as counts per
+:class:`~common.model.DeviceClass`.
+
+Nodes in the same state give the same answers, so each state is summarised by small integer keys
+(interned): ``decision_key`` (free devices and who holds the rest: all that filter and preempt
+depend on), ``score_key`` (free devices and cache contents: all that prioritize depends on) and
+``free_key`` (free devices alone: all that a placement plan depends on). A request over 1,250
+nodes then decides once per distinct state, not once per node, and a plan, once made for a
+request shape, serves every later request of that shape whatever else differs (pod priority,
+checkpoint, the state of the node's other holders).
+"""
+
+from __future__ import annotations
+
+import logging
+from bisect import bisect_left
+from collections import Counter
+from collections.abc import Hashable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from common import contract
+from common.errors import InvalidInput
+from common.model import (
+    Allocation,
+    Device,
+    DeviceClass,
+    GpuUuid,
+    NodeCache,
+    NodeInventory,
+    NodeName,
+    PodRequest,
+    PodUid,
+    Priority,
+)
+from common.objects import object_key, parse_gpu_allocation, parse_gpu_node, resource_version
+from common.replicas import names_replicas
+from common.timefmt import epoch
+
+log = logging.getLogger(__name__)
+
+Signature = tuple[int, tuple[tuple[DeviceClass, int], ...]]
+Freeable = frozenset[tuple[DeviceClass, int]]  # device classes, with counts, evictions would free
+# Distinct request shapes remembered, each with one answer per node state; all are dropped
+# past this (checked on node changes). Measured at 1,250 nodes: about 13 KB a shape, so some
+# 40 MB at the bound; a cluster's jobs ask far fewer distinct questions than that.
+MEMO_SHAPES = 3_000
+KEYS_PER_STATE = 3  # decision_key, score_key, free_key
+
+
+@dataclass(slots=True)
+class NodeState:
+    node: NodeName
+    devices: tuple[Device, ...] = ()
+    cache: NodeCache = field(default_factory=NodeCache)
+    has_inventory: bool = False
+    heartbeat: float | None = None  # last renewal of the node agent's Lease (epoch seconds)
+    silent: bool = False  # the agent has not renewed its Lease within the timeout
+    # The node's ledger as stored (what a compare-and-swap write starts from) ...
+    ledger: dict[PodUid, Allocation] = field(default_factory=dict)
+    ledger_version: str = ""
+    # derived, refreshed by _refresh()
+    # ... and its live part: allocations of pods not known to be gone. A deleted pod's devices
+    # are free for placement at once; the reaper removes its entry from the stored ledger.
+    allocations: dict[PodUid, Allocation] = field(default_factory=dict)
+    free: Mapping[DeviceClass, int] = field(default_factory=dict)
+    free_total: int = 0  # free healthy devices
+    signature: Signature = (0, ())
+    # classes of the devices each allocation holds on this node (unknown UUIDs left out)
+    held_classes: dict[PodUid, tuple[DeviceClass, ...]] = field(default_factory=dict)
+    # Pod priorities of the low-priority holders, ascending, and what evicting the first k of
+    # them frees (freeable_by[k]): see freeable().
+    low_priorities: tuple[int, ...] = ()
+    freeable_by: tuple[Freeable, ...] = (frozenset(),)
+    decision_key: int = 0
+    score_key: int = 0
+    free_key: int = 0
+
+    def _refresh(self, gone: set[PodUid]) -> None:
+        self.allocations = {u: a for u, a in self.ledger.items() if u not in gone}
+        held: set[GpuUuid] = {u for a in self.allocations.values() for u in a.devices}
+        by_uuid = {d.uuid: d.cls for d in self.devices}
+        self.held_classes = {
+            uid: tuple(by_uuid[u] for u in a.devices if u in by_uuid)
+            for uid, a in self.allocations.items()
+        }
+        counts = Counter(d.cls for d in self.devices if d.uuid not in held)
+        self.free = counts
+        self.free_total = sum(n for cls, n in counts.items() if cls.healthy)
+        self.signature = (
+            len(self.devices),
+            tuple(sorted(counts.items(), key=lambda kv: _class_key(kv[0]))),
+        )
+        low = sorted(
+            (
+                (a.holder.pod_priority, self.held_classes[uid])
+                for uid, a in self.allocations.items()
+                if a.holder.priority is Priority.LOW
+            ),
+            key=lambda pc: pc[0],
+        )
+        self.low_priorities = tuple(p for p, _ in low)
+        freed: Counter[DeviceClass] = Counter()
+        freeable_by = [frozenset(freed.items())]
+        for _, classes in low:
+            freed.update(classes)
+            freeable_by.append(frozenset(freed.items()))
+        self.freeable_by = tuple(freeable_by)
+
+    @property
+    def offering(self) -> bool:
+        """Whether this node's devices are offered at all."""
+        return self.has_inventory and not self.silent
+
+    def freeable(self, pod_priority: int) -> Freeable:
+        """What a preemptor of this pod priority could free here by eviction: the devices of
+        low-priority pods of a lower pod priority (:func:`extender.scheduler.preemption.freeable`
+        for a preemptor that holds no devices on this node)."""
+        return self.freeable_by[bisect_left(self.low_priorities, pod_priority)]
+
+    def decision_tuple(self) -> Hashable:
+        holders = Counter(
+            (a.holder.priority, a.holder.pod_priority, self.held_classes[uid])
+            for uid, a in self.allocations.items()
+        )
+        return (self.signature, frozenset(holders.items()))
+
+    def score_tuple(self) -> Hashable:
+        return (self.signature, self.cache)
+
+
+def _class_key(c: DeviceClass) -> tuple[str, int, bool, str, bool, str]:
+    return (c.gpu_type, int(c.tier), c.healthy, c.owner or "", c.standby, c.replica or "")
+
+
+class _Interner:
+    """Small integer ids for hashable keys; forgets keys no node uses any more."""
+
+    def __init__(self) -> None:
+        self._ids: dict[Hashable, int] = {}
+        self._next = 1
+
+    def __call__(self, key: Hashable) -> int:
+        found = self._ids.get(key)
+        if found is None:
+            found = self._ids[key] = self._next
+            self._next += 1
+        return found
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def keep_only(self, live: set[int]) -> None:
+        self._ids = {k: i for k, i in self._ids.items() if i in live}
+
+
+class ClusterState:
+    """Node states by name. Single-threaded: used from the event loop only."""
+
+    def __init__(self) -> None:
+        self._nodes: dict[NodeName, NodeState] = {}
+        self._keys = _Interner()
+        # Answers keyed by (state key, request shape), kept across requests: the pods of one
+        # job, and retries of one pod, ask the same question of nodes whose state is unchanged.
+        # Keys of changed states are never reused, so an entry can only be unused, never wrong.
+        # memo[request shape][state key] -> answer (a state key, or a tuple starting with one)
+        self.memo: dict[Hashable, dict[Any, Any]] = {}
+        # (namespace, owner) of online jobs whose GpuLease is reclaiming: their high-priority
+        # pods are reclaim requests (Algorithm 1's IsReclaim) without needing an annotation.
+        # -> (lease key, whether its workload names its replicas: common.replicas)
+        self._reclaiming: dict[tuple[str, str], tuple[str, bool]] = {}
+        # Pods seen deleted (or finished) whose allocations are still in a stored ledger.
+        self._gone: set[PodUid] = set()
+        self._ledger_of: dict[PodUid, NodeName] = {}  # where each pod's allocation is
+
+    @property
+    def gone(self) -> set[PodUid]:
+        return self._gone
+
+    def pod_gone(self, uid: PodUid) -> None:
+        """A pod was deleted or finished: its devices are free from now on."""
+        node = self._ledger_of.get(uid)
+        if node is None or uid in self._gone:
+            return
+        self._gone.add(uid)
+        state = self._nodes.get(node)
+        if state is not None:
+            self._changed(state)
+
+    def _changed(self, state: NodeState) -> None:
+        state._refresh(self._gone)
+        state.decision_key = self._keys(("decision", state.decision_tuple()))
+        state.score_key = self._keys(("score", state.score_tuple()))
+        state.free_key = self._keys(("free", state.signature))
+        if len(self._keys) > 2 * KEYS_PER_STATE * len(self._nodes) + 64:
+            live = {
+                k for s in self._nodes.values() for k in (s.decision_key, s.score_key, s.free_key)
+            }
+            self._keys.keep_only(live)
+            self.memo.clear()
+        if len(self.memo) > MEMO_SHAPES:
+            self.memo.clear()
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def __iter__(self) -> Iterator[NodeState]:
+        return iter(self._nodes.values())
+
+    def get(self, node: str) -> NodeState | None:
+        return self._nodes.get(NodeName(node))
+
+    @property
+    def nodes(self) -> Mapping[NodeName, NodeState]:
+        return self._nodes
+
+    def _node(self, node: NodeName) -> NodeState:
+        state = self._nodes.get(node)
+        if state is None:
+            state = self._nodes[node] = NodeState(node)
+        return state
+
+    # --- inventory ---
+    def set_inventory(self, inv: NodeInventory) -> None:
+        state = self._node(inv.node)
+        state.devices, state.cache, state.has_inventory = inv.devices, inv.cache, True
+        self._changed(state)
+
+    def remove_inventory(self, node: NodeName) -> None:
+        state = self._nodes.get(node)
+        if state is None:
+            return
+        state.devices, state.cache, state.has_inventory = (), NodeCache(), False
+        self._changed(state)
+        if not state.ledger and not state.ledger_version:
+            del self._nodes[node]
+
+    # --- ledger ---
+    def set_ledger(self, node: NodeName, allocations: tuple[Allocation, ...], version: str) -> None:
+        state = self._node(node)
+        old = set(state.ledger)
+        state.ledger = {a.holder.pod_uid: a for a in allocations}
+        state.ledger_version = version
+        for uid in old - state.ledger.keys():
+            self._ledger_of.pop(uid, None)
+            self._gone.discard(uid)
+        for uid in state.ledger:
+            self._ledger_of[uid] = node
+        self._changed(state)
+
+    def remove_ledger(self, node: NodeName) -> None:
+        self.set_ledger(node, (), "")
+
+    # --- watch events (raw objects from the API server or a snapshot) ---
+    def apply_gpu_node(self, event: str, obj: Mapping[str, Any]) -> None:
+        name = NodeName(str((obj.get("metadata") or {}).get("name", "")))
+        if event == "DELETED":
+            self.remove_inventory(name)
+            return
+        try:
+            self.set_inventory(parse_gpu_node(obj))
+        except InvalidInput as e:
+            # A bad object must not take the node's devices with it silently: offer none.
+            log.error("ignoring invalid GpuNode %s: %s", name, e)
+            self.remove_inventory(name)
+
+    def apply_lease(self, event: str, obj: Mapping[str, Any]) -> None:
+        """A node agent's heartbeat Lease (``tidelease-agent-<node>``)."""
+        spec = obj.get("spec") or {}
+        name = str((obj.get("metadata") or {}).get("name", ""))
+        node = NodeName(
+            str(spec.get("holderIdentity") or name.removeprefix(contract.AGENT_LEASE_PREFIX))
+        )
+        if event == "DELETED":
+            state = self._nodes.get(node)
+            if state is not None:
+                state.heartbeat = None
+                self._set_silent(state, False)
+            return
+        renewed = epoch(spec.get("renewTime"))
+        if renewed is not None:
+            self._node(node).heartbeat = renewed
+
+    def sweep(self, now: float, timeout_s: float) -> list[NodeName]:
+        """Mark nodes whose agent is silent for longer than ``timeout_s``; the nodes that
+        changed. Nodes without a Lease are not judged."""
+        changed = []
+        for state in self._nodes.values():
+            silent = state.heartbeat is not None and now - state.heartbeat > timeout_s
+            if silent != state.silent:
+                self._set_silent(state, silent)
+                changed.append(state.node)
+        return changed
+
+    def _set_silent(self, state: NodeState, silent: bool) -> None:
+        if state.silent != silent:
+            state.silent = silent
+            log.warning(
+                "node %s: agent %s",
+                state.node,
+                "silent, its GPUs are no longer offered" if silent else "back",
+            )
+            self._changed(state)
+
+    def apply_gpu_lease(self, event: str, obj: Mapping[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        key = object_key(obj)
+        for job, (lease, _) in list(self._reclaiming.items()):
+            if lease == key:
+                del self._reclaiming[job]
+        spec = obj.get("spec") or {}
+        owner = spec.get("owner")
+        phase = (obj.get("status") or {}).get("phase")
+        if event != "DELETED" and phase == "Reclaiming" and isinstance(owner, str):
+            kind = (spec.get("workload") or {}).get("kind")
+            per_replica = isinstance(kind, str) and names_replicas(kind)
+            self._reclaiming[(str(meta.get("namespace", "")), owner)] = (key, per_replica)
+
+    def with_reclaim(self, req: PodRequest) -> PodRequest:
+        """The request as Algorithm 1 sees it: a reclaim when the owner's lease is reclaiming;
+        where the lease's workload names its replicas, the pod takes back its own lent group
+        (``lent_group``: the replica's name, as the leasing controller recorded the group)."""
+        if req.priority is not Priority.HIGH or req.owner is None:
+            return req
+        found = self._reclaiming.get((req.namespace, req.owner))
+        if found is None:
+            return req
+        lent_group = req.name if found[1] else None
+        if req.reclaim and req.lent_group == lent_group:
+            return req
+        return replace(req, reclaim=True, lent_group=lent_group)
+
+    def apply_gpu_allocation(self, event: str, obj: Mapping[str, Any]) -> None:
+        name = NodeName(str((obj.get("metadata") or {}).get("name", "")))
+        if event == "DELETED":
+            self.remove_ledger(name)
+            return
+        try:
+            node, allocations = parse_gpu_allocation(obj)
+        except InvalidInput as e:
+            log.error("invalid GpuAllocation %s, keeping its previous view: %s", name, e)
+            return
+        version = resource_version(obj)
+        current = self._nodes.get(node)
+        if current is not None and _older(version, current.ledger_version):
+            return  # our own write, applied already, is newer than this event
+        self.set_ledger(node, allocations, version)
+
+
+def _older(version: str, than: str) -> bool:
+    """Whether ``version`` precedes ``than``. resourceVersions are opaque in general; the API
+    server's are etcd revisions, so compare them as numbers when both are numbers."""
+    return version.isdigit() and than.isdigit() and int(version) < int(than)

@@ -1,0 +1,2 @@
+"""The hot-restart operator: the pure decision (a wished image change -> an in-place
+restart request) and the operator that watches pods and writes requests."""

@@ -1,0 +1,420 @@
+"""The leasing controller: executes :mod:`extender.leasing.decisions`'s decisions against the API
+server.
+
+It runs inside the extender deployment, sharing the extender's watched view (devices, ledgers,
+pods), and acts only while it holds the leader Lease. Every GpuLease is stepped until its next
+action is to wait; a step is one idempotent API write. The devices' tags live in the
+``GpuNode`` specs (compare-and-swap), the lease's progress in the ``GpuLease`` status
+(compare-and-swap), so a controller killed at any point resumes from what is stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from common import contract
+from common.errors import Conflict, InvalidInput, NotFound, TideleaseError
+from common.events import Involved, post_event
+from common.kubeclient import KubeClient
+from common.model import Device, GpuUuid, Holder, JobName, PodUid
+from common.objects import object_key
+from common.timefmt import microtime
+from common.waiting import wait_event
+from extender.cluster.state import ClusterState
+from extender.cluster.watching import PodCache
+from extender.leasing.decisions import (
+    Action,
+    Evict,
+    Notify,
+    OwnerPod,
+    ScaleTo,
+    SetTags,
+    TagChange,
+    View,
+    Wait,
+    WriteStatus,
+    decide,
+)
+from extender.leasing.lease import GpuLease, LeaseStatus, Workload, parse_gpu_lease
+from extender.leasing.rules import TypeTier, standby_excess, standby_topup
+from extender.queues.allocation import JobView
+from extender.queues.jobviews import held_by_job, job_views
+from extender.queues.preemption import eviction_cost
+
+log = logging.getLogger(__name__)
+
+EVICTION_GRACE_S = 2  # termination grace of an evicted borrower, after its notice period
+
+
+class LeaseCache:
+    """GpuLease objects from the watch, by namespace/name."""
+
+    def __init__(self) -> None:
+        self.raw: dict[str, dict[str, Any]] = {}
+        self.changed = asyncio.Event()
+
+    def apply(self, event: str, obj: dict[str, Any]) -> None:
+        key = object_key(obj)
+        if event == "DELETED":
+            self.raw.pop(key, None)
+        else:
+            self.raw[key] = obj
+        self.changed.set()
+
+
+class World(Protocol):
+    """The writes the controller makes (and the one read the watches do not give it)."""
+
+    async def replicas(self, namespace: str, workload: Workload) -> int: ...
+
+    async def scale(self, namespace: str, workload: Workload, replicas: int) -> None: ...
+
+    async def set_tags(self, changes: Iterable[TagChange]) -> None: ...
+
+    async def write_status(self, lease: GpuLease, status: LeaseStatus) -> None: ...
+
+    async def notify(self, pod: Holder, lease: GpuLease, deadline: float) -> None: ...
+
+    async def evict(self, pod: Holder) -> None: ...
+
+
+def _workload_path(namespace: str, w: Workload) -> str:
+    base = "/api/v1" if w.api_version == "v1" else f"/apis/{w.api_version}"
+    return f"{base}/namespaces/{namespace}/{w.plural}/{w.name}/scale"
+
+
+class KubeWorld:
+    def __init__(self, kube: KubeClient) -> None:
+        self._kube = kube
+
+    async def replicas(self, namespace: str, workload: Workload) -> int:
+        scale = await self._kube.json("GET", _workload_path(namespace, workload))
+        return int((scale.get("spec") or {}).get("replicas") or 0)
+
+    async def scale(self, namespace: str, workload: Workload, replicas: int) -> None:
+        await self._kube.json(
+            "PATCH",
+            _workload_path(namespace, workload),
+            body={"spec": {"replicas": replicas}},
+            content_type="application/merge-patch+json",
+        )
+
+    async def set_tags(self, changes: Iterable[TagChange]) -> None:
+        by_node: dict[str, list[TagChange]] = {}
+        for c in changes:
+            by_node.setdefault(c.node, []).append(c)
+        base = f"/apis/{contract.API_VERSION}/{contract.PLURAL_GPU_NODE}"
+        for node, node_changes in by_node.items():
+            for _ in range(5):
+                try:
+                    obj = await self._kube.json("GET", f"{base}/{node}")
+                except NotFound:
+                    break  # the node is gone; nothing to tag
+                spec = obj.setdefault("spec", {})
+                entries = {e["uuid"]: e for e in spec.get("devices") or [] if "uuid" in e}
+                for c in node_changes:
+                    entry: dict[str, Any] = {"uuid": c.uuid}
+                    if c.owner:
+                        entry["owner"] = c.owner
+                    if c.standby:
+                        entry["standby"] = True
+                    if c.owner and c.replica:
+                        entry["replica"] = c.replica
+                    entries[c.uuid] = entry
+                spec["devices"] = [e for e in entries.values() if len(e) > 1]
+                obj.pop("status", None)
+                try:
+                    await self._kube.json("PUT", f"{base}/{node}", body=obj)
+                    break
+                except Conflict:
+                    continue
+            else:
+                raise Conflict(f"GpuNode {node}: tags kept conflicting")
+
+    async def write_status(self, lease: GpuLease, status: LeaseStatus) -> None:
+        path = (
+            f"/apis/{contract.API_VERSION}/namespaces/{lease.namespace}/"
+            f"{contract.PLURAL_GPU_LEASE}/{lease.name}"
+        )
+        obj = await self._kube.json("GET", path)
+        if (obj.get("metadata") or {}).get("resourceVersion") != lease.resource_version:
+            raise Conflict(f"GpuLease {lease.key} changed since it was read")
+        obj["status"] = status.to_json()
+        await self._kube.json("PUT", f"{path}/status", body=obj)
+
+    async def notify(self, pod: Holder, lease: GpuLease, deadline: float) -> None:
+        when = microtime(deadline)
+        with contextlib.suppress(NotFound):
+            await self._kube.json(
+                "PATCH",
+                f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}",
+                body={
+                    "metadata": {
+                        "uid": pod.pod_uid,
+                        "annotations": {contract.ANN_RECLAIM_NOTICE: when},
+                    }
+                },
+                content_type="application/merge-patch+json",
+            )
+            await post_event(
+                self._kube,
+                Involved("Pod", pod.namespace, pod.name, pod.pod_uid),
+                "ReclaimNotice",
+                f"GPUs lent by {lease.spec.owner} are taken back; this pod is evicted at "
+                f"{when}: checkpoint now",
+                warning=True,
+                component="tidelease-leasing",
+            )
+
+    async def evict(self, pod: Holder) -> None:
+        with contextlib.suppress(NotFound, Conflict):
+            await self._kube.json(
+                "DELETE",
+                f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}",
+                # The notice was the time to checkpoint; now stop promptly.
+                body={
+                    "preconditions": {"uid": pod.pod_uid},
+                    "gracePeriodSeconds": EVICTION_GRACE_S,
+                },
+            )
+
+
+@dataclass
+class LeasingMetrics:
+    registry: CollectorRegistry
+    lent: Gauge = field(init=False)
+    reclaims: Counter = field(init=False)
+    latency: Histogram = field(init=False)
+    backfills: Counter = field(init=False)
+    evictions: Counter = field(init=False)
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        self.lent = Gauge(
+            "tidelease_leasing_lent_gpus", "GPUs lent, by lease.", ["lease"], registry=r
+        )
+        self.reclaims = Counter(
+            "tidelease_leasing_reclaims", "Completed reclaims.", ["lease"], registry=r
+        )
+        self.latency = Histogram(
+            "tidelease_leasing_reclaim_duration_seconds",
+            "From the reclaim decision to the owner's pods placed and tags cleared.",
+            buckets=(5, 15, 30, 45, 60, 75, 90, 120, 180, 300, 600),
+            registry=r,
+        )
+        self.backfills = Counter(
+            "tidelease_leasing_backfilled_gpus",
+            "Standby GPUs given instead of lent ones.",
+            registry=r,
+        )
+        self.evictions = Counter(
+            "tidelease_leasing_evictions", "Borrower pods evicted after their notice.", registry=r
+        )
+
+
+def observe(cluster: ClusterState, pods: PodCache, lease: GpuLease) -> tuple[list[OwnerPod], View]:
+    """The owner's pods and the device view, from the extender's watched state."""
+    devices = {}
+    holders: dict[GpuUuid, Holder] = {}
+    offering: dict[str, bool] = {}
+    where: dict[str, tuple[str, tuple[GpuUuid, ...]]] = {}
+    for state in cluster:
+        offering[state.node] = state.offering
+        for d in state.devices:
+            devices[d.uuid] = d
+        for a in state.allocations.values():
+            where[a.holder.pod_uid] = (state.node, a.devices)
+            for u in a.devices:
+                holders[u] = a.holder
+    owner_pods = []
+    for raw in pods.raw_pods():
+        meta = raw.get("metadata") or {}
+        if meta.get("namespace") != lease.namespace or meta.get("deletionTimestamp"):
+            continue
+        if (meta.get("annotations") or {}).get(contract.ANN_OWNER) != lease.spec.owner:
+            continue
+        uid = str(meta.get("uid", ""))
+        bound = str((raw.get("spec") or {}).get("nodeName") or "")
+        node, devs = where.get(uid, ("", ()))
+        owner_pods.append(OwnerPod(str(meta.get("name")), uid, bound and node, devs))
+    return owner_pods, View(devices, holders, offering, _eviction_cost(cluster, pods))
+
+
+def _eviction_cost(
+    cluster: ClusterState, pods: PodCache
+) -> Callable[[Sequence[Holder]], tuple[int, int, float]]:
+    """Cornucopia's cost of evicting borrowers, over the jobs of the watched pods (built on
+    first use: most steps evict nobody)."""
+    allocations = [a for state in cluster for a in state.allocations.values()]
+    known: list[tuple[dict[JobName, JobView], dict[PodUid, int]]] = []
+
+    def cost(victims: Sequence[Holder]) -> tuple[int, int, float]:
+        if not known:
+            jobs = job_views(pods.raw_pods(), held_by_job(allocations), now=time.time())
+            known.append((jobs, {a.holder.pod_uid: len(a.devices) for a in allocations}))
+        jobs, gpus = known[0]
+        return eviction_cost(victims, gpus, jobs)
+
+    return cost
+
+
+class LeaseController:
+    def __init__(
+        self,
+        *,
+        cluster: ClusterState,
+        pods: PodCache,
+        leases: LeaseCache,
+        world: World,
+        metrics: LeasingMetrics,
+        clock: Callable[[], float] = time.time,
+        standby_targets: Mapping[TypeTier, int] | None = None,
+        standby_interval_s: float = 60.0,
+        test_grace_s: int | None = None,
+    ) -> None:
+        self.cluster, self.pods, self.leases = cluster, pods, leases
+        self.world, self.metrics, self.clock = world, metrics, clock
+        self.standby_targets = dict(standby_targets or {})
+        self.standby_interval_s = standby_interval_s
+        # extender.scheduler.settings' leasing_test_grace_s: every lease's notice, for test clusters
+        self.test_grace_s = test_grace_s
+        self._conflicts: dict[str, int] = {}  # consecutive write conflicts, by lease
+
+    async def step(self, lease: GpuLease) -> Action:
+        """Decide and execute one action for one lease."""
+        if self.test_grace_s is not None:
+            lease = replace(lease, spec=replace(lease.spec, grace_s=self.test_grace_s))
+        replicas = await self.world.replicas(lease.namespace, lease.spec.workload)
+        owner_pods, view = observe(self.cluster, self.pods, lease)
+        now = self.clock()
+        action = decide(lease, replicas, owner_pods, view, now)
+        name = lease.key
+        if isinstance(action, WriteStatus):
+            log.info("lease %s: %s", name, action.why)
+            await self.world.write_status(lease, action.status)
+            self.metrics.lent.labels(name).set(len(action.status.lent))
+            if action.status.phase == "Steady" and lease.status.phase == "Reclaiming":
+                self.metrics.reclaims.labels(name).inc()
+                self.metrics.latency.observe(action.status.last_reclaim_s or 0.0)
+                self.metrics.backfills.inc(action.status.backfilled - lease.status.backfilled)
+        elif isinstance(action, SetTags):
+            log.info("lease %s: %s", name, action.why)
+            await self.world.set_tags(action.changes)
+        elif isinstance(action, ScaleTo):
+            log.info(
+                "lease %s: scale %s to %d replicas", name, lease.spec.workload.name, action.replicas
+            )
+            await self.world.scale(lease.namespace, lease.spec.workload, action.replicas)
+        elif isinstance(action, Notify):
+            for pod in action.pods:
+                log.info(
+                    "lease %s: notice to borrower %s: evicted at %s",
+                    name,
+                    pod.key,
+                    microtime(action.deadline),
+                )
+                await self.world.notify(pod, lease, action.deadline)
+            await self.world.write_status(lease, action.then)
+        elif isinstance(action, Evict):
+            for pod in action.pods:
+                log.info("lease %s: evicting borrower %s", name, pod.key)
+                await self.world.evict(pod)
+                self.metrics.evictions.inc()
+        return action
+
+    def current(self) -> list[GpuLease]:
+        out = []
+        for key, raw in list(self.leases.raw.items()):
+            try:
+                out.append(parse_gpu_lease(raw))
+            except InvalidInput as e:
+                log.error("GpuLease %s is invalid and left alone: %s", key, e)
+        return out
+
+    async def run_once(self) -> float:
+        """One step for every lease; the earliest time one wants to be stepped again."""
+        wake = self.clock() + 30.0
+        for lease in self.current():
+            try:
+                action = await self.step(lease)
+            except Conflict as e:
+                # Our view lags our own last write; the watch brings the new version.
+                n = self._conflicts[lease.key] = self._conflicts.get(lease.key, 0) + 1
+                if n % 50 == 0:
+                    log.warning("lease %s: %d conflicts in a row, the last: %s", lease.key, n, e)
+                else:
+                    log.debug("lease %s: %s", lease.key, e)
+                wake = min(wake, self.clock() + 0.2)
+                continue
+            except TideleaseError as e:
+                log.warning("lease %s: %s (retrying)", lease.key, e)
+                wake = min(wake, self.clock() + 2.0)
+                continue
+            except Exception:
+                # A bug must not stop every lease for good: said loudly, retried.
+                log.exception("lease %s: unexpected error (retrying)", lease.key)
+                wake = min(wake, self.clock() + 2.0)
+                continue
+            self._conflicts.pop(lease.key, None)
+            next_time = action.until if isinstance(action, Wait) else self.clock() + 0.1
+            wake = min(wake, next_time)
+        return wake
+
+    async def top_up_standby(self) -> int:
+        """Keep the standby pool at its targets (weflex 3.5: released GPUs rejoin the pool
+        periodically): free standby devices beyond a target (loans given back) leave the pool
+        (:func:`~extender.leasing.rules.standby_excess`), free untagged devices join it where it is
+        short (:func:`~extender.leasing.rules.standby_topup`, whole nodes first); the devices
+        changed. The simulator's top-up (extender.simulation.controlling) mirrors this."""
+        if not self.standby_targets:
+            return 0
+        pool: dict[TypeTier, int] = {}
+        free: list[Device] = []
+        free_standby: list[Device] = []
+        standby: list[Device] = []
+        for state in self.cluster:
+            if not state.offering:
+                continue
+            held = {u for a in state.allocations.values() for u in a.devices}
+            for d in state.devices:
+                if d.cls.standby:
+                    standby.append(d)
+                if d.cls.standby and d.cls.healthy:
+                    key = (d.gpu_type, d.tier)
+                    pool[key] = pool.get(key, 0) + 1
+                    if d.uuid not in held:
+                        free_standby.append(d)
+                elif d.uuid not in held:
+                    free.append(d)
+        extra = standby_excess(free_standby, pool, self.standby_targets)
+        if extra:
+            log.info("standby pool: giving %d device(s) above its targets back", len(extra))
+            await self.world.set_tags(TagChange(d.node, d.uuid, None, False) for d in extra)
+        chosen = standby_topup(free, pool, self.standby_targets, standby)
+        if chosen:
+            log.info("standby pool: adding %d device(s) to reach its targets", len(chosen))
+            await self.world.set_tags(TagChange(d.node, d.uuid, None, True) for d in chosen)
+        return len(extra) + len(chosen)
+
+    async def run(self) -> None:
+        """Until cancelled."""
+        next_topup = 0.0
+        while True:
+            if self.clock() >= next_topup:
+                try:
+                    await self.top_up_standby()
+                except TideleaseError as e:
+                    log.warning("standby top-up failed (retrying): %s", e)
+                next_topup = self.clock() + self.standby_interval_s
+            wake = await self.run_once()
+            self.leases.changed.clear()
+            timeout = max(0.05, wake - self.clock())
+            await wait_event(self.leases.changed, timeout)

@@ -1,0 +1,407 @@
+"""The leasing controller's decisions: given a GpuLease and what is observed, the next action.
+Pure; :mod:`extender.leasing.controller` executes the actions.
+
+One action per step, each idempotent, each decided afresh from the stored lease status and the
+observed cluster: a controller killed between any two steps (or in the middle of one) decides
+the same next step when it comes back, so nothing is lost and nothing is granted twice.
+
+Scale-down (lend): record the devices to lend in the status, tag them with the owner, give the
+standby devices the released replicas had on loan back to the pool, then scale the workload
+down; its pods go and their tagged devices are free for borrowers.
+Scale-up (reclaim): record the reclaim and its deadline (now + grace), give every borrower of a
+lent device notice, evict those still there at the deadline, scale the workload up (the
+extender sends the owner's pods back to their own lent devices, and to standby devices for
+those that cannot come back), and once all its pods are placed, clear the tags of the lent
+devices it holds again and mark the standby devices it holds as its loans.
+
+Right of return per replica: each lent device is tagged with the owner and with the replica
+that lent it (its group). Where the workload names its replicas (a StatefulSet,
+:func:`~extender.leasing.rules.names_replicas`), the replica a scale-up brings back takes back its
+own group, and only it: the extender lets a returning replica use no other group's devices and sends
+it to the node holding its group. A group that cannot come back whole (a device unhealthy, its
+node gone or silent, a device held by another job's high-priority pod) is swapped, at the start
+of the reclaim, with a group of the owner that stays lent and can come back (the replica takes
+that group instead, and the broken group stays lent under the other's name); without one the
+replica takes what the node of its group offers, then standby devices. A Deployment's pods have
+no stable names: its lent groups come back as a set.
+
+Loans: a standby device a reclaim takes stands in for a lent device that could not come back
+(failed, or on a node gone). It keeps its standby flag and is tagged with the owner while the
+owner holds it, and goes back to the pool when the replica holding it is released; the lent
+device it stands in for stays lent, and comes back at a later reclaim once it can. So the
+devices the owner holds or has lent are always the devices it held before lending: the same
+number, of the same types and tiers (weflex 3.5: "the stable proportion of HA devices"), with
+nothing lent twice and nothing kept for good from the standby pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from common.model import Device, GpuUuid, Holder, JobName
+from common.replicas import incoming_replicas
+from extender.leasing.lease import GpuLease, LeaseStatus, LentGroup, Notice
+from extender.leasing.rules import (
+    devices_to_tag,
+    group_can_return,
+    ordinal,
+    plan_reclaim,
+    replicas_for,
+    replicas_to_release,
+    target_gpus,
+)
+
+RESYNC_S = 30.0
+POD_WAIT_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerPod:
+    name: str
+    uid: str
+    node: str  # "" while unbound
+    devices: tuple[GpuUuid, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    """What the controller observes of the cluster (from the extender's watches)."""
+
+    devices: Mapping[GpuUuid, Device]
+    holders: Mapping[GpuUuid, Holder]
+    offering: Mapping[str, bool]
+    # How bad evicting these borrowers is (smaller is better): cornucopia's partial-preemption
+    # rule when the controller knows the jobs (extender.queues.preemption.eviction_cost);
+    # None: every borrower counts the same.
+    eviction_cost: Callable[[Sequence[Holder]], tuple[int, int, float]] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TagChange:
+    node: str
+    uuid: GpuUuid
+    owner: JobName | None
+    standby: bool
+    replica: str | None = None  # the owner's replica that lent the device (its group)
+
+
+@dataclass(frozen=True, slots=True)
+class WriteStatus:
+    status: LeaseStatus
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class SetTags:
+    changes: tuple[TagChange, ...]
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleTo:
+    replicas: int
+
+
+@dataclass(frozen=True, slots=True)
+class Notify:
+    pods: tuple[Holder, ...]
+    deadline: float
+    then: LeaseStatus  # the status recording the notices, written after notifying
+
+
+@dataclass(frozen=True, slots=True)
+class Evict:
+    pods: tuple[Holder, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    until: float
+    why: str
+
+
+Action = WriteStatus | SetTags | ScaleTo | Notify | Evict | Wait
+
+
+def _tag(
+    dev: Device, owner: JobName | None, standby: bool, replica: str | None = None
+) -> TagChange:
+    return TagChange(dev.node, dev.uuid, owner, standby, replica)
+
+
+def _retag(
+    groups: Sequence[LentGroup], view: View, owner: JobName, skip: set[GpuUuid] | None = None
+) -> tuple[TagChange, ...]:
+    """The tags that do not yet say what the status says: every lent device tagged with the
+    owner and the replica whose group it is in (``skip``: devices whose tags are cleared)."""
+    out = []
+    for g in groups:
+        for u in g.devices:
+            d = view.devices.get(u)
+            if d is None or (skip and u in skip):
+                continue
+            if d.cls.owner != owner or d.cls.replica != g.replica:
+                out.append(_tag(d, owner, False, g.replica))
+    return tuple(out)
+
+
+def _loans(pods: Sequence[OwnerPod], view: View, lent: set[GpuUuid]) -> set[GpuUuid]:
+    """The devices the owner holds on loan: standby devices, and every other device of a pod
+    that holds one, but its own lent devices (a stand-in replica holds all it took beside its
+    own devices on loan, so that none of them is lent later as if it were the owner's)."""
+    out: set[GpuUuid] = set()
+    for p in pods:
+        if not p.node:
+            continue
+        devs = [view.devices[u] for u in p.devices if u in view.devices]
+        if any(d.cls.standby for d in devs):
+            out.update(d.uuid for d in devs if d.uuid not in lent)
+    return out
+
+
+def _on_loan(dev: Device, owner: JobName) -> bool:
+    """A standby device the owner holds as a stand-in (marked when its reclaim completed)."""
+    return dev.cls.standby and dev.cls.owner == owner
+
+
+def choose_groups(groups: Sequence[LentGroup], count: int, view: View) -> list[LentGroup]:
+    """The lent groups a scale-up by ``count`` replicas takes back: those whose devices are all
+    healthy and free first (nobody to evict), then those whose borrowers lose least by eviction
+    (``view.eviction_cost``), then those with the fewest borrowers."""
+
+    def cost(g: LentGroup) -> tuple[int, tuple[int, int, float], int, int, str]:
+        broken = sum(
+            1 for u in g.devices if u not in view.devices or not view.devices[u].cls.healthy
+        )
+        victims = {view.holders[u].pod_uid: view.holders[u] for u in g.devices if u in view.holders}
+        loss = view.eviction_cost(list(victims.values())) if view.eviction_cost else (0, 0, 0.0)
+        return (broken, loss, len(victims), ordinal(g.replica), g.replica)
+
+    return sorted(groups, key=cost)[: max(0, count)]
+
+
+def scale_up_groups(
+    lease: GpuLease, have: int, target: int, view: View
+) -> tuple[tuple[LentGroup, ...], tuple[LentGroup, ...]]:
+    """The lent groups as a scale-up from ``have`` to ``target`` replicas takes them back:
+    (every lent group, renamed where one stands in for another; the groups taken back).
+
+    Where the workload names its replicas, each incoming replica takes back its own group. One
+    whose group cannot come back whole (:func:`~extender.leasing.rules.group_can_return`) takes,
+    instead, a group that stays lent and can (the cheapest by :func:`choose_groups`): the two
+    swap names, so the broken group stays lent for the replica still down. A replica with no
+    such group takes its own anyway (its healthy devices come back, standby for the rest).
+    Elsewhere: :func:`choose_groups` picks ``target - have`` groups, any replica any group.
+    """
+    spec, groups = lease.spec, lease.status.groups
+    incoming = incoming_replicas(spec.workload.kind, spec.workload.name, have, target)
+    if incoming is None:
+        return groups, tuple(choose_groups(groups, target - have, view))
+
+    def whole(g: LentGroup) -> bool:
+        return group_can_return(spec.owner, g.devices, view.devices, view.holders, view.offering)
+
+    names = set(incoming)
+    spare = choose_groups(
+        [g for g in groups if g.replica not in names and whole(g)], len(groups), view
+    )
+    by_name = {g.replica: g for g in groups}
+    for name in incoming:
+        own = by_name.get(name)
+        if (own is not None and whole(own)) or not spare:
+            continue
+        sub = spare.pop(0)
+        by_name[name] = LentGroup(name, sub.devices)
+        if own is None:
+            del by_name[sub.replica]
+        else:
+            by_name[sub.replica] = LentGroup(sub.replica, own.devices)
+    # In their recorded order, a substitute's new name where the name it left was.
+    order = [g.replica for g in groups if g.replica in by_name]
+    order += sorted(by_name.keys() - set(order), key=lambda n: (ordinal(n), n))
+    renamed = tuple(by_name[n] for n in order)
+    return renamed, tuple(g for g in renamed if g.replica in names)
+
+
+def relabel(groups: Sequence[LentGroup], replicas: int) -> tuple[LentGroup, ...]:
+    """Give the groups still lent the names of the replicas still down (ordinals from
+    ``replicas`` on): which replica lent which group no longer matters once one is back."""
+    ordered = sorted(groups, key=lambda g: (ordinal(g.replica), g.replica))
+    names = [g.replica for g in ordered]
+    taken = {n for n in names if ordinal(n) >= replicas}
+    free = (f"{_stem(names)}-{i}" for i in range(replicas, replicas + 10 * len(names) + 1))
+    spare = (n for n in free if n not in taken)
+    return tuple(
+        g if ordinal(g.replica) >= replicas else LentGroup(next(spare), g.devices) for g in ordered
+    )
+
+
+def _stem(names: Sequence[str]) -> str:
+    for n in names:
+        if ordinal(n) >= 0:
+            return n.rsplit("-", 1)[0]
+    return "replica"
+
+
+def decide(
+    lease: GpuLease, replicas: int, pods: Sequence[OwnerPod], view: View, now: float
+) -> Action:
+    spec, status = lease.spec, lease.status
+    if status.phase == "Reclaiming":
+        return _reclaim(lease, replicas, pods, view, now)
+    target = replicas_for(target_gpus(spec.desired_gpus, spec.schedule, now), spec.gpus_per_replica)
+    if target > replicas:
+        groups, chosen = scale_up_groups(lease, replicas, target, view)
+        swapped = [g.replica for g in chosen if g not in status.groups]
+        return WriteStatus(
+            replace(
+                status,
+                phase="Reclaiming",
+                target_replicas=target,
+                groups=groups,
+                reclaim_started=now,
+                reclaim_deadline=now + spec.grace_s,
+                noticed=(),
+                reclaiming=tuple(g.replica for g in chosen),
+                finalizing=False,
+            ),
+            f"scale up {replicas} -> {target} replicas: reclaim {len(chosen)} lent group(s)"
+            + (
+                f"; {', '.join(swapped)} take(s) another group, theirs cannot come back"
+                if swapped
+                else ""
+            ),
+        )
+    if target < replicas:
+        released = set(replicas_to_release([p.name for p in pods], target))
+        have = {g.replica for g in status.groups}
+        new = tuple(
+            LentGroup(
+                p.name,
+                tuple(
+                    d.uuid
+                    for d in devices_to_tag(view.devices[u] for u in p.devices if u in view.devices)
+                ),
+            )
+            for p in sorted(pods, key=lambda p: (ordinal(p.name), p.name))
+            if p.name in released and p.name not in have
+        )
+        new = tuple(g for g in new if g.devices)
+        if new or status.phase != "Lending" or status.target_replicas != target:
+            return WriteStatus(
+                replace(
+                    status, phase="Lending", target_replicas=target, groups=status.groups + new
+                ),
+                f"scale down {replicas} -> {target} replicas: lend "
+                f"{sum(len(g.devices) for g in new)} device(s)",
+            )
+        untagged = _retag(status.groups, view, spec.owner)
+        if untagged:
+            return SetTags(untagged, f"tag {len(untagged)} lent device(s) with owner {spec.owner}")
+        loans = [
+            view.devices[u]
+            for p in pods
+            if p.name in released
+            for u in p.devices
+            if u in view.devices and _on_loan(view.devices[u], spec.owner)
+        ]
+        if loans:
+            return SetTags(
+                tuple(_tag(d, None, True) for d in loans),
+                f"give {len(loans)} standby device(s) on loan back to the pool",
+            )
+        return ScaleTo(target)
+    if status.phase == "Lending":
+        return WriteStatus(replace(status, phase="Steady"), "scaled down; devices lent")
+    stale = _retag(status.groups, view, spec.owner)
+    if stale:
+        return SetTags(stale, f"tag {len(stale)} lent device(s) with the replica that lent them")
+    return Wait(now + RESYNC_S, "steady")
+
+
+def _reclaim(
+    lease: GpuLease, replicas: int, pods: Sequence[OwnerPod], view: View, now: float
+) -> Action:
+    spec, status = lease.spec, lease.status
+    target = status.target_replicas if status.target_replicas is not None else replicas
+    deadline = status.reclaim_deadline if status.reclaim_deadline is not None else now
+    started = status.reclaim_started if status.reclaim_started is not None else now
+    back = tuple(g for g in status.groups if g.replica in status.reclaiming)
+    reclaimed = tuple(u for g in back for u in g.devices)
+    if not status.finalizing:
+        stale = _retag(status.groups, view, spec.owner)
+        if stale:
+            return SetTags(stale, f"tag {len(stale)} lent device(s) with the replica taking them")
+        plan = plan_reclaim(spec.owner, reclaimed, view.devices, view.holders, view.offering)
+        noticed = {n.uid for n in status.noticed}
+        fresh = tuple(b for b in plan.borrowers if b.pod_uid not in noticed)
+        if fresh:
+            record = tuple(Notice(b.namespace, b.name, b.pod_uid) for b in fresh)
+            return Notify(fresh, deadline, replace(status, noticed=status.noticed + record))
+        if plan.borrowers:
+            if now < deadline:
+                return Wait(deadline, f"{len(plan.borrowers)} borrower(s) have notice")
+            return Evict(plan.borrowers)
+        if replicas < target:
+            return ScaleTo(target)
+        placed = [p for p in pods if p.node and p.devices]
+        if len(placed) < target:
+            return Wait(now + POD_WAIT_S, f"{len(placed)} of {target} pods placed")
+        held = {u for p in placed for u in p.devices}
+        lent = set(status.lent)
+        backfilled = sum(
+            1
+            for u in held
+            if u in view.devices
+            and view.devices[u].cls.standby
+            and not _on_loan(view.devices[u], spec.owner)
+        )
+        return WriteStatus(
+            replace(
+                status,
+                finalizing=True,
+                returned=status.returned + len(held & lent),
+                backfilled=status.backfilled + backfilled,
+            ),
+            f"all {target} pods placed: {len(held & lent)} lent device(s) came back, "
+            f"{backfilled} from standby",
+        )
+    held = {u for p in pods if p.node for u in p.devices}
+    # Back: what the owner holds again. Forgone: reclaimed devices on nodes that are gone. The
+    # rest stays lent, even if a new replica took another group than the one reclaimed, or a
+    # standby device on loan stands in for it (a failed device stays lent: it comes back once
+    # repaired, and its stand-in goes back to the pool).
+    gone = {u for u in reclaimed if u not in view.devices}
+    done = (held & set(status.lent)) | gone
+    changes = [
+        _tag(view.devices[u], None, False)
+        for u in sorted(done)
+        if u in view.devices and view.devices[u].cls.owner is not None
+    ] + [
+        _tag(view.devices[u], spec.owner, True)
+        for u in sorted(_loans(pods, view, set(status.lent)))
+        if view.devices[u].cls.owner != spec.owner or not view.devices[u].cls.standby
+    ]
+    if changes:
+        return SetTags(
+            tuple(changes), "clear the tags of returned devices, mark standby devices on loan"
+        )
+    still = [
+        LentGroup(g.replica, tuple(u for u in g.devices if u not in done)) for g in status.groups
+    ]
+    return WriteStatus(
+        replace(
+            status,
+            phase="Steady",
+            groups=relabel([g for g in still if g.devices], target),
+            reclaiming=(),
+            reclaim_started=None,
+            reclaim_deadline=None,
+            noticed=(),
+            finalizing=False,
+            reclaims=status.reclaims + 1,
+            last_reclaim_s=now - started,
+        ),
+        f"reclaim done in {now - started:.1f} s",
+    )

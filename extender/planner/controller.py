@@ -1,0 +1,305 @@
+"""The live planner: every planning step, each opted-in GpuLease's ``spec.desiredGPUs`` becomes
+what the online planner (kale 3.4) says, ``W`` ahead of the traffic.
+
+Runs in the extender deployment under its own leader election (``tidelease extender
+--planner``). It watches GpuLeases; those annotated ``tidelease.io/planner: "true"`` are planned
+every ``step_s`` (and at once when first seen): their traffic source is asked for the job's
+traffic, lag and history (:mod:`extender.planner.sources`), :func:`~extender.planner.stepping.
+plan_step` decides, and a changed count is written as a JSON merge patch of the spec
+(:func:`~extender.planner.directives.desired_patch`, which also drops a schedule) conditioned
+on the resourceVersion the planner decided on. A Conflict is left to the next step, which sees
+the lease again. Errors (source unreachable, unusable result, invalid annotations) are logged
+with the lease, counted, and leave the lease as it is. Nothing is stored locally: the history is
+re-read from the source each step, so a restarted or new leader decides as the last one did.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from common import contract
+from common.errors import Conflict, InvalidInput, NotFound, TideleaseError, Unavailable
+from common.kubeclient import KubeClient
+from common.waiting import wait_event
+from common.watches import Watches, object_key
+from extender.leasing.lease import parse_gpu_lease
+from extender.planner.directives import desired_patch
+from extender.planner.sources import TrafficSource
+from extender.planner.stepping import PlannerSettings, lease_config, plan_step
+
+log = logging.getLogger(__name__)
+
+LEASE_NAME = "tidelease-planner"
+_GPL = f"/apis/{contract.API_VERSION}/{contract.PLURAL_GPU_LEASE}"
+
+
+def opted_in(obj: Mapping[str, Any]) -> bool:
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    return str(annotations.get(contract.ANN_PLANNER, "")).lower() == "true"
+
+
+class LeaseWriter(Protocol):
+    async def patch_spec(
+        self, namespace: str, name: str, resource_version: str, patch: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Apply a JSON merge patch to the lease if it is still at ``resource_version``; the
+        lease after it. Conflict when it changed meanwhile, NotFound when it is gone."""
+        ...
+
+
+class KubeLeaseWriter:
+    def __init__(self, kube: KubeClient) -> None:
+        self._kube = kube
+
+    async def patch_spec(
+        self, namespace: str, name: str, resource_version: str, patch: dict[str, Any]
+    ) -> dict[str, Any]:
+        body = {**patch, "metadata": {"resourceVersion": resource_version}}
+        return await self._kube.json(
+            "PATCH",
+            f"/apis/{contract.API_VERSION}/namespaces/{namespace}/{contract.PLURAL_GPU_LEASE}/{name}",
+            body=body,
+            content_type="application/merge-patch+json",
+        )
+
+
+def merge(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = merge(out.get(k), v)
+    return out
+
+
+@dataclass
+class MemoryLeases:
+    """A faithful fake of the API server's GpuLeases for the planner: merge patches conditioned
+    on resourceVersion, which every write bumps; ``writes`` records (namespace, name, patch)."""
+
+    objects: dict[str, dict[str, Any]] = field(default_factory=dict)
+    writes: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
+    _version: int = 0
+
+    def put(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Create or replace (as another writer would): a new resourceVersion."""
+        self._version += 1
+        meta = obj.setdefault("metadata", {})
+        meta["resourceVersion"] = str(self._version)
+        self.objects[f"{meta['namespace']}/{meta['name']}"] = obj
+        return obj
+
+    async def patch_spec(
+        self, namespace: str, name: str, resource_version: str, patch: dict[str, Any]
+    ) -> dict[str, Any]:
+        key = f"{namespace}/{name}"
+        current = self.objects.get(key)
+        if current is None:
+            raise NotFound(f"GpuLease {key} not found")
+        if current["metadata"]["resourceVersion"] != resource_version:
+            raise Conflict(f"GpuLease {key}: the object has been modified")
+        self.writes.append((namespace, name, patch))
+        return self.put(merge(current, patch))
+
+
+@dataclass
+class PlannerMetrics:
+    registry: CollectorRegistry
+    planned: Gauge = field(init=False)
+    forecast: Gauge = field(init=False)
+    decisions: Counter = field(init=False)
+    source_errors: Counter = field(init=False)
+    writes: Counter = field(init=False)
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        self.planned = Gauge(
+            "tidelease_planner_planned_gpus",
+            "GPUs the planner holds for a GpuLease (its last decision).",
+            ["lease"],
+            registry=r,
+        )
+        self.forecast = Gauge(
+            "tidelease_planner_forecast_traffic",
+            "Forecast incoming samples/s of a GpuLease's job, now and at now + W.",
+            ["lease", "at"],
+            registry=r,
+        )
+        self.decisions = Counter(
+            "tidelease_planner_decisions",
+            "Planning decisions by reason (forecast, fallback-lag, capped).",
+            ["reason"],
+            registry=r,
+        )
+        self.source_errors = Counter(
+            "tidelease_planner_source_errors",
+            "Planning steps that left a lease as it was, by kind (unavailable: the source "
+            "could not be reached; bad-result: it answered something unusable; config: the "
+            "lease's annotations are invalid).",
+            ["kind"],
+            registry=r,
+        )
+        self.writes = Counter(
+            "tidelease_planner_writes",
+            "GpuLease spec writes by outcome (written, unchanged, conflict, failed).",
+            ["outcome"],
+            registry=r,
+        )
+
+    def forget(self, lease: str) -> None:
+        with contextlib.suppress(KeyError):
+            self.planned.remove(lease)
+        for at in ("now", "lead"):
+            with contextlib.suppress(KeyError):
+                self.forecast.remove(lease, at)
+
+
+class PlannerController:
+    def __init__(
+        self,
+        *,
+        source: TrafficSource,
+        writer: LeaseWriter,
+        metrics: PlannerMetrics,
+        settings: PlannerSettings,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.source, self.writer, self.metrics = source, writer, metrics
+        self.settings, self.clock = settings, clock
+
+    async def plan(self, raw: Mapping[str, Any]) -> int | None:
+        """Plan one lease and write the change; the GPUs it holds afterwards (None: left as
+        it was because of an error)."""
+        meta = raw.get("metadata") or {}
+        key = object_key(raw)
+        try:
+            lease = parse_gpu_lease(raw)
+            config = lease_config(meta.get("annotations") or {}, self.settings.online.lead_s)
+        except InvalidInput as e:
+            log.error("GpuLease %s: not planned, invalid: %s", key, e)
+            self.metrics.source_errors.labels("config").inc()
+            return None
+        now = self.clock()
+        try:
+            seen = await self.source.observe(
+                config.queries,
+                at_s=now,
+                history_s=self.settings.history_s,
+                step_s=self.settings.online.step_s,
+            )
+        except Unavailable as e:
+            log.warning("GpuLease %s: traffic source unreachable, lease kept: %s", key, e)
+            self.metrics.source_errors.labels("unavailable").inc()
+            return None
+        except TideleaseError as e:
+            log.warning("GpuLease %s: traffic source answer unusable, lease kept: %s", key, e)
+            self.metrics.source_errors.labels("bad-result").inc()
+            return None
+        try:
+            step = plan_step(config, seen, self.settings, lease.spec.gpus_per_replica)
+        except InvalidInput as e:
+            log.warning("GpuLease %s: no plan from the observations, lease kept: %s", key, e)
+            self.metrics.source_errors.labels("bad-result").inc()
+            return None
+        self.metrics.decisions.labels(step.reason).inc()
+        self.metrics.planned.labels(key).set(step.gpus)
+        self.metrics.forecast.labels(key, "now").set(step.forecast_now)
+        self.metrics.forecast.labels(key, "lead").set(step.forecast_lead)
+        current = None if lease.spec.schedule else lease.spec.desired_gpus
+        directive = desired_patch(lease.namespace, lease.name, step.gpus, current, step.reason)
+        if directive is None:
+            self.metrics.writes.labels("unchanged").inc()
+            return step.gpus
+        try:
+            await self.writer.patch_spec(
+                lease.namespace, lease.name, lease.resource_version, directive.merge_patch()
+            )
+        except Conflict as e:
+            log.info("GpuLease %s: changed meanwhile, planned again next step: %s", key, e)
+            self.metrics.writes.labels("conflict").inc()
+            return None
+        except NotFound:
+            log.info("GpuLease %s: gone", key)
+            return None
+        except TideleaseError as e:
+            log.warning("GpuLease %s: writing desiredGPUs failed, next step retries: %s", key, e)
+            self.metrics.writes.labels("failed").inc()
+            return None
+        self.metrics.writes.labels("written").inc()
+        log.info(
+            "GpuLease %s: desiredGPUs %s -> %d (%s; %d workers; forecast %.0f samples/s now, "
+            "%.0f at +%.0f s)",
+            key,
+            "schedule" if current is None else current,
+            step.gpus,
+            step.reason,
+            step.workers,
+            step.forecast_now,
+            step.forecast_lead,
+            config.lead_s,
+        )
+        return step.gpus
+
+    async def step(self, leases: Mapping[str, Mapping[str, Any]]) -> None:
+        """Plan each opted-in lease once."""
+        for raw in list(leases.values()):
+            if opted_in(raw):
+                await self.plan(raw)
+
+
+async def run_planner_controller(
+    *,
+    kube: KubeClient,
+    controller: PlannerController,
+    interval_s: float | None = None,
+    ready: asyncio.Event | None = None,
+) -> None:
+    """Watch GpuLeases; plan the opted-in ones every ``interval_s`` (default: the planning
+    step), and a lease at once when it is first seen opted in. Until cancelled."""
+    every = controller.settings.online.step_s if interval_s is None else interval_s
+    leases: dict[str, dict[str, Any]] = {}
+    fresh: set[str] = set()
+    changed = asyncio.Event()
+
+    def on_lease(event: str, obj: dict[str, Any]) -> None:
+        key = object_key(obj)
+        if event == "DELETED" or not opted_in(obj):
+            if leases.pop(key, None) is not None:
+                controller.metrics.forget(key)
+            return
+        if key not in leases:
+            fresh.add(key)
+            changed.set()
+        leases[key] = obj
+
+    async with Watches(kube, "planner") as watches:
+        watches.add("gpuleases", _GPL, on_lease)
+        await watches.wait_synced()
+        if ready is not None:
+            ready.set()
+        loop = asyncio.get_running_loop()
+        next_all = loop.time()
+        while True:
+            watches.check()
+            changed.clear()
+            if loop.time() >= next_all:
+                fresh.clear()
+                await controller.step(leases)
+                next_all = loop.time() + every
+            elif fresh:
+                keys, fresh_now = set(fresh), {k: leases[k] for k in fresh if k in leases}
+                fresh.difference_update(keys)
+                await controller.step(fresh_now)
+            await wait_event(changed, max(0.0, next_all - loop.time()))

@@ -1,0 +1,350 @@
+"""The prewarm controller: writes :mod:`extender.prewarm.policy`'s directives into the GpuNodes.
+
+Runs in the extender deployment under its own leader election (``tidelease extender
+--prewarm-controller``). It watches GpuLeases, GpuNodes and the allocation ledgers, reads each
+lease's workload (its pod template: images, checkpoint, replicas), and after every change (and
+every ``resync_s``) makes each node's ``spec.prewarm`` what the policy says: a JSON merge patch
+of that one field, so ``spec.devices`` (the leasing controller's, written with
+compare-and-swap) is never touched. The node agents carry the directives out and report in
+``status.prewarm``; the controller counts their outcomes and the lead time achieved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from common import contract
+from common.errors import InvalidInput, NotFound, TideleaseError
+from common.kubeclient import KubeClient
+from common.model import GpuUuid, Holder, NodeInventory
+from common.objects import parse_gpu_allocation, parse_gpu_node
+from common.prelaunch import Bandwidths
+from common.prewarmwire import Directive, directives_json, parse_directives, parse_items
+from common.timefmt import microtime
+from common.waiting import wait_event
+from common.watches import Watches
+from extender.leasing.lease import GpuLease, Workload, parse_gpu_lease
+from extender.prewarm.policy import (
+    PrewarmSettings,
+    WorkloadTemplate,
+    changes,
+    parse_workload,
+    plan_prewarm,
+)
+
+log = logging.getLogger(__name__)
+
+LEASE_NAME = "tidelease-prewarm-controller"
+_GPN = f"/apis/{contract.API_VERSION}/{contract.PLURAL_GPU_NODE}"
+_UNITS = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+
+
+def parse_bandwidths(text: str, base: Bandwidths) -> Bandwidths:
+    """``net=1.25G,registry=500M,storage=2G,gpu=50G`` (bytes per second; K/M/G/T are powers of
+    ten); names left out keep ``base``'s value."""
+    values = {"net": base.net, "registry": base.registry, "storage": base.storage, "gpu": base.gpu}
+    problems = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        name, _, value = part.partition("=")
+        name, value = name.strip(), value.strip()
+        unit = value[-1:].upper() if value[-1:].isalpha() else ""
+        try:
+            number = float(value[: -1 if unit else None]) * _UNITS[unit]
+        except (ValueError, KeyError):
+            number = -1.0
+        if name not in values or not number > 0:
+            problems.append(f"--prewarm-bandwidths: {part!r}: want net|registry|storage|gpu=RATE")
+            continue
+        values[name] = number
+    if problems:
+        raise InvalidInput(problems)
+    return Bandwidths(**values)
+
+
+class PrewarmWorld(Protocol):
+    """What the controller reads besides its watches, and the one write it makes."""
+
+    async def template(self, namespace: str, workload: Workload) -> WorkloadTemplate:
+        """The workload's template; NotFound when it is gone."""
+        ...
+
+    async def write(self, node: str, directives: Sequence[Directive]) -> None:
+        """Make the node's spec.prewarm these directives (none: remove the field)."""
+        ...
+
+
+def _workload_path(namespace: str, w: Workload) -> str:
+    base = "/api/v1" if w.api_version == "v1" else f"/apis/{w.api_version}"
+    return f"{base}/namespaces/{namespace}/{w.plural}/{w.name}"
+
+
+class KubePrewarmWorld:
+    def __init__(self, kube: KubeClient) -> None:
+        self._kube = kube
+
+    async def template(self, namespace: str, workload: Workload) -> WorkloadTemplate:
+        return parse_workload(await self._kube.json("GET", _workload_path(namespace, workload)))
+
+    async def write(self, node: str, directives: Sequence[Directive]) -> None:
+        await self._kube.json(
+            "PATCH",
+            f"{_GPN}/{node}",
+            body={"spec": {"prewarm": directives_json(directives)}},
+            content_type="application/merge-patch+json",
+        )
+
+
+@dataclass
+class PrewarmMetrics:
+    registry: CollectorRegistry
+    written: Counter = field(init=False)
+    cleared: Counter = field(init=False)
+    items: Counter = field(init=False)
+    lead: Histogram = field(init=False)
+    late: Counter = field(init=False)
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        self.written = Counter(
+            "tidelease_prewarm_directives_written",
+            "Prewarm directives written to GpuNodes (new or changed), by role.",
+            ["role"],
+            registry=r,
+        )
+        self.cleared = Counter(
+            "tidelease_prewarm_directives_cleared",
+            "GpuNodes whose prewarm directives were all removed (scale-up done, lease gone).",
+            registry=r,
+        )
+        self.items = Counter(
+            "tidelease_prewarm_items",
+            "Prewarm items the node agents finished, by kind (image, checkpoint) and outcome.",
+            ["kind", "outcome"],
+            registry=r,
+        )
+        self.lead = Histogram(
+            "tidelease_prewarm_lead_seconds",
+            "From an item done to its scale-up time (0: done at or after it; see _late).",
+            buckets=(0, 10, 30, 60, 120, 300, 600, 1800, 3600),
+            registry=r,
+        )
+        self.late = Counter(
+            "tidelease_prewarm_items_late",
+            "Prewarm items done after their scale-up time.",
+            registry=r,
+        )
+
+
+@dataclass
+class Watched:
+    """The watched objects, raw, by key; ``changed`` is set on every event."""
+
+    leases: dict[str, dict[str, Any]] = field(default_factory=dict)
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    ledgers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def apply(self, kind: str, event: str, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        name = str(meta.get("name", ""))
+        key = f"{meta['namespace']}/{name}" if meta.get("namespace") else name
+        table = {"leases": self.leases, "nodes": self.nodes, "ledgers": self.ledgers}[kind]
+        if event == "DELETED":
+            table.pop(key, None)
+        else:
+            table[key] = obj
+        self.changed.set()
+
+
+class PrewarmController:
+    def __init__(
+        self,
+        *,
+        world: PrewarmWorld,
+        metrics: PrewarmMetrics,
+        settings: PrewarmSettings,
+        clock: Callable[[], float] = time.time,
+        template_ttl_s: float = 10.0,
+    ) -> None:
+        self.world, self.metrics, self.settings, self.clock = world, metrics, settings, clock
+        self.template_ttl_s = template_ttl_s
+        self._templates: dict[str, tuple[float, WorkloadTemplate | None]] = {}
+        self._started = clock()
+        self._seen: dict[tuple[str, str, str, str], str] = {}  # item -> state counted
+
+    async def _template(self, lease: GpuLease, now: float) -> WorkloadTemplate | None:
+        """The lease's workload template (cached for ``template_ttl_s``); None when it could not
+        be read; NotFound when the workload is gone."""
+        cached = self._templates.get(lease.key)
+        if cached is not None and now - cached[0] < self.template_ttl_s:
+            return cached[1]
+        template: WorkloadTemplate | None
+        try:
+            template = await self.world.template(lease.namespace, lease.spec.workload)
+        except NotFound:
+            self._templates.pop(lease.key, None)
+            raise
+        except InvalidInput as e:
+            log.error("lease %s: workload template unusable: %s", lease.key, e)
+            template = None
+        except TideleaseError as e:
+            log.warning("lease %s: workload not readable (kept as is): %s", lease.key, e)
+            return None
+        self._templates[lease.key] = (now, template)
+        return template
+
+    def observe(self, watched: Watched) -> None:
+        """Count the items the agents finished, once each, and their lead time."""
+        live: set[tuple[str, str, str, str]] = set()
+        for node, obj in watched.nodes.items():
+            for item in parse_items((obj.get("status") or {}).get("prewarm")):
+                key = (node, *item.key)
+                live.add(key)
+                if item.state == "Pending" or self._seen.get(key) == item.state:
+                    continue
+                self._seen[key] = item.state
+                if item.finished_at is not None and item.finished_at < self._started:
+                    continue  # finished before this controller started: counted before
+                outcome = "done" if item.state == "Done" else "failed"
+                self.metrics.items.labels(item.kind, outcome).inc()
+                if item.lead_s is not None:
+                    self.metrics.lead.observe(max(0.0, item.lead_s))
+                    if item.lead_s < 0:
+                        self.metrics.late.inc()
+                log.info(
+                    "GpuNode %s: prewarm %s %s for lease %s: %s%s",
+                    node,
+                    item.kind,
+                    item.name,
+                    item.lease,
+                    item.state,
+                    f" ({item.reason})" if item.reason else "",
+                )
+        for gone in set(self._seen) - live:
+            del self._seen[gone]
+
+    async def step(self, watched: Watched) -> None:
+        """Make every node's spec.prewarm what the policy says now."""
+        now = self.clock()
+        self.observe(watched)
+        leases: list[GpuLease] = []
+        for key, raw in list(watched.leases.items()):
+            try:
+                leases.append(parse_gpu_lease(raw))
+            except InvalidInput as e:
+                log.error("GpuLease %s is invalid; no prewarming for it: %s", key, e)
+        templates: dict[str, WorkloadTemplate | None] = {}
+        present = []
+        for lease in leases:
+            try:
+                templates[lease.key] = await self._template(lease, now)
+            except NotFound:
+                log.info("lease %s: workload %s is gone", lease.key, lease.spec.workload.name)
+                continue
+            present.append(lease)
+        nodes: dict[str, NodeInventory] = {}
+        current: dict[str, tuple[Directive, ...]] = {}
+        for name, raw in list(watched.nodes.items()):
+            try:
+                nodes[name] = parse_gpu_node(raw)
+            except InvalidInput as e:
+                log.debug("GpuNode %s left out: %s", name, e)
+                continue
+            current[name] = parse_directives((raw.get("spec") or {}).get("prewarm"))
+        holders: dict[GpuUuid, Holder] = {}
+        for raw in list(watched.ledgers.values()):
+            try:
+                _, allocations = parse_gpu_allocation(raw)
+            except InvalidInput:
+                continue
+            for a in allocations:
+                for u in a.devices:
+                    holders[u] = a.holder
+        plan = plan_prewarm(
+            present, templates, nodes.values(), current, self.settings, now, holders
+        )
+        why = {(d.node, lp.lease): d.why for lp in plan.leases for d in lp.nodes if d.directive}
+        for node, directives in changes(current, plan.by_node).items():
+            try:
+                await self.world.write(node, directives)
+            except NotFound:
+                continue  # the node is gone
+            except TideleaseError as e:
+                log.warning("GpuNode %s: writing prewarm directives failed (retrying): %s", node, e)
+                continue
+            # Our own write, until the watch brings it back; the watch may have deleted the
+            # node while the write was in flight (it runs beside this step).
+            obj = watched.nodes.get(node)
+            if obj is not None:
+                obj.setdefault("spec", {})["prewarm"] = directives_json(directives)
+            self._log_write(node, current.get(node, ()), directives, why)
+
+    def _log_write(
+        self,
+        node: str,
+        before: Sequence[Directive],
+        after: Sequence[Directive],
+        why: Mapping[tuple[str, str], str],
+    ) -> None:
+        old = {d.lease: d.to_json() for d in before}
+        if not after:
+            self.metrics.cleared.inc()
+            log.info("GpuNode %s: prewarm directives cleared (%s)", node, ", ".join(sorted(old)))
+            return
+        for d in after:
+            if old.get(d.lease) == d.to_json():
+                continue
+            self.metrics.written.labels(d.role).inc()
+            log.info(
+                "GpuNode %s: prewarm for lease %s (%s: %s): images %s, checkpoints %s from %s "
+                "(W %.1f s), scale-up at %s",
+                node,
+                d.lease,
+                d.role,
+                why.get((node, d.lease), ""),
+                list(d.images),
+                list(d.checkpoints),
+                microtime(d.not_before),
+                d.window_s,
+                microtime(d.deadline),
+            )
+        for lease in sorted(set(old) - {d.lease for d in after}):
+            log.info("GpuNode %s: prewarm directive of lease %s removed", node, lease)
+
+
+async def run_prewarm_controller(
+    *,
+    kube: KubeClient,
+    controller: PrewarmController,
+    resync_s: float = 15.0,
+    min_interval_s: float = 1.0,
+    ready: asyncio.Event | None = None,
+) -> None:
+    """Watch GpuLeases, GpuNodes and ledgers; step on changes (at most every
+    ``min_interval_s``) and every ``resync_s``, until cancelled."""
+    watched = Watched()
+    paths = {
+        "leases": f"/apis/{contract.API_VERSION}/{contract.PLURAL_GPU_LEASE}",
+        "nodes": _GPN,
+        "ledgers": f"/apis/{contract.API_VERSION}/{contract.PLURAL_GPU_ALLOCATION}",
+    }
+    async with Watches(kube, "prewarm") as watches:
+        for kind, path in paths.items():
+            watches.add(kind, path, functools.partial(watched.apply, kind))
+        await watches.wait_synced()
+        while True:
+            watches.check()
+            watched.changed.clear()
+            await controller.step(watched)
+            if ready is not None:
+                ready.set()
+            await asyncio.sleep(min_interval_s)
+            await wait_event(watched.changed, max(0.0, resync_s - min_interval_s))

@@ -1,0 +1,277 @@
+"""The bind verb: choose devices, record them, then bind. And the release of stale allocations.
+
+Device choice sticks because every allocation goes through the node's ``GpuAllocation`` ledger
+with compare-and-swap on its resourceVersion:
+
+1. pick devices on the chosen node from the current view (Algorithm 1, :func:`pick_devices`);
+2. write the ledger with the new allocation, conditional on the version the pick was made from;
+   a lost race re-reads the ledger and picks again, so two replicas (or two concurrent binds)
+   never hand out one device twice;
+3. create the Binding, carrying the device UUIDs as annotations: the API server writes them on
+   the pod in the same update that binds it (the node agent's device plugin reads them), so a
+   pod is never bound without its devices, nor annotated without being bound.
+
+If 3 fails the allocation is released again; if the process dies in between, the reaper
+releases it once the pod turns out not to be bound there (:func:`stale_allocations`). A retried
+bind of a pod that already holds an allocation on the node reuses it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable, Mapping, Set
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from common import contract
+from common.errors import Conflict, NotFound, TideleaseError
+from common.model import Allocation, NodeName, PodRequest, PodUid
+from common.podrequest import parse_pod
+from common.waiting import wait_event
+from extender.cluster.state import ClusterState
+from extender.cluster.store import Store
+from extender.cluster.watching import TERMINAL_PHASES, PodCache, PodStatus
+from extender.scheduler.metrics import ExtenderMetrics
+from extender.scheduler.placement import pick_devices
+from extender.scheduler.settings import ExtenderSettings
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], datetime]
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class BindRefused(TideleaseError):
+    """The pod cannot be bound to that node now (no room, unknown node); the scheduler retries."""
+
+
+@dataclass(frozen=True, slots=True)
+class BindResult:
+    node: NodeName
+    devices: tuple[str, ...]
+    reused: bool
+
+
+def stale_allocations(
+    allocations: Iterable[Allocation],
+    node: NodeName,
+    pods: Mapping[PodUid, PodStatus],
+    now: datetime,
+    *,
+    reserve_ttl_s: float,
+    missing_grace_s: float,
+    gone: Set[PodUid] = frozenset(),
+) -> list[tuple[Allocation, str]]:
+    """Allocations to release, each with its reason. Pure. ``gone``: pods seen deleted."""
+    stale: list[tuple[Allocation, str]] = []
+    for a in allocations:
+        if a.holder.pod_uid in gone:
+            stale.append((a, "pod-gone"))
+            continue
+        try:
+            age = (now - datetime.fromisoformat(a.since)).total_seconds()
+        except ValueError:
+            age = float("inf")  # no usable timestamp: treat as old
+        pod = pods.get(a.holder.pod_uid)
+        if pod is None:
+            if age > missing_grace_s:
+                stale.append((a, "pod-gone"))
+        elif pod.phase in TERMINAL_PHASES:
+            stale.append((a, "pod-finished"))
+        elif pod.node_name and pod.node_name != node:
+            stale.append((a, "pod-elsewhere"))
+        elif not pod.node_name and age > reserve_ttl_s:
+            stale.append((a, "never-bound"))
+    return stale
+
+
+class Binder:
+    def __init__(
+        self,
+        *,
+        store: Store,
+        cluster: ClusterState,
+        pods: PodCache,
+        settings: ExtenderSettings,
+        metrics: ExtenderMetrics,
+        clock: Clock = utcnow,
+    ) -> None:
+        self._store = store
+        self._cluster = cluster
+        self._pods = pods
+        self._settings = settings
+        self._metrics = metrics
+        self._clock = clock
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._soon = asyncio.Event()
+
+    def _lock(self, node: str) -> asyncio.Lock:
+        lock = self._locks.get(node)
+        if lock is None:
+            lock = self._locks[node] = asyncio.Lock()
+        return lock
+
+    async def _refresh_ledger(self, node: NodeName) -> None:
+        allocations, version = await self._store.read_ledger(node)
+        self._cluster.set_ledger(node, allocations, version)
+
+    async def _request(self, namespace: str, name: str, uid: str) -> tuple[PodRequest, str]:
+        """The pod's request and the node it is already bound to ("" if none)."""
+        raw = self._pods.get(namespace, name)
+        if raw is None or (raw.get("metadata") or {}).get("uid") != uid:
+            raw = await self._store.get_pod(namespace, name)
+        if raw is None:
+            raise NotFound(f"pod {namespace}/{name} not found")
+        req = self._cluster.with_reclaim(parse_pod(raw, resource=self._settings.gpu_resource))
+        if req.uid != uid:
+            raise NotFound(f"pod {namespace}/{name} has UID {req.uid}, not {uid}")
+        return req, str((raw.get("spec") or {}).get("nodeName") or "")
+
+    async def _allocate(self, req: PodRequest, node: NodeName) -> tuple[Allocation, bool]:
+        """Record an allocation for the pod on the node; (allocation, reused)."""
+        for attempt in range(self._settings.bind_attempts):
+            async with self._lock(node):
+                state = self._cluster.get(node)
+                if state is None or not state.has_inventory:
+                    raise BindRefused(f"node {node} has no GPU inventory")
+                if state.silent:
+                    raise BindRefused(f"node {node}: agent silent, its GPUs are not offered")
+                existing = state.allocations.get(req.uid)
+                if existing is not None:
+                    return existing, True
+                held = [u for a in state.allocations.values() for u in a.devices]
+                plan, chosen = pick_devices(state.devices, held, req)
+                if not plan.fits:
+                    raise BindRefused(plan.reason)
+                allocation = Allocation(
+                    req.holder(), tuple(d.uuid for d in chosen), self._clock().isoformat()
+                )
+                allocations = (*state.allocations.values(), allocation)
+                try:
+                    version = await self._store.write_ledger(
+                        node, allocations, state.ledger_version
+                    )
+                except Conflict:
+                    self._metrics.bind_conflicts.inc()
+                    log.info(
+                        "ledger of %s changed under bind of %s (attempt %d), re-reading",
+                        node,
+                        req.key,
+                        attempt + 1,
+                    )
+                    await self._refresh_ledger(node)
+                    continue
+                self._cluster.set_ledger(node, allocations, version)
+                return allocation, False
+        raise BindRefused(f"ledger of node {node} kept changing; giving up for now")
+
+    async def release(self, node: NodeName, uids: set[PodUid], reason: str) -> int:
+        """Remove the pods' allocations from the node's ledger; the number removed."""
+        for _ in range(self._settings.bind_attempts):
+            async with self._lock(node):
+                state = self._cluster.get(node)
+                if state is None:
+                    return 0
+                keep = tuple(a for u, a in state.ledger.items() if u not in uids)
+                removed = len(state.ledger) - len(keep)
+                if removed == 0:
+                    return 0
+                try:
+                    version = await self._store.write_ledger(node, keep, state.ledger_version)
+                except Conflict:
+                    self._metrics.bind_conflicts.inc()
+                    await self._refresh_ledger(node)
+                    continue
+                self._cluster.set_ledger(node, keep, version)
+                self._metrics.released.labels(reason).inc(removed)
+                return removed
+        log.warning("could not release %s on %s after retries; the reaper will", uids, node)
+        return 0
+
+    async def bind(self, namespace: str, name: str, uid: str, node: str) -> BindResult:
+        """Allocate, then bind with the devices annotated. Raises BindRefused, NotFound,
+        InvalidInput or Conflict."""
+        req, bound_to = await self._request(namespace, name, uid)
+        node_name = NodeName(node)
+        if bound_to:
+            state = self._cluster.get(node)
+            held = state.allocations.get(req.uid) if state is not None else None
+            if bound_to == node and (held is not None or req.gpus == 0):
+                return BindResult(node_name, held.devices if held else (), True)
+            raise Conflict(f"pod {req.key} is already bound to {bound_to}")
+        if req.gpus == 0:
+            await self._store.bind_pod(namespace, name, uid, node)
+            return BindResult(node_name, (), False)
+        allocation, reused = await self._allocate(req, node_name)
+        devices = ",".join(allocation.devices)
+        try:
+            await self._store.bind_pod(
+                namespace,
+                name,
+                uid,
+                node,
+                {contract.ANN_DEVICES: devices, contract.ANN_DEVICE_NODE: node},
+            )
+        except Exception:
+            await self.release(node_name, {req.uid}, "bind-failed")
+            raise
+        log.info(
+            "bound pod %s to %s with devices %s%s",
+            req.key,
+            node,
+            devices,
+            " (existing allocation)" if reused else "",
+        )
+        return BindResult(node_name, allocation.devices, reused)
+
+    async def reap_once(self) -> int:
+        """Release every stale allocation in the view; the number released."""
+        now = self._clock()
+        released = 0
+        for state in list(self._cluster):
+            stale = stale_allocations(
+                state.ledger.values(),
+                state.node,
+                self._pods.by_uid,
+                now,
+                reserve_ttl_s=self._settings.reserve_ttl_s,
+                missing_grace_s=self._settings.missing_grace_s,
+                gone=self._cluster.gone,
+            )
+            by_reason: dict[str, set[PodUid]] = {}
+            for a, reason in stale:
+                log.info(
+                    "releasing %s of pod %s on %s: %s",
+                    ",".join(a.devices),
+                    a.holder.key,
+                    state.node,
+                    reason,
+                )
+                by_reason.setdefault(reason, set()).add(a.holder.pod_uid)
+            for reason, uids in by_reason.items():
+                released += await self.release(state.node, uids, reason)
+        return released
+
+    async def run_reaper(self, *, ready: asyncio.Event | None = None) -> None:
+        """Release stale allocations every reap interval, until cancelled."""
+        if ready is not None:
+            await ready.wait()
+        while True:
+            try:
+                await self.reap_once()
+            except TideleaseError as e:
+                log.warning("reaper pass failed, will retry: %s", e)
+            self._metrics.allocated_gpus.set(
+                sum(len(a.devices) for s in self._cluster for a in s.allocations.values())
+            )
+            self._metrics.nodes.set(sum(1 for s in self._cluster if s.offering))
+            self._soon.clear()
+            await wait_event(self._soon, self._settings.reap_interval_s)
+
+    def reap_soon(self) -> None:
+        """A pod went away: look for allocations to release now, not at the next interval."""
+        self._soon.set()

@@ -1,0 +1,240 @@
+"""The filter verb's decision: which candidate nodes can host a pod. Pure over the cluster view.
+
+The standby pool is the last resort of a reclaim (Algorithm 1, lines 19-23): while the owner's
+pod can be placed on usable devices, here or after evicting borrowers of its own lent devices,
+nodes that would need standby devices are rejected, so kube-scheduler reclaims the lent devices
+(through the preempt verb) instead of spending standby capacity. kube-scheduler runs preemption
+only when no node passes the filter, which is why this is decided over all candidate nodes.
+Evicting other borrowers (of untagged devices, or of other jobs' lent ones) is not reclaiming:
+Algorithm 1's usable devices are the free ones and the owner's own tagged ones, so where only
+that would make room, the reclaim takes standby devices, and evicts such borrowers only when
+even the standby pool cannot place it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+
+from common.model import DeviceClass, PodRequest
+from extender.cluster.state import ClusterState, Freeable, NodeState, Signature
+from extender.scheduler.placement import (
+    NodePlan,
+    Verdict,
+    own_tag,
+    placement_shape,
+    plan_node,
+    remembered_plans,
+)
+from extender.scheduler.preemption import freeable, may_evict, resolvable_counts
+from extender.scheduler.returning import RETURN_HOME, lent_group_home
+
+AGENT_SILENT = "tidelease: node agent silent for too long; its GPUs are not offered"
+NO_INVENTORY = (
+    "tidelease: node has no GPU inventory (no GpuNode object; is the node agent running?)"
+)
+LENT_ELSEWHERE = "tidelease: the owner's own lent GPUs are free on another node (right of return)"
+STANDBY_KEPT = (
+    "tidelease: standby GPUs are kept for reclaims that the owner's lent or free GPUs cannot meet"
+)
+STANDBY_ELSEWHERE = (
+    "tidelease: more of the standby GPUs a reclaim needs, or better ones, are on another node"
+)
+RECLAIM_OWN_FIRST = (
+    "tidelease: a reclaim evicts the borrowers of the owner's own lent GPUs, not others, "
+    "while it can"
+)
+
+
+@dataclass(slots=True)
+class FilterDecision:
+    passed: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)  # preemption may help
+    unresolvable: dict[str, str] = field(default_factory=dict)  # preemption cannot help
+
+
+Judged = tuple[NodePlan, bool]  # the plan, and whether evicting lower-priority pods helps
+
+
+class _Judge:
+    """Judges nodes for one request. Remembered across requests of the same placement shape
+    (all that a judgement depends on, with the node's free devices and what evictions would
+    free): a plan per free-device state (shared with prioritize) and a judgement per free-device
+    state and freeable devices. Per request: a verdict per device class."""
+
+    def __init__(self, cluster: ClusterState, req: PodRequest) -> None:
+        self.req = req
+        self.plans = remembered_plans(cluster.memo, req)
+        # by free_key, or (free_key, freeable) where evictions would free something; one tuple
+        # per entry, handed out again (a cold request allocates next to nothing)
+        self.judged: dict[int | tuple[int, Freeable], Judged] = cluster.memo.setdefault(
+            ("judged", *placement_shape(req)), {}
+        )
+        self.verdicts: dict[DeviceClass, Verdict] = {}
+
+    def __call__(self, state: NodeState, holds_devices: bool) -> Judged:
+        """The plan on this node, and whether evicting lower-priority pods would make it fit.
+        ``holds_devices``: the pod holds devices on this node (it never evicts itself)."""
+        req = self.req
+        free_key = state.free_key
+        plan = self.plans.get(free_key)
+        if plan is None:
+            plan = self.plans[free_key] = plan_node(state.free, req, self.verdicts)
+        more: Freeable = frozenset()
+        if not plan.fits:
+            if holds_devices:
+                more = freeable(state.allocations.values(), state.held_classes, req)
+            else:
+                more = state.freeable(req.pod_priority)
+        key = (free_key, more) if more else free_key
+        judged = self.judged.get(key)
+        if judged is None:
+            helps = bool(more) and resolvable_counts(state.free, more, req, self.verdicts)
+            judged = self.judged[key] = (plan, helps)
+        return judged
+
+
+def _shape(req: PodRequest) -> tuple[object, ...]:
+    """Everything of a request that filtering depends on (its UID aside, handled apart)."""
+    return ("filter", *placement_shape(req), req.pod_priority)
+
+
+def _evaluate(
+    cluster: ClusterState, names: Iterable[str], req: PodRequest, *, keep_plans: bool
+) -> tuple[FilterDecision, dict[str, NodePlan], dict[str, str]]:
+    """The decision over the nodes that offer devices; with ``keep_plans`` the plan per such
+    node; the reason for each node that offers none (left out of the decision)."""
+    decision = FilterDecision()
+    judge = _Judge(cluster, req)
+    memo: dict[int, Judged] = cluster.memo.setdefault(_shape(req), {})
+    plans: dict[str, NodePlan] = {}
+    missing: dict[str, str] = {}
+    passed, failed, unresolvable = decision.passed, decision.failed, decision.unresolvable
+    uid = req.uid
+    get = cluster.nodes.get
+    for name in names:
+        state = get(name)  # type: ignore[call-overload]
+        if state is None or not state.has_inventory:
+            missing[name] = NO_INVENTORY
+            continue
+        if state.silent:
+            missing[name] = AGENT_SILENT
+            continue
+        judged: Judged | None
+        if uid in state.allocations:  # the pod's own devices: not a shared answer
+            judged = judge(state, True)
+        else:
+            judged = memo.get(state.decision_key)
+            if judged is None:
+                judged = memo[state.decision_key] = judge(state, False)
+        plan, helps = judged
+        if keep_plans:
+            plans[name] = plan
+        if plan.fits:
+            passed.append(name)
+        elif helps:
+            failed[name] = plan.reason
+        else:
+            unresolvable[name] = plan.reason
+    return decision, plans, missing
+
+
+def filter_nodes(cluster: ClusterState, req: PodRequest, names: Iterable[str]) -> FilterDecision:
+    if req.gpus == 0:
+        return FilterDecision(passed=list(names))
+    if req.reclaim:
+        names = list(names)  # evaluated twice
+    decision, plans, missing = _evaluate(cluster, names, req, keep_plans=req.reclaim)
+    if req.reclaim:
+        plain = replace(req, reclaim=False)
+        without_standby, strict_plans, _ = _evaluate(cluster, names, plain, keep_plans=True)
+        own = own_resolvable(cluster, without_standby.failed, plain)
+        if without_standby.passed or own:
+            # The owner's pod fits without the standby pool, or will after evicting the
+            # borrowers of its own lent devices.
+            with_standby = plans  # memoized per node state, like every plan here
+            decision, plans = without_standby, strict_plans
+            for name in [n for n in decision.failed if n not in own]:
+                decision.unresolvable[name] = RECLAIM_OWN_FIRST
+                del decision.failed[name]
+            for name, plan in strict_plans.items():
+                needs_standby = not plan.fits and with_standby[name].fits
+                if needs_standby and name not in decision.failed:
+                    decision.unresolvable[name] = STANDBY_KEPT
+        _right_of_return(decision, plans, req)
+        _home_only(decision, lent_group_home(cluster, req))
+    decision.unresolvable.update(missing)
+    return decision
+
+
+def _home_only(decision: FilterDecision, home: str | None) -> None:
+    """A replica whose lent group can come back goes there and nowhere else: every other node
+    is rejected, so kube-scheduler places it there, or preempts the group's borrowers there.
+    Where the group's node cannot take it at all, nothing changes (it falls back)."""
+    if home is None or (home not in decision.passed and home not in decision.failed):
+        return
+    reason = RETURN_HOME.format(node=home)
+    for name in [*decision.passed, *decision.failed]:
+        if name != home:
+            decision.unresolvable[name] = reason
+    decision.passed[:] = [n for n in decision.passed if n == home]
+    for name in [n for n in decision.failed if n != home]:
+        del decision.failed[name]
+
+
+def own_resolvable(cluster: ClusterState, names: Iterable[str], req: PodRequest) -> set[str]:
+    """Of these nodes, those where the owner's pod fits once the pods borrowing its own lent
+    devices are evicted (all their devices freed), other pods staying."""
+    owner = req.owner
+    out: set[str] = set()
+    if owner is None:
+        return out
+    memo: dict[tuple[Signature, frozenset[tuple[DeviceClass, int]]], bool] = {}
+    verdicts: dict[DeviceClass, Verdict] = {}
+    for name in names:
+        state = cluster.nodes.get(name)  # type: ignore[call-overload]
+        if state is None:
+            continue
+        counts: Counter[DeviceClass] = Counter()
+        for a in state.allocations.values():
+            classes = state.held_classes.get(a.holder.pod_uid, ())
+            if may_evict(a.holder, req) and any(own_tag(c, req) for c in classes):
+                counts.update(classes)
+        if not counts:
+            continue
+        key = (state.signature, frozenset(counts.items()))
+        fits = memo.get(key)
+        if fits is None:
+            fits = memo[key] = resolvable_counts(state.free, counts.items(), req, verdicts)
+        if fits:
+            out.add(name)
+    return out
+
+
+def return_share(plan: NodePlan, req: PodRequest) -> tuple[float, float, float]:
+    """Of the devices the plan takes: the share that are the owner's own lent ones, then the
+    share from the standby pool (the rest are other devices: a stand-in takes as few as it
+    can), then their mean tier (a stand-in replaces lent devices that cannot come back, so it
+    takes the best tiers it can: equal or better, FETCHSTANDBY(k, r) of Algorithm 1)."""
+    if not plan.taken:
+        return (0.0, 0.0, 0.0)
+    own = sum(n for c, n in plan.take if own_tag(c, req))
+    tiers = sum(int(c.tier) * n for c, n in plan.take)
+    return (own / plan.taken, plan.standby_used / plan.taken, tiers / plan.taken)
+
+
+def _right_of_return(decision: FilterDecision, plans: dict[str, NodePlan], req: PodRequest) -> None:
+    """A reclaim goes where it takes back the most of its own lent devices, and where it needs
+    standby devices, where it takes the most of them, of the best tiers: nodes that would give
+    it less are rejected while better ones pass (scores alone could be outweighed by
+    kube-scheduler's own plugins)."""
+    shares = {name: return_share(plans[name], req) for name in decision.passed}
+    best = max(shares.values(), default=(0.0, 0.0, 0.0))
+    if best[:2] <= (0.0, 0.0):
+        return
+    keep = [name for name in decision.passed if shares[name] >= best]
+    for name in decision.passed:
+        if shares[name] < best:
+            decision.unresolvable[name] = LENT_ELSEWHERE if best[0] > 0 else STANDBY_ELSEWHERE
+    decision.passed[:] = keep

@@ -1,0 +1,213 @@
+"""Which pods to evict so a preemptor fits a node: borrowers first, then the fewest. Pure.
+
+Only low-priority tidelease pods with a lower pod priority than the preemptor are ever victims
+(high-priority pods are protected, weflex 3.5), and only pods whose devices the preemptor could
+use: evicting anyone else frees nothing it may take. Among those, pods borrowing the preemptor's
+own lent devices go first (right of return), then other borrowers of lent devices, then the rest
+by ascending pod priority; a final pass spares every victim that is not needed.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from common.model import (
+    Allocation,
+    Device,
+    DeviceClass,
+    GpuUuid,
+    Holder,
+    PodRequest,
+    PodUid,
+    Priority,
+)
+from extender.cluster.state import ClusterState
+from extender.scheduler.placement import Verdict, free_counts, own_tag, plan_node, verdict
+from extender.scheduler.returning import lent_group_home
+
+_HELPFUL = (Verdict.USABLE, Verdict.STANDBY)
+
+
+def may_evict(holder: Holder, req: PodRequest) -> bool:
+    """Whether the preemptor may take this holder's devices by eviction."""
+    return (
+        holder.priority is Priority.LOW
+        and holder.pod_priority < req.pod_priority
+        and holder.pod_uid != req.uid
+    )
+
+
+def _classes(alloc: Allocation, by_uuid: dict[GpuUuid, Device]) -> list[DeviceClass]:
+    return [by_uuid[u].cls for u in alloc.devices if u in by_uuid]
+
+
+def _borrower_rank(alloc: Allocation, by_uuid: dict[GpuUuid, Device], req: PodRequest) -> int:
+    classes = _classes(alloc, by_uuid)
+    if any(own_tag(c, req) for c in classes):
+        return 0  # borrowing the preemptor's own lent devices
+    return 1 if any(c.owner is not None for c in classes) else 2
+
+
+def _candidates(
+    devices: Sequence[Device], allocations: Iterable[Allocation], req: PodRequest
+) -> tuple[dict[GpuUuid, Device], list[Allocation]]:
+    by_uuid = {d.uuid: d for d in devices}
+    helpful = [
+        a
+        for a in allocations
+        if may_evict(a.holder, req)
+        and any(verdict(c, req) in _HELPFUL for c in _classes(a, by_uuid))
+    ]
+    helpful.sort(
+        key=lambda a: (
+            _borrower_rank(a, by_uuid, req),
+            a.holder.pod_priority,
+            -len(a.devices),
+            a.holder.key,
+        )
+    )
+    return by_uuid, helpful
+
+
+def _fits(
+    base: Counter[DeviceClass],
+    victims: Iterable[Allocation],
+    by_uuid: dict[GpuUuid, Device],
+    req: PodRequest,
+) -> bool:
+    counts = Counter(base)
+    for a in victims:
+        counts.update(_classes(a, by_uuid))
+    return plan_node(counts, req).fits
+
+
+def choose_victims(
+    devices: Sequence[Device], allocations: Sequence[Allocation], req: PodRequest
+) -> tuple[Holder, ...] | None:
+    """Pods to evict on this node: ``()`` if none is needed, ``None`` if eviction cannot help."""
+    allocated = [u for a in allocations for u in a.devices]
+    base = free_counts(devices, allocated)
+    if plan_node(base, req).fits:
+        return ()
+    by_uuid, candidates = _candidates(devices, allocations, req)
+    chosen: list[Allocation] = []
+    for alloc in candidates:
+        chosen.append(alloc)
+        if _fits(base, chosen, by_uuid, req):
+            break
+    else:
+        return None
+    # Spare every victim the preemptor can do without, least preferred victims first.
+    for alloc in reversed(chosen[:]):
+        rest = [a for a in chosen if a is not alloc]
+        if _fits(base, rest, by_uuid, req):
+            chosen = rest
+    return tuple(a.holder for a in chosen)
+
+
+def freeable(
+    allocations: Iterable[Allocation],
+    held_classes: Mapping[PodUid, Sequence[DeviceClass]],
+    req: PodRequest,
+) -> frozenset[tuple[DeviceClass, int]]:
+    """Classes of the devices the preemptor could free by eviction, with their counts."""
+    counts: Counter[DeviceClass] = Counter()
+    for a in allocations:
+        if may_evict(a.holder, req):
+            counts.update(held_classes.get(a.holder.pod_uid, ()))
+    return frozenset(counts.items())
+
+
+def resolvable_counts(
+    free: Mapping[DeviceClass, int],
+    freeable: Iterable[tuple[DeviceClass, int]],
+    req: PodRequest,
+    verdicts: dict[DeviceClass, Verdict] | None = None,
+) -> bool:
+    """Whether the preemptor fits once every evictable pod is gone (filter's hint)."""
+    counts = Counter(free)
+    for cls, n in freeable:
+        counts[cls] += n
+    return plan_node(counts, req, verdicts).fits
+
+
+def resolvable(
+    devices: Sequence[Device], allocations: Sequence[Allocation], req: PodRequest
+) -> bool:
+    """:func:`resolvable_counts` for a node given as devices and allocations."""
+    by_uuid = {d.uuid: d.cls for d in devices}
+    held = {a.holder.pod_uid: [by_uuid[u] for u in a.devices if u in by_uuid] for a in allocations}
+    allocated = [u for a in allocations for u in a.devices]
+    return resolvable_counts(free_counts(devices, allocated), freeable(allocations, held, req), req)
+
+
+@dataclass(frozen=True, slots=True)
+class Proposal:
+    """kube-scheduler's proposed victims on one node (their UIDs) and its PDB violation count."""
+
+    victims: tuple[str, ...]
+    pdb_violations: int = 0
+
+
+def victims_cost(
+    devices: Sequence[Device],
+    allocations: Sequence[Allocation],
+    req: PodRequest,
+    victims: Sequence[Holder],
+) -> tuple[int, int, int]:
+    """How bad evicting these victims is (smaller is better): the worst borrower rank among
+    them (borrowers of the preemptor's own lent devices first), their number, their priority."""
+    by_uuid = {d.uuid: d for d in devices}
+    chosen = {h.pod_uid for h in victims}
+    ranks = [_borrower_rank(a, by_uuid, req) for a in allocations if a.holder.pod_uid in chosen]
+    return (max(ranks, default=0), len(victims), sum(h.pod_priority for h in victims))
+
+
+Chooser = Callable[[Sequence[Device], Sequence[Allocation], PodRequest], tuple[Holder, ...] | None]
+
+
+def preempt_nodes(
+    cluster: ClusterState,
+    req: PodRequest,
+    proposals: Mapping[str, Proposal],
+    choose: Chooser = choose_victims,
+) -> dict[str, Proposal]:
+    """The one candidate node where eviction costs least, with our victims there; ``{}`` when
+    eviction cannot help anywhere.
+
+    Only one node is proposed: kube-scheduler picks among the nodes an extender returns by its
+    own criteria, which know nothing of lent devices, and would evict elsewhere than the
+    borrowers of the preemptor's own devices. The PDB count is kube-scheduler's own when our
+    victims are a subset of its proposal (the extender cannot evaluate PodDisruptionBudgets);
+    otherwise it is 0. ``choose`` picks the victims on one node (cornucopia's partial
+    preemption for pods that opt into it, see extender.queues.preemption).
+    """
+    answer: dict[str, Proposal] = {}
+    costs: dict[str, tuple[int, int, int]] = {}
+    home = lent_group_home(cluster, req)
+    if home is not None and home in proposals:
+        # A replica taking back its lent group evicts there or nowhere (.returning).
+        proposals = {n: p for n, p in proposals.items() if n == home}
+    for name, proposal in proposals.items():
+        state = cluster.get(name)
+        if state is None or not state.offering:
+            continue
+        allocations = list(state.allocations.values())
+        victims = None
+        if req.reclaim:
+            # As the filter does: a reclaim evicts borrowers before it touches the standby pool.
+            victims = choose(state.devices, allocations, replace(req, reclaim=False))
+        if victims is None:
+            victims = choose(state.devices, allocations, req)
+        if victims is None:
+            continue
+        uids = tuple(h.pod_uid for h in victims)
+        pdb = proposal.pdb_violations if set(uids) <= set(proposal.victims) else 0
+        answer[name] = Proposal(uids, pdb)
+        costs[name] = victims_cost(state.devices, allocations, req, victims)
+    if not answer:
+        return answer
+    best = min(answer, key=lambda n: (answer[n].pdb_violations, costs[n], n))
+    return {best: answer[best]}

@@ -1,0 +1,182 @@
+"""The extender's HTTP server (aiohttp). Handlers only translate between wire and decisions.
+
+Routes: ``POST /filter``, ``/prioritize``, ``/bind``, ``/preempt`` (register ``urlPrefix`` as the
+server's address and the verbs by these names), ``GET /healthz``, ``/readyz``, ``/metrics``.
+
+Errors: a body that is not the protocol gets 400 with ``{"Error": ...}``; a valid request that
+cannot be honoured (an invalid pod annotation, a node without room at bind time) gets 200 with
+the protocol's ``Error`` field where the verb has one (filter, bind), so kube-scheduler shows the
+message on the pod; prioritize and preempt have no such field and answer 400. A 500 is a bug.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from common.errors import Conflict, InvalidInput, NotFound, TideleaseError
+from common.podrequest import parse_pod
+from extender.cluster.state import ClusterState
+from extender.cluster.watching import PodCache
+from extender.queues.jobviews import held_by_job, job_views, opted_in, preemptor_queue
+from extender.scheduler import wire
+from extender.scheduler.binding import Binder, BindRefused
+from extender.scheduler.filtering import filter_nodes
+from extender.scheduler.metrics import ExtenderMetrics
+from extender.scheduler.partialpreemption import choose_preemption
+from extender.scheduler.preemption import Chooser, choose_victims, preempt_nodes
+from extender.scheduler.scoring import prioritize_nodes
+from extender.scheduler.settings import ExtenderSettings
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[dict[str, Any]], Awaitable[tuple[int, Any]]]
+
+
+class ExtenderApp:
+    """State and verbs of one extender instance (one replica)."""
+
+    def __init__(
+        self,
+        *,
+        settings: ExtenderSettings,
+        cluster: ClusterState,
+        pods: PodCache,
+        binder: Binder,
+        metrics: ExtenderMetrics,
+    ) -> None:
+        self.settings = settings
+        self.cluster = cluster
+        self.pods = pods
+        self.binder = binder
+        self.metrics = metrics
+        self.synced = False
+        self.draining = False
+
+    # --- verbs: wire in, decision, wire out ---
+    async def filter(self, body: dict[str, Any]) -> tuple[int, Any]:
+        args = wire.parse_extender_args(body)
+        try:
+            req = self.cluster.with_reclaim(
+                parse_pod(args.pod, resource=self.settings.gpu_resource)
+            )
+        except InvalidInput as e:
+            self.metrics.decisions.labels("filter", "invalid-pod").inc()
+            return 200, wire.filter_error(f"tidelease: {e}")
+        decision = filter_nodes(self.cluster, req, args.node_names)
+        reasons = Counter((*decision.failed.values(), *decision.unresolvable.values()))
+        reasons["fits"] = len(decision.passed)
+        for reason, n in reasons.items():
+            self.metrics.decisions.labels("filter", reason).inc(n)
+        return 200, wire.encoded_filter_result(
+            args, decision.passed, decision.failed, decision.unresolvable
+        )
+
+    async def prioritize(self, body: dict[str, Any]) -> tuple[int, Any]:
+        args = wire.parse_extender_args(body)
+        req = self.cluster.with_reclaim(parse_pod(args.pod, resource=self.settings.gpu_resource))
+        scores = prioritize_nodes(self.cluster, req, args.node_names, self.settings.weights)
+        return 200, wire.encoded_host_priority_list(scores)
+
+    async def bind(self, body: dict[str, Any]) -> tuple[int, Any]:
+        args = wire.parse_binding_args(body)
+        try:
+            result = await self.binder.bind(
+                args.pod_namespace, args.pod_name, args.pod_uid, args.node
+            )
+        except (BindRefused, NotFound, Conflict, InvalidInput) as e:
+            self.metrics.decisions.labels("bind", type(e).__name__).inc()
+            log.info(
+                "bind of %s/%s to %s refused: %s", args.pod_namespace, args.pod_name, args.node, e
+            )
+            # Placement's reasons carry the prefix already (they are filter reasons too).
+            message = str(e)
+            return 200, wire.binding_result(
+                message if message.startswith("tidelease: ") else f"tidelease: {message}"
+            )
+        self.metrics.decisions.labels("bind", "reused" if result.reused else "bound").inc()
+        return 200, wire.binding_result()
+
+    async def preempt(self, body: dict[str, Any]) -> tuple[int, Any]:
+        args = wire.parse_preemption_args(body)
+        req = self.cluster.with_reclaim(parse_pod(args.pod, resource=self.settings.gpu_resource))
+        choose: Chooser = choose_victims
+        if opted_in(args.pod):
+            # Cornucopia's partial preemption: from the lower queues, the GPUs worth least.
+            allocations = [a for state in self.cluster for a in state.allocations.values()]
+            jobs = job_views(
+                self.pods.raw_pods(),
+                held_by_job(allocations),
+                now=time.time(),
+                resource=self.settings.gpu_resource,
+            )
+            choose = functools.partial(
+                choose_preemption, jobs=jobs, preemptor=preemptor_queue(args.pod, jobs)
+            )
+            self.metrics.decisions.labels("preempt", "cornucopia").inc()
+        answer = preempt_nodes(self.cluster, req, args.proposals, choose)
+        self.metrics.decisions.labels("preempt", "nodes-kept").inc(len(answer))
+        self.metrics.decisions.labels("preempt", "nodes-dropped").inc(
+            len(args.proposals) - len(answer)
+        )
+        return 200, wire.preemption_result(answer)
+
+    # --- aiohttp plumbing ---
+    def _route(
+        self, verb: str, handler: Handler
+    ) -> Callable[[web.Request], Awaitable[web.Response]]:
+        requests = self.metrics.requests
+        latency = self.metrics.latency.labels(verb)
+
+        async def handle(request: web.Request) -> web.Response:
+            start = time.perf_counter()
+            outcome = "ok"
+            try:
+                status, reply = await handler(wire.decode(await request.read()))
+            except InvalidInput as e:
+                outcome, status, reply = "bad_request", 400, {"Error": f"tidelease: {e}"}
+            except TideleaseError as e:
+                outcome, status, reply = "error", 503, {"Error": f"tidelease: {e}"}
+            if outcome == "ok" and isinstance(reply, dict) and reply.get("Error"):
+                outcome = "error"
+            latency.observe(time.perf_counter() - start)
+            requests.labels(verb, outcome).inc()
+            return web.Response(
+                body=wire.encode(reply), status=status, content_type="application/json"
+            )
+
+        return handle
+
+    async def healthz(self, _: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def readyz(self, _: web.Request) -> web.Response:
+        if self.draining:
+            return web.Response(status=503, text="draining")
+        if not self.synced:
+            return web.Response(status=503, text="initial sync not done")
+        return web.Response(text="ok")
+
+    async def metrics_view(self, _: web.Request) -> web.Response:
+        return web.Response(
+            body=generate_latest(self.metrics.registry),
+            headers={"Content-Type": CONTENT_TYPE_LATEST},
+        )
+
+    def web_app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/filter", self._route("filter", self.filter))
+        app.router.add_post("/prioritize", self._route("prioritize", self.prioritize))
+        app.router.add_post("/bind", self._route("bind", self.bind))
+        app.router.add_post("/preempt", self._route("preempt", self.preempt))
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/readyz", self.readyz)
+        app.router.add_get("/metrics", self.metrics_view)
+        return app

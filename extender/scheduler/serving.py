@@ -1,0 +1,163 @@
+"""Lifecycle of one extender instance: watch, reaper and HTTP server under one TaskGroup."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from common.leaderelection import LeaderElector
+from extender.cluster.state import ClusterState
+from extender.cluster.store import Store
+from extender.cluster.watching import PodCache, run_liveness, run_watch
+from extender.leasing.controller import LeaseCache, LeaseController, LeasingMetrics, World
+from extender.scheduler.binding import Binder, Clock, utcnow
+from extender.scheduler.metrics import ExtenderMetrics
+from extender.scheduler.server import ExtenderApp
+from extender.scheduler.settings import ExtenderSettings
+
+log = logging.getLogger(__name__)
+
+
+def build_app(
+    *,
+    store: Store,
+    settings: ExtenderSettings,
+    clock: Clock = utcnow,
+    registry: CollectorRegistry | None = None,
+) -> ExtenderApp:
+    cluster = ClusterState()
+    pods = PodCache(settings.gpu_resource)
+    metrics = ExtenderMetrics(registry)
+    binder = Binder(
+        store=store, cluster=cluster, pods=pods, settings=settings, metrics=metrics, clock=clock
+    )
+    return ExtenderApp(
+        settings=settings, cluster=cluster, pods=pods, binder=binder, metrics=metrics
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Running:
+    app: ExtenderApp
+    url: str  # base URL the server listens on
+    tasks: tuple[asyncio.Task[None], ...]  # background work: watch and reaper
+
+
+async def _first_of(event: asyncio.Event, tasks: tuple[asyncio.Task[None], ...]) -> None:
+    """Wait for the event; raise if a background task ends first (it never should)."""
+    waiter = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait((waiter, *tasks), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+    for task in tasks:
+        if task.done():
+            task.result()  # re-raises its exception
+            raise RuntimeError(f"{task.get_name()} ended unexpectedly")
+
+
+@dataclass(frozen=True, slots=True)
+class Leasing:
+    """The leasing controller's I/O: the world it writes to and, in a deployment, the leader
+    election it runs under (None: always lead, for a single process)."""
+
+    world: World
+    elector: LeaderElector | None = None
+
+
+@asynccontextmanager
+async def serve(
+    *,
+    store: Store,
+    settings: ExtenderSettings,
+    clock: Clock = utcnow,
+    leasing: Leasing | None = None,
+    registry: CollectorRegistry | None = None,
+) -> AsyncIterator[Running]:
+    """Run an extender until the block exits; yields once it is synced and listening.
+    ``registry``: where its metrics go (and what /metrics serves; other components of the
+    process may register theirs there too); a new one by default."""
+    app = build_app(store=store, settings=settings, clock=clock, registry=registry)
+    synced = asyncio.Event()
+    leases = LeaseCache()
+    tasks: tuple[asyncio.Task[None], ...] = (
+        asyncio.create_task(
+            run_watch(
+                store=store,
+                cluster=app.cluster,
+                pods=app.pods,
+                ready=synced,
+                leases=leases,
+                pod_gone=app.binder.reap_soon,
+            ),
+            name="watch",
+        ),
+        asyncio.create_task(app.binder.run_reaper(ready=synced), name="reaper"),
+        asyncio.create_task(
+            run_liveness(cluster=app.cluster, timeout_s=settings.agent_timeout_s),
+            name="liveness",
+        ),
+    )
+    runner = web.AppRunner(app.web_app(), access_log=None)
+    if leasing is not None:
+        controller = LeaseController(
+            cluster=app.cluster,
+            pods=app.pods,
+            leases=leases,
+            world=leasing.world,
+            metrics=LeasingMetrics(app.metrics.registry),
+            standby_targets=settings.standby_targets(),
+            test_grace_s=settings.leasing_test_grace_s,
+        )
+        if settings.leasing_test_grace_s is not None:
+            log.warning(
+                "leasing: every borrower gets %d s of notice, whatever its lease says "
+                "(leasing_test_grace_s: for test clusters only)",
+                settings.leasing_test_grace_s,
+            )
+
+        async def lead() -> None:
+            await synced.wait()
+            await controller.run()
+
+        elector = leasing.elector
+        work = elector.run(lead) if elector is not None else lead()
+        tasks = (*tasks, asyncio.create_task(work, name="leasing"))
+    try:
+        await _first_of(synced, tasks)
+        app.synced = True
+        await runner.setup()
+        site = web.TCPSite(runner, settings.host, settings.port)
+        await site.start()
+        host, port = runner.addresses[0][:2]
+        log.info("extender listening on %s:%s, %d GPU nodes", host, port, len(app.cluster))
+        yield Running(app, f"http://{host}:{port}", tasks)
+    finally:
+        app.draining = True
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await runner.cleanup()
+
+
+async def run_extender(
+    *,
+    store: Store,
+    settings: ExtenderSettings,
+    stop: asyncio.Event,
+    drain_s: float = 2.0,
+    leasing: Leasing | None = None,
+    registry: CollectorRegistry | None = None,
+) -> None:
+    """Serve until ``stop`` is set; then fail readiness, let in-flight calls finish, exit."""
+    async with serve(store=store, settings=settings, leasing=leasing, registry=registry) as running:
+        await _first_of(stop, running.tasks)
+        running.app.draining = True
+        log.info("stopping: readiness failed, draining for %.1f s", drain_s)
+        await asyncio.sleep(drain_s)

@@ -1,0 +1,175 @@
+"""Extender settings: one frozen tree with named defaults; CLI > environment > file > defaults."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from common import contract
+from common.errors import InvalidInput
+from common.model import Tier
+from extender.scheduler.scoring import ScoreWeights
+
+ENV_PREFIX = "TIDELEASE_EXTENDER_"
+
+
+@dataclass(frozen=True, slots=True)
+class ExtenderSettings:
+    host: str = "0.0.0.0"
+    port: int = 8888
+    gpu_resource: str = contract.DEFAULT_GPU_RESOURCE
+    weights: ScoreWeights = field(default_factory=ScoreWeights)
+    # A ledger write that loses a race is retried this many times before bind fails.
+    bind_attempts: int = 8
+    # An allocation whose pod was never bound is released after this long.
+    reserve_ttl_s: float = 120.0
+    # An allocation whose pod is not (yet) in the cache is kept this long (watch lag).
+    missing_grace_s: float = 30.0
+    reap_interval_s: float = 10.0
+    # A node whose agent has not renewed its Lease for this long offers no devices.
+    agent_timeout_s: float = 60.0
+    agent_namespace: str = contract.DEFAULT_AGENT_NAMESPACE
+    # Controllers this process runs (each leader-elected among the replicas), enabled alike by
+    # a settings key or its flag (extender.main.CONTROLLERS).
+    leasing_controller: bool = False
+    hot_restart_operator: bool = False
+    prewarm_controller: bool = False
+    planner: bool = False
+    # Test clusters only: every reclaim gives borrowers this many seconds of notice instead of
+    # its lease's graceSeconds (which the CRD keeps at 30 or more). None: the leases' own.
+    leasing_test_grace_s: int | None = None
+    # Standby pool targets: "TYPE/TIER" -> devices, e.g. {"H20/HA": 16}. File only.
+    standby: dict[str, int] = field(default_factory=dict)
+    snapshot: Path | None = None
+    kubeconfig: Path | None = None
+
+    def standby_targets(self) -> dict[tuple[str, Tier], int]:
+        out = {}
+        for key, count in self.standby.items():
+            gpu_type, _, tier = key.partition("/")
+            out[(gpu_type, Tier[tier])] = count
+        return out
+
+    def validate(self) -> list[str]:
+        """Every problem at once; empty when the settings are usable."""
+        problems = []
+        if not 0 <= self.port <= 65535:
+            problems.append(f"port {self.port} is not in 0..65535")
+        if not self.gpu_resource or "/" not in self.gpu_resource:
+            problems.append(f"gpu_resource {self.gpu_resource!r} is not an extended resource name")
+        w = self.weights
+        if min(w.cache, w.ownership, w.reliability, w.packing) < 0 or w.total <= 0:
+            problems.append("score weights must be non-negative and not all zero")
+        if self.bind_attempts < 1:
+            problems.append("bind_attempts must be at least 1")
+        for name in ("reserve_ttl_s", "missing_grace_s", "reap_interval_s", "agent_timeout_s"):
+            if getattr(self, name) <= 0:
+                problems.append(f"{name} must be positive")
+        if self.leasing_test_grace_s is not None and self.leasing_test_grace_s < 0:
+            problems.append("leasing_test_grace_s must not be negative")
+        for key, count in self.standby.items():
+            gpu_type, _, tier = key.partition("/")
+            if (
+                not gpu_type
+                or tier not in ("HA", "MA", "LA")
+                or not isinstance(count, int)
+                or (count < 0)
+            ):
+                problems.append(
+                    f"standby: want TYPE/TIER: count (TIER HA, MA or LA), got {key!r}: {count!r}"
+                )
+        if self.snapshot is not None and not self.snapshot.is_file():
+            problems.append(f"snapshot {self.snapshot} is not a file")
+        return problems
+
+
+_FIELD_TYPES: dict[str, type] = {
+    "host": str,
+    "port": int,
+    "gpu_resource": str,
+    "bind_attempts": int,
+    "reserve_ttl_s": float,
+    "missing_grace_s": float,
+    "reap_interval_s": float,
+    "agent_timeout_s": float,
+    "agent_namespace": str,
+    "leasing_controller": bool,
+    "hot_restart_operator": bool,
+    "prewarm_controller": bool,
+    "planner": bool,
+    "leasing_test_grace_s": int,
+    "snapshot": Path,
+    "kubeconfig": Path,
+}
+
+
+def _coerce(name: str, value: Any, problems: list[str]) -> Any:
+    kind = _FIELD_TYPES[name]
+    if kind is bool:
+        text = str(value).lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off", ""):
+            return False
+        problems.append(f"{name}: cannot read {value!r} as a boolean")
+        return None
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        problems.append(f"{name}: cannot read {value!r} as {kind.__name__}")
+        return None
+
+
+def load_settings(
+    *,
+    file: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> ExtenderSettings:
+    """Merge defaults, a YAML file, ``TIDELEASE_EXTENDER_*`` variables and CLI overrides."""
+    env = os.environ if env is None else env
+    problems: list[str] = []
+    values: dict[str, Any] = {}
+    weights: dict[str, float] = {}
+    if file is not None:
+        try:
+            loaded = yaml.safe_load(file.read_text()) or {}
+        except (OSError, yaml.YAMLError) as e:
+            raise InvalidInput(f"settings file {file}: {e}") from e
+        if not isinstance(loaded, dict):
+            raise InvalidInput(f"settings file {file}: want a mapping at the top")
+        for key, value in loaded.items():
+            if key == "standby" and isinstance(value, dict):
+                values["standby"] = {str(k): v for k, v in value.items()}
+            elif key == "weights" and isinstance(value, dict):
+                for wk, wv in value.items():
+                    if wk not in {f.name for f in dataclasses.fields(ScoreWeights)}:
+                        problems.append(f"settings file: unknown weight {wk!r}")
+                    elif isinstance(wv, int | float):
+                        weights[wk] = float(wv)
+                    else:
+                        problems.append(f"settings file: weight {wk} must be a number")
+            elif key in _FIELD_TYPES:
+                values[key] = _coerce(key, value, problems)
+            else:
+                problems.append(f"settings file: unknown setting {key!r}")
+    for name in _FIELD_TYPES:
+        raw = env.get(ENV_PREFIX + name.upper())
+        if raw:
+            values[name] = _coerce(name, raw, problems)
+    for name, value in (overrides or {}).items():
+        if value is not None:
+            values[name] = _coerce(name, value, problems)
+    if problems:
+        raise InvalidInput(problems)
+    settings = ExtenderSettings(**values, weights=ScoreWeights(**weights))
+    problems = settings.validate()
+    if problems:
+        raise InvalidInput(problems)
+    return settings

@@ -1,0 +1,63 @@
+"""Figures of the planner's simulator (PNG, matplotlib's Agg canvas: no display needed)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from extender.simulation.online import TRUE_MODEL, OnlineResult
+from extender.simulation.queues import QueueResult
+from extender.simulation.traces import Trace
+
+
+def plot_online(trace: Trace, results: Sequence[OnlineResult], path: Path) -> Path:
+    fig = Figure(figsize=(12, 8), layout="constrained")
+    FigureCanvasAgg(fig)
+    rate = trace.rate[trace.eval_start :]
+    days = np.arange(rate.size) / 1440.0
+    ax1, ax2, ax3 = fig.subplots(3, 1, sharex=True)
+    ax1.plot(days, rate / 1000, color="0.3", lw=0.6, label="traffic")
+    ax1.set_ylabel("samples/s (k)")
+    ax1.set_title("Evaluated week of the embedded tidal trace (Mon-Sun, UTC)")
+    for r in results:
+        capacity = np.array([TRUE_MODEL.predict(int(w)) for w in r.workers]) / 1000
+        if r.policy.startswith("forecast planner") or r.policy.startswith("threshold"):
+            ax1.plot(days, capacity, lw=0.8, label=f"capacity: {r.policy}")
+        ax2.plot(days, r.workers, lw=0.8, label=r.policy)
+        ax3.plot(days, r.lag_min, lw=0.8, label=r.policy)
+    ax1.legend(loc="upper left", fontsize=8)
+    ax2.set_ylabel("GPUs held")
+    ax2.legend(loc="upper left", fontsize=8, ncol=2)
+    ax3.axhline(20, color="red", ls="--", lw=0.8, label="SLO: 20 min")
+    ax3.set_ylabel("lag (min)")
+    ax3.set_xlabel("day of the week")
+    ax3.legend(loc="upper left", fontsize=8, ncol=2)
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def plot_queues(results: Sequence[QueueResult], path: Path) -> Path:
+    fig = Figure(figsize=(12, 4), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax1, ax2, ax3 = fig.subplots(1, 3)
+    names = [r.policy for r in results]
+    x = np.arange(len(names))
+    ax1.bar(x, [r.interactive_queue_s / 60 for r in results], color="tab:orange")
+    ax1.set_title("interactive queuing, mean (min)")
+    ax2.bar(x - 0.2, [r.jct_s / 3600 for r in results], 0.4, label="all jobs")
+    ax2.bar(x + 0.2, [r.batch_jct_s / 3600 for r in results], 0.4, label="batch")
+    ax2.set_title("mean JCT (h)")
+    ax2.legend(fontsize=8)
+    for ax in (ax1, ax2):
+        ax.set_xticks(x, names, fontsize=8)
+    for r in results:
+        ax3.plot(np.arange(len(r.busy)) / 6.0, r.busy, lw=0.8, label=r.policy)
+    ax3.set_title("GPUs in use (of 64)")
+    ax3.set_xlabel("hours")
+    ax3.legend(fontsize=8)
+    fig.savefig(path, dpi=110)
+    return path

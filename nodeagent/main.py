@@ -1,0 +1,214 @@
+"""The node agent's processes, wired: ``tidelease agent`` (the DaemonSet: NVML health and
+availability, the device plugin, hot restarts through CRI, prewarming and the peer cache) and
+``tidelease cache``. :func:`register` adds them to the ``tidelease`` command (common/cli.py finds
+it through the ``tidelease.commands`` entry point).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+from common.errors import InvalidInput
+
+
+def _agent(args: argparse.Namespace) -> int:
+    from common.kubeclient import KubeClient
+    from nodeagent.agent import AgentSettings, run_agent
+    from nodeagent.deviceplugin.devices import InMemoryDeviceSource
+    from nodeagent.deviceplugin.plugin import run_device_plugin
+    from nodeagent.deviceplugin.pods import KubePodLookup
+    from nodeagent.deviceplugin.settings import DevicePluginSettings
+    from nodeagent.health import HealthSettings
+    from nodeagent.nvml import GpuReader, NvmlReader, open_reader
+    from nodeagent.publishing import KubePublisher
+
+    node = args.node or os.environ.get("NODE_NAME", "")
+    problems = []
+    if not node:
+        problems.append("--node (or NODE_NAME) is required")
+    try:
+        ignored = frozenset(int(x) for x in args.ignored_xids.split(",") if x.strip())
+    except ValueError:
+        problems.append(f"--ignored-xids: want comma-separated integers, got {args.ignored_xids!r}")
+        ignored = frozenset()
+    if args.quiet_period <= 0 or args.cycle <= 0:
+        problems.append("--quiet-period and --cycle must be positive")
+    if args.hot_restart_timeout <= 0:
+        problems.append("--hot-restart-timeout must be positive")
+    if problems:
+        raise InvalidInput(problems)
+    settings = AgentSettings(
+        node=node,
+        health=HealthSettings(ignored_xids=ignored, quiet_period_s=args.quiet_period),
+        cycle_s=args.cycle,
+    )
+    reader: GpuReader
+    if args.backend == "fake":
+        from nodeagent.nvmlfake import FakeNvml, full_gpu
+
+        reader = NvmlReader(FakeNvml([full_gpu(i) for i in range(args.fake_gpus)]))
+    else:
+        reader = open_reader(args.backend)
+
+    plugin_settings = DevicePluginSettings(
+        node_name=node, plugin_dir=args.device_plugin_dir, host_device_root=args.host_device_root
+    )
+    if not args.no_device_plugin:
+        plugin_problems = plugin_settings.validate()
+        if plugin_problems:
+            raise InvalidInput(plugin_problems)
+    from nodeagent.pulling.command import agent_inventory, open_agent_cache
+
+    cache = open_agent_cache(args)  # the peer cache, when --cache-dir is given
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        kube = await KubeClient.connect(args.kubeconfig)
+        publisher = KubePublisher(kube, node=node, namespace=args.namespace)
+        source = InMemoryDeviceSource()
+        runtime = None
+        if args.cri_endpoint:
+            from nodeagent.cri.client import GrpcRuntime
+
+            runtime = GrpcRuntime(args.cri_endpoint)
+        from nodeagent.prewarm import KubePrewarmNode, open_prewarmer, run_prewarm
+
+        # Prewarming (docs/hot-restart.md): on with a CRI runtime and/or the peer cache.
+        prewarmer = open_prewarmer(
+            node=node,
+            kube=kube,
+            runtime=runtime,
+            cache=cache,
+            token_file=args.cache_token_file if cache is not None else None,
+        )
+        inventory = agent_inventory(cache)
+        tasks = [
+            asyncio.create_task(
+                run_agent(
+                    reader=reader,
+                    publisher=publisher,
+                    settings=settings,
+                    on_change=source.set,
+                    cache_inventory=(
+                        prewarmer.inventory(inventory) if prewarmer is not None else inventory
+                    ),
+                    prewarm_status=prewarmer.status if prewarmer is not None else None,
+                )
+            )
+        ]
+        if prewarmer is not None:
+            tasks.append(
+                asyncio.create_task(
+                    run_prewarm(node=KubePrewarmNode(kube, node), prewarmer=prewarmer)
+                )
+            )
+        if cache is not None:
+            tasks.append(asyncio.create_task(cache.run()))
+        if not args.no_device_plugin:
+            lookup = KubePodLookup(kube, timeout_s=plugin_settings.api_timeout_s)
+            tasks.append(
+                asyncio.create_task(
+                    run_device_plugin(source=source, lookup=lookup, settings=plugin_settings)
+                )
+            )
+        if runtime is not None:
+            from common.hotrestartkube import KubePods
+            from nodeagent.restarting.podwatch import (
+                PodRestarter,
+                PodRestartSettings,
+                run_pod_hot_restarts,
+            )
+
+            restarter = PodRestarter(
+                runtime=runtime,
+                pods=KubePods(kube),
+                settings=PodRestartSettings(node=node, restart_timeout_s=args.hot_restart_timeout),
+            )
+            tasks.append(asyncio.create_task(run_pod_hot_restarts(kube=kube, restarter=restarter)))
+        try:
+            await asyncio.wait(
+                [*tasks, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED
+            )
+            for task in tasks:
+                if task.done():
+                    task.result()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if runtime is not None:
+                await runtime.close()
+            await kube.close()
+            reader.close()
+
+    asyncio.run(main())
+    return 0
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the node agent's commands to ``tidelease``."""
+    agent = sub.add_parser("agent", help="run the node agent (DaemonSet on GPU nodes)")
+    agent.add_argument("--node", help="this node's name (default: $NODE_NAME)")
+    agent.add_argument(
+        "--backend",
+        choices=["nvml", "null", "fake"],
+        default="nvml",
+        help="nvml: the driver (no GPUs if it is missing); null: no GPUs; fake: simulated GPUs",
+    )
+    agent.add_argument("--fake-gpus", type=int, default=8, help="GPUs of the fake backend")
+    agent.add_argument("--kubeconfig", type=Path, help="kubeconfig (default: in-cluster)")
+    agent.add_argument(
+        "--namespace", default="tidelease-system", help="namespace of the heartbeat Lease"
+    )
+    agent.add_argument(
+        "--ignored-xids",
+        default="13,31,43,45,68,109",
+        help="application XIDs that do not mark a device unhealthy (79 always does)",
+    )
+    agent.add_argument(
+        "--quiet-period",
+        type=float,
+        default=300.0,
+        help="seconds without faults before a device is healthy again",
+    )
+    agent.add_argument("--cycle", type=float, default=5.0, help="seconds between readings")
+    agent.add_argument(
+        "--device-plugin-dir",
+        type=Path,
+        default=Path("/var/lib/kubelet/device-plugins"),
+        help="the kubelet's device-plugin directory",
+    )
+    agent.add_argument(
+        "--host-device-root",
+        default="",
+        help="directory standing in for the host's / when naming device nodes to the kubelet"
+        " (test nodes with fake GPUs; default: the host's own /dev)",
+    )
+    agent.add_argument(
+        "--no-device-plugin",
+        action="store_true",
+        help="do not serve the kubelet device plugin (nodes without a kubelet, e.g. kwok)",
+    )
+    agent.add_argument(
+        "--cri-endpoint",
+        help="the node's CRI socket (unix:///run/containerd/containerd.sock): turns on hot "
+        "restarts of this node's pods (default: off)",
+    )
+    agent.add_argument(
+        "--hot-restart-timeout",
+        type=float,
+        default=120.0,
+        help="seconds from the image patch to the new container running, else rolled back",
+    )
+    agent.set_defaults(run=_agent)
+    from nodeagent.pulling.command import add_agent_flags, add_cache_command
+
+    add_agent_flags(agent)
+    add_cache_command(sub)  # tidelease cache pull|add|ls
