@@ -32,8 +32,6 @@ NVML_VOLATILE_ECC = pynvml.NVML_VOLATILE_ECC
 NVML_FEATURE_ENABLED = pynvml.NVML_FEATURE_ENABLED
 NVML_FEATURE_DISABLED = pynvml.NVML_FEATURE_DISABLED
 nvmlEventTypeXidCriticalError = pynvml.nvmlEventTypeXidCriticalError
-HW_SLOWDOWN = pynvml.nvmlClocksEventReasonHwSlowdown
-HW_THERMAL_SLOWDOWN = pynvml.nvmlClocksEventReasonHwThermalSlowdown
 
 
 @dataclass

@@ -255,9 +255,6 @@ class Prewarmer:
         items = sorted(self._items.values(), key=lambda i: i.status.key)
         return {"items": [i.status.to_json() for i in items]}
 
-    def images_present(self) -> frozenset[str]:
-        return self._present
-
     def inventory(self, base: Callable[[], dict[str, Any]] | None) -> Callable[[], dict[str, Any]]:
         """The agent's cache inventory with the images pulled through CRI added."""
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -360,11 +360,6 @@ class FakePrometheus:
         return web.json_response(
             {"status": "success", "data": {"resultType": "matrix", "result": result}}
         )
-
-
-def sample_points(fn: Series, times: Sequence[float]) -> tuple[tuple[float, float], ...]:
-    """``fn`` at ``times``: a history for FakeTrafficSource observations."""
-    return tuple((t, fn(t)) for t in times)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import pairwise
 
 DEFAULT_RHO = 1
 DEFAULT_TAU_S = 600.0
@@ -66,8 +65,3 @@ def stabilize(
 ) -> tuple[int, ...]:
     """Algorithm 1: the calibrated plan."""
     return stabilize_with_reasons(plan, step_s, rho=rho, tau_s=tau_s)[0]
-
-
-def scaling_actions(plan: Sequence[int]) -> int:
-    """How many changes of count a plan makes."""
-    return sum(1 for a, b in pairwise(plan) if a != b)

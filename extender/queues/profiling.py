@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 from common.errors import InvalidInput
 
-PROFILE_BATCHES = 5
 WARMUP_BATCHES = 2
 
 

@@ -107,27 +107,6 @@ def claim_directory(root: Path) -> int:
     return fd
 
 
-def hash_pieces(path: Path, piece_size: int) -> tuple[int, tuple[str, ...]]:
-    """(size, sha256 of every piece) of a file."""
-    digests: list[str] = []
-    size = 0
-    with open(path, "rb") as f:
-        while True:
-            h = hashlib.sha256()
-            got = 0
-            while got < piece_size:
-                block = f.read(min(_COPY_CHUNK, piece_size - got))
-                if not block:
-                    break
-                h.update(block)
-                got += len(block)
-            if got == 0:
-                break
-            digests.append(h.hexdigest())
-            size += got
-    return size, tuple(digests)
-
-
 @dataclass(slots=True)
 class _Entry:
     manifest: Manifest

@@ -112,12 +112,6 @@ class GrpcRuntime:
         reply = await self._call("PullImage", self._img.PullImage, request, self.pull_timeout_s)
         return str(reply.image_ref)
 
-    async def list_images(self) -> tuple[ImageInfo, ...]:
-        reply = await self._call(
-            "ListImages", self._img.ListImages, pb.ListImagesRequest(), self.timeout_s
-        )
-        return tuple(parsing.image_info(i) for i in reply.images)
-
     # --- pod sandboxes ---
     async def run_sandbox(self, config: pb.PodSandboxConfig) -> str:
         reply = await self._call(
@@ -152,11 +146,6 @@ class GrpcRuntime:
             self.timeout_s,
         )
         return parsing.sandbox_status(reply)
-
-    async def list_sandboxes(self, labels: dict[str, str] | None = None) -> tuple[str, ...]:
-        request = pb.ListPodSandboxRequest(filter=pb.PodSandboxFilter(label_selector=labels or {}))
-        reply = await self._call("ListPodSandbox", self._rt.ListPodSandbox, request, self.timeout_s)
-        return tuple(s.id for s in reply.items)
 
     # --- containers ---
     async def create_container(

@@ -112,10 +112,6 @@ class FakeRuntime:
         self.images.add(image)
         return f"sha256:{image}"
 
-    async def list_images(self) -> tuple[ImageInfo, ...]:
-        self._enter("ListImages")
-        return tuple(ImageInfo(f"sha256:{i}", (i,), 1) for i in sorted(self.images))
-
     async def run_sandbox(self, config: pb.PodSandboxConfig) -> str:
         self._enter("RunPodSandbox")
         sid = self._next("sb")
@@ -153,15 +149,6 @@ class FakeRuntime:
             pid=sb.pid,
             netns=f"/var/run/netns/cni-{sb.id}",
             config=_copy(sb.config),
-        )
-
-    async def list_sandboxes(self, labels: dict[str, str] | None = None) -> tuple[str, ...]:
-        self._enter("ListPodSandbox")
-        want = labels or {}
-        return tuple(
-            s.id
-            for s in self.sandboxes.values()
-            if all(s.config.labels.get(k) == v for k, v in want.items())
         )
 
     async def create_container(

@@ -24,9 +24,6 @@ class Step(enum.Enum):
     START = "start"
 
 
-AFTER_STOP = frozenset({Step.REMOVE, Step.CREATE, Step.START})
-
-
 @dataclass(frozen=True, slots=True)
 class RestartSettings:
     stop_timeout_s: int = 30  # grace period of the old container (SIGTERM, then SIGKILL)

@@ -11,9 +11,9 @@ import pytest
 
 from common import builders
 from common.model import Priority, Tier
-from extender.running import Running, serve
-from extender.settings import ExtenderSettings
-from extender.store import MemoryStore
+from extender.cluster.store import MemoryStore
+from extender.scheduler.serving import Running, serve
+from extender.scheduler.settings import ExtenderSettings
 
 
 @dataclass

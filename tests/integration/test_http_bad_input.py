@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from common import builders
-from extender.running import serve
-from extender.settings import ExtenderSettings
-from extender.store import MemoryStore
+from extender.cluster.store import MemoryStore
+from extender.scheduler.serving import serve
+from extender.scheduler.settings import ExtenderSettings
 from tests.integration.conftest import Server, small_cluster
 
 VERBS = ["filter", "prioritize", "bind", "preempt"]

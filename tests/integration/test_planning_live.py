@@ -16,12 +16,12 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from common import contract
-from extender.planning.autoscaling import OnlineSettings
-from extender.planning.controller import MemoryLeases, PlannerController, PlannerMetrics
-from extender.planning.onlinesim import TRUE_MODEL
-from extender.planning.sources import FakePrometheus, PrometheusSource, TidalJob
-from extender.planning.stepping import DAY_S, PlannerSettings
-from extender.planning.throughput import min_workers
+from extender.planner.autoscaling import OnlineSettings
+from extender.planner.controller import MemoryLeases, PlannerController, PlannerMetrics
+from extender.planner.sources import FakePrometheus, PrometheusSource, TidalJob
+from extender.planner.stepping import DAY_S, PlannerSettings
+from extender.planner.throughput import min_workers
+from extender.simulation.online import TRUE_MODEL
 
 GPUS_PER_REPLICA = 2
 LEAD_S = 1800.0
