@@ -23,6 +23,12 @@ the simulated world, and the standby pool is topped up by
 * :mod:`.executing` — several runs in worker processes;
 * :mod:`.reporting`, :mod:`.plotting`, :mod:`.cli` — the table, the PNGs, the command.
 
-Only :mod:`.loading`, :mod:`.plotting`, :mod:`.executing` and :mod:`.cli` do I/O (files,
-processes); a test walks the imports of the others.
+The elastic planner's simulations (``tidelease plan-simulate``) live here too, on an embedded
+tidal trace: :mod:`.traces`, :mod:`.online` (one online job under the forecast planner and two
+baselines), :mod:`.queues` (the shared queues under cornucopia and two baselines),
+:mod:`.planner` (both, measured in one run), :mod:`.plannerplots` and :mod:`.plannercli`.
+
+Only :mod:`.loading`, :mod:`.plotting`, :mod:`.executing`, :mod:`.cli` and the planner's
+:mod:`.planner`, :mod:`.plannerplots` and :mod:`.plannercli` do I/O (files, processes, plots);
+the modules that say they are pure are checked by tests/unit/test_layers.py.
 """

@@ -15,9 +15,9 @@ and is tried again at every step, preempting borrowers where that helps.
   GpuLease by its watch. The standby pool is topped up every ``topup_every`` minutes exactly as
   the controller does it (:func:`~extender.leasing.rules.standby_topup` over the same view).
 * **No right of return** (``no-return``): the same targets
-(:func:`~extender.leasing.rules.target_gpus`,
-  :func:`~extender.leasing.rules.replicas_for`), but the StatefulSet is scaled directly: released
-  devices go back untagged, new pods go wherever placement puts them. No standby pool.
+  (:func:`~extender.leasing.rules.target_gpus`, :func:`~extender.leasing.rules.replicas_for`),
+  but the StatefulSet is scaled directly: released devices go back untagged, new pods go
+  wherever placement puts them. No standby pool.
 * **No elastic scaling** (``no-scaling``): the jobs keep their peak replicas.
 
 Every job starts at its peak, its pods placed on the cluster's ``online`` nodes: the pre-lease

@@ -7,8 +7,8 @@ takes untagged ``d`` (all MA; with right of return it also scores higher there t
 ``b``), the second the only other node that fits, ``b``. At 10:00 the demand is back:
 
 * with right of return (the leasing controller's own decisions,
-:func:`extender.leasing.decisions.decide`)
-  the borrower on ``b`` gets notice, is evicted 45 s later, and ``b`` comes back;
+  :func:`extender.leasing.decisions.decide`) the borrower on ``b`` gets notice, is evicted 45 s
+  later, and ``b`` comes back;
 * without, the job takes the only free node, ``c`` (all LA);
 * without elastic scaling, nothing moves.
 """
