@@ -157,6 +157,17 @@ class Job:
         assert {u for d in placed.values() for u in d} <= lent, placed
         return placed
 
+    def break_device(self, node: str, uuid: str) -> None:
+        """Mark one device Unhealthy in its GpuNode's status, as its node agent would."""
+        gpu_node = self.cluster.kube.get(contract.KIND_GPU_NODE, node)
+        assert gpu_node is not None
+        for d in gpu_node["status"]["devices"]:
+            if d["uuid"] == uuid:
+                d["health"] = "Unhealthy"
+        self.cluster.kube.patch(
+            contract.KIND_GPU_NODE, node, {"status": gpu_node["status"]}, subresource="status"
+        )
+
     def replicas_placed(self, count: int) -> dict[str, list[str]]:
         return self.wait_placed("recsys-", {f"recsys-{i}" for i in range(count)})
 
@@ -222,14 +233,7 @@ def test_a_lent_device_that_failed_is_backfilled_from_standby(job: Job) -> None:
     _, n2, s1 = job.group.nodes
     devices = job.cluster.gpu_node_uuids(n2)
     broken = next(u for u in sorted(lent) if u in devices)
-    gpu_node = job.cluster.kube.get(contract.KIND_GPU_NODE, n2)
-    assert gpu_node is not None
-    for d in gpu_node["status"]["devices"]:
-        if d["uuid"] == broken:
-            d["health"] = "Unhealthy"
-    job.cluster.kube.patch(
-        contract.KIND_GPU_NODE, n2, {"status": gpu_node["status"]}, subresource="status"
-    )
+    job.break_device(n2, broken)
 
     job.set_desired(16)
     status = job.wait_steady("the reclaim to finish", lambda s: s.get("reclaims"))
@@ -288,14 +292,7 @@ def test_only_the_replica_whose_device_failed_falls_back_to_standby(small_job: J
     job.borrow({u for devs in groups.values() for u in devs})
     broken = groups["recsys-1"][0]
     node = next(n for n in job.group.nodes if broken in job.cluster.gpu_node_uuids(n))
-    gpu_node = job.cluster.kube.get(contract.KIND_GPU_NODE, node)
-    assert gpu_node is not None
-    for d in gpu_node["status"]["devices"]:
-        if d["uuid"] == broken:
-            d["health"] = "Unhealthy"
-    job.cluster.kube.patch(
-        contract.KIND_GPU_NODE, node, {"status": gpu_node["status"]}, subresource="status"
-    )
+    job.break_device(node, broken)
     status = job.reclaim(reclaims=1)
     placed = job.replicas_placed(3)
     assert sorted(placed["recsys-2"]) == groups["recsys-2"]  # untouched by the failure
