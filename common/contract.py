@@ -1,6 +1,7 @@
 """The object and annotation contract: one place for every name users and components share. Pure.
 
-The README's "Pod annotations" and "Objects" sections document these; change both together.
+README.md's "Pod annotations" and docs/reference.md's objects document these; change them
+together.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ PREFIX: Final = "tidelease.io"
 
 # --- pod annotations written by pod authors (or by tidelease controllers on their behalf) ---
 ANN_PRIORITY: Final = f"{PREFIX}/priority"  # high | low (default low)
-ANN_OWNER: Final = f"{PREFIX}/owner"  # the job a pod belongs to (DNS-1123 label)
+ANN_OWNER: Final = f"{PREFIX}/owner"  # the job a pod belongs to (DNS-1123 subdomain)
 ANN_RELIABILITY: Final = f"{PREFIX}/reliability"  # HA | MA | LA (default LA: any tier)
 ANN_GPU_TYPE: Final = f"{PREFIX}/gpu-type"  # e.g. NVIDIA-H100-80GB (default: any type)
 ANN_RECLAIM: Final = f"{PREFIX}/reclaim"  # "true" when the pod takes back lent devices

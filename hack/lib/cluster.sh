@@ -295,7 +295,8 @@ EOF
 }
 
 # tl::cluster::start_extender - the tidelease extender (.venv) on a free loopback port, with the
-# leasing controller, the hot-restart operator and the prewarm controller, as the Deployment.
+# leasing controller, the hot-restart operator and the prewarm controller (the Deployment also
+# runs the planner, which needs a Prometheus).
 # TIDELEASE_EXTENDER_* variables in the environment reach it (see extender/scheduler/settings.py).
 tl::cluster::start_extender() {
   local port log="${TL_CLUSTER_DIR}/logs/extender.log"
