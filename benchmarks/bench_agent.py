@@ -6,7 +6,10 @@ cycles, and reports CPU time per cycle and per device-cycle, against a baseline 
 same run: the same number of bare NVML fake calls, without the agent's logic. The fake answers
 in microseconds where a driver takes tens to hundreds, so the figure is the agent's own cost.
 
-    python -m benchmarks.bench_agent [--cycles 2000] [--devices 8]
+    python -m benchmarks.bench_agent [--cycles 2000] [--devices 8] [--live-s 10] [--smoke]
+
+``--smoke``: 600 cycles (one injected fault) and 1 s of the live agent, to check that the
+benchmark still works.
 
 Targets (issue 4): < 50 ms CPU per device-cycle, < 150 MiB RSS.
 """
@@ -80,7 +83,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cycles", type=int, default=2000)
     parser.add_argument("--devices", type=int, default=8)
+    parser.add_argument("--live-s", type=float, default=10.0, help="seconds of the live agent")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, to check it still runs")
     args = parser.parse_args()
+    if args.smoke:  # the smoke sizes, unless given
+        parser.set_defaults(cycles=600, live_s=1.0)
+        args = parser.parse_args()
 
     logging.disable(logging.WARNING)  # injected faults log; not what is measured
     fake = FakeNvml([full_gpu(i) for i in range(args.devices)])
@@ -123,7 +131,7 @@ def main() -> int:
         f"baseline calls: {base * 1e3:8.3f} ms CPU  (ratio agent/baseline {per_cycle / base:.1f}x)"
     )
     print(f"RSS now {rss_mib():.1f} MiB, peak {peak:.1f} MiB (target < 150)")
-    live(10.0, 0.05)
+    live(args.live_s, 0.05)
     return 0
 
 

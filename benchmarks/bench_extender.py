@@ -5,10 +5,11 @@ it from this process (pinned to another core where there is one) with the exact 
 kube-scheduler sends. The baseline, measured in the same run, is a bare aiohttp server on the
 same core that decodes the same body and echoes the node names: the floor of HTTP plus JSON.
 
-    python benchmarks/bench_extender.py [--nodes 1250] [--requests 2000]
+    python -m benchmarks.bench_extender [--nodes 1250] [--requests 2000] [--smoke]
 
 Prints p50/p99 latency per verb (sequential calls) and calls per second (8 in flight), and the
 ratio to the baseline. Targets (issue 2): p99 <= 5 ms per verb, >= 1,000 filter calls/s.
+``--smoke``: 50 nodes and 50 calls per figure, to check that the benchmark still works.
 """
 
 from __future__ import annotations
@@ -104,12 +105,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start(cmd: list[str], port: int, core: int | None) -> subprocess.Popen[bytes]:
+def start(cmd: list[str], port: int, core: int | None, log: Path) -> subprocess.Popen[bytes]:
+    """``cmd`` running and ready, its output in ``log`` (shown when it does not start)."""
     if core is not None:
         cmd = ["taskset", "-c", str(core), *cmd]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and proc.poll() is None:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as r:
                 if r.status == 200:
@@ -117,7 +120,9 @@ def start(cmd: list[str], port: int, core: int | None) -> subprocess.Popen[bytes
         except OSError:
             time.sleep(0.2)
     proc.kill()
-    raise SystemExit(f"server did not start: {cmd}")
+    proc.wait()
+    tail = log.read_text(errors="replace")[-4000:]
+    raise SystemExit(f"server did not start: {cmd}\n{tail}")
 
 
 def pods() -> dict[str, dict[str, Any]]:
@@ -199,7 +204,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nodes", type=int, default=1250)
     parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, to check it still runs")
     args = parser.parse_args()
+    if args.smoke:  # the smoke sizes, unless given
+        parser.set_defaults(nodes=50, requests=50)
+        args = parser.parse_args()
 
     cores = sorted(os.sched_getaffinity(0))
     server_core = cores[0] if len(cores) > 1 else None
@@ -229,8 +238,19 @@ def main() -> int:
             ],
             ext_port,
             server_core,
+            Path(tmp) / "extender.log",
         )
-        base = start([sys.executable, "-c", BASELINE, str(base_port)], base_port, server_core)
+        try:
+            base = start(
+                [sys.executable, "-c", BASELINE, str(base_port)],
+                base_port,
+                server_core,
+                Path(tmp) / "baseline.log",
+            )
+        except BaseException:
+            ext.terminate()
+            ext.wait(timeout=10)
+            raise
         try:
             print(
                 f"cluster: {args.nodes} nodes x 8 GPUs; server pinned to core {server_core}, "

@@ -13,9 +13,11 @@ registry is reachable), the checkpoint download a file copy, the "GPU load" a re
 (B_gpu stands for the host-to-device copy on a machine without GPUs). Cold node: nothing
 cached (eta = 0); warm node: both present (eta = 1).
 
-    python -m benchmarks.bench_hot_restart [--runs 7] [--socket /path/containerd.sock]
+    python -m benchmarks.bench_hot_restart [--runs 7] [--ckpt-mib 256] [--socket SOCK] [--smoke]
 
-Target (issue 6): hot restart at least 2x faster than recreate.
+Target (issue 6): hot restart at least 2x faster than recreate. ``--smoke``: 2 runs of each and
+a 32 MiB checkpoint (the images stay those of hack/images.py), to check that the benchmark still
+works.
 """
 
 from __future__ import annotations
@@ -224,12 +226,15 @@ class Prepared:
     links: Bandwidths
     big_img: Path
     image_bytes: int
+    checkpoint_bytes: int
     store: Path
     local: Path
 
 
-def prepare_prelaunch(sock: str, work: Path) -> Prepared:
-    """The objects, and the bandwidths measured on the small ones."""
+def prepare_prelaunch(sock: str, work: Path, ckpt_mib: int) -> Prepared:
+    """The objects, and the bandwidths measured on the small ones (a checkpoint a quarter of
+    the size, at least 1 MiB)."""
+    calib_mib = max(1, ckpt_mib // 4)
     images = work / "images"
     built = subprocess.run(
         [sys.executable, str(ROOT / "hack" / "images.py"), str(images), "bulk-a", "bulk-b"],
@@ -241,22 +246,22 @@ def prepare_prelaunch(sock: str, work: Path) -> Prepared:
     store, local = work / "store", work / "local"
     store.mkdir()
     local.mkdir()
-    write_random(store / "calib.ckpt", 64)
-    write_random(store / "model.ckpt", 256)
+    write_random(store / "calib.ckpt", calib_mib)
+    write_random(store / "model.ckpt", ckpt_mib)
     b_reg = calib_img.stat().st_size / ctr_import(sock, calib_img)
-    b_stor = (64 * MIB) / copy_file(store / "calib.ckpt", local / "calib.ckpt")
-    b_gpu = (64 * MIB) / load(local / "calib.ckpt")
+    b_stor = (calib_mib * MIB) / copy_file(store / "calib.ckpt", local / "calib.ckpt")
+    b_gpu = (calib_mib * MIB) / load(local / "calib.ckpt")
     print(
         f"calibrated: image import {b_reg / MIB:.0f} MiB/s, checkpoint copy "
         f"{b_stor / MIB:.0f} MiB/s, load {b_gpu / MIB:.0f} MiB/s (B_net: local, unbounded)"
     )
     links = Bandwidths(net=float("inf"), registry=b_reg, storage=b_stor, gpu=b_gpu)
-    return Prepared(links, big_img, big_img.stat().st_size, store, local)
+    return Prepared(links, big_img, big_img.stat().st_size, ckpt_mib * MIB, store, local)
 
 
 async def bench_prelaunch(rt: GrpcRuntime, sock: str, prep: Prepared) -> None:
     links, big_img, store, local = prep.links, prep.big_img, prep.store, prep.local
-    s_img, s_ckpt = prep.image_bytes, 256 * MIB
+    s_img, s_ckpt = prep.image_bytes, prep.checkpoint_bytes
 
     def predicted(hit: float) -> tuple[float, float, float]:
         w = prelaunch_window(
@@ -311,7 +316,9 @@ async def main_async(args: argparse.Namespace, facts: dict[str, str], work: Path
         print(f"runtime: {await rt.version()}")
         await bench_restarts(rt, facts["TL_CTRD_CGROUP"], work, args.runs)
         if not args.no_prelaunch:
-            prep = await asyncio.to_thread(prepare_prelaunch, facts["TL_CTRD_SOCK"], work)
+            prep = await asyncio.to_thread(
+                prepare_prelaunch, facts["TL_CTRD_SOCK"], work, args.ckpt_mib
+            )
             await bench_prelaunch(rt, facts["TL_CTRD_SOCK"], prep)
 
 
@@ -321,7 +328,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--socket", help="an existing containerd's CRI socket (default: start one)")
     p.add_argument("--cgroup", default="/tidelease-bench", help="with --socket: cgroup parent")
     p.add_argument("--no-prelaunch", action="store_true", help="skip the prelaunch part")
+    p.add_argument("--ckpt-mib", type=int, default=256, help="prelaunch: the checkpoint's size")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes, to check it still runs")
     args = p.parse_args(argv)
+    if args.smoke:  # the smoke sizes, unless given
+        p.set_defaults(runs=2, ckpt_mib=32)
+        args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-hot-restart-") as tmp:
         work = Path(tmp)
         if args.socket:

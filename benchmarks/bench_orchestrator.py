@@ -11,9 +11,11 @@ For each, N status changes (a random worker flips readiness) are timed three way
   controller without a kept snapshot would pay);
 - empty: one evaluation of the same DAG on a one-pod job (the floor).
 
-    python -m benchmarks.bench_orchestrator [--changes 2000] [--pods 1000]
+    python -m benchmarks.bench_orchestrator [--changes 2000] [--pods 1000] [--smoke]
 
-Target (issue 8): under 10 ms per status change for a 1,000-pod job.
+Target (issue 8): under 10 ms per status change for a 1,000-pod job; the exit status is 1 when
+the incremental p99 misses it. ``--smoke``: 50 changes of a 50-pod job, to check that the
+benchmark still works; the verdict is printed but does not set the exit status.
 """
 
 from __future__ import annotations
@@ -114,7 +116,11 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--changes", type=int, default=2000, help="status changes timed per case")
     p.add_argument("--pods", type=int, default=1000, help="pods of the job")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes, to check it still runs")
     args = p.parse_args()
+    if args.smoke:  # the smoke sizes, unless given
+        p.set_defaults(changes=50, pods=50)
+        args = p.parse_args()
     print(f"DAG evaluation per status change, {args.pods}-pod job, {args.changes} changes (ms)")
     print(f"{'job':<10}{'path':<34}{'median':>9}{'p99':>9}{'max':>9}")
     worst = 0.0
@@ -126,7 +132,7 @@ def main() -> int:
             print(f"{framework:<10}{name:<34}{med:>9.3f}{p99:>9.3f}{max(xs):>9.3f}")
     verdict = "meets" if worst < TARGET_MS else "MISSES"
     print(f"incremental p99 {worst:.3f} ms: {verdict} the {TARGET_MS:g} ms target")
-    return 0 if worst < TARGET_MS else 1
+    return 0 if worst < TARGET_MS or args.smoke else 1
 
 
 if __name__ == "__main__":

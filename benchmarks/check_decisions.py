@@ -10,6 +10,11 @@ reclaiming. Prints a digest of every reply body; ``--record FILE`` writes the ca
 (JSON objects with sorted maps), ``--check FILE`` compares against a recording.
 
     python -m benchmarks.check_decisions [--nodes 300] [--requests 600] [--record F | --check F]
+                                         [--smoke]
+
+``--smoke``: 20 nodes and 40 requests, recorded to a temporary file and the same run done again
+and checked against it (unless ``--record`` or ``--check`` is given), to check that the tool
+still works.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import json
 import logging
 import random
 import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -40,11 +46,11 @@ from common.model import (
 )
 from common.objects import gpu_node_object
 from common.timefmt import epoch
-from extender import wire
-from extender.running import build_app
-from extender.server import ExtenderApp
-from extender.settings import ExtenderSettings
-from extender.store import MemoryStore
+from extender.cluster.store import MemoryStore
+from extender.scheduler import wire
+from extender.scheduler.server import ExtenderApp
+from extender.scheduler.serving import build_app
+from extender.scheduler.settings import ExtenderSettings
 
 PRIORITIES = [0, 100, 1000, 5000, 100000]
 
@@ -210,27 +216,48 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=600)
     parser.add_argument("--record", type=Path)
     parser.add_argument("--check", type=Path)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, to check it still runs")
     args = parser.parse_args()
+    if args.smoke:  # the smoke sizes, unless given
+        parser.set_defaults(nodes=20, requests=40)
+        args = parser.parse_args()
     logging.disable(logging.WARNING)  # agents going silent and back
+    got = decisions(args.nodes, args.requests)
+    if args.record:
+        args.record.write_bytes(got)
+    if args.check:
+        return check(args.check, got)
+    if args.smoke and not args.record:
+        with tempfile.TemporaryDirectory(prefix="check-decisions-") as tmp:
+            recording = Path(tmp) / "decisions.json"
+            recording.write_bytes(got)
+            return check(recording, decisions(args.nodes, args.requests))
+    return 0
+
+
+def decisions(n_nodes: int, n_requests: int) -> bytes:
+    """Every reply of a run, canonical; prints their count and digests."""
     raw = hashlib.sha256()
     out: list[Any] = []
-    for verb, body in replies(args.nodes, args.requests):
+    for verb, body in replies(n_nodes, n_requests):
         raw.update(body)
         out.append([verb, canonical(verb, body) if body.startswith((b"{", b"[")) else str(body)])
-    decisions = json.dumps(out, sort_keys=True).encode()
+    encoded = json.dumps(out, sort_keys=True).encode()
     print(
         f"{len(out)} replies; bytes sha256 {raw.hexdigest()[:16]}; decisions sha256 "
-        f"{hashlib.sha256(decisions).hexdigest()[:16]}"
+        f"{hashlib.sha256(encoded).hexdigest()[:16]}"
     )
-    if args.record:
-        args.record.write_bytes(decisions)
-    if args.check:
-        expected, out = json.loads(args.check.read_text()), json.loads(decisions)
-        bad = [i for i, (a, b) in enumerate(zip(expected, out, strict=True)) if a != b]
-        if bad:
-            print(f"{len(bad)} replies differ, first at {bad[0]}: {out[bad[0]]!s:.300}")
-            return 1
-        print("all replies equal to the recording")
+    return encoded
+
+
+def check(recording: Path, got: bytes) -> int:
+    """0 when every reply equals the recording's, else 1 (and the first difference)."""
+    expected, out = json.loads(recording.read_text()), json.loads(got)
+    bad = [i for i, (a, b) in enumerate(zip(expected, out, strict=True)) if a != b]
+    if bad:
+        print(f"{len(bad)} replies differ, first at {bad[0]}: {out[bad[0]]!s:.300}")
+        return 1
+    print("all replies equal to the recording")
     return 0
 
 
