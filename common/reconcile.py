@@ -74,6 +74,7 @@ __all__ = [
     "Requeue",
     "Result",
     "Wait",
+    "run_checked",
     "wait_for_wakeup",
 ]
 
@@ -291,6 +292,18 @@ class ReconcileLoop:
         """Keys waiting to be reconciled now (not counting those on a timer)."""
         return len(self._queue) + len(self._again)
 
+    def next_due_in(self) -> float | None:
+        """Seconds until the earliest key on a timer (a retry or a requeue) is due, 0 when one
+        is due already; None when no key waits on a timer. For tests that step the loop with
+        :meth:`run_once` and want to know when it would run next."""
+        return self._until_due(self._clock(), None)
+
+    def due_in(self, key: str) -> float | None:
+        """Seconds until ``key``'s timer (a retry or a requeue) is due, 0 when it is due
+        already; None when ``key`` has none. :meth:`next_due_in` for one key."""
+        due = self._timers.get(key)
+        return None if due is None else max(0.0, due - self._clock())
+
     # --- running ---
 
     async def run(self, *, ready: asyncio.Event | None = None) -> None:
@@ -501,3 +514,26 @@ class ReconcileLoop:
             self.ready.set()
             if self._ready_too is not None:
                 self._ready_too.set()
+
+
+async def run_checked(
+    loop: ReconcileLoop,
+    check: Callable[[], None],
+    poll_s: float = 1.0,
+    *,
+    ready: asyncio.Event | None = None,
+) -> None:
+    """:meth:`ReconcileLoop.run` until cancelled, or until ``check`` (called every ``poll_s``)
+    raises, which it then raises too. A controller's keys come from its watches; should a watch
+    end (:meth:`common.watches.Watches.check` raises), reconciling on a view that no longer
+    moves would act on stale objects for ever, so the controller stops loudly instead.
+    ``ready`` is handed to :meth:`ReconcileLoop.run`."""
+    running = asyncio.create_task(loop.run(ready=ready), name=f"reconcile-{loop.name}-run")
+    try:
+        while not running.done():
+            await asyncio.wait({running}, timeout=poll_s)
+            check()
+        running.result()  # run() ends only by raising
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)

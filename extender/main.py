@@ -90,7 +90,9 @@ def _extender(args: argparse.Namespace) -> int:
             leasing = Leasing(KubeWorld(writer), elector)
         operator = None
         if settings.hot_restart_operator:
-            operator = asyncio.create_task(_hot_restart_operator(writer, settings.agent_namespace))
+            operator = asyncio.create_task(
+                _hot_restart_operator(writer, settings.agent_namespace, registry)
+            )
         prewarm = None
         if prewarm_settings is not None:
             prewarm = asyncio.create_task(
@@ -132,7 +134,9 @@ def _elector(kube: KubeClient, namespace: str, lease: str) -> LeaderElector:
     return LeaderElector(kube, namespace=namespace, name=lease, identity=identity)
 
 
-async def _hot_restart_operator(kube: KubeClient, namespace: str) -> None:
+async def _hot_restart_operator(
+    kube: KubeClient, namespace: str, registry: CollectorRegistry
+) -> None:
     """The hot-restart operator, leader-elected among the extender replicas."""
     from extender.hotrestart.operator import (
         LEASE_NAME,
@@ -143,7 +147,7 @@ async def _hot_restart_operator(kube: KubeClient, namespace: str) -> None:
 
     operator = HotRestartOperator(requests=KubeRequests(kube))
     await _elector(kube, namespace, LEASE_NAME).run(
-        lambda: run_hot_restart_operator(kube=kube, operator=operator)
+        lambda: run_hot_restart_operator(kube=kube, operator=operator, registry=registry)
     )
 
 

@@ -2,7 +2,13 @@
 pods' node agents carry out in place (:mod:`extender.hotrestart.policy` decides;
 :mod:`nodeagent.restarting.podwatch` executes); watches StatefulSets too, and turns a template
 image change of an opted-in one (``OnDelete``) into wishes on its pods. Runs in the extender
-deployment under its own leader election (``tidelease extender --hot-restart-operator``)."""
+deployment under its own leader election (``tidelease extender --hot-restart-operator``).
+
+Each opted-in pod is a key of a :class:`~common.reconcile.ReconcileLoop`: a change of the pod,
+or of the template of the StatefulSet that owns it, reconciles it (decides on the pod as last
+watched and writes at most one annotation). A write on a stale pod (Conflict) or a pod that is
+gone (NotFound) is left to the watch, which brings the new version or the deletion; any other
+failure is retried by the loop with backoff. Nothing is timed: no resync, no requeue."""
 
 from __future__ import annotations
 
@@ -12,12 +18,14 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from prometheus_client import CollectorRegistry
+
 from common import contract
-from common.errors import Conflict, NotFound, TideleaseError
+from common.errors import Conflict, NotFound
 from common.hotrestart import PodView, Request, pod_view
 from common.hotrestartkube import KubePods
 from common.kubeclient import KubeClient
-from common.waiting import wait_event
+from common.reconcile import ReconcileLoop, ReconcileSettings, Result, run_checked
 from common.watches import Watches, object_key
 from extender.hotrestart.policy import (
     Reject,
@@ -111,15 +119,44 @@ class HotRestartOperator:
             await self.requests.reject(pod, action)
 
 
+# The first retry of a failed write; doubling from there (the loop's cap). Two seconds, as the
+# operator always waited: an API server hiccup, not worth hammering.
+RETRY_BASE_S = 2.0
+
+
 async def run_hot_restart_operator(
-    *, kube: KubeClient, operator: HotRestartOperator, ready: asyncio.Event | None = None
+    *,
+    kube: KubeClient,
+    operator: HotRestartOperator,
+    ready: asyncio.Event | None = None,
+    registry: CollectorRegistry | None = None,
 ) -> None:
-    """Watch every pod and StatefulSet; step opted-in pods on each change, until cancelled."""
-    latest: dict[str, dict[str, Any]] = {}
+    """Watch every pod and StatefulSet; reconcile opted-in pods on each change, until cancelled
+    or a watch ends. ``ready`` is set once both are listed; the loop's metrics go to
+    ``registry`` (None: a registry of their own)."""
+    # This term's view, from its own lists (the operator itself outlives terms).
+    latest: dict[str, dict[str, Any]] = {}  # opted-in pods by key
     owners: dict[str, str] = {}  # pod key -> its StatefulSet's key
     templates: dict[str, Template] = {}  # opted-in StatefulSets by key
-    dirty: set[str] = set()
-    changed = asyncio.Event()
+
+    async def reconcile(key: str) -> Result:
+        raw = latest.get(key)
+        if raw is None:
+            return None  # deleted or opted out since it was added
+        owner = owners.get(key)
+        try:
+            await operator.step(raw, templates.get(owner) if owner else None)
+        except (Conflict, NotFound) as e:
+            log.debug("pod %s: %s (the watch brings the new version)", key, e)
+        return None
+
+    loop = ReconcileLoop(
+        "hot-restart-operator",
+        reconcile,
+        keys=lambda: list(latest),
+        settings=ReconcileSettings(retry_base_s=RETRY_BASE_S),
+        registry=registry,
+    )
 
     def on_pod(event: str, obj: dict[str, Any]) -> None:
         key = object_key(obj)
@@ -132,39 +169,28 @@ async def run_hot_restart_operator(
         owner = owner_key(obj)
         if owner is not None:
             owners[key] = owner
-        dirty.add(key)
+        loop.add(key)
 
     def on_statefulset(event: str, obj: dict[str, Any]) -> None:
         key = object_key(obj)
         template = None if event == "DELETED" else workload_template(obj)
         if template is None:
             templates.pop(key, None)
-        elif templates.get(key) != template:
-            templates[key] = template
-            dirty.update(k for k, owner in owners.items() if owner == key)
+            return
+        previous = templates.get(key)
+        if previous == template:
+            return
+        templates[key] = template
+        members = [k for k, owner in owners.items() if owner == key]
+        if previous is not None and members:
+            log.info("StatefulSet %s: template changed, %d pod(s) to follow", key, len(members))
+        for member in members:
+            loop.add(member)
 
-    async with Watches(kube, "hot-restart-operator", wake=changed) as watches:
+    async with Watches(kube, "hot-restart-operator") as watches:
         watches.add("pods", "/api/v1/pods", on_pod)
         watches.add("statefulsets", "/apis/apps/v1/statefulsets", on_statefulset)
         await watches.wait_synced()
         if ready is not None:
             ready.set()
-        retry: set[str] = set()
-        while True:
-            watches.check()
-            changed.clear()
-            keys, retry = dirty | retry, set()
-            dirty.clear()
-            for key in keys:
-                raw = latest.get(key)
-                if raw is None:
-                    continue
-                owner = owners.get(key)
-                try:
-                    await operator.step(raw, templates.get(owner) if owner else None)
-                except (Conflict, NotFound) as e:
-                    log.debug("pod %s: %s (the watch brings the new version)", key, e)
-                except TideleaseError as e:
-                    log.warning("pod %s: hot restart request failed (retrying): %s", key, e)
-                    retry.add(key)
-            await wait_event(changed, 2.0 if retry else 30.0)
+        await run_checked(loop, watches.check)

@@ -6,6 +6,15 @@ pods), and acts only while it holds the leader Lease. Every GpuLease is stepped 
 action is to wait; a step is one idempotent API write. The devices' tags live in the
 ``GpuNode`` specs (compare-and-swap), the lease's progress in the ``GpuLease`` status
 (compare-and-swap), so a controller killed at any point resumes from what is stored.
+
+It runs on :class:`common.reconcile.ReconcileLoop` (named ``leasing``): one key per GpuLease
+(``namespace/name``) and one, :data:`STANDBY_KEY`, for the standby pool's top-up. A lease's
+watch event queues its key (:attr:`LeaseCache.on_change`); reconciling it is one step, and the
+step's result says when to step again (soon after an action, at a ``Wait``'s time otherwise).
+The loop gives every key its own retry (a Conflict after 0.2 s, other errors with backoff), so
+one lease failing never delays another, and its shared metrics
+(``tidelease_controller_*{controller="leasing"}``) count the reconciles, errors and retries;
+:class:`LeasingMetrics` keeps only what lending itself does.
 """
 
 from __future__ import annotations
@@ -26,8 +35,8 @@ from common.events import Involved, post_event
 from common.kubeclient import KubeClient
 from common.model import Device, GpuUuid, Holder, JobName, PodUid
 from common.objects import object_key
+from common.reconcile import ReconcileLoop, ReconcileSettings, Requeue, Result
 from common.timefmt import microtime
-from common.waiting import wait_event
 from extender.cluster.state import ClusterState
 from extender.cluster.watching import PodCache
 from extender.leasing.decisions import (
@@ -52,14 +61,27 @@ from extender.queues.preemption import eviction_cost
 log = logging.getLogger(__name__)
 
 EVICTION_GRACE_S = 2  # termination grace of an evicted borrower, after its notice period
+# The reconcile key of the standby pool's top-up: no GpuLease key is without a "/".
+STANDBY_KEY = "standby-pool"
+# After an action, the lease is stepped again this soon (its watch event usually comes first).
+STEP_AGAIN_S = 0.1
+# A Wait whose time has come is stepped again no sooner than this (never a busy loop).
+MIN_WAIT_S = 0.05
+RESYNC_S = 30.0  # every lease (and the standby key) is reconciled at least this often
+# The first retry after an error (the old loop's fixed 2 s), doubling to the resync period.
+RETRY_BASE_S = 2.0
 
 
 class LeaseCache:
-    """GpuLease objects from the watch, by namespace/name."""
+    """GpuLease objects from the watch, by namespace/name.
+
+    ``on_change`` (set by :class:`LeaseController`) is told the key of every lease an event
+    touched, deletions included, so the controller reconciles that lease, and only it.
+    """
 
     def __init__(self) -> None:
         self.raw: dict[str, dict[str, Any]] = {}
-        self.changed = asyncio.Event()
+        self.on_change: Callable[[str], None] | None = None
 
     def apply(self, event: str, obj: dict[str, Any]) -> None:
         key = object_key(obj)
@@ -67,7 +89,8 @@ class LeaseCache:
             self.raw.pop(key, None)
         else:
             self.raw[key] = obj
-        self.changed.set()
+        if self.on_change is not None:
+            self.on_change(key)
 
 
 class World(Protocol):
@@ -189,6 +212,10 @@ class KubeWorld:
 
 @dataclass
 class LeasingMetrics:
+    """What lending does (loans, reclaims, evictions). How the controller's loop fares (queue,
+    reconcile time, errors, retries) is :class:`common.reconcile.ControllerMetrics`'s, on the
+    same ``registry`` under ``controller="leasing"``."""
+
     registry: CollectorRegistry
     lent: Gauge = field(init=False)
     reclaims: Counter = field(init=False)
@@ -267,6 +294,13 @@ def _eviction_cost(
 
 
 class LeaseController:
+    """Steps every GpuLease (and tops up the standby pool) on its :class:`ReconcileLoop`.
+
+    The loop is built here and :attr:`leases` is wired to it, so whoever feeds the cache (the
+    extender's watch) queues the leases its events touch; :meth:`run` runs the loop while this
+    replica leads.
+    """
+
     def __init__(
         self,
         *,
@@ -286,7 +320,19 @@ class LeaseController:
         self.standby_interval_s = standby_interval_s
         # extender.scheduler.settings' leasing_test_grace_s: every lease's notice, for test clusters
         self.test_grace_s = test_grace_s
-        self._conflicts: dict[str, int] = {}  # consecutive write conflicts, by lease
+        self._next_topup = 0.0  # on self.clock: when the standby pool is next topped up
+        # The loop keeps its own monotonic clock: lease times (Wait.until) are wall time and
+        # reach it only as "seconds from now".
+        self.loop = ReconcileLoop(
+            "leasing",
+            self.reconcile,
+            keys=self.keys,
+            settings=ReconcileSettings(
+                resync_s=RESYNC_S, retry_base_s=RETRY_BASE_S, retry_cap_s=RESYNC_S
+            ),
+            registry=metrics.registry,
+        )
+        leases.on_change = self.loop.add
 
     async def step(self, lease: GpuLease) -> Action:
         """Decide and execute one action for one lease."""
@@ -330,43 +376,53 @@ class LeaseController:
                 self.metrics.evictions.inc()
         return action
 
-    def current(self) -> list[GpuLease]:
-        out = []
-        for key, raw in list(self.leases.raw.items()):
-            try:
-                out.append(parse_gpu_lease(raw))
-            except InvalidInput as e:
-                log.error("GpuLease %s is invalid and left alone: %s", key, e)
-        return out
+    def keys(self) -> list[str]:
+        """Every lease in the cache, and the standby key when there are targets to keep: what
+        the loop reconciles first and at every resync."""
+        keys = list(self.leases.raw)
+        if self.standby_targets:
+            keys.append(STANDBY_KEY)
+        return keys
 
-    async def run_once(self) -> float:
-        """One step for every lease; the earliest time one wants to be stepped again."""
-        wake = self.clock() + 30.0
-        for lease in self.current():
-            try:
-                action = await self.step(lease)
-            except Conflict as e:
-                # Our view lags our own last write; the watch brings the new version.
-                n = self._conflicts[lease.key] = self._conflicts.get(lease.key, 0) + 1
-                if n % 50 == 0:
-                    log.warning("lease %s: %d conflicts in a row, the last: %s", lease.key, n, e)
-                else:
-                    log.debug("lease %s: %s", lease.key, e)
-                wake = min(wake, self.clock() + 0.2)
-                continue
-            except TideleaseError as e:
-                log.warning("lease %s: %s (retrying)", lease.key, e)
-                wake = min(wake, self.clock() + 2.0)
-                continue
-            except Exception:
-                # A bug must not stop every lease for good: said loudly, retried.
-                log.exception("lease %s: unexpected error (retrying)", lease.key)
-                wake = min(wake, self.clock() + 2.0)
-                continue
-            self._conflicts.pop(lease.key, None)
-            next_time = action.until if isinstance(action, Wait) else self.clock() + 0.1
-            wake = min(wake, next_time)
-        return wake
+    async def reconcile(self, key: str) -> Result:
+        """One step of the lease ``key`` (or the standby top-up for :data:`STANDBY_KEY`); when to
+        step it again. Errors go to the loop, which retries this key alone."""
+        if key == STANDBY_KEY:
+            return await self._reconcile_standby()
+        raw = self.leases.raw.get(key)
+        if raw is None:
+            log.info("lease %s: deleted; nothing left to step", key)
+            return None
+        try:
+            lease = parse_gpu_lease(raw)
+        except InvalidInput as e:
+            # Retrying cannot help: the next event (a fixed spec) or resync looks again.
+            log.error("GpuLease %s is invalid and left alone: %s", key, e)
+            return None
+        try:
+            action = await self.step(lease)
+        except TideleaseError:
+            raise  # expected (API server down, a write that lost a race): the loop says it
+        except Exception as e:
+            # The loop logs the traceback under its key ("leasing: ns/name: ..."); this line
+            # names the lease as every other line about it does, so that grepping for
+            # "lease ns/name" tells its whole story, the bug included.
+            log.error("lease %s: unexpected error (retrying): %r", key, e)
+            raise
+        if isinstance(action, Wait):
+            return Requeue(max(MIN_WAIT_S, action.until - self.clock()))
+        return Requeue(STEP_AGAIN_S)
+
+    async def _reconcile_standby(self) -> Requeue:
+        """Top the standby pool up every ``standby_interval_s`` (the loop's resync comes more
+        often and only asks when the next top-up is due). The time advances only after a
+        top-up succeeded: a failed one is the loop's to retry."""
+        now = self.clock()
+        if now < self._next_topup:
+            return Requeue(self._next_topup - now)
+        await self.top_up_standby()
+        self._next_topup = self.clock() + self.standby_interval_s
+        return Requeue(self.standby_interval_s)
 
     async def top_up_standby(self) -> int:
         """Keep the standby pool at its targets (weflex 3.5: released GPUs rejoin the pool
@@ -404,17 +460,9 @@ class LeaseController:
             await self.world.set_tags(TagChange(d.node, d.uuid, None, True) for d in chosen)
         return len(extra) + len(chosen)
 
-    async def run(self) -> None:
-        """Until cancelled."""
-        next_topup = 0.0
-        while True:
-            if self.clock() >= next_topup:
-                try:
-                    await self.top_up_standby()
-                except TideleaseError as e:
-                    log.warning("standby top-up failed (retrying): %s", e)
-                next_topup = self.clock() + self.standby_interval_s
-            wake = await self.run_once()
-            self.leases.changed.clear()
-            timeout = max(0.05, wake - self.clock())
-            await wait_event(self.leases.changed, timeout)
+    async def run(self, *, ready: asyncio.Event | None = None) -> None:
+        """Reconcile until cancelled (one leadership term); ``ready`` is set once every lease
+        known at the start was stepped once. A new term tops the standby pool up at once: the
+        pool may have drifted while another replica led, or none did."""
+        self._next_topup = 0.0
+        await self.loop.run(ready=ready)

@@ -8,6 +8,12 @@ command exits, DONE or FAILED (with a backoff) is written. A command recorded as
 issued again; a restarted controller reads the records and goes on; an attempt that a dead
 controller left RUNNING is retried only after its timeout, so two copies never overlap.
 Run it under a leader election (``tidelease orchestrator``).
+
+Each job is a key of the orchestrator's :class:`~common.reconcile.ReconcileLoop`: a change of
+its ConfigMap or of one of its pods, a command ending, and every ``resync_s`` reconcile it; a
+reconcile that leaves a retry or a takeover ahead asks to run again then (``Requeue``). The
+loop decides *when* a job is looked at; the commands themselves run as tasks of their own,
+``max_parallel`` at a time, with their retries and backoff kept in the job's records.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from typing import Any
 from common.errors import InvalidInput, NotFound, TideleaseError
 from common.kubeclient import KubeClient
 from common.objects import object_key
-from common.waiting import wait_event
+from common.reconcile import ReconcileLoop, ReconcileSettings, Requeue, Result, run_checked
 from common.watches import Watches
 from extender.orchestration.evaluation import Evaluation, Issue, evaluate
 from extender.orchestration.executing import OUTPUT_TAIL, ExecRequest, Executor
@@ -67,6 +73,11 @@ log = logging.getLogger(__name__)
 
 LEASE_NAME = "tidelease-orchestrator"
 JOB_SELECTOR = f"{LABEL_ORCHESTRATION}={JOB}"
+# A failed claim, give-up or discover_hosts write of a job is tried again this much later: not
+# at once, so an API server outage is no hot loop.
+RETRY_S = 1.0
+# The shortest requeue: a wake time already due (a clock step) must not spin the loop.
+MIN_REQUEUE_S = 0.005
 
 
 @dataclass(frozen=True)
@@ -74,7 +85,7 @@ class OrchestratorSettings:
     namespace: str | None = None  # watch one namespace; None: every namespace
     identity: str = ""  # this incarnation, in RUNNING records (default: a random id)
     max_parallel: int = 64  # commands in flight at once
-    resync_s: float = 30.0  # re-evaluate every job at least this often
+    resync_s: float = 30.0  # re-evaluate every job at least this often (the loop's resync)
     drain_s: float = 10.0  # on stop, how long commands in flight may take to finish
 
     def validate(self) -> list[str]:
@@ -116,13 +127,19 @@ class Orchestrator:
         self.jobs: dict[str, _Job] = {}
         self.in_flight: set[str] = set()  # "<job key>#<issue key>"
         self.tasks: set[asyncio.Task[None]] = set()
-        self.dirty: set[str] = set()
-        self.wake: dict[str, float] = {}
-        self.changed = asyncio.Event()
         self._slots = asyncio.Semaphore(self.settings.max_parallel)
         self._dags: dict[str, Dag | InvalidInput] = {}
         self._pod_job: dict[str, str] = {}  # pod key -> job key
+        self._orchestrated = 0  # jobs with a valid spec (the jobs gauge)
         self.closing = False
+        # One key per job. The loop's metrics share the orchestrator's registry (/metrics).
+        self.loop = ReconcileLoop(
+            "orchestrator",
+            self.reconcile,
+            keys=lambda: list(self.jobs),
+            settings=ReconcileSettings(resync_s=self.settings.resync_s),
+            registry=self.metrics.registry,
+        )
 
     # --- what the watches bring ---
     def _load(self, text: str) -> Dag:
@@ -139,9 +156,11 @@ class Orchestrator:
             raise cached
         return cached
 
-    def _mark(self, key: str) -> None:
-        self.dirty.add(key)
-        self.changed.set()
+    def _set_spec(self, job: _Job, spec: JobSpec | None) -> None:
+        """Set ``job``'s spec, keeping the count of orchestrated jobs (the gauge) in step."""
+        self._orchestrated += (spec is not None) - (job.spec is not None)
+        job.spec = spec
+        self.metrics.jobs.set(self._orchestrated)
 
     def on_job(self, event: str, raw: dict[str, Any]) -> None:
         ref = job_ref(raw)
@@ -149,14 +168,14 @@ class Orchestrator:
         if event == "DELETED":
             job = self.jobs.get(key)
             if job is not None:
-                job.spec = None
-            self._mark(key)
+                self._set_spec(job, None)
+            self.loop.add(key)
             return
         job = self.jobs.setdefault(key, _Job())
         try:
             spec = parse_job(raw, self._load)
         except InvalidInput as e:
-            job.spec = None
+            self._set_spec(job, None)
             version = str((raw.get("metadata") or {}).get("resourceVersion", ""))
             if job.rejected_version != version:
                 job.rejected_version = version
@@ -166,9 +185,9 @@ class Orchestrator:
             return
         if job.spec is not None and job.spec.ref.uid != spec.ref.uid:
             job.records, job.hosts_written = {}, None
-        job.spec = spec
+        self._set_spec(job, spec)
         job.records = merge(job.records, spec.records)
-        self._mark(key)
+        self.loop.add(key)
 
     def on_pod(self, event: str, raw: dict[str, Any]) -> None:
         meta = raw.get("metadata") or {}
@@ -180,19 +199,13 @@ class Orchestrator:
         if old_key is not None and (state is None or key != old_key):
             old = self.jobs.get(old_key)
             if old is not None and old.snapshot.remove(str(meta.get("name", ""))):
-                self._mark(old_key)
+                self.loop.add(old_key)
             self._pod_job.pop(pod_key, None)
         if state is None:
             return
         self._pod_job[pod_key] = key
         if self.jobs.setdefault(key, _Job()).snapshot.apply(state):
-            self._mark(key)
-
-    def forget_idle(self) -> None:
-        """Drop jobs with neither a ConfigMap nor pods."""
-        for key in [k for k, j in self.jobs.items() if j.spec is None and not len(j.snapshot)]:
-            del self.jobs[key]
-            self.wake.pop(key, None)
+            self.loop.add(key)
 
     # --- deciding ---
     def evaluate(self, key: str) -> Evaluation | None:
@@ -213,13 +226,17 @@ class Orchestrator:
         self.metrics.evaluation.observe(time.perf_counter() - started)
         return ev
 
-    async def reconcile(self, key: str) -> None:
-        """Evaluate one job; start its issues; keep its discover_hosts current."""
+    async def reconcile(self, key: str) -> Result:
+        """Evaluate one job; start its issues; keep its discover_hosts current. Asks to run
+        again at the job's next retry or takeover time (sooner when its discover_hosts write
+        failed); a job with neither a ConfigMap nor pods is forgotten."""
         job = self.jobs.get(key)
+        if job is not None and job.spec is None and not len(job.snapshot):
+            del self.jobs[key]
+            return None
         ev = self.evaluate(key)
         if job is None or job.spec is None or ev is None:
-            self.wake.pop(key, None)
-            return
+            return None
         spec = job.spec
         for issue in [] if self.closing else ev.issues:
             self.in_flight.add(f"{key}#{issue.key}")
@@ -233,10 +250,7 @@ class Orchestrator:
         if ev.complete and not job.complete_logged:
             job.complete_logged = True
             log.info("job %s: every command done", key)
-        if ev.wake_at is None:
-            self.wake.pop(key, None)
-        else:
-            self.wake[key] = ev.wake_at
+        again = None if ev.wake_at is None else ev.wake_at - self.clock()
         discovery = spec.dag.file.discovery
         if discovery is not None:
             pods = job.snapshot.ready(discovery.role)
@@ -250,8 +264,13 @@ class Orchestrator:
                 try:
                     await self.store.write_hosts(spec.ref, discover_hosts_script(hosts), hosts)
                 except TideleaseError as e:
-                    log.warning("job %s: discover_hosts not written (retrying): %s", key, e)
-                    self.wake[key] = min(self.wake.get(key, float("inf")), self.clock() + 1.0)
+                    log.warning(
+                        "job %s: discover_hosts not written (retrying in %.0f s): %s",
+                        key,
+                        RETRY_S,
+                        e,
+                    )
+                    again = RETRY_S if again is None else min(again, RETRY_S)
                 else:
                     job.hosts_written = hosts
                     self.metrics.hosts_writes.inc()
@@ -261,6 +280,7 @@ class Orchestrator:
                         len(pods),
                         discovery.role,
                     )
+        return None if again is None else Requeue(max(again, MIN_REQUEUE_S))
 
     # --- issuing ---
     def _spawn(self, coro: Any) -> None:
@@ -384,15 +404,16 @@ class Orchestrator:
         except NotFound:
             log.info("job %s is gone; %s not issued", key, issue.key)
         except TideleaseError as e:
-            # Retried a second later (the wake time), not at once: no hot loop on an outage.
-            log.warning("job %s: %s not claimed (retrying): %s", key, issue.key, e)
+            # Retried a second later, not at once: no hot loop on an outage.
+            log.warning(
+                "job %s: %s not claimed (retrying in %.0f s): %s", key, issue.key, RETRY_S, e
+            )
             self.in_flight.discard(flight)
-            self.wake[key] = min(self.wake.get(key, float("inf")), self.clock() + 1.0)
-            self.changed.set()
+            self.loop.add_after(key, RETRY_S)
         finally:
             if flight in self.in_flight:
                 self.in_flight.discard(flight)
-                self._mark(key)
+                self.loop.add(key)
 
     async def _give_up(self, key: str, spec: JobSpec, issue_key: str) -> None:
         """Record as given up the last attempt that a controller now gone left running and
@@ -424,11 +445,21 @@ class Orchestrator:
         except NotFound:
             log.info("job %s is gone; %s left as it was", key, issue_key)
         except TideleaseError as e:
-            log.warning("job %s: %s not recorded as given up (retrying): %s", key, issue_key, e)
-            self.wake[key] = min(self.wake.get(key, float("inf")), self.clock() + 1.0)
-        finally:
+            # As for a claim: a second later, not at once (the job's next reconcile would only
+            # try again and fail the same way).
+            log.warning(
+                "job %s: %s not recorded as given up (retrying in %.0f s): %s",
+                key,
+                issue_key,
+                RETRY_S,
+                e,
+            )
             self.in_flight.discard(flight)
-            self._mark(key)
+            self.loop.add_after(key, RETRY_S)
+        finally:
+            if flight in self.in_flight:
+                self.in_flight.discard(flight)
+                self.loop.add(key)
 
     async def _settle(
         self, spec: JobSpec, change: Callable[[Mapping[str, Record]], Mapping[str, Record] | None]
@@ -462,17 +493,22 @@ class Orchestrator:
         while self.tasks:
             await asyncio.gather(*list(self.tasks), return_exceptions=True)
 
+    @property
+    def wake(self) -> dict[str, float]:
+        """The jobs the loop will reconcile on a timer of their own (a retry or takeover time,
+        a failed write tried again), and in how many seconds: a view of the loop, for tests and
+        debugging."""
+        due = {key: self.loop.due_in(key) for key in self.jobs}
+        return {key: s for key, s in due.items() if s is not None}
+
     async def step(self) -> float:
-        """Reconcile every dirty job and every job whose wake time passed; seconds until the
-        next wake time."""
-        now = self.clock()
-        due = {k for k, t in self.wake.items() if t <= now}
-        keys, self.dirty = self.dirty | due, set()
-        for key in keys:
-            await self.reconcile(key)
-        self.metrics.jobs.set(sum(1 for j in self.jobs.values() if j.spec is not None))
-        nxt = min(self.wake.values(), default=now + self.settings.resync_s)
-        return max(0.0, min(nxt, now + self.settings.resync_s) - self.clock())
+        """One pass of the loop by hand (tests, benchmarks; :func:`run_orchestrator` runs the
+        loop itself): every job reconciled once. The seconds until the loop would reconcile a
+        job on its own: its earliest timer, at most ``resync_s``."""
+        await self.loop.run_once()
+        due = self.loop.next_due_in()
+        resync = self.settings.resync_s
+        return resync if due is None else min(due, resync)
 
     async def close(self, grace_s: float | None = None) -> None:
         """Issue nothing new; let commands in flight finish and record their outcome for up to
@@ -493,10 +529,12 @@ async def run_orchestrator(
     orchestrator: Orchestrator,
     ready: asyncio.Event | None = None,
 ) -> None:
-    """Watch job ConfigMaps and their pods; evaluate and issue until cancelled."""
+    """Watch job ConfigMaps and their pods; evaluate and issue (``orchestrator.loop``) until
+    cancelled or a watch ends; then let the commands in flight finish (:meth:`Orchestrator.
+    close`). ``ready`` is set once both are listed."""
     ns = orchestrator.settings.namespace
     scope = f"/api/v1/namespaces/{ns}" if ns else "/api/v1"
-    watches = Watches(kube, "orchestrator", wake=orchestrator.changed)
+    watches = Watches(kube, "orchestrator")
     watches.add("jobs", f"{scope}/configmaps", orchestrator.on_job, {"labelSelector": JOB_SELECTOR})
     watches.add("pods", f"{scope}/pods", orchestrator.on_pod, {"labelSelector": LABEL_JOB})
     log.info(
@@ -508,12 +546,7 @@ async def run_orchestrator(
         await watches.wait_synced()
         if ready is not None:
             ready.set()
-        while True:
-            watches.check()
-            orchestrator.changed.clear()
-            timeout = await orchestrator.step()
-            orchestrator.forget_idle()
-            await wait_event(orchestrator.changed, max(timeout, 0.005))
+        await run_checked(orchestrator.loop, watches.check)
     finally:
         await watches.close()
         await orchestrator.close()

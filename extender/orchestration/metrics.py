@@ -1,4 +1,7 @@
-"""Prometheus metrics of the orchestrator, on a registry of their own."""
+"""Prometheus metrics of the orchestrator, on a registry of their own. What they count is the
+orchestrator's own (commands, evaluations, jobs); its reconcile loop's queue depth, reconcile
+durations, errors and retries are the shared :class:`common.reconcile.ControllerMetrics`
+(``controller="orchestrator"``), registered on the same registry by the loop."""
 
 from __future__ import annotations
 

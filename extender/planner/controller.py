@@ -1,16 +1,20 @@
 """The live planner: every planning step, each opted-in GpuLease's ``spec.desiredGPUs`` becomes
 what the online planner (kale 3.4) says, ``W`` ahead of the traffic.
 
-Runs in the extender deployment under its own leader election (``tidelease extender
---planner``). It watches GpuLeases; those annotated ``tidelease.io/planner: "true"`` are planned
-every ``step_s`` (and at once when first seen): their traffic source is asked for the job's
-traffic, lag and history (:mod:`extender.planner.sources`), :func:`~extender.planner.stepping.
-plan_step` decides, and a changed count is written as a JSON merge patch of the spec
-(:func:`~extender.planner.directives.desired_patch`, which also drops a schedule) conditioned
-on the resourceVersion the planner decided on. A Conflict is left to the next step, which sees
-the lease again. Errors (source unreachable, unusable result, invalid annotations) are logged
-with the lease, counted, and leave the lease as it is. Nothing is stored locally: the history is
-re-read from the source each step, so a restarted or new leader decides as the last one did.
+Runs in the extender deployment under its own leader election (``tidelease extender --planner``). It
+watches GpuLeases; each one annotated ``tidelease.io/planner: "true"`` is a key of the controller's
+:class:`~common.reconcile.ReconcileLoop`, reconciled at once when it is first seen opted in and then
+every planning step ``step_s`` (the reconcile asks for that itself). Reconciling plans the lease:
+its traffic source is asked for the job's traffic, lag and history
+(:mod:`extender.planner.sources`), :func:`~extender.planner.stepping.plan_step` decides, and a
+changed count is written as a JSON merge patch of the spec
+(:func:`~extender.planner.directives.desired_patch`, which also drops a schedule) conditioned on the
+resourceVersion the planner decided on. A Conflict is left to the next step, which sees the lease
+again. Errors (source unreachable, unusable result, invalid annotations) are logged with the lease,
+counted, and leave the lease as it is. Other changes to a lease (our own write among them) do not
+plan it again before its step: planning is paced by the step, not by edits. Nothing is stored
+locally: the history is re-read from the source each step, so a restarted or new leader decides as
+the last one did.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from common import contract
 from common.errors import Conflict, InvalidInput, NotFound, TideleaseError, Unavailable
 from common.kubeclient import KubeClient
-from common.waiting import wait_event
+from common.reconcile import ReconcileLoop, Requeue, Result, run_checked
 from common.watches import Watches, object_key
 from extender.leasing.lease import parse_gpu_lease
 from extender.planner.directives import desired_patch
@@ -167,6 +171,9 @@ class PlannerMetrics:
 
 
 class PlannerController:
+    """Plans the opted-in GpuLeases it is shown (:meth:`on_lease`), one key of :attr:`loop`
+    per lease. ``interval_s`` is how often each is planned (default: the planning step)."""
+
     def __init__(
         self,
         *,
@@ -175,9 +182,52 @@ class PlannerController:
         metrics: PlannerMetrics,
         settings: PlannerSettings,
         clock: Callable[[], float] = time.time,
+        interval_s: float | None = None,
     ) -> None:
         self.source, self.writer, self.metrics = source, writer, metrics
         self.settings, self.clock = settings, clock
+        self.interval_s = settings.online.step_s if interval_s is None else interval_s
+        if not self.interval_s > 0:
+            raise InvalidInput([f"interval_s: want a positive number, got {self.interval_s}"])
+        # The opted-in GpuLeases as last watched, by key: what reconcile() plans.
+        self.leases: dict[str, dict[str, Any]] = {}
+        self.loop = ReconcileLoop(
+            "planner", self.reconcile, keys=self.keys, registry=metrics.registry
+        )
+
+    # --- what the watch brings ---
+
+    def on_lease(self, event: str, obj: dict[str, Any]) -> None:
+        """Keep the view of the opted-in leases; a lease newly opted in is planned at once (a
+        lease already known waits for its step, whatever changed: our own writes come back
+        here too)."""
+        key = object_key(obj)
+        if event == "DELETED" or not opted_in(obj):
+            if self.leases.pop(key, None) is not None:
+                self.metrics.forget(key)
+                why = "deleted" if event == "DELETED" else "opted out"
+                log.info("GpuLease %s: %s, no longer planned", key, why)
+            return
+        if key not in self.leases:
+            log.info("GpuLease %s: opted in, planned every %.0f s", key, self.interval_s)
+            self.loop.add(key)
+        self.leases[key] = obj
+
+    def keys(self) -> list[str]:
+        """Every lease planned now (the loop's first pass)."""
+        return list(self.leases)
+
+    async def reconcile(self, key: str) -> Result:
+        """Plan the lease ``key`` as last watched, then again after ``interval_s`` (an error
+        too waits for the next step: the lease is left as it was, see :meth:`plan`); nothing
+        more once it is gone or opted out."""
+        raw = self.leases.get(key)
+        if raw is None:
+            return None
+        await self.plan(raw)
+        return Requeue(self.interval_s)
+
+    # --- planning one lease ---
 
     async def plan(self, raw: Mapping[str, Any]) -> int | None:
         """Plan one lease and write the change; the GPUs it holds afterwards (None: left as
@@ -252,54 +302,23 @@ class PlannerController:
         )
         return step.gpus
 
-    async def step(self, leases: Mapping[str, Mapping[str, Any]]) -> None:
-        """Plan each opted-in lease once."""
-        for raw in list(leases.values()):
-            if opted_in(raw):
-                await self.plan(raw)
-
 
 async def run_planner_controller(
     *,
     kube: KubeClient,
     controller: PlannerController,
-    interval_s: float | None = None,
     ready: asyncio.Event | None = None,
 ) -> None:
-    """Watch GpuLeases; plan the opted-in ones every ``interval_s`` (default: the planning
-    step), and a lease at once when it is first seen opted in. Until cancelled."""
-    every = controller.settings.online.step_s if interval_s is None else interval_s
-    leases: dict[str, dict[str, Any]] = {}
-    fresh: set[str] = set()
-    changed = asyncio.Event()
-
-    def on_lease(event: str, obj: dict[str, Any]) -> None:
-        key = object_key(obj)
-        if event == "DELETED" or not opted_in(obj):
-            if leases.pop(key, None) is not None:
-                controller.metrics.forget(key)
-            return
-        if key not in leases:
-            fresh.add(key)
-            changed.set()
-        leases[key] = obj
-
+    """Watch GpuLeases and plan the opted-in ones (``controller.loop``), until cancelled or a
+    watch ends. ``ready`` is set once the leases are listed: planning acts on a full view."""
+    # This term's view comes from its own list: a lease deleted meanwhile sends no event.
+    for key in list(controller.leases):
+        controller.metrics.forget(key)
+    controller.leases.clear()
     async with Watches(kube, "planner") as watches:
-        watches.add("gpuleases", _GPL, on_lease)
+        watches.add("gpuleases", _GPL, controller.on_lease)
         await watches.wait_synced()
+        log.info("planner: %d GpuLease(s) opted in", len(controller.leases))
         if ready is not None:
             ready.set()
-        loop = asyncio.get_running_loop()
-        next_all = loop.time()
-        while True:
-            watches.check()
-            changed.clear()
-            if loop.time() >= next_all:
-                fresh.clear()
-                await controller.step(leases)
-                next_all = loop.time() + every
-            elif fresh:
-                keys, fresh_now = set(fresh), {k: leases[k] for k in fresh if k in leases}
-                fresh.difference_update(keys)
-                await controller.step(fresh_now)
-            await wait_event(changed, max(0.0, next_all - loop.time()))
+        await run_checked(controller.loop, watches.check)

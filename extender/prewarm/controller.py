@@ -7,6 +7,16 @@ every ``resync_s``) makes each node's ``spec.prewarm`` what the policy says: a J
 of that one field, so ``spec.devices`` (the leasing controller's, written with
 compare-and-swap) is never touched. The node agents carry the directives out and report in
 ``status.prewarm``; the controller counts their outcomes and the lead time achieved.
+
+It runs on :class:`common.reconcile.ReconcileLoop` (named ``prewarm``) with a single key,
+:data:`PLAN_KEY`: every step recomputes every node's directives from the whole watched world
+(a scale-up's nodes depend on every lease, node and ledger at once), so there is nothing to
+gain from finer keys. Every watch event queues the key, the loop's ``min_interval_s`` makes a
+burst of events one step, its ``resync_s`` is the clock that brings directives due by time
+alone (a horizon reached), and an unexpected error in a step is retried with backoff instead
+of ending the controller. The loop's shared metrics (``tidelease_controller_*{controller=
+"prewarm"}``) count the steps, errors and retries; :class:`PrewarmMetrics` keeps what
+prewarming itself does.
 """
 
 from __future__ import annotations
@@ -22,14 +32,14 @@ from typing import Any, Protocol
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from common import contract
-from common.errors import InvalidInput, NotFound, TideleaseError
+from common.errors import InvalidInput, NotFound, TideleaseError, Unavailable
 from common.kubeclient import KubeClient
 from common.model import GpuUuid, Holder, NodeInventory
 from common.objects import parse_gpu_allocation, parse_gpu_node
 from common.prelaunch import Bandwidths
 from common.prewarmwire import Directive, directives_json, parse_directives, parse_items
+from common.reconcile import ReconcileLoop, ReconcileSettings, Result, run_checked
 from common.timefmt import microtime
-from common.waiting import wait_event
 from common.watches import Watches
 from extender.leasing.lease import GpuLease, Workload, parse_gpu_lease
 from extender.prewarm.policy import (
@@ -43,6 +53,7 @@ from extender.prewarm.policy import (
 log = logging.getLogger(__name__)
 
 LEASE_NAME = "tidelease-prewarm-controller"
+PLAN_KEY = "plan"  # the one reconcile key: the whole plan, every node's directives
 _GPN = f"/apis/{contract.API_VERSION}/{contract.PLURAL_GPU_NODE}"
 _UNITS = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
 
@@ -104,6 +115,10 @@ class KubePrewarmWorld:
 
 @dataclass
 class PrewarmMetrics:
+    """What prewarming does (directives written and cleared, the agents' items and their lead
+    time). How the controller's loop fares is :class:`common.reconcile.ControllerMetrics`'s,
+    on the same ``registry`` under ``controller="prewarm"``."""
+
     registry: CollectorRegistry
     written: Counter = field(init=False)
     cleared: Counter = field(init=False)
@@ -145,12 +160,13 @@ class PrewarmMetrics:
 
 @dataclass
 class Watched:
-    """The watched objects, raw, by key; ``changed`` is set on every event."""
+    """The watched objects, raw, by key; ``on_change`` (when set) is called after every event:
+    :func:`run_prewarm_controller` queues the plan there."""
 
     leases: dict[str, dict[str, Any]] = field(default_factory=dict)
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
     ledgers: dict[str, dict[str, Any]] = field(default_factory=dict)
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    on_change: Callable[[], None] | None = None
 
     def apply(self, kind: str, event: str, obj: dict[str, Any]) -> None:
         meta = obj.get("metadata") or {}
@@ -161,7 +177,8 @@ class Watched:
             table.pop(key, None)
         else:
             table[key] = obj
-        self.changed.set()
+        if self.on_change is not None:
+            self.on_change()
 
 
 class PrewarmController:
@@ -232,7 +249,8 @@ class PrewarmController:
             del self._seen[gone]
 
     async def step(self, watched: Watched) -> None:
-        """Make every node's spec.prewarm what the policy says now."""
+        """Make every node's spec.prewarm what the policy says now; Unavailable (after writing
+        every node it could) when some node's directives could not be written."""
         now = self.clock()
         self.observe(watched)
         leases: list[GpuLease] = []
@@ -272,13 +290,17 @@ class PrewarmController:
             present, templates, nodes.values(), current, self.settings, now, holders
         )
         why = {(d.node, lp.lease): d.why for lp in plan.leases for d in lp.nodes if d.directive}
+        failed: list[str] = []
         for node, directives in changes(current, plan.by_node).items():
             try:
                 await self.world.write(node, directives)
             except NotFound:
                 continue  # the node is gone
             except TideleaseError as e:
+                # One node's failure must not hold the others' directives back: on to them,
+                # and the step fails at the end so that its loop retries it.
                 log.warning("GpuNode %s: writing prewarm directives failed (retrying): %s", node, e)
+                failed.append(node)
                 continue
             # Our own write, until the watch brings it back; the watch may have deleted the
             # node while the write was in flight (it runs beside this step).
@@ -286,6 +308,11 @@ class PrewarmController:
             if obj is not None:
                 obj.setdefault("spec", {})["prewarm"] = directives_json(directives)
             self._log_write(node, current.get(node, ()), directives, why)
+        if failed:
+            raise Unavailable(
+                f"prewarm directives of GpuNode(s) {', '.join(failed)} not written (the other "
+                "nodes' were)"
+            )
 
     def _log_write(
         self,
@@ -329,8 +356,23 @@ async def run_prewarm_controller(
     ready: asyncio.Event | None = None,
 ) -> None:
     """Watch GpuLeases, GpuNodes and ledgers; step on changes (at most every
-    ``min_interval_s``) and every ``resync_s``, until cancelled."""
+    ``min_interval_s``) and every ``resync_s``, until cancelled. ``ready`` is set once the
+    watches have listed and the first step is over (whatever its outcome). The loop's metrics
+    go to the registry of ``controller.metrics``."""
     watched = Watched()
+
+    async def reconcile(key: str) -> Result:
+        await controller.step(watched)
+        return None  # the next event or resync steps again
+
+    loop = ReconcileLoop(
+        "prewarm",
+        reconcile,
+        keys=lambda: (PLAN_KEY,),
+        settings=ReconcileSettings(resync_s=resync_s, min_interval_s=min_interval_s),
+        registry=controller.metrics.registry,
+    )
+    watched.on_change = functools.partial(loop.add, PLAN_KEY)
     paths = {
         "leases": f"/apis/{contract.API_VERSION}/{contract.PLURAL_GPU_LEASE}",
         "nodes": _GPN,
@@ -340,11 +382,6 @@ async def run_prewarm_controller(
         for kind, path in paths.items():
             watches.add(kind, path, functools.partial(watched.apply, kind))
         await watches.wait_synced()
-        while True:
-            watches.check()
-            watched.changed.clear()
-            await controller.step(watched)
-            if ready is not None:
-                ready.set()
-            await asyncio.sleep(min_interval_s)
-            await wait_event(watched.changed, max(0.0, resync_s - min_interval_s))
+        # Should a watch end, the controller stops with its error rather than plan on a frozen
+        # view (the elector surfaces it).
+        await run_checked(loop, watches.check, ready=ready)

@@ -93,6 +93,7 @@ async def test_planner_writes_desired_gpus_and_survives_a_conflict(apiserver: Ap
             metrics=PlannerMetrics(w.registry),
             settings=SETTINGS,
             clock=lambda: NOON,
+            interval_s=1.0,
         )
         # Someone edits the lease after the planner read it: its write is a Conflict.
         await w.kube.json(
@@ -108,7 +109,7 @@ async def test_planner_writes_desired_gpus_and_survives_a_conflict(apiserver: Ap
         # The watching controller re-reads it and writes; the edit made meanwhile stays.
         ready = asyncio.Event()
         task = asyncio.create_task(
-            run_planner_controller(kube=w.kube, controller=controller, interval_s=1.0, ready=ready)
+            run_planner_controller(kube=w.kube, controller=controller, ready=ready)
         )
         try:
             await asyncio.wait_for(ready.wait(), 30)

@@ -230,10 +230,11 @@ def test_lend_borrow_reclaim_gives_the_owner_the_same_devices(job: Job) -> None:
 
 def test_a_lent_device_that_failed_is_backfilled_from_standby(job: Job) -> None:
     lent = job.lend_half()
-    _, n2, s1 = job.group.nodes
-    devices = job.cluster.gpu_node_uuids(n2)
-    broken = next(u for u in sorted(lent) if u in devices)
-    job.break_device(n2, broken)
+    s1 = job.group.nodes[2]
+    broken = sorted(lent)[0]  # on whichever node kube-scheduler put the lent replicas
+    node = next(n for n in job.group.nodes if broken in job.cluster.gpu_node_uuids(n))
+    devices = job.cluster.gpu_node_uuids(node)
+    job.break_device(node, broken)
 
     job.set_desired(16)
     status = job.wait_steady("the reclaim to finish", lambda s: s.get("reclaims"))

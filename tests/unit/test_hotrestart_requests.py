@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from common import contract
-from common.errors import Conflict, InvalidInput
+from common.errors import Conflict, InvalidInput, Unavailable
 from common.hotrestart import (
     Phase,
     PodView,
@@ -24,6 +24,7 @@ from common.hotrestart import (
     parse_wish,
     pod_view,
 )
+from extender.hotrestart import operator as operator_module
 from extender.hotrestart.operator import HotRestartOperator, KubeRequests, run_hot_restart_operator
 from extender.hotrestart.policy import Reject, WriteRequest
 from extender.hotrestart.policy import decide as operator_decide
@@ -622,3 +623,52 @@ async def test_operator_loop_requests_opted_in_wishes() -> None:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
     assert (req.container, req.image) == ("app", V2)
+
+
+@dataclass
+class FlakyRequests(FakeRequests):
+    """Each pod's first request raises what ``first`` says for it; ``tried`` lists every
+    attempt by pod name."""
+
+    first: dict[str, Exception] = field(default_factory=dict)
+    tried: list[str] = field(default_factory=list)
+
+    async def request(self, pod: PodView, request: Request) -> None:
+        self.tried.append(pod.name)
+        failure = self.first.pop(pod.name, None)
+        if failure is not None:
+            raise failure
+        await super().request(pod, request)
+
+
+async def test_operator_loop_retries_a_failed_write_and_leaves_a_conflict_to_the_watch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(operator_module, "RETRY_BASE_S", 0.01)
+    pods = []
+    for name in ("flaky", "raced"):
+        raw = pod()
+        raw["metadata"].update(name=name, uid=f"uid-{name}")
+        raw["metadata"]["annotations"][contract.ANN_HOT_RESTART_IMAGE] = f"app={V2}"
+        pods.append(("ADDED", raw))
+    watch = ScriptedWatch([*pods, ("SYNCED", {})])
+    requests = FlakyRequests(
+        first={"flaky": Unavailable("API server unreachable"), "raced": Conflict("modified")}
+    )
+    operator = HotRestartOperator(requests=requests, clock=lambda: 1.0)
+    task = asyncio.create_task(
+        run_hot_restart_operator(kube=watch, operator=operator)  # type: ignore[arg-type]
+    )
+
+    async def written() -> list[Request]:
+        return requests.written
+
+    try:
+        await eventually(written, within_s=5)
+        await asyncio.sleep(0.2)  # twenty retry periods: a retried conflict would show
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    # The outage is retried; the conflict waits for the watch to bring the new version.
+    assert sorted(requests.tried) == ["flaky", "flaky", "raced"]
+    assert len(requests.written) == 1

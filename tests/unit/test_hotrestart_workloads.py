@@ -13,6 +13,7 @@ import pytest
 
 from common import contract
 from common.hotrestart import PodView, Request, pod_view
+from common.watches import WatchEnded
 from extender.hotrestart.operator import HotRestartOperator, run_hot_restart_operator
 from extender.hotrestart.policy import (
     Reject,
@@ -173,6 +174,49 @@ async def test_operator_turns_a_template_change_into_wishes_on_the_pods() -> Non
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
     assert got == [("ns/trainer-0", f"app={V2}", "ns/trainer")]
+
+
+class EndingWatch(PathWatch):
+    """:class:`PathWatch` whose StatefulSet watch ends once ``end`` is set (as a watch task
+    that returned would)."""
+
+    def __init__(self, events: dict[str, list[tuple[str, dict[str, Any]]]]) -> None:
+        super().__init__(events)
+        self.end = asyncio.Event()
+
+    async def list_watch(
+        self, path: str, query: dict[str, Any] | None = None
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        for event in self.events.get(path, []):
+            yield event
+        if path == "/apis/apps/v1/statefulsets":
+            await self.end.wait()
+            return
+        await asyncio.Event().wait()
+
+
+async def test_operator_stops_loudly_when_a_watch_ends() -> None:
+    """Its view would no longer move: the operator raises (its leader election notices)
+    rather than go on deciding on stale pods."""
+    watch = EndingWatch(
+        {
+            "/api/v1/pods": [("ADDED", member()), ("SYNCED", {})],
+            "/apis/apps/v1/statefulsets": [("SYNCED", {})],
+        }
+    )
+    ready = asyncio.Event()
+    operator = HotRestartOperator(requests=Wishes(), clock=lambda: 1.0)
+    task = asyncio.create_task(
+        run_hot_restart_operator(kube=watch, operator=operator, ready=ready)  # type: ignore[arg-type]
+    )
+    try:
+        await asyncio.wait_for(ready.wait(), 5)
+        watch.end.set()
+        with pytest.raises(WatchEnded, match="statefulsets"):
+            await asyncio.wait_for(task, 5)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 def test_member_fixture_is_not_shared() -> None:

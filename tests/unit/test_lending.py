@@ -437,10 +437,130 @@ async def test_an_unexpected_error_on_one_lease_is_logged_and_the_others_go_on(
         metrics=LeasingMetrics(CollectorRegistry()),
         clock=lambda: NOW,
     )
-    wake = await controller.run_once()
+    # One pass of the controller's reconcile loop over every lease; when it would run next
+    # (the earliest retry or requeue), as a time on the controller's clock.
+    await controller.loop.run_once()
+    due = controller.loop.next_due_in()
+    wake = NOW + due if due is not None else float("inf")
     assert sorted(asked) == ["broken", "fine"]
     assert wake <= NOW + 2.0
     assert "lease ns/broken: unexpected error (retrying)" in caplog.text
+
+
+# --- the controller on its reconcile loop ---
+
+
+def raw_lease(name: str) -> dict[str, object]:
+    """A GpuLease as the watch brings it: 2 replicas of 4 GPUs wanted, no status yet."""
+    from common import contract
+
+    return {
+        "apiVersion": contract.API_VERSION,
+        "kind": contract.KIND_GPU_LEASE,
+        "metadata": {"name": name, "namespace": "ns", "resourceVersion": "1"},
+        "spec": {
+            "owner": name,
+            "gpusPerReplica": 4,
+            "desiredGPUs": 8,
+            "workload": {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": name},
+        },
+    }
+
+
+class TwoReplicas:
+    """A world whose workloads run 2 replicas, recording the tag changes asked; ``broken``
+    makes set_tags fail as an unreachable API server would."""
+
+    def __init__(self) -> None:
+        self.tags: list[TagChange] = []
+        self.broken = False
+
+    async def replicas(self, namespace: str, workload: Workload) -> int:
+        return 2
+
+    async def set_tags(self, changes: Iterable[TagChange]) -> None:
+        from common.errors import Unavailable
+
+        if self.broken:
+            raise Unavailable("the API server is down")
+        self.tags.extend(changes)
+
+
+async def test_each_lease_is_a_key_its_events_queue_and_its_step_says_when_next() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from common.reconcile import Requeue
+    from extender.cluster.watching import PodCache
+    from extender.leasing.controller import (
+        STANDBY_KEY,
+        LeaseCache,
+        LeaseController,
+        LeasingMetrics,
+    )
+    from tests.unit.cluster import cluster
+
+    leases = LeaseCache()
+    leases.apply("ADDED", raw_lease("a"))  # before the controller: listed by keys() instead
+    controller = LeaseController(
+        cluster=cluster(builders.gpu_node("n")),
+        pods=PodCache(),
+        leases=leases,
+        world=TwoReplicas(),  # type: ignore[arg-type]
+        metrics=LeasingMetrics(CollectorRegistry()),
+        clock=lambda: NOW,
+    )
+    assert controller.keys() == ["ns/a"]  # no standby targets: no standby key
+    assert controller.loop.depth == 0
+    leases.apply("ADDED", raw_lease("b"))
+    leases.apply("MODIFIED", raw_lease("b"))
+    assert controller.loop.depth == 1  # two events, one key
+    # Steady (2 replicas wanted, 2 running): stepped again at its Wait's time, 30 s on.
+    assert await controller.reconcile("ns/b") == Requeue(30.0)
+    leases.apply("DELETED", raw_lease("b"))
+    assert controller.keys() == ["ns/a"]
+    assert await controller.reconcile("ns/b") is None  # gone: nothing to step
+    assert STANDBY_KEY not in leases.raw  # the standby key is never a lease's
+
+
+async def test_the_standby_key_tops_up_once_per_interval_and_retries_a_failure() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from common.errors import Unavailable
+    from common.reconcile import Requeue
+    from extender.cluster.watching import PodCache
+    from extender.leasing.controller import (
+        STANDBY_KEY,
+        LeaseCache,
+        LeaseController,
+        LeasingMetrics,
+    )
+    from tests.unit.cluster import cluster
+
+    now = NOW
+    world = TwoReplicas()
+    controller = LeaseController(
+        cluster=cluster(builders.gpu_node("idle")),
+        pods=PodCache(),
+        leases=LeaseCache(),
+        world=world,  # type: ignore[arg-type]
+        metrics=LeasingMetrics(CollectorRegistry()),
+        clock=lambda: now,
+        standby_targets={("H20", Tier.HA): 2},
+        standby_interval_s=60.0,
+    )
+    assert controller.keys() == [STANDBY_KEY]
+    world.broken = True
+    with pytest.raises(Unavailable):
+        await controller.reconcile(STANDBY_KEY)  # the loop retries it with backoff
+    world.broken = False
+    assert await controller.reconcile(STANDBY_KEY) == Requeue(60.0)  # the retry does the work
+    assert len(world.tags) == 2
+    now += 30.0  # a resync before the interval is over: nothing written, asked back at 60 s
+    assert await controller.reconcile(STANDBY_KEY) == Requeue(30.0)
+    assert len(world.tags) == 2
+    now += 30.0
+    assert await controller.reconcile(STANDBY_KEY) == Requeue(60.0)  # due: topped up again
+    assert len(world.tags) == 4  # (this world does not write the tags back into the view)
 
 
 # --- right of return per replica ---

@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
+from common.reconcile import Requeue
 from extender.orchestration.controller import Orchestrator, OrchestratorSettings
 from extender.orchestration.executing import OUTPUT_TAIL, ExecRequest, ExecResult, KubeExec
 from extender.orchestration.jobs import job_ref
@@ -69,7 +71,7 @@ class Rig:
         for _ in range(20):
             await self.orch.step()
             await self.orch.drain()
-            if not self.orch.dirty:
+            if not self.orch.loop.depth:
                 return
 
 
@@ -143,7 +145,7 @@ async def test_the_claim_rechecks_the_api_servers_records() -> None:
     await rig.settle()
     assert len(rig.executor.calls) == 1
     rig.orch.jobs["ns/train"].records = {}  # as if an old watch event had arrived last
-    rig.orch.dirty.add("ns/train")
+    rig.orch.loop.add("ns/train")
     await rig.settle()
     assert len(rig.executor.calls) == 1
 
@@ -255,7 +257,8 @@ async def test_commands_wait_while_in_flight_and_jobs_run_in_parallel() -> None:
     for _ in range(5):
         await rig.orch.step()
         await asyncio.sleep(0)
-        rig.orch.dirty |= {"ns/a", "ns/b"}
+        rig.orch.loop.add("ns/a")
+        rig.orch.loop.add("ns/b")
     assert sorted(rig.executor.issued()) == [("mpirun", "a-l"), ("mpirun", "b-l")]
     gate.set()
     await rig.settle()
@@ -288,6 +291,21 @@ async def test_a_timed_out_last_attempt_left_running_does_not_spin_the_controlle
     assert [e[1] for e in rig.store.events] == ["CommandGaveUp"]
     await rig.settle()
     assert [e[1] for e in rig.store.events] == ["CommandGaveUp"]  # once
+
+
+async def test_a_failed_command_has_its_job_reconciled_again_at_its_retry_time() -> None:
+    def fail(req: ExecRequest) -> ExecResult:
+        return ExecResult(1, "connection refused")
+
+    rig = Rig(script=fail)
+    rig.add_job(mpi_job(1))
+    rig.orch.on_pod("ADDED", pod("l", "launcher", job="train"))
+    rig.orch.on_pod("ADDED", pod("w-0", "worker", job="train"))
+    await rig.settle()
+    # mpi.yaml's first retry: 5 s after the failure (the controller's clock stood still).
+    assert await rig.orch.reconcile("ns/train") == Requeue(5.0)
+    assert rig.orch.loop.due_in("ns/train") == pytest.approx(5.0, abs=1.0)
+    assert rig.orch.wake.keys() == {"ns/train"}
 
 
 class _Msg:

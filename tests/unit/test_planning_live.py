@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from common import contract
 from common.errors import Conflict, InvalidInput, Unavailable
+from common.reconcile import Requeue
 from extender.planner.autoscaling import OnlineSettings
 from extender.planner.controller import (
     MemoryLeases,
@@ -331,8 +332,30 @@ async def test_invalid_leases_and_opted_out_ones() -> None:
     bad["metadata"]["annotations"][contract.ANN_PLANNER_LEAD_SECONDS] = "-5"
     quiet = leases.put(lease("quiet"))
     quiet["metadata"]["annotations"][contract.ANN_PLANNER] = "false"
-    await controller.step(leases.objects)
+    for obj in leases.objects.values():
+        controller.on_lease("ADDED", obj)  # as the watch lists them
+    await controller.loop.run_once()
     assert not opted_in(quiet)
     assert source.calls == 0
     assert registry.get_sample_value("tidelease_planner_source_errors_total", {"kind": "config"})
     controller.metrics.forget("prod/bad")  # nothing to forget: no error
+
+
+async def test_each_opted_in_lease_is_planned_when_first_seen_then_every_interval() -> None:
+    controller, leases, registry = rig(tidal_source())
+    obj = leases.put(lease(desiredGPUs=2))
+    controller.on_lease("ADDED", obj)
+    assert controller.loop.depth == 1  # at once
+    await controller.loop.run_once()
+    assert len(leases.writes) == 1
+    step_s = SETTINGS.online.step_s
+    assert controller.loop.due_in("prod/recsys") == pytest.approx(step_s, abs=5.0)
+    # A change (our own write, back from the watch) waits for the step.
+    controller.on_lease("MODIFIED", leases.objects["prod/recsys"])
+    assert controller.loop.depth == 0
+    assert await controller.reconcile("prod/recsys") == Requeue(step_s)
+    # Gone: its gauges go, and its last timer plans nothing.
+    controller.on_lease("DELETED", leases.objects["prod/recsys"])
+    labels = {"lease": "prod/recsys"}
+    assert registry.get_sample_value("tidelease_planner_planned_gpus", labels) is None
+    assert await controller.reconcile("prod/recsys") is None

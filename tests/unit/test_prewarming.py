@@ -584,3 +584,45 @@ async def test_a_node_deleted_while_its_directives_are_written_does_not_stop_the
     await ctl.step(watched)
     assert written == ["n1", "n2"]  # the lease is gone: both cleared, the second too
     assert watched.nodes == {}
+
+
+async def test_a_node_that_cannot_be_written_fails_the_step_after_the_others_are() -> None:
+    """One node's write failing (the API server refusing it) holds no other node back; the
+    step then fails, naming it, so that the controller's reconcile loop retries it (and counts
+    the error) instead of waiting for the next resync."""
+    from prometheus_client import CollectorRegistry
+
+    from common.errors import Unavailable
+    from extender.prewarm.controller import PrewarmController, PrewarmMetrics, Watched
+
+    watched = Watched()
+    changed: list[int] = []
+    watched.on_change = lambda: changed.append(1)
+    stale = Directive("ml/gone", "Lent", (IMAGE,), (), at("07:00:00"), T_SCALE, 20.0)
+    for name in ("n1", "n2", "n3"):
+        obj = builders.gpu_node(name, lent(name))
+        obj["spec"]["prewarm"] = directives_json([stale])
+        watched.apply("nodes", "ADDED", obj)
+    assert len(changed) == 3  # every event tells the loop
+    written: list[str] = []
+
+    class RefusesN2:
+        async def template(self, namespace: str, workload: Workload) -> WorkloadTemplate:
+            raise AssertionError("no lease, no template")
+
+        async def write(self, node: str, directives: Sequence[Directive]) -> None:
+            if node == "n2":
+                raise Unavailable("the API server is down")
+            written.append(node)
+
+    registry = CollectorRegistry()
+    ctl = PrewarmController(
+        world=RefusesN2(),
+        metrics=PrewarmMetrics(registry),
+        settings=SETTINGS,
+        clock=lambda: at("07:30:00"),
+    )
+    with pytest.raises(Unavailable, match=r"GpuNode\(s\) n2 not written"):
+        await ctl.step(watched)
+    assert written == ["n1", "n3"]
+    assert registry.get_sample_value("tidelease_prewarm_directives_cleared_total") == 2
