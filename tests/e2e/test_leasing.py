@@ -316,3 +316,13 @@ def test_the_extender_serves_every_controllers_metrics(cluster: Cluster) -> None
         "tidelease_prewarm_directives_written_total",
     ):
         assert f"# HELP {family} " in text, family
+    # Each controller of the process runs on the shared reconcile loop, under its own name
+    # (once it leads: the loop is built for the term).
+    names = ("leasing", "prewarm", "hot-restart-operator")
+
+    def every_loop() -> str | None:
+        text = get_text(f"{cluster.extender_url}/metrics")
+        ok = all(f'tidelease_controller_queue_depth{{controller="{n}"}}' in text for n in names)
+        return text if ok else None
+
+    wait_for(every_loop, what=f"the reconcile loops of {names} in /metrics", timeout=30)
