@@ -109,23 +109,18 @@ class World(Protocol):
     async def evict(self, pod: Holder) -> None: ...
 
 
-def _workload_path(namespace: str, w: Workload) -> str:
-    base = "/api/v1" if w.api_version == "v1" else f"/apis/{w.api_version}"
-    return f"{base}/namespaces/{namespace}/{w.plural}/{w.name}/scale"
-
-
 class KubeWorld:
     def __init__(self, kube: KubeClient) -> None:
         self._kube = kube
 
     async def replicas(self, namespace: str, workload: Workload) -> int:
-        scale = await self._kube.json("GET", _workload_path(namespace, workload))
+        scale = await self._kube.json("GET", workload.path(namespace) + "/scale")
         return int((scale.get("spec") or {}).get("replicas") or 0)
 
     async def scale(self, namespace: str, workload: Workload, replicas: int) -> None:
         await self._kube.json(
             "PATCH",
-            _workload_path(namespace, workload),
+            workload.path(namespace) + "/scale",
             body={"spec": {"replicas": replicas}},
             content_type="application/merge-patch+json",
         )

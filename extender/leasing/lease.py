@@ -38,6 +38,11 @@ class Workload:
     def plural(self) -> str:
         return self.kind.lower() + "s"
 
+    def path(self, namespace: str) -> str:
+        """The workload's API path in ``namespace`` (core group for ``v1``)."""
+        base = "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
+        return f"{base}/namespaces/{namespace}/{self.plural}/{self.name}"
+
 
 @dataclass(frozen=True, slots=True)
 class LeaseSpec:

@@ -92,17 +92,12 @@ class PrewarmWorld(Protocol):
         ...
 
 
-def _workload_path(namespace: str, w: Workload) -> str:
-    base = "/api/v1" if w.api_version == "v1" else f"/apis/{w.api_version}"
-    return f"{base}/namespaces/{namespace}/{w.plural}/{w.name}"
-
-
 class KubePrewarmWorld:
     def __init__(self, kube: KubeClient) -> None:
         self._kube = kube
 
     async def template(self, namespace: str, workload: Workload) -> WorkloadTemplate:
-        return parse_workload(await self._kube.json("GET", _workload_path(namespace, workload)))
+        return parse_workload(await self._kube.json("GET", workload.path(namespace)))
 
     async def write(self, node: str, directives: Sequence[Directive]) -> None:
         await self._kube.json(
