@@ -6,12 +6,20 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
+from common.errors import InvalidInput
 from extender.simulation.online import TRUE_MODEL, OnlineResult
 from extender.simulation.queues import QueueResult
 from extender.simulation.traces import Trace
+
+# matplotlib is the optional extra "plots": the images of the extender and the agent leave it out.
+try:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+except ModuleNotFoundError as e:
+    raise InvalidInput(
+        f"the planner's plots need matplotlib ({e}): pip install 'tidelease[plots]'"
+    ) from e
 
 
 def plot_online(trace: Trace, results: Sequence[OnlineResult], path: Path) -> Path:

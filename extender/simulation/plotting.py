@@ -8,11 +8,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-
+from common.errors import InvalidInput
 from extender.simulation.simulating import RunResult
 from extender.simulation.sizing import Sizing
+
+# matplotlib is the optional extra "plots": the images of the extender and the agent leave it out.
+try:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+except ModuleNotFoundError as e:
+    raise InvalidInput(
+        f"the PNG plots need matplotlib ({e}): pip install 'tidelease[plots]', or pass"
+        " --no-plots (the tables and summary.json are written without it)"
+    ) from e
 
 COLORS = {"right-of-return": "tab:green", "no-return": "tab:red", "no-scaling": "tab:gray"}
 

@@ -1,6 +1,7 @@
 # shellcheck shell=bash
-# The project's Python environment: a virtualenv in .venv with tidelease installed editable and
-# the dev tools. Created on first use; re-installed when pyproject.toml changes.
+# The project's Python environment: a virtualenv in .venv with tidelease installed editable, the
+# dev tools and the simulator's plots (matplotlib). Created on first use; re-installed when
+# pyproject.toml changes.
 #
 #   source "${TL_HACK}/lib/python.sh"; tl::py::ensure; "${TL_PY}" -m pytest
 
@@ -29,7 +30,7 @@ tl::py::ensure() {
   tl::log "setting up ${TL_VENV} (first run, or pyproject.toml changed)"
   [[ -x "${TL_PY}" ]] || "${TL_PYTHON_BIN}" -m venv "${TL_VENV}"
   "${TL_PY}" -m pip install --quiet --disable-pip-version-check --upgrade pip
-  "${TL_PY}" -m pip install --quiet --disable-pip-version-check -e "${TL_ROOT}[dev]"
+  "${TL_PY}" -m pip install --quiet --disable-pip-version-check -e "${TL_ROOT}[dev,plots]"
   touch "${stamp}"
   tl::log "Python environment ready in $(tl::elapsed "${start}") s"
 }
