@@ -8,7 +8,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 GO="${GO:-go}"
 GOMOD_DIR="${GOMOD_DIR:-${TL_HACK}/gomod}"
 
-# Staging modules that k8s.io/kubernetes requires at v0.0.0 (its go.mod `replace` block).
+# Staging modules that k8s.io/kubernetes requires at v0.0.0 (its go.mod `replace` block;
+# write_kubernetes fails when they differ from the pinned release's).
 KUBE_STAGING_MODULES=(
   api apiextensions-apiserver apimachinery apiserver cli-runtime client-go cloud-provider
   cluster-bootstrap code-generator component-base component-helpers controller-manager cri-api
@@ -38,8 +39,27 @@ tidy() {
   (cd "$1" && "${GO}" mod tidy)
 }
 
+# kube_gomod - path of k8s.io/kubernetes's own go.mod at KUBE_VERSION (downloaded).
+kube_gomod() {
+  local gomod
+  gomod="$(cd "${TMPDIR:-/tmp}" && GOFLAGS= "${GO}" mod download -json "k8s.io/kubernetes@${KUBE_VERSION}" |
+    sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')"
+  [[ -f "${gomod}" ]] || tl::die "cannot download the go.mod of k8s.io/kubernetes@${KUBE_VERSION}"
+  printf '%s\n' "${gomod}"
+}
+
 write_kubernetes() {
-  local dir="${GOMOD_DIR}/kubernetes" staging="v0.${KUBE_VERSION#v1.}" m
+  local dir="${GOMOD_DIR}/kubernetes" staging="v0.${KUBE_VERSION#v1.}" m gomod go_lines want have
+  gomod="$(kube_gomod)"
+  # The wrapper builds with the language version and GODEBUG defaults of that release
+  # (1.33: go 1.24.0, default=go1.24; 1.35: go 1.25.0, default=go1.25).
+  go_lines="$(grep -E '^(go [0-9.]+|godebug [^(]+)$' "${gomod}")" ||
+    tl::die "no go directive in k8s.io/kubernetes@${KUBE_VERSION}'s go.mod"
+  # KUBE_STAGING_MODULES must be exactly what that release replaces with ./staging/src/.
+  want="$(sed -n 's|^[[:space:]]*k8s\.io/\([^ ]*\) => \./staging/src/k8s\.io/.*|\1|p' "${gomod}" | sort)"
+  have="$(printf '%s\n' "${KUBE_STAGING_MODULES[@]}" | sort)"
+  [[ "${want}" == "${have}" ]] ||
+    tl::die "KUBE_STAGING_MODULES differs from the staging replaces of k8s.io/kubernetes@${KUBE_VERSION}: $(diff <(echo "${have}") <(echo "${want}") | grep '^[<>]' | tr '\n' ' ')"
   mkdir -p "${dir}"
   {
     cat <<EOF
@@ -49,9 +69,7 @@ write_kubernetes() {
 // published tag (v0.<minor>.<patch> for Kubernetes v1.<minor>.<patch>).
 module tidelease.local/hack/gomod/kubernetes
 
-go 1.24.0
-
-godebug default=go1.24
+${go_lines//$'\n'/$'\n\n'}
 
 require k8s.io/kubernetes ${KUBE_VERSION}
 
