@@ -54,6 +54,8 @@ def _extender(args: argparse.Namespace) -> int:
         overrides={
             "host": args.host,
             "port": args.port,
+            "probe_host": args.probe_host,
+            "probe_port": args.probe_port,
             "snapshot": args.snapshot,
             "kubeconfig": args.kubeconfig,
             **{name: True for name in CONTROLLERS if getattr(args, name)},
@@ -287,6 +289,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ext.add_argument("--config", type=Path, help="settings file (YAML)")
     ext.add_argument("--host", help="address to listen on (default 0.0.0.0)")
     ext.add_argument("--port", type=int, help="port to listen on (default 8888)")
+    ext.add_argument(
+        "--probe-port",
+        type=int,
+        help="serve /healthz, /readyz and /metrics on this port instead (on --probe-host, "
+        "default 0.0.0.0), so the verbs can listen on loopback only",
+    )
+    ext.add_argument("--probe-host", help="address of --probe-port (default 0.0.0.0)")
     ext.add_argument(
         "--kubeconfig", type=Path, help="kubeconfig (default: in-cluster, then ~/.kube/config)"
     )

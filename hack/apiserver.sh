@@ -29,7 +29,7 @@ start="$(tl::now_s)"
 tl::cp::start_etcd
 tl::cp::start_apiserver
 tl::cp::wait_ready
-"${kubectl}" --kubeconfig "${TL_CP_KUBECONFIG}" apply -k "${TL_ROOT}/manifests/crds/" >&2
+"${kubectl}" --kubeconfig "${TL_CP_KUBECONFIG}" apply -f "${TL_CHART}/crds" >&2
 "${kubectl}" --kubeconfig "${TL_CP_KUBECONFIG}" wait --for condition=established \
   --timeout=60s crd/gpunodes.tidelease.io crd/gpuallocations.tidelease.io \
   crd/gpuleases.tidelease.io >&2

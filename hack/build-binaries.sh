@@ -25,6 +25,7 @@ skipping those already there.
 
 Components: ${TL_COMPONENTS[*]}
 Versions:   KUBE_VERSION=${KUBE_VERSION} ETCD_VERSION=${ETCD_VERSION} KWOK_VERSION=${KWOK_VERSION}
+            HELM_VERSION=${HELM_VERSION}
 
 Options:
   -f  rebuild even if cached (same as FORCE=true)
@@ -61,6 +62,7 @@ gomod_of() {
   case "$1" in
     etcd) printf '%s %s\n' "${GOMOD_DIR}/etcd" "go.etcd.io/etcd/server/v3" ;;
     kwok) printf '%s %s\n' "${GOMOD_DIR}/kwok" "sigs.k8s.io/kwok/cmd/kwok" ;;
+    helm) printf '%s %s\n' "${GOMOD_DIR}/helm" "helm.sh/helm/v3/cmd/helm" ;;
     *) printf '%s %s\n' "${GOMOD_DIR}/kubernetes" "k8s.io/kubernetes/cmd/$1" ;;
   esac
 }
@@ -71,6 +73,16 @@ ldflags_of() {
   case "${name}" in
     etcd) ;; # etcd's version is a constant in go.etcd.io/etcd/api/v3/version.
     kwok) flags+=("-X sigs.k8s.io/kwok/pkg/consts.Version=${version}") ;;
+    helm)
+      flags+=("-X helm.sh/helm/v3/internal/version.version=${version}")
+      # As helm's Makefile does: the Kubernetes version that `helm template` and `helm lint`
+      # assume is that of the client-go it is built with (else 1.20).
+      minor="$(awk '$1 == "k8s.io/client-go" { split($2, v, "."); print v[2] }' \
+        "${GOMOD_DIR}/helm/go.mod")"
+      for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
+        flags+=("-X ${pkg}.k8sVersionMajor=1" "-X ${pkg}.k8sVersionMinor=${minor}")
+      done
+      ;;
     *)
       minor="${version#v1.}"
       minor="${minor%%.*}"
@@ -90,6 +102,7 @@ ldflags_of() {
 version_args() {
   case "$1" in
     kubectl) printf '%s\n' "version --client" ;;
+    helm) printf '%s\n' "version --short" ;;
     *) printf '%s\n' "--version" ;;
   esac
 }
@@ -113,6 +126,7 @@ build() {
   case "${name}" in
     etcd) module=go.etcd.io/etcd/server/v3 ;;
     kwok) module=sigs.k8s.io/kwok ;;
+    helm) module=helm.sh/helm/v3 ;;
     *) module=k8s.io/kubernetes ;;
   esac
   check_pinned "${dir}" "${module}" "${version}"

@@ -4,9 +4,12 @@
 # the local images of hack/images.py (imagePullPolicy: Never). With -g N, the tidelease node
 # agent runs beside it with N fake GPUs: its device plugin registers with this kubelet, so the
 # node offers nvidia.com/gpu and containers get the devices the extender chose; and it does
-# the node's hot restarts through this containerd (docs/hot-restart.md).
+# the node's hot restarts through this containerd (docs/hot-restart.md). With -a as well, no agent
+# is started here: the agent runs as a pod of the tidelease chart's DaemonSet (the stand-in device
+# nodes are made, and the pod network's bridge is up with its gateway address, so that a
+# forwarder on that address can bring the pods to the API server).
 #
-# usage: hack/realnode.sh -D DIR -k KUBECONFIG -n NAME [-g GPUS] [-c KUBELET_CLIENT_CA] [-L LOGS]
+# usage: hack/realnode.sh -D DIR -k KUBECONFIG -n NAME [-g GPUS [-a]] [-c KUBELET_CLIENT_CA] [-L LOGS]
 #
 # Runs in the foreground until SIGINT/SIGTERM or until TL_REALNODE_PARENT_PID exits; then it
 # deletes the node's pods, stops the agent, the kubelet and containerd, and removes everything
@@ -27,10 +30,10 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 source "${TL_HACK}/lib/containerd.sh"
 source "${TL_HACK}/lib/python.sh"
 
-usage() { sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
-DIR="" KUBECONFIG_PATH="" NAME="" GPUS=0 CLIENT_CA="" LOGS=""
-while getopts ":D:k:n:g:c:L:h" opt; do
+DIR="" KUBECONFIG_PATH="" NAME="" GPUS=0 CLIENT_CA="" LOGS="" AGENT_IN_POD=false
+while getopts ":D:k:n:g:c:L:ah" opt; do
   case "${opt}" in
     D) DIR="$(realpath -m -- "${OPTARG}")" ;;
     k) KUBECONFIG_PATH="$(realpath -- "${OPTARG}")" ;;
@@ -38,6 +41,7 @@ while getopts ":D:k:n:g:c:L:h" opt; do
     g) GPUS="${OPTARG}" ;;
     c) CLIENT_CA="$(realpath -- "${OPTARG}")" ;;
     L) LOGS="$(realpath -m -- "${OPTARG}")" ;;
+    a) AGENT_IN_POD=true ;;
     h) usage; exit 0 ;;
     *) usage >&2; exit 2 ;;
   esac
@@ -205,10 +209,19 @@ node_offers_gpus() {
 
 wait_for "node ${NAME} Ready" node_ready
 
+GATEWAY="${TL_CTRD_SUBNET%.0/24}.1"
 if ((GPUS > 0)); then
   # Stand-ins for /dev/nvidiaN (the null device's numbers) that containers get as their GPUs.
   mkdir -p "${DIR}/fakedev/dev"
   for ((i = 0; i < GPUS; i++)); do mknod -m 0666 "${DIR}/fakedev/dev/nvidia${i}" c 1 3; done
+fi
+if [[ "${AGENT_IN_POD}" == true ]]; then
+  # The bridge the CNI plugin would make at the first pod, made now with its gateway address
+  # (the plugin keeps both); tl::ctrd::stop removes it.
+  ip link add name "${TL_CTRD_BRIDGE}" type bridge
+  ip addr add "${GATEWAY}/24" dev "${TL_CTRD_BRIDGE}"
+  ip link set "${TL_CTRD_BRIDGE}" up
+elif ((GPUS > 0)); then
   kubectl create namespace tidelease-system >/dev/null 2>&1 || true
   "${TL_VENV}/bin/tidelease" agent --node "${NAME}" --kubeconfig "${KUBECONFIG_PATH}" \
     --backend fake --fake-gpus "${GPUS}" --cycle 1 --quiet-period 3 \
@@ -227,6 +240,8 @@ TL_REALNODE_GPUS=${GPUS}
 TL_REALNODE_TAINT=${TAINT_KEY}
 TL_REALNODE_CTRD_SOCK=${TL_CTRD_SOCK}
 TL_REALNODE_SUBNET=${TL_CTRD_SUBNET}
+TL_REALNODE_GATEWAY=${GATEWAY}
+TL_REALNODE_FAKEDEV=${DIR}/fakedev
 TL_REALNODE_LOGS=${LOGS}
 TL_REALNODE_PID=$$
 TL_REALNODE_KUBELET_PID=${KUBELET_PID}

@@ -18,7 +18,8 @@ cd "${TL_ROOT}"
 tl::py::ensure
 
 if [[ "${TIDELEASE_SKIP_BUILD:-}" != "1" ]]; then
-  "${TL_HACK}/build-binaries.sh" etcd kube-apiserver kubectl kube-scheduler kube-controller-manager kubelet kwok
+  "${TL_HACK}/build-binaries.sh" etcd kube-apiserver kubectl kube-scheduler kube-controller-manager kubelet kwok \
+    helm
 fi
 tl::ctrd::ensure_packages
 

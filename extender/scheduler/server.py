@@ -170,13 +170,24 @@ class ExtenderApp:
             headers={"Content-Type": CONTENT_TYPE_LATEST},
         )
 
-    def web_app(self) -> web.Application:
+    def web_app(self, *, probes: bool = True) -> web.Application:
+        """The verbs; with ``probes``, also /healthz, /readyz and /metrics."""
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/filter", self._route("filter", self.filter))
         app.router.add_post("/prioritize", self._route("prioritize", self.prioritize))
         app.router.add_post("/bind", self._route("bind", self.bind))
         app.router.add_post("/preempt", self._route("preempt", self.preempt))
+        if probes:
+            self._add_probes(app)
+        return app
+
+    def probes_app(self) -> web.Application:
+        """/healthz, /readyz and /metrics alone, for a port of their own."""
+        app = web.Application(client_max_size=1024)
+        self._add_probes(app)
+        return app
+
+    def _add_probes(self, app: web.Application) -> None:
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
         app.router.add_get("/metrics", self.metrics_view)
-        return app

@@ -47,6 +47,7 @@ class Running:
     app: ExtenderApp
     url: str  # base URL the server listens on
     tasks: tuple[asyncio.Task[None], ...]  # background work: watch and reaper
+    probe_url: str | None = None  # where /healthz, /readyz, /metrics are, if not at url
 
 
 async def _first_of(event: asyncio.Event, tasks: tuple[asyncio.Task[None], ...]) -> None:
@@ -104,7 +105,9 @@ async def serve(
             name="liveness",
         ),
     )
-    runner = web.AppRunner(app.web_app(), access_log=None)
+    separate = settings.probe_port is not None
+    runner = web.AppRunner(app.web_app(probes=not separate), access_log=None)
+    probes = web.AppRunner(app.probes_app(), access_log=None) if separate else None
     if leasing is not None:
         controller = LeaseController(
             cluster=app.cluster,
@@ -137,13 +140,22 @@ async def serve(
         await site.start()
         host, port = runner.addresses[0][:2]
         log.info("extender listening on %s:%s, %d GPU nodes", host, port, len(app.cluster))
-        yield Running(app, f"http://{host}:{port}", tasks)
+        probe_url = None
+        if probes is not None:
+            await probes.setup()
+            await web.TCPSite(probes, settings.probe_host, settings.probe_port).start()
+            probe_host, probe_port = probes.addresses[0][:2]
+            probe_url = f"http://{probe_host}:{probe_port}"
+            log.info("probes and metrics on %s", probe_url)
+        yield Running(app, f"http://{host}:{port}", tasks, probe_url)
     finally:
         app.draining = True
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await runner.cleanup()
+        if probes is not None:
+            await probes.cleanup()
 
 
 async def run_extender(

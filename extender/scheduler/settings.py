@@ -23,6 +23,10 @@ ENV_PREFIX = "TIDELEASE_EXTENDER_"
 class ExtenderSettings:
     host: str = "0.0.0.0"
     port: int = 8888
+    # /healthz, /readyz and /metrics on a port of their own (None: on the verbs' port), so the
+    # verbs can listen on loopback only while the kubelet's probes and Prometheus reach these.
+    probe_host: str = "0.0.0.0"
+    probe_port: int | None = None
     gpu_resource: str = contract.DEFAULT_GPU_RESOURCE
     weights: ScoreWeights = field(default_factory=ScoreWeights)
     # A ledger write that loses a race is retried this many times before bind fails.
@@ -61,6 +65,8 @@ class ExtenderSettings:
         problems = []
         if not 0 <= self.port <= 65535:
             problems.append(f"port {self.port} is not in 0..65535")
+        if self.probe_port is not None and not 0 <= self.probe_port <= 65535:
+            problems.append(f"probe_port {self.probe_port} is not in 0..65535")
         if not self.gpu_resource or "/" not in self.gpu_resource:
             problems.append(f"gpu_resource {self.gpu_resource!r} is not an extended resource name")
         w = self.weights
@@ -92,6 +98,8 @@ class ExtenderSettings:
 _FIELD_TYPES: dict[str, type] = {
     "host": str,
     "port": int,
+    "probe_host": str,
+    "probe_port": int,
     "gpu_resource": str,
     "bind_attempts": int,
     "reserve_ttl_s": float,

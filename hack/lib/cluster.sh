@@ -218,17 +218,18 @@ tl::cluster::_wait_http() {
   done
 }
 
-# tl::cluster::apply_manifests - every CRD of manifests/crds (waited for), tidelease's
-# PriorityClasses, through their kustomizations, and the tidelease-system namespace (agents'
-# heartbeats, the leasing controller's leader election).
+# tl::cluster::apply_manifests - the chart's CRDs (waited for) and PriorityClasses, and the
+# tidelease-system namespace (agents' heartbeats, the controllers' leader election).
 tl::cluster::apply_manifests() {
   local log="${TL_CLUSTER_DIR}/logs/apply.log"
   {
-    tl::cluster::_kubectl apply -k "${TL_ROOT}/manifests/crds" &&
-      tl::cluster::_kubectl apply -k "${TL_ROOT}/manifests/priorityclasses" &&
-      tl::cluster::_kubectl apply -f "${TL_ROOT}/manifests/extender/namespace.yaml" &&
+    tl::cluster::_kubectl apply -f "${TL_CHART}/crds" &&
+      tl::chart::render --show-only templates/priorityclasses.yaml |
+      tl::cluster::_kubectl apply -f - &&
+      tl::cluster::_kubectl create namespace tidelease-system --dry-run=client -o yaml |
+      tl::cluster::_kubectl apply -f - &&
       tl::cluster::_kubectl wait --for condition=established --timeout=60s crd --all
-  } >"${log}" 2>&1 || tl::cp::_fail "applying manifests/crds and manifests/priorityclasses" "${log}"
+  } >"${log}" 2>&1 || tl::cp::_fail "applying the chart's CRDs and PriorityClasses" "${log}"
 }
 
 # tl::cluster::create_nodes COUNT [PREFIX] - kwok GPU nodes and their GpuNode objects.
@@ -312,12 +313,15 @@ tl::cluster::start_extender() {
   tl::log "started extender on ${TL_CLUSTER_EXTENDER_URL} (pid ${TL_CLUSTER_EXTENDER_PID})"
 }
 
-# tl::cluster::scheduler_config OUT NAME WITH_EXTENDER - manifests/scheduler's
-# KubeSchedulerConfiguration rewritten for this cluster: the local kubeconfig, no leader
-# election, the local extender's URL (or no extenders), profile NAME.
+# tl::cluster::scheduler_config OUT NAME WITH_EXTENDER - the chart's KubeSchedulerConfiguration
+# for the cluster's own kube-scheduler (scheduling.mode=clusterScheduler) rewritten for this
+# cluster: the local kubeconfig, no leader election, the local extender's URL (or no
+# extenders), profile NAME.
 tl::cluster::scheduler_config() {
   local out="$1" name="$2" with_extender="$3"
-  "${TL_PY}" - "${TL_ROOT}/manifests/scheduler/kube-scheduler-config.yaml" "${out}" "${name}" \
+  tl::chart::render --set scheduling.mode=clusterScheduler \
+    --show-only templates/scheduler-config.yaml >"${out}.configmap"
+  "${TL_PY}" - "${out}.configmap" "${out}" "${name}" \
     "${with_extender}" "${TL_CP_KUBECONFIG}" "${TL_CLUSTER_EXTENDER_URL}" \
     "${TL_CLUSTER_SCHEDULER_QPS}" "${TL_CLUSTER_SCHEDULER_BURST}" <<'EOF'
 import sys
@@ -326,7 +330,7 @@ import yaml
 
 src, out, name, with_extender, kubeconfig, url, qps, burst = sys.argv[1:]
 with open(src) as f:
-    cfg = yaml.safe_load(f)
+    cfg = yaml.safe_load(yaml.safe_load(f)["data"]["config.yaml"])
 cfg.setdefault("clientConnection", {})["kubeconfig"] = kubeconfig
 if qps:
     cfg["clientConnection"]["qps"] = float(qps)
@@ -468,6 +472,7 @@ tl::cluster::write_state() {
     TL_CLUSTER_REAL_NODE_IP "${TL_CLUSTER_REAL_NODE_IP}"
     TL_CLUSTER_REAL_NODE_GPUS "$([[ "${TL_CLUSTER_REAL_NODE}" == true ]] && printf '%s' "${TL_CLUSTER_REAL_NODE_GPUS}")"
     TL_CLUSTER_REAL_NODE_CTRD_SOCK "${TL_CLUSTER_REAL_NODE_CTRD_SOCK}"
+    TL_CLUSTER_KUBELET_CLIENT_CA "${TL_CLUSTER_KUBELET_CLIENT_CA:-}"
     TL_CLUSTER_LOGS "${TL_CLUSTER_DIR}/logs"
     TL_CLUSTER_KUBECTL "$(tl::bin kubectl)"
     TL_CLUSTER_SUPERVISOR_PID "$$"

@@ -19,18 +19,21 @@ TL_HACK="${TL_ROOT}/hack"
 # Pinned upstream versions. The wrapper modules under hack/gomod/ pin the same versions; after
 # changing one here, run hack/update-gomod.sh and commit the go.mod/go.sum it writes.
 #
-# KUBE_VERSION: v1.32.13 was the target, but the module proxy reachable from our machines does
-# not serve k8s.io/{kube-scheduler,kube-controller-manager,cri-client,csi-translation-lib,
-# endpointslice,kube-proxy} at any v0.32.x, so kube-scheduler, kube-controller-manager and the
-# kubelet cannot be built at any 1.32 patch. v1.33.13 is the oldest release for which every
-# staging module the binaries need is served (only sample-* are missing, which nothing imports).
+# KUBE_VERSION: the newest minor that runs on our hosts. They are cgroup v1 (hybrid) with
+# Debian 12's containerd 1.6: 1.35 is the last release that supports containerd 1.x (1.36 needs
+# containerd 2), and its kubelet runs on cgroup v1 only with `failCgroupV1: false` in its
+# KubeletConfiguration (hack/realnode.sh sets it). Every staging module it replaces is served
+# at v0.35.4 by the module proxy.
 # ---------------------------------------------------------------------------------------------
-KUBE_VERSION="${KUBE_VERSION:-v1.33.13}"
+KUBE_VERSION="${KUBE_VERSION:-v1.35.4}"
 ETCD_VERSION="${ETCD_VERSION:-v3.5.21}"
 KWOK_VERSION="${KWOK_VERSION:-v0.7.0}"
+# Helm renders and installs the chart (manifests/charts/tidelease); helm lint/template run in the
+# test command and the e2e suite installs the chart with it.
+HELM_VERSION="${HELM_VERSION:-v3.22.0}"
 
 # Components that hack/build-binaries.sh knows, in build priority order.
-TL_COMPONENTS=(etcd kube-apiserver kubectl kube-scheduler kube-controller-manager kubelet kwok)
+TL_COMPONENTS=(etcd kube-apiserver kubectl kube-scheduler kube-controller-manager kubelet kwok helm)
 
 # ---------------------------------------------------------------------------------------------
 # Logging (stderr, timestamped).
@@ -68,11 +71,23 @@ tl::component_version() {
   case "$1" in
     etcd) printf '%s\n' "${ETCD_VERSION}" ;;
     kwok) printf '%s\n' "${KWOK_VERSION}" ;;
+    helm) printf '%s\n' "${HELM_VERSION}" ;;
     kube-apiserver | kubectl | kube-scheduler | kube-controller-manager | kubelet)
       printf '%s\n' "${KUBE_VERSION}"
       ;;
     *) tl::die "unknown component: $1 (known: ${TL_COMPONENTS[*]})" ;;
   esac
+}
+
+# The Helm chart: the one source of what an admin installs (manifests/charts/tidelease). The local
+# cluster takes its CRDs, PriorityClasses and scheduler configuration from it too.
+TL_CHART="${TL_ROOT}/manifests/charts/tidelease"
+
+# tl::chart::render [HELM TEMPLATE ARGS...] - the chart rendered as release `tidelease` in
+# tidelease-system, for the Kubernetes version the binaries are built at.
+tl::chart::render() {
+  "$(tl::bin helm)" template tidelease "${TL_CHART}" --namespace tidelease-system \
+    --kube-version "${KUBE_VERSION}" "$@"
 }
 
 # tl::bin_path NAME - where the cached binary for NAME lives: $(cache)/bin/<version>/<name>.

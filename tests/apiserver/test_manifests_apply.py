@@ -1,56 +1,92 @@
-"""manifests/ as an admin applies them: `kubectl apply -k manifests/` on a real API server."""
+"""The chart as an admin installs it, on a real API server: `helm install`, `helm upgrade` to a
+new image tag, `helm uninstall`. (No kubelet runs the pods here; tests/e2e/test_helm_install.py
+runs them.)"""
 
 from __future__ import annotations
 
+import json
 import subprocess
-from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.apiserver.conftest import ApiServer
+from tests.chart import CHART, NAMESPACE, ROOT, binary, helm
 
 pytestmark = pytest.mark.apiserver
 
-ROOT = Path(__file__).resolve().parents[2]
+RELEASE = "tidelease"
 
 
-def kubectl(apiserver: ApiServer, *args: str) -> str:
-    binary = subprocess.run(
-        ["bash", "-c", "source hack/lib/common.sh && tl::bin kubectl"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
+def kubectl(apiserver: ApiServer, *args: str, check: bool = True) -> str:
     done = subprocess.run(
-        [binary, "--kubeconfig", str(apiserver.kubeconfig), *args],
+        [binary("kubectl"), "--kubeconfig", str(apiserver.kubeconfig), *args],
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert done.returncode == 0, done.stderr
+    if check:
+        assert done.returncode == 0, done.stderr
     return done.stdout
 
 
-def test_every_manifest_applies(apiserver: ApiServer) -> None:
-    out = kubectl(apiserver, "apply", "-k", str(ROOT / "manifests"))
-    for thing in (
-        "customresourcedefinition.apiextensions.k8s.io/gpunodes.tidelease.io",
-        "priorityclass.scheduling.k8s.io/tidelease-online",
-        "deployment.apps/tidelease-extender",
-        "daemonset.apps/tidelease-agent",
-        "configmap/tidelease-scheduler-config",
-        "clusterrole.rbac.authorization.k8s.io/tidelease-agent",
-        "role.rbac.authorization.k8s.io/tidelease-agent-heartbeat",
-    ):
-        assert thing in out, out
-    # The examples are valid pods for this API server.
-    kubectl(
-        apiserver,
-        "apply",
-        "--dry-run=server",
-        "-n",
-        "default",
-        "-f",
-        str(ROOT / "manifests" / "examples" / "online-job-pod.yaml"),
+def ours(apiserver: ApiServer) -> set[tuple[str, str]]:
+    """Every object labelled as part of tidelease, namespaced or not: (kind, name)."""
+    kinds = (
+        "deployments,daemonsets,services,configmaps,secrets,serviceaccounts,roles,rolebindings,"
+        "clusterroles,clusterrolebindings,priorityclasses"
     )
+    out = kubectl(
+        apiserver, "get", kinds, "-A", "-l", "app.kubernetes.io/part-of=tidelease", "-o", "json"
+    )
+    return {(o["kind"], o["metadata"]["name"]) for o in json.loads(out)["items"]}
+
+
+def get(apiserver: ApiServer, kind: str, name: str) -> dict[str, Any]:
+    out = kubectl(apiserver, "-n", NAMESPACE, "get", kind, name, "-o", "json")
+    obj: dict[str, Any] = json.loads(out)
+    return obj
+
+
+def test_install_upgrade_uninstall(apiserver: ApiServer) -> None:
+    kubeconfig = ("--kubeconfig", str(apiserver.kubeconfig), "--namespace", NAMESPACE)
+    helm("install", RELEASE, str(CHART), "--create-namespace", *kubeconfig, timeout=180)
+    installed = ours(apiserver)
+    for thing in (
+        ("Deployment", "tidelease-extender"),
+        ("Deployment", "tidelease-orchestrator"),
+        ("DaemonSet", "tidelease-agent"),
+        ("ConfigMap", "tidelease-scheduler-config"),
+        ("ClusterRoleBinding", "tidelease-scheduler"),
+        ("RoleBinding", "tidelease-scheduler-authentication-reader"),
+        ("PriorityClass", "tidelease-online"),
+        ("Secret", "tidelease-cache-token"),
+    ):
+        assert thing in installed, thing
+    for crd in ("gpunodes", "gpuallocations", "gpuleases"):
+        kubectl(apiserver, "get", "crd", f"{crd}.tidelease.io")
+    token = get(apiserver, "secret", "tidelease-cache-token")["data"]["token"]
+
+    # The examples are valid objects for this API server, now that the CRDs are there.
+    for example in ("online-job-pod.yaml", "gpulease.yaml"):
+        kubectl(
+            apiserver, "apply", "--dry-run=server", "-n", "default", "-f",
+            str(ROOT / "manifests" / "examples" / example),
+        )  # fmt: skip
+
+    helm(
+        "upgrade", RELEASE, str(CHART), *kubeconfig, "--set", "image.tag=0.1.0-next",
+        timeout=180,
+    )  # fmt: skip
+    for kind, name in (("deployment", "tidelease-extender"), ("daemonset", "tidelease-agent")):
+        spec = get(apiserver, kind, name)["spec"]["template"]["spec"]
+        images = {c["name"]: c["image"] for c in spec["containers"]}
+        assert images[next(iter(images))] == "tidelease:0.1.0-next", images
+    # The cache's token is kept across upgrades: agents of both versions talk to each other.
+    assert get(apiserver, "secret", "tidelease-cache-token")["data"]["token"] == token
+
+    helm("uninstall", RELEASE, *kubeconfig, "--wait", timeout=180)
+    assert ours(apiserver) == set()
+    # The CRDs stay, with the objects they hold (documented in docs/install.md).
+    for crd in ("gpunodes", "gpuallocations", "gpuleases"):
+        kubectl(apiserver, "get", "crd", f"{crd}.tidelease.io")

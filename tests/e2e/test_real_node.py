@@ -12,7 +12,7 @@ import ipaddress
 import pytest
 
 from common import contract
-from tests.e2e.harness import Cluster, RealNode, devices_of, unique
+from tests.e2e.harness import REAL_NODE_TAINT, Cluster, RealNode, devices_of, unique
 from tests.e2e.kube import get_text, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.containerd]
@@ -39,7 +39,13 @@ def test_pods_not_tolerating_the_real_node_stay_off_it(
     del pod["spec"]["tolerations"]
     cluster.kube.create(pod)
     message = cluster.wait_unschedulable(namespace, pod["metadata"]["name"], "untolerated taint")
-    assert "tidelease.io/real-node" in message
+    # kube-scheduler no longer names the taint (1.35: "1 node(s) had untolerated taint(s)"): the
+    # pod selects the real node alone, so the one node turned away by a taint is the real node,
+    # and the only taint it carries is the real-node one.
+    assert "1 node(s) had untolerated taint" in message
+    node = cluster.kube.get("Node", real_node.name) or {}
+    taints = [(t["key"], t.get("effect")) for t in node.get("spec", {}).get("taints") or []]
+    assert taints == [(REAL_NODE_TAINT, "NoSchedule")]
 
 
 def test_gpu_containers_get_the_devices_the_extender_chose(

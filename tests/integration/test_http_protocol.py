@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import json
 
+import aiohttp
+
 from common import builders, contract
-from tests.integration.conftest import Server
+from extender.cluster.store import MemoryStore
+from extender.scheduler.serving import serve
+from extender.scheduler.settings import ExtenderSettings
+from tests.integration.conftest import Server, small_cluster
 
 NODES = ["node-a", "node-b", "node-c", "node-s", "node-la"]
 
@@ -211,3 +216,25 @@ async def test_probes_and_metrics(server: Server) -> None:
     server.running.app.draining = True
     async with server.session.get(f"{server.url}/readyz") as r:
         assert r.status == 503
+
+
+async def test_probes_on_a_port_of_their_own_leave_the_verbs_port_to_the_verbs() -> None:
+    """With probe_port, the verbs listen alone (on loopback in a pod, beside kube-scheduler)
+    and /healthz, /readyz, /metrics answer on the other port, which has no verbs."""
+    settings = ExtenderSettings(host="127.0.0.1", port=0, probe_host="127.0.0.1", probe_port=0)
+    async with (
+        serve(store=MemoryStore(small_cluster()), settings=settings) as running,
+        aiohttp.ClientSession() as s,
+    ):
+        assert running.probe_url is not None
+        assert running.probe_url != running.url
+        pod = {"Pod": json.loads(POD_JSON), "Nodes": None, "NodeNames": NODES}
+        async with s.post(f"{running.url}/filter", json=pod) as r:
+            assert r.status == 200
+        for path in ("healthz", "readyz", "metrics"):
+            async with s.get(f"{running.probe_url}/{path}") as r:
+                assert r.status == 200, path
+            async with s.get(f"{running.url}/{path}") as r:
+                assert r.status == 404, path
+        async with s.post(f"{running.probe_url}/filter", json=pod) as r:
+            assert r.status in (404, 405)

@@ -526,7 +526,9 @@ def test_gpu_node_schema_accepts_directives_and_item_reports() -> None:
     import yaml
 
     crd = yaml.safe_load(
-        (Path(__file__).resolve().parents[2] / "manifests/crds/gpunodes.yaml").read_text()
+        (
+            Path(__file__).resolve().parents[2] / "manifests/charts/tidelease/crds/gpunodes.yaml"
+        ).read_text()
     )
     schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     nodes = [node("n1", lent("n1")), node("n2", lent("n2"))]

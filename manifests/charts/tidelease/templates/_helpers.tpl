@@ -1,0 +1,77 @@
+{{/* The image of every tidelease container: repository:tag, tag defaulting to appVersion. */}}
+{{- define "tidelease.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{/* Labels of every object; pass (dict "ctx" $ "component" "extender"). */}}
+{{- define "tidelease.labels" -}}
+app.kubernetes.io/name: tidelease-{{ .component }}
+app.kubernetes.io/component: {{ .component }}
+app.kubernetes.io/part-of: tidelease
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
+helm.sh/chart: {{ .ctx.Chart.Name }}-{{ .ctx.Chart.Version }}
+{{- end -}}
+
+{{/* Selector labels of a component's pods: (dict "ctx" $ "component" "extender"). */}}
+{{- define "tidelease.selector" -}}
+app.kubernetes.io/name: tidelease-{{ .component }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+{{- end -}}
+
+{{/* Environment naming the API server, when kubernetesAPI overrides the in-cluster Service. */}}
+{{- define "tidelease.apiEnv" -}}
+{{- with .Values.kubernetesAPI.host }}
+- {name: KUBERNETES_SERVICE_HOST, value: {{ . | quote }}}
+- {name: KUBERNETES_SERVICE_PORT, value: {{ required "kubernetesAPI.port is needed with kubernetesAPI.host" $.Values.kubernetesAPI.port | toString | quote }}}
+{{- end }}
+{{- end -}}
+
+{{/*
+Pod-level settings every tidelease pod shares. No service links: the kubelet would set
+TIDELEASE_EXTENDER_PORT=tcp://... for the Service tidelease-extender, and TIDELEASE_EXTENDER_*
+variables are the extender's settings.
+*/}}
+{{- define "tidelease.podCommon" -}}
+enableServiceLinks: false
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.hostAliases }}
+hostAliases:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* The container securityContext of every tidelease container but the agent's. */}}
+{{- define "tidelease.restricted" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities: {drop: [ALL]}
+{{- end -}}
+
+{{/* The Secret holding the peer cache's token. */}}
+{{- define "tidelease.cacheSecret" -}}
+{{ .Values.agent.cache.tokenSecret | default "tidelease-cache-token" }}
+{{- end -}}
+
+{{/*
+The ServiceAccount token, the cluster's CA and the namespace, mounted where every Kubernetes
+client looks for them: what the ServiceAccount admission plugin would add, written out so that
+the pods also run where that plugin is off.
+*/}}
+{{- define "tidelease.apiAccessVolume" -}}
+- name: kube-api-access
+  projected:
+    defaultMode: 420
+    sources:
+      - serviceAccountToken: {path: token, expirationSeconds: 3607}
+      - configMap: {name: kube-root-ca.crt, items: [{key: ca.crt, path: ca.crt}]}
+      - downwardAPI: {items: [{path: namespace, fieldRef: {fieldPath: metadata.namespace}}]}
+{{- end -}}
+
+{{- define "tidelease.apiAccessMount" -}}
+- {name: kube-api-access, mountPath: /var/run/secrets/kubernetes.io/serviceaccount, readOnly: true}
+{{- end -}}

@@ -1,0 +1,355 @@
+"""The whole stack installed as an admin would, from the chart, with the image built here.
+
+A real kubelet node of its own (hack/realnode.sh -a: no agent beside it, 8 stand-in GPU device
+nodes) joins the local cluster; the tidelease image and a kube-scheduler image, both built on
+this machine (hack/build-image.sh), are imported into its containerd: nothing is pulled. `helm
+install` then runs, as pods on that node, the extender (2 replicas, each with its own
+kube-scheduler, scheduling.mode=ownScheduler), the orchestrator and the agent DaemonSet (fake
+NVML). The release lives in a namespace of its own, so the session cluster's host extender and
+agents do not mix with it: each side counts only the agents that heartbeat in its namespace.
+
+The cluster has no kube-proxy, so the pods reach the API server through a forwarder on their
+bridge's gateway, named kubernetes.default.svc (a name in the API server's certificate) by the
+chart's kubernetesAPI and hostAliases values.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tarfile
+import urllib.parse
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from common import contract
+from tests.background import running
+from tests.chart import CHART, binary, helm
+from tests.e2e.forwarding import forwarding
+from tests.e2e.harness import Cluster, RealNode, devices_of, unique
+from tests.e2e.kube import wait_for
+
+pytestmark = [pytest.mark.cluster, pytest.mark.containerd]
+
+ROOT = Path(__file__).resolve().parents[2]
+RELEASE = "tidelease"
+NAMESPACE = "tidelease-helm"
+NODE = "helm-0"
+GPUS = 8
+SCHEDULER = "tidelease-scheduler"
+POD_TIMEOUT_S = 240
+
+
+@dataclass(frozen=True)
+class Image:
+    ref: str  # as the pod spec names it
+    archive: Path
+
+
+@dataclass
+class Stack:
+    cluster: Cluster
+    node: RealNode
+    socket: Path
+    values: list[str]
+    tidelease: Image
+    workloads: str  # the namespace of the GPU pods, kept through the module's tests
+    installed: bool = False
+
+    def helm(self, *args: str) -> str:
+        return helm(
+            *args, "--kubeconfig", str(self.cluster.kubeconfig), "--namespace", NAMESPACE,
+            timeout=300,
+        ).stdout  # fmt: skip
+
+    def ctr(self, *args: str) -> str:
+        done = subprocess.run(
+            ["ctr", "--address", str(self.socket), "-n", "k8s.io", *args],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert done.returncode == 0, f"ctr {' '.join(args)}: {done.stderr}"
+        return done.stdout
+
+    def pods(self, component: str) -> list[dict[str, Any]]:
+        return self.cluster.kube.list(
+            "Pod", NAMESPACE, f"app.kubernetes.io/name=tidelease-{component}"
+        )
+
+    def wait_ready(self, component: str, count: int, *, image: str | None = None) -> list[str]:
+        """The names of ``count`` ready pods of the component (all of ``image``, if given),
+        and no others (a rollout that left an old pod behind is not done)."""
+
+        def ready() -> list[str] | None:
+            pods = [p for p in self.pods(component) if not p["metadata"].get("deletionTimestamp")]
+            good = [
+                p
+                for p in pods
+                if all(c.get("ready") for c in p["status"].get("containerStatuses") or [{}])
+                and (image is None or p["spec"]["containers"][0]["image"] == image)
+            ]
+            if len(pods) == len(good) == count:
+                return sorted(p["metadata"]["name"] for p in good)
+            return None
+
+        return wait_for(
+            ready,
+            what=f"{count} ready {component} pods" + (f" of {image}" if image else ""),
+            timeout=POD_TIMEOUT_S,
+            interval=1,
+            describe=lambda: self.describe(component),
+        )
+
+    def describe(self, component: str) -> str:
+        out = []
+        for pod in self.pods(component):
+            name = pod["metadata"]["name"]
+            out.append(self.cluster.describe_pod(NAMESPACE, name))
+            for c in pod["spec"]["containers"]:
+                done = subprocess.run(
+                    [str(self.cluster.kubectl_path), "--kubeconfig", str(self.cluster.kubeconfig),
+                     "logs", "-n", NAMESPACE, name, "-c", c["name"], "--tail", "30"],
+                    capture_output=True, text=True, timeout=30, check=False,
+                )  # fmt: skip
+                out.append(f"--- logs {name}/{c['name']}:\n{done.stdout}{done.stderr}")
+        return "\n".join(out)
+
+    def ledger(self) -> dict[str, list[str]]:
+        """The node's GpuAllocation ledger: pod name -> devices."""
+        obj = self.cluster.kube.get(contract.KIND_GPU_ALLOCATION, NODE) or {}
+        allocations = (obj.get("spec") or {}).get("allocations") or []
+        return {a["name"]: sorted(a["devices"]) for a in allocations}
+
+    def place(self, name: str, gpus: int) -> str:
+        """A GPU pod for the chart's scheduler, once it runs: the devices the extender chose
+        are in the node's ledger and are exactly what its container sees."""
+        pod = self.node.pod(self.workloads, name, gpus=gpus)
+        pod["spec"]["schedulerName"] = SCHEDULER
+        self.cluster.kube.create(pod)
+        pod = self.cluster.wait_running(self.workloads, name, timeout=POD_TIMEOUT_S)
+        uuids = devices_of(pod)
+        assert len(uuids) == gpus
+        assert pod["spec"]["nodeName"] == NODE
+        # Bound through the in-cluster extender: its bind wrote the devices (no other binder
+        # knows them), and they are in the node's ledger.
+        assert pod["metadata"]["annotations"][contract.ANN_DEVICE_NODE] == NODE
+        assert self.ledger()[name] == sorted(uuids)
+        node_devices = self.cluster.gpu_node_uuids(NODE)
+        env = self.cluster.exec(self.workloads, name, "env")
+        assert f"NVIDIA_VISIBLE_DEVICES={','.join(uuids)}" in env.splitlines()
+        listed = self.cluster.exec(self.workloads, name, "ls", "/dev").split()
+        assert sorted(n for n in listed if n.startswith("nvidia")) == sorted(
+            f"nvidia{node_devices[u]['index']}" for u in uuids
+        )
+        return name
+
+    def assert_no_device_twice(self) -> None:
+        """Ledger and pods agree, and no device is held by two pods."""
+        ledger = self.ledger()
+        pods = {
+            p["metadata"]["name"]: sorted(devices_of(p))
+            for p in self.cluster.kube.list("Pod", self.workloads)
+            if not p["metadata"].get("deletionTimestamp")
+        }
+        assert ledger == pods
+        every = [u for devices in ledger.values() for u in devices]
+        assert len(every) == len(set(every)), f"a device was given twice: {ledger}"
+
+
+def full_ref(ref: str) -> str:
+    """A reference as containerd stores it (docker.io/library/ for bare names, as the kubelet
+    resolves them)."""
+    first, _, rest = ref.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        return ref
+    return f"docker.io/{ref}" if rest else f"docker.io/library/{ref}"
+
+
+def build_image(*args: str) -> Image:
+    """hack/build-image.sh's archive (cached by its inputs: cheap when warm), named by its most
+    specific tag (tidelease:<version>-<commit> rather than tidelease:<version>)."""
+    done = subprocess.run(
+        [str(ROOT / "hack" / "build-image.sh"), *args],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        check=False,
+    )
+    assert done.returncode == 0, f"hack/build-image.sh {' '.join(args)}: {done.stderr[-3000:]}"
+    archive = Path(done.stdout.splitlines()[-1])
+    with tarfile.open(archive) as tar:
+        member = tar.extractfile("manifest.json")
+        assert member is not None
+        (manifest,) = json.load(member)
+    return Image(max(manifest["RepoTags"], key=len), archive)
+
+
+@pytest.fixture(scope="module")
+def stack(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    tidelease = build_image()
+    scheduler = build_image("kube-scheduler")
+    base = tmp_path_factory.mktemp("helm-node")
+    state = base / "node" / "realnode.env"
+    ca = next(
+        line.split("=", 1)[1]
+        for line in (cluster.dir / "cluster.env").read_text().splitlines()
+        if line.startswith("TL_CLUSTER_KUBELET_CLIENT_CA=")
+    )
+    command = [
+        str(ROOT / "hack" / "realnode.sh"), "-D", str(state.parent), "-k", str(cluster.kubeconfig),
+        "-n", NODE, "-g", str(GPUS), "-a", "-c", ca, "-L", str(base / "logs"),
+    ]  # fmt: skip
+    env = {**os.environ, "TL_REALNODE_PARENT_PID": str(os.getpid())}
+    with running(
+        command,
+        state=state,
+        log=base / "realnode.log",
+        what="hack/realnode.sh -a",
+        start_timeout_s=180,
+        stop_timeout_s=90,
+        env=env,
+    ) as facts:
+        node = RealNode(NODE, facts["TL_REALNODE_IP"], GPUS, Path(facts["TL_REALNODE_CTRD_SOCK"]))
+        api = urllib.parse.urlsplit(cluster.server)
+        assert api.hostname is not None
+        assert api.port is not None
+        with forwarding(facts["TL_REALNODE_GATEWAY"], (api.hostname, api.port)) as port:
+            on_node = [
+                f"nodeSelector.kubernetes\\.io/hostname={NODE}",
+                "tolerations[0].key=tidelease.io/real-node",
+                "tolerations[0].operator=Exists",
+            ]
+            values = [
+                f"image.repository={tidelease.ref.rpartition(':')[0]}",
+                f"image.tag={tidelease.ref.rpartition(':')[2]}",
+                "image.pullPolicy=Never",
+                f"scheduling.kubeScheduler.image.repository={scheduler.ref.rpartition(':')[0]}",
+                f"scheduling.kubeScheduler.image.tag={scheduler.ref.rpartition(':')[2]}",
+                "scheduling.kubeScheduler.image.pullPolicy=Never",
+                "kubernetesAPI.host=kubernetes.default.svc",
+                f"kubernetesAPI.port={port}",
+                f"hostAliases[0].ip={facts['TL_REALNODE_GATEWAY']}",
+                "hostAliases[0].hostnames[0]=kubernetes.default.svc",
+                # The session cluster made them already (not this release's to own).
+                "priorityClasses.create=false",
+                "agent.backend=fake",
+                f"agent.fakeGpus={GPUS}",
+                f"agent.hostDeviceRoot={facts['TL_REALNODE_FAKEDEV']}",
+                "agent.runtimeClassName=",
+                f"agent.hotRestart.criSocket={node.containerd_socket}",
+                f"agent.cache.hostPath={state.parent / 'cache'}",
+                *(f"agent.{v}" for v in on_node),
+                *(f"extender.{v}" for v in on_node),
+                *(f"orchestrator.{v}" for v in on_node),
+            ]
+            # As GPU feature discovery labels a GPU node (the agent DaemonSet's default selector).
+            cluster.kubectl("label", "node", NODE, "nvidia.com/gpu.present=true")
+            workloads = cluster.namespace("helm-e2e")
+            stack = Stack(cluster, node, node.containerd_socket, values, tidelease, workloads)
+            for image in (tidelease, scheduler):
+                stack.ctr("images", "import", "--no-unpack", str(image.archive))
+            try:
+                yield stack
+            finally:
+                if stack.installed:
+                    subprocess.run(
+                        [binary("helm"), "uninstall", RELEASE, "--kubeconfig",
+                         str(cluster.kubeconfig), "--namespace", NAMESPACE, "--wait"],
+                        capture_output=True, timeout=180, check=False,
+                    )  # fmt: skip
+                cluster.kube.delete("Namespace", workloads)
+
+
+def test_the_stack_installs_and_places_a_gpu_pod_on_the_devices_it_chose(stack: Stack) -> None:
+    sets = [a for v in stack.values for a in ("--set", v)]
+    stack.helm("install", RELEASE, str(CHART), "--create-namespace", *sets)
+    stack.installed = True
+    extenders = stack.wait_ready("extender", 2)
+    stack.wait_ready("orchestrator", 2)
+    stack.wait_ready("agent", 1)
+    for name in extenders:  # each with its own kube-scheduler beside it
+        pod = stack.cluster.kube.get("Pod", name, NAMESPACE)
+        assert pod is not None
+        assert [c["name"] for c in pod["spec"]["containers"]] == ["extender", "kube-scheduler"]
+        assert pod["spec"]["nodeName"] == NODE
+    # The agent pod published the node's fake GPUs and registered its device plugin.
+    wait_for(
+        lambda: (
+            len(stack.cluster.gpu_node_uuids(NODE)) == GPUS
+            and (stack.cluster.kube.get("Node", NODE) or {})["status"]["allocatable"].get(
+                contract.DEFAULT_GPU_RESOURCE
+            )
+            == str(GPUS)
+        ),
+        what=f"{NODE} to offer {GPUS} GPUs through the agent pod",
+        timeout=POD_TIMEOUT_S,
+        interval=1,
+        describe=lambda: stack.describe("agent"),
+    )
+
+    assert stack.place(unique("gpu"), 2)
+
+
+def test_a_killed_extender_pod_is_replaced_and_no_device_is_given_twice(stack: Stack) -> None:
+    # Kill the pod whose kube-scheduler leads (its identity starts with the pod's hostname).
+    lease = stack.cluster.kubectl(
+        "get", "lease", "-n", NAMESPACE, SCHEDULER, "-o", "jsonpath={.spec.holderIdentity}"
+    )
+    (leader,) = [n for n in stack.wait_ready("extender", 2) if lease.startswith(n)]
+    stack.cluster.kubectl("delete", "pod", "-n", NAMESPACE, leader, "--grace-period=0", "--force")
+    # Scheduling resumes (the other pod's scheduler takes the lease) while a new pod comes up.
+    placed = [stack.place(unique("gpu"), 2) for _ in range(3)]
+    replaced = stack.wait_ready("extender", 2)
+    assert leader not in replaced
+    stack.assert_no_device_twice()
+    assert sum(len(d) for d in stack.ledger().values()) == GPUS == 2 + 2 * len(placed)
+
+
+def test_helm_upgrade_rolls_every_pod_and_keeps_the_allocations(stack: Stack) -> None:
+    before = stack.ledger()
+    running = {p["metadata"]["name"] for p in stack.cluster.kube.list("Pod", stack.workloads)}
+    assert set(before) == running
+    new = f"{stack.tidelease.ref}-next"
+    stack.ctr("images", "tag", full_ref(stack.tidelease.ref), full_ref(new))
+    tag = new.rpartition(":")[2]
+    stack.helm("upgrade", RELEASE, str(CHART), "--reuse-values", "--set", f"image.tag={tag}")
+    stack.wait_ready("extender", 2, image=new)
+    stack.wait_ready("orchestrator", 2, image=new)
+    stack.wait_ready("agent", 1, image=new)
+    # Every allocation is where it was, and every GPU pod still runs on its devices.
+    assert stack.ledger() == before
+    for name in running:
+        pod = stack.cluster.wait_running(stack.workloads, name)
+        assert sorted(devices_of(pod)) == before[name]
+    # The upgraded stack schedules: the devices of a deleted pod go to a new one.
+    gone = sorted(running)[0]
+    stack.cluster.kube.delete("Pod", gone, stack.workloads)
+    freed = before[gone]
+    wait_for(lambda: gone not in stack.ledger(), what=f"the ledger to release {gone}", timeout=60)
+    name = unique("gpu")
+    stack.place(name, 2)
+    assert stack.ledger()[name] == freed
+    stack.assert_no_device_twice()
+
+
+def test_helm_uninstall_leaves_only_the_crds_and_their_objects(stack: Stack) -> None:
+    stack.helm("uninstall", RELEASE, "--wait")
+    stack.installed = False
+    left = stack.cluster.kubectl(
+        "get", "deployments,daemonsets,services,configmaps,secrets,serviceaccounts,roles,"
+        "rolebindings,clusterroles,clusterrolebindings", "-A", "-l",
+        "app.kubernetes.io/part-of=tidelease", "-o", "name",
+    )  # fmt: skip
+    assert left.strip() == ""
+    wait_for(lambda: not stack.pods("extender") and not stack.pods("agent"), what="pods gone")
+    # The CRDs stay, and so do the objects they hold (documented in docs/install.md).
+    for crd in ("gpunodes", "gpuallocations", "gpuleases"):
+        stack.cluster.kubectl("get", "crd", f"{crd}.tidelease.io")
+    assert stack.cluster.kube.get(contract.KIND_GPU_NODE, NODE) is not None

@@ -1,0 +1,237 @@
+"""The Helm chart, rendered by the real helm: it lints clean, its schema refuses bad values, both
+scheduling modes render what they promise, and every tidelease command line it ships is one
+the `tidelease` parser accepts."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from common import contract
+from tests.chart import CHART, NAMESPACE, ROOT, containers, find, helm, kube_version, render
+
+
+def test_helm_lint_is_clean_in_both_modes() -> None:
+    for mode in ("ownScheduler", "clusterScheduler"):
+        done = helm(
+            "lint", "--strict", str(CHART), "--kube-version", kube_version(), "--set",
+            f"scheduling.mode={mode}",
+        )  # fmt: skip
+        assert "0 chart(s) failed" in done.stdout, done.stdout
+
+
+def test_the_chart_follows_the_package_version() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    package = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert chart["version"] == chart["appVersion"] == package
+    extender = find(render(), "Deployment", "tidelease-extender")
+    assert containers(extender)["extender"]["image"] == f"tidelease:{package}"
+
+
+@pytest.mark.parametrize(
+    ("value", "complaint"),
+    [
+        ("scheduling.mode=kubeScheduler", "/scheduling/mode"),
+        ("extender.port=0", "/extender/port"),
+        ("agent.backend=cuda", "/agent/backend"),
+        ("extender.replicas=0", "/extender/replicas"),
+        ("extender.logLevel=LOUD", "/extender/logLevel"),
+        ("extender.typo=1", "typo"),
+        ("agent.cache.hostPath=relative/dir", "/agent/cache/hostPath"),
+    ],
+)
+def test_the_schema_refuses_bad_values(value: str, complaint: str) -> None:
+    done = helm(
+        "template", "tidelease", str(CHART), "--kube-version", kube_version(), "--set", value,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "values don't meet the specifications of the schema" in done.stderr, done.stderr
+    assert complaint in done.stderr, done.stderr
+
+
+def _scheduler_config(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    cm = find(objs, "ConfigMap", "tidelease-scheduler-config")
+    cfg: dict[str, Any] = yaml.safe_load(cm["data"]["config.yaml"])
+    return cfg
+
+
+def test_own_scheduler_mode_keeps_the_verbs_on_loopback_beside_a_kube_scheduler() -> None:
+    objs = render()
+    pod = find(objs, "Deployment", "tidelease-extender")
+    byname = containers(pod)
+    assert set(byname) == {"extender", "kube-scheduler"}
+    args = byname["extender"]["args"]
+    assert "--host=127.0.0.1" in args
+    assert "--probe-port=8889" in args
+    # Only the probes' port is declared and served by the Service; no verbs port anywhere.
+    assert [p["containerPort"] for p in byname["extender"]["ports"]] == [8889]
+    service = find(objs, "Service", "tidelease-extender")
+    assert [p["port"] for p in service["spec"]["ports"]] == [8889]
+    cfg = _scheduler_config(objs)
+    assert cfg["profiles"] == [{"schedulerName": "tidelease-scheduler"}]
+    assert cfg["leaderElection"]["leaderElect"] is True
+    assert cfg["leaderElection"]["resourceNamespace"] == NAMESPACE
+    (ext,) = cfg["extenders"]
+    assert ext["urlPrefix"] == "http://127.0.0.1:8888"
+    volumes = {v["name"]: v for v in pod["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["scheduler-config"]["configMap"]["name"] == "tidelease-scheduler-config"
+    binding = find(objs, "ClusterRoleBinding", "tidelease-scheduler")
+    assert binding["roleRef"]["name"] == "system:kube-scheduler"
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "tidelease-extender", "namespace": NAMESPACE}
+    ]
+
+
+def test_cluster_scheduler_mode_serves_the_verbs_through_the_service() -> None:
+    objs = render("scheduling.mode=clusterScheduler")
+    pod = find(objs, "Deployment", "tidelease-extender")
+    byname = containers(pod)
+    assert set(byname) == {"extender"}
+    assert "--host=0.0.0.0" in byname["extender"]["args"]
+    service = find(objs, "Service", "tidelease-extender")
+    assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {
+        "verbs": 8888,
+        "metrics": 8889,
+    }
+    cfg = _scheduler_config(objs)
+    assert "profiles" not in cfg
+    assert "leaderElection" not in cfg
+    (ext,) = cfg["extenders"]
+    assert ext["urlPrefix"] == f"http://tidelease-extender.{NAMESPACE}.svc:8888"
+    # No kube-scheduler of its own, so none of its RBAC.
+    assert not [o for o in objs if o["kind"].endswith("RoleBinding") and "scheduler" in str(o)]
+
+
+@pytest.mark.parametrize("mode", ["ownScheduler", "clusterScheduler"])
+def test_the_scheduler_configuration_registers_every_verb(mode: str) -> None:
+    (ext,) = _scheduler_config(render(f"scheduling.mode={mode}"))["extenders"]
+    verbs = (ext["filterVerb"], ext["prioritizeVerb"], ext["preemptVerb"], ext["bindVerb"])
+    assert verbs == ("filter", "prioritize", "preempt", "bind")
+    assert ext["nodeCacheCapable"] is True
+    assert ext["managedResources"] == [
+        {"name": contract.DEFAULT_GPU_RESOURCE, "ignoredByScheduler": False}
+    ]
+    assert ext["ignorable"] is False
+    assert _scheduler_config(render(f"scheduling.mode={mode}"))["percentageOfNodesToScore"] == 100
+
+
+def test_each_part_can_be_switched_off() -> None:
+    everything = {(o["kind"], o["metadata"]["name"]) for o in render()}
+    for part, gone in (
+        ("extender", ("Deployment", "tidelease-extender")),
+        ("agent", ("DaemonSet", "tidelease-agent")),
+        ("orchestrator", ("Deployment", "tidelease-orchestrator")),
+    ):
+        assert gone in everything
+        left = {(o["kind"], o["metadata"]["name"]) for o in render(f"{part}.enabled=false")}
+        assert gone not in left
+        assert not any(name.startswith(f"tidelease-{part}") for _, name in left), part
+    left = {o["kind"] for o in render("priorityClasses.create=false")}
+    assert "PriorityClass" not in left
+    # The CRDs always come (helm installs them once and never deletes them).
+    crds = [o for o in render("extender.enabled=false") if o["kind"] == "CustomResourceDefinition"]
+    assert len(crds) == 3
+
+
+def test_the_agent_mounts_only_what_its_parts_need() -> None:
+    full = find(render(), "DaemonSet", "tidelease-agent")["spec"]["template"]["spec"]
+    assert {v["name"] for v in full["volumes"]} == {
+        "kube-api-access",
+        "device-plugins",
+        "cri",
+        "cache",
+        "cache-token",
+    }
+    bare = find(
+        render("agent.hotRestart.enabled=false", "agent.cache.enabled=false"),
+        "DaemonSet",
+        "tidelease-agent",
+    )["spec"]["template"]["spec"]
+    assert [v["name"] for v in bare["volumes"]] == ["kube-api-access", "device-plugins"]
+    args = bare["containers"][0]["args"]
+    assert not [a for a in args if a.startswith(("--cri-endpoint", "--cache-"))], args
+
+
+def test_the_api_server_override_reaches_every_container() -> None:
+    objs = render("kubernetesAPI.host=10.88.0.1", "kubernetesAPI.port=6443")
+    seen = 0
+    for obj in objs:
+        if obj["kind"] in ("Deployment", "DaemonSet"):
+            for c in containers(obj).values():
+                env = {e["name"]: e.get("value") for e in c.get("env") or []}
+                assert env["KUBERNETES_SERVICE_HOST"] == "10.88.0.1", c["name"]
+                assert env["KUBERNETES_SERVICE_PORT"] == "6443", c["name"]
+                seen += 1
+    assert seen == 4  # extender, kube-scheduler, agent, orchestrator
+
+
+def test_the_settings_file_is_valid_and_names_the_release_namespace(tmp_path: Path) -> None:
+    from extender.scheduler.settings import load_settings
+
+    cm = find(
+        render("extender.settings.standby.H20/HA=16"), "ConfigMap", "tidelease-extender-settings"
+    )
+    f = tmp_path / "settings.yaml"
+    f.write_text(cm["data"]["settings.yaml"])
+    settings = load_settings(file=f, env={})
+    assert settings.agent_namespace == NAMESPACE
+    assert settings.standby == {"H20/HA": 16}
+
+
+@pytest.mark.parametrize(
+    "values",
+    [(), ("scheduling.mode=clusterScheduler", "extender.controllers.planner=true"),
+     ("agent.backend=fake", "agent.hostDeviceRoot=/srv/fake")],
+    ids=["defaults", "cluster-scheduler-with-planner", "fake-gpus"],
+)  # fmt: skip
+def test_every_tidelease_command_line_is_one_tidelease_accepts(values: tuple[str, ...]) -> None:
+    """Every flag the chart ships exists, with a value of the right form (a renamed or
+    mistyped flag would crash-loop the pods)."""
+    from common.cli import parser
+
+    checked = 0
+    for obj in render(*values):
+        if obj["kind"] not in ("Deployment", "DaemonSet"):
+            continue
+        for c in containers(obj).values():
+            if not c["image"].startswith("tidelease:"):
+                continue
+            args = [a.replace("$(POD_IP)", "10.0.0.7") for a in c["args"]]
+            try:
+                parsed = parser().parse_args(args)
+            except SystemExit:
+                pytest.fail(f"{obj['metadata']['name']}: tidelease rejects {args}")
+            assert callable(parsed.run)
+            checked += 1
+    assert checked == 3  # extender, agent, orchestrator
+
+
+def test_every_pod_mounts_its_token_itself_and_runs_with_a_restricted_container() -> None:
+    """The token is mounted explicitly (the pods run where the ServiceAccount admission plugin
+    is off); every container drops all capabilities and keeps its root file system read-only."""
+    for obj in render():
+        if obj["kind"] not in ("Deployment", "DaemonSet"):
+            continue
+        spec = obj["spec"]["template"]["spec"]
+        # The Service tidelease-extender's link variables would read as extender settings.
+        assert spec["enableServiceLinks"] is False
+        assert spec["automountServiceAccountToken"] is False
+        (volume,) = [v for v in spec["volumes"] if v["name"] == "kube-api-access"]
+        sources = volume["projected"]["sources"]
+        assert {next(iter(s)) for s in sources} == {
+            "serviceAccountToken",
+            "configMap",
+            "downwardAPI",
+        }
+        for c in spec["containers"]:
+            mounts = {m["name"]: m for m in c["volumeMounts"]}
+            mount = mounts["kube-api-access"]
+            assert mount["mountPath"] == "/var/run/secrets/kubernetes.io/serviceaccount"
+            assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+            assert c["securityContext"]["readOnlyRootFilesystem"] is True
+            assert c["securityContext"]["allowPrivilegeEscalation"] is False
