@@ -8,6 +8,7 @@ simulated, a row per policy, and the standby sizing; writes PNG plots and ``summ
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -172,6 +173,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         raise InvalidInput(f"--standby: want a non-negative number of GPUs, got {args.standby}")
     if args.jobs < 1:
         raise InvalidInput(f"--jobs: want at least 1, got {args.jobs}")
+    if not args.no_plots:
+        # Without matplotlib (the image), say so before the simulation rather than after it.
+        importlib.import_module("extender.simulation.plotting")
     scenario = scenario_from(args)
     total = sum(n.gpus for n in scenario.nodes)
     node_gpus = max((n.gpus for n in scenario.nodes), default=8)
