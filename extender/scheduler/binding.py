@@ -120,7 +120,9 @@ class Binder:
         self._cluster.set_ledger(node, allocations, version)
 
     async def _request(self, namespace: str, name: str, uid: str) -> tuple[PodRequest, str]:
-        """The pod's request and the node it is already bound to ("" if none)."""
+        """The pod's request and the node it is already bound to ("" if none). Refuses pods
+        the extender does not place: of a scheduler it does not serve, or asking for no GPU
+        (kube-scheduler sends it only pods of its managed resource)."""
         raw = self._pods.get(namespace, name)
         if raw is None or (raw.get("metadata") or {}).get("uid") != uid:
             raw = await self._store.get_pod(namespace, name)
@@ -129,7 +131,17 @@ class Binder:
         req = self._cluster.with_reclaim(parse_pod(raw, resource=self._settings.gpu_resource))
         if req.uid != uid:
             raise NotFound(f"pod {namespace}/{name} has UID {req.uid}, not {uid}")
-        return req, str((raw.get("spec") or {}).get("nodeName") or "")
+        spec = raw.get("spec") or {}
+        scheduler = spec.get("schedulerName") or "default-scheduler"
+        if scheduler not in self._settings.scheduler_names:
+            raise BindRefused(
+                f"pod {req.key} is for scheduler {scheduler!r}, which this extender does not serve"
+            )
+        if req.gpus == 0:
+            raise BindRefused(
+                f"pod {req.key} asks for no {self._settings.gpu_resource}: only GPU pods are bound"
+            )
+        return req, str(spec.get("nodeName") or "")
 
     async def _allocate(self, req: PodRequest, node: NodeName) -> tuple[Allocation, bool]:
         """Record an allocation for the pod on the node; (allocation, reused)."""
@@ -200,12 +212,9 @@ class Binder:
         if bound_to:
             state = self._cluster.get(node)
             held = state.allocations.get(req.uid) if state is not None else None
-            if bound_to == node and (held is not None or req.gpus == 0):
-                return BindResult(node_name, held.devices if held else (), True)
+            if bound_to == node and held is not None:
+                return BindResult(node_name, held.devices, True)
             raise Conflict(f"pod {req.key} is already bound to {bound_to}")
-        if req.gpus == 0:
-            await self._store.bind_pod(namespace, name, uid, node)
-            return BindResult(node_name, (), False)
         allocation, reused = await self._allocate(req, node_name)
         devices = ",".join(allocation.devices)
         try:

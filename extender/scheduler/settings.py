@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +30,9 @@ class ExtenderSettings:
     probe_host: str = "0.0.0.0"
     probe_port: int | None = None
     gpu_resource: str = contract.DEFAULT_GPU_RESOURCE
+    # The schedulers whose pods bind accepts (a pod's spec.schedulerName): the chart sets the
+    # one of its mode. A bind for any other pod is refused, whoever calls.
+    scheduler_names: tuple[str, ...] = ("default-scheduler", "tidelease-scheduler")
     weights: ScoreWeights = field(default_factory=ScoreWeights)
     # A ledger write that loses a race is retried this many times before bind fails.
     bind_attempts: int = 8
@@ -72,6 +77,8 @@ class ExtenderSettings:
         w = self.weights
         if min(w.cache, w.ownership, w.reliability, w.packing) < 0 or w.total <= 0:
             problems.append("score weights must be non-negative and not all zero")
+        if not self.scheduler_names:
+            problems.append("scheduler_names must name at least one scheduler")
         if self.bind_attempts < 1:
             problems.append("bind_attempts must be at least 1")
         for name in ("reserve_ttl_s", "missing_grace_s", "reap_interval_s", "agent_timeout_s"):
@@ -101,6 +108,7 @@ _FIELD_TYPES: dict[str, type] = {
     "probe_host": str,
     "probe_port": int,
     "gpu_resource": str,
+    "scheduler_names": tuple,
     "bind_attempts": int,
     "reserve_ttl_s": float,
     "missing_grace_s": float,
@@ -117,21 +125,54 @@ _FIELD_TYPES: dict[str, type] = {
 }
 
 
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+
+
 def _coerce(name: str, value: Any, problems: list[str]) -> Any:
+    """``value`` (from YAML, a variable or a flag) as the setting's type, strictly: booleans are
+    booleans (or their usual words in text), integers are whole numbers (2.9 is not 2, true is
+    not 1), numbers are finite. A problem is noted, and None returned, otherwise."""
     kind = _FIELD_TYPES[name]
     if kind is bool:
-        text = str(value).lower()
+        if isinstance(value, bool):
+            return value
+        text = value.lower() if isinstance(value, str) else None
         if text in ("1", "true", "yes", "on"):
             return True
-        if text in ("0", "false", "no", "off", ""):
+        if text in ("0", "false", "no", "off"):
             return False
-        problems.append(f"{name}: cannot read {value!r} as a boolean")
+        problems.append(f"{name}: want true or false, got {value!r}")
         return None
-    try:
+    if kind is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str) and _INTEGER.fullmatch(value.strip()):
+            return int(value)
+        problems.append(f"{name}: want a whole number, got {value!r}")
+        return None
+    if kind is float:
+        number: float | None = None
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            number = float(value)
+        elif isinstance(value, str):
+            try:
+                number = float(value)
+            except ValueError:
+                number = None
+        if number is None or not math.isfinite(number):
+            problems.append(f"{name}: want a finite number, got {value!r}")
+            return None
+        return number
+    if kind is tuple:  # a list of names: a YAML list, or comma-separated text
+        items = value.split(",") if isinstance(value, str) else value
+        if isinstance(items, list | tuple) and all(isinstance(i, str) and i.strip() for i in items):
+            return tuple(i.strip() for i in items)
+        problems.append(f"{name}: want a list of names, got {value!r}")
+        return None
+    if isinstance(value, str | Path):
         return kind(value)
-    except (TypeError, ValueError):
-        problems.append(f"{name}: cannot read {value!r} as {kind.__name__}")
-        return None
+    problems.append(f"{name}: want text, got {value!r}")
+    return None
 
 
 def load_settings(
@@ -159,7 +200,11 @@ def load_settings(
                 for wk, wv in value.items():
                     if wk not in {f.name for f in dataclasses.fields(ScoreWeights)}:
                         problems.append(f"settings file: unknown weight {wk!r}")
-                    elif isinstance(wv, int | float):
+                    elif (
+                        isinstance(wv, int | float)
+                        and not isinstance(wv, bool)
+                        and math.isfinite(wv)
+                    ):
                         weights[wk] = float(wv)
                     else:
                         problems.append(f"settings file: weight {wk} must be a number")
@@ -174,10 +219,11 @@ def load_settings(
     for name, value in (overrides or {}).items():
         if value is not None:
             values[name] = _coerce(name, value, problems)
-    if problems:
-        raise InvalidInput(problems)
-    settings = ExtenderSettings(**values, weights=ScoreWeights(**weights))
-    problems = settings.validate()
+    # Every problem at once: what could not be read, and what is wrong with the rest.
+    settings = ExtenderSettings(
+        **{k: v for k, v in values.items() if v is not None}, weights=ScoreWeights(**weights)
+    )
+    problems += settings.validate()
     if problems:
         raise InvalidInput(problems)
     return settings

@@ -235,3 +235,18 @@ def test_every_pod_mounts_its_token_itself_and_runs_with_a_restricted_container(
             assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
             assert c["securityContext"]["readOnlyRootFilesystem"] is True
             assert c["securityContext"]["allowPrivilegeEscalation"] is False
+
+
+@pytest.mark.parametrize(
+    ("mode", "served"),
+    [("ownScheduler", ("tidelease-scheduler",)), ("clusterScheduler", ("default-scheduler",))],
+)
+def test_bind_serves_only_the_scheduler_of_the_mode(
+    tmp_path: Path, mode: str, served: tuple[str, ...]
+) -> None:
+    from extender.scheduler.settings import load_settings
+
+    cm = find(render(f"scheduling.mode={mode}"), "ConfigMap", "tidelease-extender-settings")
+    f = tmp_path / "settings.yaml"
+    f.write_text(cm["data"]["settings.yaml"])
+    assert load_settings(file=f, env={}).scheduler_names == served

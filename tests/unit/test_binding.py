@@ -118,6 +118,29 @@ async def test_bind_refuses_when_node_has_no_room_and_changes_nothing() -> None:
     await r.stop()
 
 
+@pytest.mark.parametrize(
+    ("pod", "reason"),
+    [
+        (builders.pod("p", 0), "asks for no nvidia.com/gpu"),
+        ({**builders.pod("p", 1), "spec": {**builders.pod("p", 1)["spec"], "schedulerName": "x"}},
+         "for scheduler 'x', which this extender does not serve"),
+    ],
+    ids=["no-gpu", "other-scheduler"],
+)  # fmt: skip
+async def test_bind_refuses_pods_the_extender_does_not_place(
+    pod: dict[str, object], reason: str
+) -> None:
+    """Whoever calls bind, it binds only GPU pods of the schedulers it serves: a pod without
+    GPUs (or without tolerations) is not put on a node of the caller's choosing."""
+    store = MemoryStore([builders.gpu_node("n"), pod])
+    r = await replica(store)
+    with pytest.raises(BindRefused, match=reason):
+        await r.app.binder.bind("default", "p", builders.pod("p")["metadata"]["uid"], "n")
+    assert store.writes == 0
+    assert (store.get("Pod", "default", "p") or {})["spec"].get("nodeName") is None
+    await r.stop()
+
+
 async def test_bind_of_unknown_or_replaced_pod() -> None:
     store = MemoryStore([builders.gpu_node("n"), builders.pod("p", 1, uid="new")])
     r = await replica(store)
