@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from bisect import bisect_left
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Hashable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -44,10 +44,36 @@ log = logging.getLogger(__name__)
 
 Signature = tuple[int, tuple[tuple[DeviceClass, int], ...]]
 Freeable = frozenset[tuple[DeviceClass, int]]  # device classes, with counts, evictions would free
-# Distinct request shapes remembered, each with one answer per node state; all are dropped
-# past this (checked on node changes). Measured at 1,250 nodes: about 13 KB a shape, so some
-# 40 MB at the bound; a cluster's jobs ask far fewer distinct questions than that.
+# Distinct request shapes remembered, each with one answer per node state; past this the one
+# asked least recently is dropped, at insert. Measured at 1,250 nodes: about 13 KB a shape, so
+# some 40 MB at the bound; a cluster's jobs ask far fewer distinct questions than that.
 MEMO_SHAPES = 3_000
+
+
+class ShapeMemo(OrderedDict[Hashable, dict[Any, Any]]):
+    """Answers by request shape, at most ``limit`` shapes, least recently used out first: a
+    stream of distinct pods cannot grow it, whether or not any node changes meanwhile."""
+
+    def __init__(self, limit: int = MEMO_SHAPES) -> None:
+        super().__init__()
+        self.limit = limit
+
+    def __setitem__(self, key: Hashable, value: dict[Any, Any]) -> None:
+        super().__setitem__(key, value)
+        self.move_to_end(key)
+        if len(self) > self.limit:
+            self.popitem(last=False)
+
+    def setdefault(self, key: Hashable, default: dict[Any, Any] | None = None) -> dict[Any, Any]:
+        found = self.get(key)
+        if found is not None:
+            self.move_to_end(key)
+            return found
+        value = {} if default is None else default
+        self[key] = value
+        return value
+
+
 KEYS_PER_STATE = 3  # decision_key, score_key, free_key
 
 
@@ -167,7 +193,7 @@ class ClusterState:
         # job, and retries of one pod, ask the same question of nodes whose state is unchanged.
         # Keys of changed states are never reused, so an entry can only be unused, never wrong.
         # memo[request shape][state key] -> answer (a state key, or a tuple starting with one)
-        self.memo: dict[Hashable, dict[Any, Any]] = {}
+        self.memo = ShapeMemo()
         # (namespace, owner) of online jobs whose GpuLease is reclaiming: their high-priority
         # pods are reclaim requests (Algorithm 1's IsReclaim) without needing an annotation.
         # -> (lease key, whether its workload names its replicas: common.replicas)
@@ -200,8 +226,6 @@ class ClusterState:
                 k for s in self._nodes.values() for k in (s.decision_key, s.score_key, s.free_key)
             }
             self._keys.keep_only(live)
-            self.memo.clear()
-        if len(self.memo) > MEMO_SHAPES:
             self.memo.clear()
 
     def __len__(self) -> int:

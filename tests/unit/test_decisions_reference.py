@@ -281,10 +281,13 @@ class World:
         )
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_memoised_verbs_agree_with_the_reference(seed: int) -> None:
+@pytest.mark.parametrize(("seed", "memo_limit"), [(1, None), (2, None), (3, None), (4, 2)], ids=str)
+def test_memoised_verbs_agree_with_the_reference(seed: int, memo_limit: int | None) -> None:
+    """memo_limit 2: shapes are dropped from the memo all the time, mid-request included."""
     rng = random.Random(seed)
     world = World(rng, 90)
+    if memo_limit is not None:
+        world.cluster.memo.limit = memo_limit
     earlier: list[PodRequest] = []
     for i in range(150):
         for _ in range(rng.choice([0, 1, 1, 3])):
@@ -343,13 +346,19 @@ def test_priority_list_encoding_is_json_dumps() -> None:
     assert wire.encode(wire.encoded_host_priority_list([])) == b"[]"
 
 
-def test_the_answer_memo_is_bounded() -> None:
+def test_the_answer_memo_is_bounded_at_insert_least_recently_used_out() -> None:
+    """20,000 distinct shapes and no node change: the memo never holds more than its bound
+    (it grew without one until a node changed), and a shape asked again stays."""
     from extender.cluster.state import MEMO_SHAPES
 
     world = World(random.Random(5), 20)
     cluster = world.cluster
-    for i in range(MEMO_SHAPES + 1):
-        cluster.memo[("probe", i)] = {0: i}
-    state = cluster.nodes[NodeName(world.names[0])]
-    cluster.set_inventory(NodeInventory(state.node, state.devices, state.cache))  # a node change
-    assert not [k for k in cluster.memo if k[0] == "probe"]
+    kept = cluster.memo.setdefault(("probe", "hot"), {0: "hot"})
+    for i in range(20_000):
+        cluster.memo.setdefault(("probe", i), {0: i})
+        assert len(cluster.memo) <= MEMO_SHAPES
+        if i % 1000 == 0:
+            assert cluster.memo.setdefault(("probe", "hot"), {}) is kept  # asked again
+    assert ("probe", "hot") in cluster.memo
+    assert ("probe", 0) not in cluster.memo  # the oldest went first
+    assert ("probe", 19_999) in cluster.memo
