@@ -32,3 +32,8 @@ class Conflict(TideleaseError):
 
 class Unavailable(TideleaseError):
     """A dependency (the API server) failed in a way that may pass; retry later."""
+
+
+class TooManyRequests(Unavailable):
+    """HTTP 429: the API server asks to wait (its rate limits), or refuses an eviction that a
+    PodDisruptionBudget does not allow now."""

@@ -3,7 +3,8 @@
 Uses ``kubernetes_asyncio`` for configuration, authentication and TLS, and asks it for raw
 responses: objects stay JSON dicts with their API field names, and watches are read line by line
 without model conversion. Status codes map onto tidelease's errors: 404 -> NotFound,
-409 -> Conflict, 429/5xx/network -> Unavailable, other 4xx -> InvalidInput.
+409 -> Conflict, 429 -> TooManyRequests (an Unavailable), 5xx/network -> Unavailable, other
+4xx -> InvalidInput.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 import aiohttp
 from kubernetes_asyncio import client, config
 
-from common.errors import Conflict, InvalidInput, NotFound, Unavailable
+from common.errors import Conflict, InvalidInput, NotFound, TooManyRequests, Unavailable
 from common.objects import resource_version
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,9 @@ def api_error(status: int, what: str, body: bytes) -> Exception:
         return NotFound(text)
     if status == 409:
         return Conflict(text)
-    if status == 429 or status >= 500:
+    if status == 429:
+        return TooManyRequests(text)
+    if status >= 500:
         return Unavailable(text)
     return InvalidInput(text)
 

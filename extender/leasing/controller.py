@@ -30,7 +30,7 @@ from typing import Any, Protocol
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from common import contract
-from common.errors import Conflict, InvalidInput, NotFound, TideleaseError
+from common.errors import Conflict, InvalidInput, NotFound, TideleaseError, TooManyRequests
 from common.events import Involved, post_event
 from common.kubeclient import KubeClient
 from common.model import Device, GpuUuid, Holder, JobName, PodUid
@@ -193,16 +193,35 @@ class KubeWorld:
             )
 
     async def evict(self, pod: Holder) -> None:
+        """Through the Eviction API, so that the pod's end is an eviction to whoever watches it
+        (and counts against its PodDisruptionBudget). A budget that refuses does not hold back a
+        reclaim, or right of return would depend on a borrower's budget: the notice was the
+        borrower's time to go. The pod is then deleted, and a Warning Event says why."""
+        path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}"
+        # The notice was the time to checkpoint; now stop promptly.
+        options = {"preconditions": {"uid": pod.pod_uid}, "gracePeriodSeconds": EVICTION_GRACE_S}
+        eviction = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": pod.name, "namespace": pod.namespace},
+            "deleteOptions": options,
+        }
         with contextlib.suppress(NotFound, Conflict):
-            await self._kube.json(
-                "DELETE",
-                f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}",
-                # The notice was the time to checkpoint; now stop promptly.
-                body={
-                    "preconditions": {"uid": pod.pod_uid},
-                    "gracePeriodSeconds": EVICTION_GRACE_S,
-                },
-            )
+            try:
+                await self._kube.json("POST", f"{path}/eviction", body=eviction)
+                return
+            except TooManyRequests as e:
+                log.warning("borrower %s: its disruption budget refuses (%s): deleted", pod.key, e)
+                await post_event(
+                    self._kube,
+                    Involved("Pod", pod.namespace, pod.name, pod.pod_uid),
+                    "EvictedPastDisruptionBudget",
+                    "the GPUs it borrowed are taken back and its notice is over; its "
+                    "PodDisruptionBudget refused the eviction, so the pod is deleted",
+                    warning=True,
+                    component="tidelease-leasing",
+                )
+            await self._kube.json("DELETE", path, body=options)
 
 
 @dataclass

@@ -81,7 +81,10 @@ def test_own_scheduler_mode_keeps_the_verbs_on_loopback_beside_a_kube_scheduler(
     volumes = {v["name"]: v for v in pod["spec"]["template"]["spec"]["volumes"]}
     assert volumes["scheduler-config"]["configMap"]["name"] == "tidelease-scheduler-config"
     binding = find(objs, "ClusterRoleBinding", "tidelease-scheduler")
-    assert binding["roleRef"]["name"] == "system:kube-scheduler"
+    assert binding["roleRef"]["name"] == "tidelease-scheduler"
+    # The scheduler's Leases are the extender's, in the release's namespace only.
+    role = find(objs, "ClusterRole", "tidelease-scheduler")
+    assert not [r for r in role["rules"] if "coordination.k8s.io" in r["apiGroups"]]
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "tidelease-extender", "namespace": NAMESPACE}
     ]

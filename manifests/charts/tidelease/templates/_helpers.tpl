@@ -75,3 +75,36 @@ the pods also run where that plugin is off.
 {{- define "tidelease.apiAccessMount" -}}
 - {name: kube-api-access, mountPath: /var/run/secrets/kubernetes.io/serviceaccount, readOnly: true}
 {{- end -}}
+
+{{/*
+A ClusterRole granted to a ServiceAccount in the namespaces that opt in: a RoleBinding in each of
+`namespaces`, or one ClusterRoleBinding for ["*"]; nothing for []. Pass (dict "ctx" $ "role" R
+"account" A "namespaces" N).
+*/}}
+{{- define "tidelease.grant" -}}
+{{- $ctx := .ctx }}
+{{- if has "*" .namespaces }}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: {{ .role }}
+  labels: {{- include "tidelease.labels" (dict "ctx" $ctx "component" "rbac") | nindent 4 }}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: {{ .role }}}
+subjects:
+  - {kind: ServiceAccount, name: {{ .account }}, namespace: {{ $ctx.Release.Namespace }}}
+{{- else }}
+{{- range .namespaces }}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata:
+  name: {{ $.role }}
+  namespace: {{ . }}
+  labels: {{- include "tidelease.labels" (dict "ctx" $ctx "component" "rbac") | nindent 4 }}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: {{ $.role }}}
+subjects:
+  - {kind: ServiceAccount, name: {{ $.account }}, namespace: {{ $ctx.Release.Namespace }}}
+{{- end }}
+{{- end }}
+{{- end -}}

@@ -1,0 +1,84 @@
+"""Borrowers leave through the Eviction API, on a real API server; a PodDisruptionBudget that
+refuses does not hold a reclaim back (right of return first): the pod is deleted, and a Warning
+Event on it says why."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from common.kubeclient import KubeClient
+from common.model import Holder, PodUid, Priority
+from extender.leasing.controller import KubeWorld
+from tests.apiserver.conftest import ApiServer
+from tests.polling import eventually
+
+pytestmark = pytest.mark.apiserver
+
+
+@pytest.fixture
+async def kube(apiserver: ApiServer) -> AsyncIterator[KubeClient]:
+    client = await KubeClient.connect(apiserver.kubeconfig)
+    yield client
+    await client.close()
+
+
+def pod(ns: str, name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "labels": {"app": name}},
+        "spec": {"containers": [{"name": "c", "image": "local/app:v1"}]},
+    }
+
+
+async def events_of(kube: KubeClient, ns: str, name: str) -> list[str]:
+    listed = await kube.json("GET", f"/api/v1/namespaces/{ns}/events")
+    return [e["reason"] for e in listed.get("items") or [] if e["involvedObject"]["name"] == name]
+
+
+async def test_borrowers_are_evicted_and_a_refusing_budget_does_not_keep_them(
+    kube: KubeClient,
+) -> None:
+    ns = f"evict-{uuid.uuid4().hex[:6]}"
+    await kube.json("POST", "/api/v1/namespaces", body={"metadata": {"name": ns}})
+    world = KubeWorld(kube)
+    holders = {}
+    for name in ("free", "budgeted"):
+        created = await kube.json("POST", f"/api/v1/namespaces/{ns}/pods", body=pod(ns, name))
+        uid = PodUid(created["metadata"]["uid"])
+        holders[name] = Holder(uid, ns, name, Priority.LOW, 1000)
+        # Running, as a borrower is (a pending pod's eviction ignores budgets).
+        await kube.json(
+            "PATCH",
+            f"/api/v1/namespaces/{ns}/pods/{name}/status",
+            body={"status": {"phase": "Running"}},
+            content_type="application/merge-patch+json",
+        )
+    # Nothing may disrupt "budgeted" (and with no disruption controller, its budget never
+    # allows one: the API server refuses every eviction of it with 429).
+    await kube.json(
+        "POST",
+        f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets",
+        body={
+            "metadata": {"name": "budgeted"},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "budgeted"}}},
+        },
+    )
+
+    for holder in holders.values():
+        await world.evict(holder)
+
+    async def gone() -> bool:
+        listed = await kube.json("GET", f"/api/v1/namespaces/{ns}/pods")
+        return not listed.get("items")
+
+    await eventually(gone, within_s=20)
+    assert await events_of(kube, ns, "budgeted") == ["EvictedPastDisruptionBudget"]
+    assert await events_of(kube, ns, "free") == []  # the Eviction API took it
+    # A second eviction of a pod already gone is no error (the controller may repeat a step).
+    await world.evict(holders["free"])
+    await kube.json("DELETE", f"/api/v1/namespaces/{ns}")

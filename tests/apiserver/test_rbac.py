@@ -1,0 +1,217 @@
+"""Least privilege, checked with each ServiceAccount's own token on a real API server: the chart
+is installed, tokens are minted for its ServiceAccounts (bound to a pod on a node, as the
+kubelet's are), and the writes an attacker holding one of them would try are refused, while
+what the component needs is allowed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from tests.apiserver.conftest import ApiServer
+from tests.chart import CHART, binary, helm
+
+pytestmark = pytest.mark.apiserver
+
+NS = "tidelease-rbac"
+
+
+@dataclass
+class Cluster:
+    apiserver: ApiServer
+
+    def run(
+        self, *args: str, token: str | None = None, stdin: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """kubectl as the admin, or as the holder of ``token``."""
+        auth = (
+            ["--server", self.apiserver.server, "--certificate-authority",
+             str(self.apiserver.ca), "--token", token]
+            if token is not None
+            else ["--kubeconfig", str(self.apiserver.kubeconfig)]
+        )  # fmt: skip
+        return subprocess.run(
+            [binary("kubectl"), *auth, *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    def kubectl(self, *args: str, token: str | None = None, stdin: str | None = None) -> str:
+        done = self.run(*args, token=token, stdin=stdin)
+        assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
+        return done.stdout
+
+    def refused(self, token: str, *args: str, stdin: str | None = None) -> str:
+        """The error of a request the token's holder must not be able to make."""
+        done = self.run(*args, token=token, stdin=stdin)
+        assert done.returncode != 0, f"allowed, must be refused: {' '.join(args)}: {done.stdout}"
+        return done.stderr
+
+    def can(self, token: str, verb: str, resource: str, namespace: str = "") -> bool:
+        """`kubectl auth can-i` as the token's holder (a SelfSubjectAccessReview)."""
+        ns = ["-n", namespace] if namespace else ["-A"]
+        resource, _, sub = resource.partition("/")  # pods/binding: a subresource, not a name
+        subresource = ["--subresource", sub] if sub else []
+        done = self.run("auth", "can-i", verb, resource, *subresource, *ns, token=token)
+        answer = done.stdout.strip()
+        assert answer in ("yes", "no"), f"can-i {verb} {resource}: {done.stdout} {done.stderr}"
+        return answer == "yes"
+
+
+def pod_on(node: str, name: str, namespace: str, account: str = "default") -> str:
+    return json.dumps(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "nodeName": node,
+                "serviceAccountName": account,
+                "containers": [{"name": "c", "image": "local/app:v1"}],
+            },
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def cluster(apiserver: ApiServer) -> Iterator[Cluster]:
+    c = Cluster(apiserver)
+    kube = ("--kubeconfig", str(apiserver.kubeconfig), "--namespace", NS)
+    c.kubectl("create", "namespace", "ml")  # opted in below (it must exist first)
+    helm(
+        "install", "tidelease", str(CHART), "--create-namespace", *kube,
+        "--set", "orchestrator.namespaces={ml}", "--set", "extender.leaseNamespaces={ml}",
+        timeout=180,
+    )  # fmt: skip
+    # The objects an attacker would go for, and a node with a pod for each agent token.
+    c.kubectl("apply", "-f", "-", stdin=json.dumps({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": "kube-scheduler", "namespace": "kube-system"},
+        "spec": {"holderIdentity": "the-real-scheduler"},
+    }))  # fmt: skip
+    c.kubectl("apply", "-f", "-", stdin=pod_on("sys-node", "victim", "kube-system"))
+    for node in ("node-a", "node-b"):
+        c.kubectl("apply", "-f", "-", stdin=json.dumps({
+            "apiVersion": "v1", "kind": "Node", "metadata": {"name": node},
+        }))  # fmt: skip
+        c.kubectl("apply", "-f", "-", stdin=pod_on(node, f"agent-{node}", NS, "tidelease-agent"))
+        c.kubectl("apply", "-f", "-", stdin=json.dumps({
+            "apiVersion": "tidelease.io/v1alpha1", "kind": "GpuNode",
+            "metadata": {"name": node},
+        }))  # fmt: skip
+    try:
+        yield c
+    finally:
+        helm("uninstall", "tidelease", *kube, "--wait", check=False, timeout=180)
+        for kind, name, ns in (
+            ("pod", "victim", "kube-system"),
+            ("lease", "kube-scheduler", "kube-system"),
+            ("gpunode", "node-a", ""),
+            ("gpunode", "node-b", ""),
+            ("node", "node-a", ""),
+            ("node", "node-b", ""),
+            ("namespace", "ml", ""),
+        ):
+            c.kubectl(
+                "delete", kind, name, *(["-n", ns] if ns else []), "--ignore-not-found",
+                "--wait=false", *(["--grace-period=0", "--force"] if kind == "pod" else []),
+            )  # fmt: skip
+
+
+def token(c: Cluster, account: str, pod: str | None = None) -> str:
+    bound = ["--bound-object-kind", "Pod", "--bound-object-name", pod] if pod else []
+    return c.kubectl("create", "token", account, "-n", NS, *bound).strip()
+
+
+def test_the_extender_cannot_take_the_scheduler_lease_or_reach_past_its_namespace(
+    cluster: Cluster,
+) -> None:
+    t = token(cluster, "tidelease-extender")
+    error = cluster.refused(
+        t, "patch", "lease", "kube-scheduler", "-n", "kube-system", "--type=merge", "-p",
+        '{"spec":{"holderIdentity":"attacker"}}',
+    )  # fmt: skip
+    assert "forbidden" in error
+    assert not cluster.can(t, "create", "leases", "kube-system")
+    assert not cluster.can(t, "update", "leases", "default")
+    assert not cluster.can(t, "create", "pods", "kube-system")
+    assert not cluster.can(t, "create", "secrets", NS)
+    # What it needs: its view, binds, ledgers, evictions, and Leases in its own namespace.
+    for verb, resource, ns in (
+        ("list", "pods", ""),
+        ("watch", "gpunodes.tidelease.io", ""),
+        ("create", "pods/binding", "default"),
+        ("create", "pods/eviction", "default"),
+        ("update", "gpuallocations.tidelease.io", ""),
+        ("update", "gpuleases.tidelease.io/status", "default"),
+        ("create", "leases", NS),
+        ("update", "leases", NS),
+    ):
+        assert cluster.can(t, verb, resource, ns), (verb, resource, ns)
+
+
+def test_an_agent_writes_only_its_own_node(cluster: Cluster) -> None:
+    t = token(cluster, "tidelease-agent", pod="agent-node-a")
+    patch = ("--type=merge", "-p", '{"metadata":{"annotations":{"x":"y"}}}')
+    # Another node's GpuNode status, a kube-system pod's image, another node's pod: refused.
+    error = cluster.refused(
+        t, "patch", "gpunode", "node-b", "--subresource=status", "--type=merge", "-p",
+        '{"status":{"devices":[]}}',
+    )  # fmt: skip
+    assert "only its own node" in error
+    error = cluster.refused(
+        t, "patch", "pod", "victim", "-n", "kube-system", "--type=merge", "-p",
+        '{"spec":{"containers":[{"name":"c","image":"attacker/evil:1"}]}}',
+    )  # fmt: skip
+    assert "only its own node" in error
+    assert "only its own node" in cluster.refused(
+        t, "patch", "pod", "agent-node-b", "-n", NS, *patch
+    )
+    # Its own: allowed.
+    cluster.kubectl(
+        "patch", "gpunode", "node-a", "--subresource=status", "--type=merge", "-p",
+        '{"status":{"devices":[]}}', token=t,
+    )  # fmt: skip
+    cluster.kubectl("patch", "pod", "agent-node-a", "-n", NS, *patch, token=t)
+    # A token bound to no pod names no node: no writes at all.
+    unbound = token(cluster, "tidelease-agent")
+    assert "names no node" in cluster.refused(
+        unbound, "patch", "pod", "agent-node-a", "-n", NS, *patch
+    )
+    assert not cluster.can(t, "update", "leases", "kube-system")
+
+
+def test_the_orchestrator_cannot_exec_or_write_outside_the_namespaces_that_opt_in(
+    cluster: Cluster,
+) -> None:
+    t = token(cluster, "tidelease-orchestrator")
+    for ns in ("kube-system", "default"):
+        assert not cluster.can(t, "create", "pods/exec", ns), ns
+        assert not cluster.can(t, "create", "configmaps", ns), ns
+    assert not cluster.can(t, "update", "leases", "kube-system")
+    assert not cluster.can(t, "delete", "pods", "ml")
+    error = cluster.refused(
+        t, "create", "configmap", f"probe-{uuid.uuid4().hex[:6]}", "-n", "kube-system",
+        "--from-literal=a=b",
+    )  # fmt: skip
+    assert "forbidden" in error
+    # Where it may work: the opted-in namespace; its watch everywhere; its Lease at home.
+    assert cluster.can(t, "create", "pods/exec", "ml")
+    assert cluster.can(t, "update", "configmaps", "ml")
+    assert cluster.can(t, "watch", "pods", "")
+    assert cluster.can(t, "update", "leases", NS)
+
+
+def test_the_extender_scales_workloads_only_where_leases_may_live(cluster: Cluster) -> None:
+    t = token(cluster, "tidelease-extender")
+    assert cluster.can(t, "patch", "statefulsets/scale", "ml")
+    assert not cluster.can(t, "patch", "statefulsets/scale", "kube-system")
+    assert not cluster.can(t, "patch", "deployments/scale", "default")
