@@ -40,6 +40,13 @@ log = logging.getLogger(__name__)
 Handler = Callable[[dict[str, Any]], Awaitable[tuple[int, Any]]]
 
 
+# Request bodies past this get 413 before they are read whole. The NodeNames of 10,000 nodes
+# (nodeCacheCapable, as the chart configures kube-scheduler) take about 300 KB; full Node
+# objects, without nodeCacheCapable, some 5 KB a node. A body is parsed into Python objects
+# several times its size, so this also bounds what one request can cost in memory.
+MAX_BODY_BYTES = 8 * 1024 * 1024
+
+
 class ExtenderApp:
     """State and verbs of one extender instance (one replica)."""
 
@@ -172,7 +179,7 @@ class ExtenderApp:
 
     def web_app(self, *, probes: bool = True) -> web.Application:
         """The verbs; with ``probes``, also /healthz, /readyz and /metrics."""
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app = web.Application(client_max_size=MAX_BODY_BYTES)
         app.router.add_post("/filter", self._route("filter", self.filter))
         app.router.add_post("/prioritize", self._route("prioritize", self.prioritize))
         app.router.add_post("/bind", self._route("bind", self.bind))

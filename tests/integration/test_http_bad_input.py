@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from common import builders
 from extender.cluster.store import MemoryStore
+from extender.scheduler.server import MAX_BODY_BYTES
 from extender.scheduler.serving import serve
 from extender.scheduler.settings import ExtenderSettings
 from tests.integration.conftest import Server, small_cluster
@@ -142,9 +143,16 @@ async def test_wrong_method_path_and_size(server: Server, verb: str) -> None:
         assert r.status == 405
     async with server.session.post(f"{server.url}/{verb}s", json={}) as r:
         assert r.status == 404
-    body = io.BytesIO(b'{"Pod":"' + b"x" * (64 * 1024 * 1024) + b'"}')
+    body = io.BytesIO(b'{"Pod":"' + b"x" * MAX_BODY_BYTES + b'"}')
     async with server.session.post(f"{server.url}/{verb}", data=body) as r:
         assert r.status == 413
+
+
+async def test_the_node_names_of_10000_nodes_fit_in_a_body(server: Server) -> None:
+    names = [f"gpu-node-{i:05d}.zone-a.cluster.example" for i in range(10_000)]
+    status, reply = await server.post("filter", {"Pod": GOOD_POD, "NodeNames": names})
+    assert status == 200
+    assert len(reply["FailedAndUnresolvableNodes"]) == 10_000  # none of them is known
 
 
 async def test_unknown_nodes(server: Server) -> None:
