@@ -25,6 +25,9 @@ from common.objects import resource_version
 log = logging.getLogger(__name__)
 
 WATCH_TIMEOUT_S = 290
+# Between relist attempts of a failing watch. A few seconds: the view must come back soon after
+# the API server does (a restart used to cost up to 30 s of a stale view).
+WATCH_BACKOFF_MAX_S = 4.0
 
 
 def api_error(status: int, what: str, body: bytes) -> Exception:
@@ -161,13 +164,13 @@ class KubeClient:
             except (Unavailable, InvalidInput, NotFound, Conflict) as e:
                 log.warning("watch of %s failed, relisting in %.1f s: %s", path, backoff, e)
                 await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 30.0)
+                backoff = min(backoff * 2, WATCH_BACKOFF_MAX_S)
             except Exception:
                 # Whoever consumes this watch has no other way to learn of changes: a bug here
                 # must not end it in silence.
                 log.exception("watch of %s broke, relisting in %.1f s", path, backoff)
                 await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 30.0)
+                backoff = min(backoff * 2, WATCH_BACKOFF_MAX_S)
 
     async def _watch_once(
         self, path: str, query: dict[str, Any] | None, version: str

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from common import contract
-from common.errors import NotFound
+from common.errors import NotFound, Unavailable
 from common.kubeclient import KubeClient
 from common.model import Allocation, NodeName
 from common.objects import gpu_allocation_object, parse_gpu_allocation, resource_version
@@ -93,6 +93,18 @@ class KubeStore:
         await self._kube.json(
             "POST", f"/api/v1/namespaces/{namespace}/pods/{name}/binding", body=binding
         )
+
+    async def reachable(self) -> bool:
+        """The API server's /readyz (open to every client): 200 within 3 s, or not reachable.
+        A paused etcd fails it while the watches still look connected."""
+        try:
+            resp = await self._kube.raw("GET", "/readyz", request_timeout=3)
+        except Unavailable:
+            return False
+        try:
+            return resp.status == 200
+        finally:
+            resp.release()
 
     async def watch(self) -> AsyncIterator[WatchEvent]:
         queue: asyncio.Queue[WatchEvent] = asyncio.Queue(maxsize=10_000)

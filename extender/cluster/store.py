@@ -55,6 +55,11 @@ class Store(Protocol):
         """Every object as ADDED, SYNCED once per kind, then every change, until cancelled."""
         ...
 
+    async def reachable(self) -> bool:
+        """Whether the store answers now and is ready (the API server's /readyz): while it does
+        not, the watched view may be stale."""
+        ...
+
 
 def _key(obj: dict[str, Any]) -> tuple[str, str]:
     meta = obj.get("metadata") or {}
@@ -80,6 +85,8 @@ class MemoryStore:
         self._rv = itertools.count(1)
         self._subscribers: list[asyncio.Queue[WatchEvent]] = []
         self.writes = 0
+        self._up = asyncio.Event()  # cleared by tests: the store stops answering
+        self._up.set()
         for obj in objects:
             self.put(obj)
 
@@ -163,6 +170,7 @@ class MemoryStore:
         annotations: Mapping[str, str] | None = None,
     ) -> None:
         await asyncio.sleep(0)
+        await self._up.wait()  # an API server that stopped answering: the call hangs
         pod = self._pod(namespace, name, uid)
         spec = pod.setdefault("spec", {})
         if spec.get("nodeName"):
@@ -171,6 +179,22 @@ class MemoryStore:
         if annotations:
             pod["metadata"].setdefault("annotations", {}).update(annotations)
         self.put(pod)
+
+    @property
+    def down(self) -> bool:
+        return not self._up.is_set()
+
+    @down.setter
+    def down(self, value: bool) -> None:
+        """Tests: the store stops answering (reachable says no, binds hang) or answers again."""
+        if value:
+            self._up.clear()
+        else:
+            self._up.set()
+
+    async def reachable(self) -> bool:
+        await asyncio.sleep(0)
+        return self._up.is_set()
 
     async def watch(self) -> AsyncIterator[WatchEvent]:
         queue: asyncio.Queue[WatchEvent] = asyncio.Queue()

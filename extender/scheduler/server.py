@@ -11,6 +11,7 @@ message on the pod; prioritize and preempt have no such field and answer 400. A 
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import time
@@ -66,6 +67,9 @@ class ExtenderApp:
         self.metrics = metrics
         self.synced = False
         self.draining = False
+        # When the store (the API server) last answered, on the monotonic clock; run_api_probe
+        # keeps it current. None: not probed yet (ready as soon as synced).
+        self.last_reachable: float | None = None
 
     # --- verbs: wire in, decision, wire out ---
     async def filter(self, body: dict[str, Any]) -> tuple[int, Any]:
@@ -95,8 +99,19 @@ class ExtenderApp:
     async def bind(self, body: dict[str, Any]) -> tuple[int, Any]:
         args = wire.parse_binding_args(body)
         try:
-            result = await self.binder.bind(
-                args.pod_namespace, args.pod_name, args.pod_uid, args.node
+            async with asyncio.timeout(self.settings.bind_timeout_s):
+                result = await self.binder.bind(
+                    args.pod_namespace, args.pod_name, args.pod_uid, args.node
+                )
+        except TimeoutError:
+            # An allocation left behind by the cut-off bind is released by the reaper.
+            self.metrics.decisions.labels("bind", "Timeout").inc()
+            log.warning(
+                "bind of %s/%s to %s timed out", args.pod_namespace, args.pod_name, args.node
+            )
+            return 200, wire.binding_result(
+                f"tidelease: bind did not finish within {self.settings.bind_timeout_s:g} s"
+                " (the API server is slow or unreachable)"
             )
         except (BindRefused, NotFound, Conflict, InvalidInput) as e:
             self.metrics.decisions.labels("bind", type(e).__name__).inc()
@@ -161,6 +176,12 @@ class ExtenderApp:
 
         return handle
 
+    def silent_for(self) -> float:
+        """Seconds since the API server last answered (0 before the first probe)."""
+        if self.last_reachable is None:
+            return 0.0
+        return time.monotonic() - self.last_reachable
+
     async def healthz(self, _: web.Request) -> web.Response:
         return web.Response(text="ok")
 
@@ -169,6 +190,12 @@ class ExtenderApp:
             return web.Response(status=503, text="draining")
         if not self.synced:
             return web.Response(status=503, text="initial sync not done")
+        silent = self.silent_for()
+        if silent > self.settings.stale_after_s:
+            return web.Response(
+                status=503,
+                text=f"the API server has not answered for {silent:.0f} s: the view may be stale",
+            )
         return web.Response(text="ok")
 
     async def metrics_view(self, _: web.Request) -> web.Response:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -40,6 +41,25 @@ def build_app(
     return ExtenderApp(
         settings=settings, cluster=cluster, pods=pods, binder=binder, metrics=metrics
     )
+
+
+async def run_api_probe(*, store: Store, app: ExtenderApp, stale_after_s: float) -> None:
+    """Ask the store whether it answers, every quarter of ``stale_after_s`` (at most 3 s), and
+    note when it last did: /readyz fails once that is longer ago than ``stale_after_s``."""
+    interval_s = min(3.0, stale_after_s / 4)
+    was_ok = True
+    while True:
+        try:
+            async with asyncio.timeout(max(interval_s, 1.0)):
+                ok = await store.reachable()
+        except TimeoutError:
+            ok = False
+        if ok:
+            app.last_reachable = time.monotonic()
+        if ok != was_ok:
+            log.warning("API server %s", "answers again" if ok else "stopped answering")
+            was_ok = ok
+        await asyncio.sleep(interval_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +123,10 @@ async def serve(
         asyncio.create_task(
             run_liveness(cluster=app.cluster, timeout_s=settings.agent_timeout_s),
             name="liveness",
+        ),
+        asyncio.create_task(
+            run_api_probe(store=store, app=app, stale_after_s=settings.stale_after_s),
+            name="api-probe",
         ),
     )
     separate = settings.probe_port is not None

@@ -41,6 +41,12 @@ class ExtenderSettings:
     # An allocation whose pod is not (yet) in the cache is kept this long (watch lag).
     missing_grace_s: float = 30.0
     reap_interval_s: float = 10.0
+    # /readyz fails once the API server has not answered (its own /readyz) for this long: the
+    # watched view may be stale, and kube-scheduler should use a replica that still hears it.
+    stale_after_s: float = 15.0
+    # A bind that has not finished by then answers with the protocol's Error (kube-scheduler's
+    # httpTimeout, 10 s in the chart, must not pass first: it would not say why).
+    bind_timeout_s: float = 8.0
     # A node whose agent has not renewed its Lease for this long offers no devices.
     agent_timeout_s: float = 60.0
     agent_namespace: str = contract.DEFAULT_AGENT_NAMESPACE
@@ -81,7 +87,14 @@ class ExtenderSettings:
             problems.append("scheduler_names must name at least one scheduler")
         if self.bind_attempts < 1:
             problems.append("bind_attempts must be at least 1")
-        for name in ("reserve_ttl_s", "missing_grace_s", "reap_interval_s", "agent_timeout_s"):
+        for name in (
+            "reserve_ttl_s",
+            "missing_grace_s",
+            "reap_interval_s",
+            "agent_timeout_s",
+            "stale_after_s",
+            "bind_timeout_s",
+        ):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be positive")
         if self.leasing_test_grace_s is not None and self.leasing_test_grace_s < 0:
@@ -113,6 +126,8 @@ _FIELD_TYPES: dict[str, type] = {
     "reserve_ttl_s": float,
     "missing_grace_s": float,
     "reap_interval_s": float,
+    "stale_after_s": float,
+    "bind_timeout_s": float,
     "agent_timeout_s": float,
     "agent_namespace": str,
     "leasing_controller": bool,

@@ -19,6 +19,7 @@ class ApiServer:
     server: str
     token: str
     ca: Path
+    dir: Path  # the control plane's directory (etcd's data, the logs)
 
 
 @pytest.fixture(scope="session")
@@ -33,5 +34,9 @@ def apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
         stop_timeout_s=30,
     ) as facts:
         yield ApiServer(
-            Path(facts["KUBECONFIG"]), facts["SERVER"], facts["TOKEN"], Path(facts["CA"])
+            Path(facts["KUBECONFIG"]),
+            facts["SERVER"],
+            facts["TOKEN"],
+            Path(facts["CA"]),
+            Path(facts["DIR"]),
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import aiohttp
@@ -238,3 +239,43 @@ async def test_probes_on_a_port_of_their_own_leave_the_verbs_port_to_the_verbs()
                 assert r.status == 404, path
         async with s.post(f"{running.probe_url}/filter", json=pod) as r:
             assert r.status in (404, 405)
+
+
+async def test_readiness_follows_the_api_server_and_a_hung_bind_answers_in_time() -> None:
+    """While the store does not answer, /readyz turns 503 within stale_after_s (plus a probe)
+    and a bind that would hang answers with the protocol's Error before kube-scheduler's
+    timeout; once it answers again, ready again."""
+    import time
+
+    settings = ExtenderSettings(host="127.0.0.1", port=0, stale_after_s=0.4, bind_timeout_s=0.5)
+    store = MemoryStore(small_cluster())
+    async with serve(store=store, settings=settings) as running, aiohttp.ClientSession() as s:
+
+        async def ready() -> int:
+            async with s.get(f"{running.url}/readyz") as r:
+                return r.status
+
+        assert await ready() == 200
+        store.down = True
+        start = time.monotonic()
+        while await ready() == 200:
+            assert time.monotonic() - start < 3, "still ready long after the store went silent"
+            await asyncio.sleep(0.05)
+        async with s.get(f"{running.url}/readyz") as r:
+            assert "has not answered" in await r.text()
+        start = time.monotonic()
+        body = {
+            "PodName": "hp-a",
+            "PodNamespace": "default",
+            "PodUID": "uid-hp-a",
+            "Node": "node-a",
+        }
+        async with s.post(f"{running.url}/bind", json=body) as r:
+            reply = await r.json()
+        assert time.monotonic() - start < 2
+        assert "bind did not finish within 0.5 s" in reply["Error"]
+        store.down = False
+        start = time.monotonic()
+        while await ready() != 200:
+            assert time.monotonic() - start < 3, "not ready again after the store came back"
+            await asyncio.sleep(0.05)

@@ -1,0 +1,95 @@
+"""Faults of the real control plane, as the extender sees them: etcd paused (the API server up,
+its /readyz failing, the watches still connected). /readyz turns unready within stale_after_s,
+a bind meanwhile answers with the protocol's Error before kube-scheduler's timeout, and the
+extender is ready again soon after etcd is back. The times are printed (pytest -s)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from common import builders
+from extender.cluster.kubestore import KubeStore
+from extender.scheduler.serving import serve
+from extender.scheduler.settings import ExtenderSettings
+from tests.apiserver.conftest import ApiServer
+
+pytestmark = pytest.mark.apiserver
+
+STALE_AFTER_S = 3.0
+BIND_TIMEOUT_S = 4.0
+
+
+def etcd_pid(apiserver: ApiServer) -> int:
+    out = subprocess.run(
+        ["pgrep", "-f", "--", f"--data-dir={apiserver.dir}/etcd"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.split()
+    assert len(out) == 1, f"want the one etcd of {apiserver.dir}, found {out}"
+    return int(out[0])
+
+
+async def until(probe: object, want: int, session: aiohttp.ClientSession, url: str) -> float:
+    """Seconds until GET url answers ``want`` (polled every 0.1 s, at most 30 s)."""
+    start = time.monotonic()
+    while True:
+        try:
+            async with session.get(url, timeout=aiohttp.ClientTimeout(total=2)) as r:
+                if r.status == want:
+                    return time.monotonic() - start
+        except (aiohttp.ClientError, TimeoutError):
+            pass
+        assert time.monotonic() - start < 30, f"{url} not {want} after 30 s ({probe})"
+        await asyncio.sleep(0.1)
+
+
+async def test_etcd_paused_turns_the_extender_unready_and_binds_answer_in_time(
+    apiserver: ApiServer,
+) -> None:
+    store = await KubeStore.connect(Path(apiserver.kubeconfig))
+    settings = ExtenderSettings(
+        host="127.0.0.1", port=0, stale_after_s=STALE_AFTER_S, bind_timeout_s=BIND_TIMEOUT_S
+    )
+    pid = etcd_pid(apiserver)
+    try:
+        async with serve(store=store, settings=settings) as running, aiohttp.ClientSession() as s:
+            ready = f"{running.url}/readyz"
+            await until("ready at first", 200, s, ready)
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                unready_s = await until("etcd paused", 503, s, ready)
+                start = time.monotonic()
+                pod = builders.pod("nobody", 1)
+                body = {
+                    "PodName": "nobody",
+                    "PodNamespace": "default",
+                    "PodUID": pod["metadata"]["uid"],
+                    "Node": "n",
+                }
+                async with s.post(f"{running.url}/bind", json=body) as r:
+                    reply = await r.json()
+                bind_s = time.monotonic() - start
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            ready_s = await until("etcd back", 200, s, ready)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        await store.close()
+    print(
+        f"\netcd paused: unready after {unready_s:.1f} s (threshold {STALE_AFTER_S:g} s); "
+        f"a bind answered in {bind_s:.1f} s: {reply['Error']!r}; "
+        f"ready again {ready_s:.1f} s after etcd resumed"
+    )
+    assert unready_s < STALE_AFTER_S + 3 + 2  # the threshold, a probe's timeout, a poll
+    assert bind_s < 10  # kube-scheduler's httpTimeout in the chart
+    assert reply["Error"]
+    assert ready_s < 10
