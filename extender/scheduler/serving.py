@@ -24,6 +24,8 @@ from extender.scheduler.settings import ExtenderSettings
 
 log = logging.getLogger(__name__)
 
+KEEPALIVE_S = 75.0
+
 
 def build_app(
     *,
@@ -130,8 +132,20 @@ async def serve(
         ),
     )
     separate = settings.probe_port is not None
-    runner = web.AppRunner(app.web_app(probes=not separate), access_log=None)
-    probes = web.AppRunner(app.probes_app(), access_log=None) if separate else None
+
+    # On SIGTERM, in-flight verbs get at most a bind's time to finish, so that the whole stop
+    # (drain included) fits the pod's 15 s grace; an idle kept-alive connection is closed after
+    # 75 s (aiohttp's default is an hour).
+    def runner_of(web_app: web.Application) -> web.AppRunner:
+        return web.AppRunner(
+            web_app,
+            access_log=None,
+            shutdown_timeout=settings.bind_timeout_s + 1,
+            keepalive_timeout=KEEPALIVE_S,
+        )
+
+    runner = runner_of(app.web_app(probes=not separate))
+    probes = runner_of(app.probes_app()) if separate else None
     if leasing is not None:
         controller = LeaseController(
             cluster=app.cluster,
@@ -190,9 +204,13 @@ async def run_extender(
     drain_s: float = 2.0,
     leasing: Leasing | None = None,
     registry: CollectorRegistry | None = None,
+    ready: asyncio.Future[str] | None = None,
 ) -> None:
-    """Serve until ``stop`` is set; then fail readiness, let in-flight calls finish, exit."""
+    """Serve until ``stop`` is set; then fail readiness, let in-flight calls finish (each
+    within bind_timeout_s), exit. ``ready`` gets the URL once it listens."""
     async with serve(store=store, settings=settings, leasing=leasing, registry=registry) as running:
+        if ready is not None:
+            ready.set_result(running.url)
         await _first_of(stop, running.tasks)
         running.app.draining = True
         log.info("stopping: readiness failed, draining for %.1f s", drain_s)

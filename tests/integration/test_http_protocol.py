@@ -279,3 +279,33 @@ async def test_readiness_follows_the_api_server_and_a_hung_bind_answers_in_time(
         while await ready() != 200:
             assert time.monotonic() - start < 3, "not ready again after the store came back"
             await asyncio.sleep(0.05)
+
+
+async def test_sigterm_with_a_hung_bind_in_flight_stops_within_the_grace_period() -> None:
+    """Stop (what SIGTERM sets) while a bind hangs on a silent API server: readiness fails,
+    the bind answers by its timeout, and the process is done well within the pod's 15 s (it
+    took 29.6 s: aiohttp waits a minute for in-flight handlers by default)."""
+    import time
+
+    from extender.scheduler.serving import run_extender
+
+    settings = ExtenderSettings(host="127.0.0.1", port=0, bind_timeout_s=2.0)
+    store = MemoryStore(small_cluster())
+    stop = asyncio.Event()
+    ready: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    server = asyncio.create_task(
+        run_extender(store=store, settings=settings, stop=stop, drain_s=1.0, ready=ready)
+    )
+    url = await asyncio.wait_for(ready, timeout=10)
+    store.down = True
+    body = {"PodName": "hp-a", "PodNamespace": "default", "PodUID": "uid-hp-a", "Node": "node-a"}
+    async with aiohttp.ClientSession() as s:
+        bind = asyncio.create_task(s.post(f"{url}/bind", json=body))
+        await asyncio.sleep(0.2)  # in flight, hanging on the store
+        start = time.monotonic()
+        stop.set()
+        await asyncio.wait_for(server, timeout=20)
+        stopped_s = time.monotonic() - start
+        async with await bind as r:
+            assert "bind did not finish" in (await r.json())["Error"]
+    assert stopped_s < 1.0 + 2.0 + 2.0  # the drain, a bind's timeout, slack
