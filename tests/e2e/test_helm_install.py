@@ -133,7 +133,10 @@ class Stack:
         pod = self.node.pod(self.workloads, name, gpus=gpus)
         pod["spec"]["schedulerName"] = SCHEDULER
         self.cluster.kube.create(pod)
-        pod = self.cluster.wait_running(self.workloads, name, timeout=POD_TIMEOUT_S)
+        try:
+            pod = self.cluster.wait_running(self.workloads, name, timeout=POD_TIMEOUT_S)
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{self.describe('extender')}") from None
         uuids = devices_of(pod)
         assert len(uuids) == gpus
         assert pod["spec"]["nodeName"] == NODE
