@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import yaml
 from kubernetes_asyncio import client, config
 
 from common.errors import Conflict, InvalidInput, NotFound, TooManyRequests, Unavailable
@@ -73,9 +74,21 @@ class KubeClient:
                 return cls(client.ApiClient(configuration=cfg))
             except config.ConfigException:
                 pass
-        await config.load_kube_config(
-            config_file=str(kubeconfig) if kubeconfig else None, client_configuration=cfg
-        )
+        try:
+            await config.load_kube_config(
+                config_file=str(kubeconfig) if kubeconfig else None, client_configuration=cfg
+            )
+        except (
+            config.ConfigException,
+            yaml.YAMLError,
+            OSError,
+            ValueError,
+            TypeError,
+            KeyError,
+        ) as e:
+            # A missing, unreadable or malformed kubeconfig: one line, not a traceback.
+            where = kubeconfig or "~/.kube/config (not in a cluster)"
+            raise InvalidInput(f"kubeconfig {where}: {e}") from e
         return cls(client.ApiClient(configuration=cfg))
 
     async def close(self) -> None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from common.errors import InvalidInput
 from common.leaderelection import LeaderElector
 from extender.cluster.state import ClusterState
 from extender.cluster.store import Store
@@ -62,6 +63,15 @@ async def run_api_probe(*, store: Store, app: ExtenderApp, stale_after_s: float)
             log.warning("API server %s", "answers again" if ok else "stopped answering")
             was_ok = ok
         await asyncio.sleep(interval_s)
+
+
+async def _listen(runner: web.AppRunner, host: str, port: int) -> None:
+    """Listen on host:port; a port in use or a host that does not resolve is a one-line
+    InvalidInput (the command exits 2 saying so), not a traceback."""
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except OSError as e:
+        raise InvalidInput(f"cannot listen on {host}:{port}: {e.strerror or e}") from e
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,14 +184,13 @@ async def serve(
         await _first_of(synced, tasks)
         app.synced = True
         await runner.setup()
-        site = web.TCPSite(runner, settings.host, settings.port)
-        await site.start()
+        await _listen(runner, settings.host, settings.port)
         host, port = runner.addresses[0][:2]
         log.info("extender listening on %s:%s, %d GPU nodes", host, port, len(app.cluster))
         probe_url = None
-        if probes is not None:
+        if probes is not None and settings.probe_port is not None:
             await probes.setup()
-            await web.TCPSite(probes, settings.probe_host, settings.probe_port).start()
+            await _listen(probes, settings.probe_host, settings.probe_port)
             probe_host, probe_port = probes.addresses[0][:2]
             probe_url = f"http://{probe_host}:{probe_port}"
             log.info("probes and metrics on %s", probe_url)

@@ -98,3 +98,42 @@ def test_bad_snapshot_is_a_clear_error(tmp_path: Path) -> None:
     )
     assert res.returncode == 2
     assert "status.devices[0].tier must be one of LA, MA, HA" in res.stderr
+
+
+def test_startup_errors_exit_2_with_one_line_each(tmp_path: Path) -> None:
+    """A port in use, a host that does not resolve, a kubeconfig that is not one: exit 2 and
+    one clear line on stderr, no traceback."""
+    snap = tmp_path / "demo.yaml"
+    snap.write_text(yaml.safe_dump({"kind": "List", "items": demo_objects()}))
+    bad_kubeconfig = tmp_path / "kubeconfig"
+    bad_kubeconfig.write_text("apiVersion: v1\nkind: Config\nclusters: [oops\n")
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        cases = {
+            "port in use": (
+                ["--snapshot", str(snap), "--host", "127.0.0.1", "--port", str(port)],
+                f"cannot listen on 127.0.0.1:{port}",
+            ),
+            "bad host": (
+                ["--snapshot", str(snap), "--host", "no-such-host.invalid", "--port", "0"],
+                "cannot listen on no-such-host.invalid:0",
+            ),
+            "bad kubeconfig": (
+                ["--kubeconfig", str(bad_kubeconfig), "--port", "0"],
+                f"kubeconfig {bad_kubeconfig}",
+            ),
+        }
+        for what, (args, message) in cases.items():
+            res = subprocess.run(
+                [sys.executable, "-m", "common.cli", "extender", *args],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert res.returncode == 2, (what, res.stderr)
+            assert "Traceback" not in res.stderr, (what, res.stderr)
+            lines = [ln for ln in res.stderr.splitlines() if ln.startswith("tidelease: ")]
+            assert len(lines) == 1, (what, res.stderr)
+            assert message in lines[0], (what, lines[0])
