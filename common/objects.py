@@ -1,6 +1,6 @@
 """Translate tidelease's custom resources to and from typed values. Pure.
 
-Two kinds, both cluster-scoped and named after their node (manifests/crds documents them):
+Two kinds, both cluster-scoped and named after their node (the chart's crds/ document them):
 
 * ``GpuNode`` — the node's devices. ``status`` is written by the node agent (index, UUID, type,
   health, tier, cache inventory); ``spec.devices`` by the leasing controller (owner tag, standby).

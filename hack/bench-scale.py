@@ -7,7 +7,7 @@ usage: hack/bench-scale.py [--nodes 1250] [--pods 1000] [--qps 500] [--burst 100
 
 Starts hack/cluster-up.sh (foreground, in a temporary directory) with --nodes kwok GPU nodes (8
 H20 each, a GpuNode each) and two kube-schedulers: the default one with the extender
-(manifests/scheduler's configuration) and a second one, profile "tidelease-plain", from the same
+(the chart's scheduler configuration) and a second one, profile "tidelease-plain", from the same
 configuration without extenders. Both get the same client QPS/burst (--qps/--burst; kube-
 scheduler's own default of 50/100 would cap the plain scheduler's binding calls, while the
 extender binds with its own unthrottled client).

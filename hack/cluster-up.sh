@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Start a local cluster on loopback: etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler (manifests/scheduler's configuration, pointed at the local extender), kwok with
+# kube-scheduler (the chart's scheduler configuration, pointed at the local extender), kwok with
 # TL_CLUSTER_NODES fake GPU nodes (nvidia.com/gpu: 8, a GpuNode object each), tidelease's CRDs
 # and PriorityClasses, and the tidelease extender. Ports are free loopback ports.
 #

@@ -22,7 +22,7 @@ Phase = Literal["Steady", "Lending", "Reclaiming"]
 PHASES: tuple[Phase, ...] = ("Steady", "Lending", "Reclaiming")
 DEFAULT_GRACE_S = 45
 # The shortest notice a lease may give its borrowers: time to checkpoint (weflex 3.5 gives
-# 30-60 s). manifests/crds/gpuleases.yaml holds the same minimum; a test cluster shortens every
+# 30-60 s). The chart's crds/gpuleases.yaml holds the same minimum; a test cluster shortens every
 # notice with the extender's leasing_test_grace_s setting instead (docs/leasing.md).
 MIN_GRACE_S = 30
 MAX_GRACE_S = 600

@@ -23,7 +23,7 @@ from typing import Any
 
 from extender.leasing.rules import ScheduleEntry
 
-MAX_SCHEDULE_ENTRIES = 96  # manifests/crds/gpuleases.yaml: spec.schedule.maxItems
+MAX_SCHEDULE_ENTRIES = 96  # the chart's crds/gpuleases.yaml: spec.schedule.maxItems
 DAY_MIN = 1440
 
 

@@ -22,7 +22,7 @@ from tests.e2e.kube import ApiError, Kube, post_json, wait_for
 
 GROUP_LABEL = "e2e.tidelease.io/group"
 GPU = contract.DEFAULT_GPU_RESOURCE
-# tidelease's PriorityClasses (manifests/priorityclasses), applied by hack/cluster-up.sh.
+# tidelease's PriorityClasses (the chart's), applied by hack/cluster-up.sh.
 ONLINE = "tidelease-online"
 BORROWER = "tidelease-borrower"
 

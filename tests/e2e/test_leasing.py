@@ -1,6 +1,6 @@
 """Right-of-return leasing on the local cluster: the real StatefulSet controller scales the owner,
 the real kube-scheduler places every pod through the extender, and the leasing controller runs in
-the extender process (as manifests/extender deploys it).
+the extender process (as the chart deploys it).
 
 An online job ``recsys`` (a StatefulSet of 4-GPU replicas) holds 16 GPUs; its GpuLease lends 8,
 borrowers run on them, then the lease asks for 16 again: the borrowers get a notice, are evicted
