@@ -253,3 +253,37 @@ def test_bind_serves_only_the_scheduler_of_the_mode(
     f = tmp_path / "settings.yaml"
     f.write_text(cm["data"]["settings.yaml"])
     assert load_settings(file=f, env={}).scheduler_names == served
+
+
+def test_network_policies_admit_only_the_scheduler_to_the_verbs() -> None:
+    own = find(render(), "NetworkPolicy", "tidelease-extender")["spec"]["ingress"]
+    # ownScheduler: no rule names the verbs' port (they listen on loopback in the pod).
+    assert [[p["port"] for p in rule["ports"]] for rule in own] == [[8889, 10259]]
+    cluster = find(
+        render("scheduling.mode=clusterScheduler", "networkPolicies.schedulerCIDRs={10.0.0.0/24}"),
+        "NetworkPolicy",
+        "tidelease-extender",
+    )["spec"]["ingress"]
+    assert cluster == [
+        {"ports": [{"port": 8889, "protocol": "TCP"}]},
+        {
+            "from": [{"ipBlock": {"cidr": "10.0.0.0/24"}}],
+            "ports": [{"port": 8888, "protocol": "TCP"}],
+        },
+    ]
+    # Without scheduler addresses, the verbs are reachable from nowhere.
+    closed = find(render("scheduling.mode=clusterScheduler"), "NetworkPolicy", "tidelease-extender")
+    assert [[p["port"] for p in r["ports"]] for r in closed["spec"]["ingress"]] == [[8889]]
+    cache = find(render(), "NetworkPolicy", "tidelease-agent")["spec"]["ingress"]
+    (rule,) = cache
+    assert rule["from"] == [
+        {
+            "podSelector": {
+                "matchLabels": {
+                    "app.kubernetes.io/name": "tidelease-agent",
+                    "app.kubernetes.io/instance": "tidelease",
+                }
+            }
+        }
+    ]
+    assert rule["ports"] == [{"port": 8477, "protocol": "TCP"}]
