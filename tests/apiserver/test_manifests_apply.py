@@ -5,29 +5,21 @@ runs them.)"""
 from __future__ import annotations
 
 import json
-import subprocess
 from typing import Any
 
 import pytest
 
 from tests.apiserver.conftest import ApiServer
-from tests.chart import CHART, NAMESPACE, ROOT, binary, helm
+from tests.apiserver.kubectl import Kubectl
+from tests.chart import CHART, NAMESPACE, ROOT, helm
 
 pytestmark = pytest.mark.apiserver
 
 RELEASE = "tidelease"
 
 
-def kubectl(apiserver: ApiServer, *args: str, check: bool = True) -> str:
-    done = subprocess.run(
-        [binary("kubectl"), "--kubeconfig", str(apiserver.kubeconfig), *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    if check:
-        assert done.returncode == 0, done.stderr
-    return done.stdout
+def kubectl(apiserver: ApiServer, *args: str) -> str:
+    return Kubectl(apiserver).kubectl(*args)
 
 
 def ours(apiserver: ApiServer) -> set[tuple[str, str]]:

@@ -5,85 +5,37 @@ what the component needs is allowed."""
 
 from __future__ import annotations
 
-import json
-import subprocess
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
 from tests.apiserver.conftest import ApiServer
-from tests.chart import CHART, binary, helm
+from tests.apiserver.kubectl import Kubectl
+from tests.chart import CHART, helm
 
 pytestmark = pytest.mark.apiserver
 
 NS = "tidelease-rbac"
 
 
-@dataclass
-class Cluster:
-    apiserver: ApiServer
-
-    def run(
-        self, *args: str, token: str | None = None, stdin: str | None = None
-    ) -> subprocess.CompletedProcess[str]:
-        """kubectl as the admin, or as the holder of ``token``."""
-        auth = (
-            ["--server", self.apiserver.server, "--certificate-authority",
-             str(self.apiserver.ca), "--token", token]
-            if token is not None
-            else ["--kubeconfig", str(self.apiserver.kubeconfig)]
-        )  # fmt: skip
-        return subprocess.run(
-            [binary("kubectl"), *auth, *args],
-            input=stdin,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-
-    def kubectl(self, *args: str, token: str | None = None, stdin: str | None = None) -> str:
-        done = self.run(*args, token=token, stdin=stdin)
-        assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
-        return done.stdout
-
-    def refused(self, token: str, *args: str, stdin: str | None = None) -> str:
-        """The error of a request the token's holder must not be able to make."""
-        done = self.run(*args, token=token, stdin=stdin)
-        assert done.returncode != 0, f"allowed, must be refused: {' '.join(args)}: {done.stdout}"
-        return done.stderr
-
-    def can(self, token: str, verb: str, resource: str, namespace: str = "") -> bool:
-        """`kubectl auth can-i` as the token's holder (a SelfSubjectAccessReview)."""
-        ns = ["-n", namespace] if namespace else ["-A"]
-        resource, _, sub = resource.partition("/")  # pods/binding: a subresource, not a name
-        subresource = ["--subresource", sub] if sub else []
-        done = self.run("auth", "can-i", verb, resource, *subresource, *ns, token=token)
-        answer = done.stdout.strip()
-        assert answer in ("yes", "no"), f"can-i {verb} {resource}: {done.stdout} {done.stderr}"
-        return answer == "yes"
-
-
-def pod_on(node: str, name: str, namespace: str, account: str = "default") -> str:
-    return json.dumps(
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {
-                "nodeName": node,
-                "serviceAccountName": account,
-                "containers": [{"name": "c", "image": "local/app:v1"}],
-            },
-        }
-    )
+def pod_on(node: str, name: str, namespace: str, account: str = "default") -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "nodeName": node,
+            "serviceAccountName": account,
+            "containers": [{"name": "c", "image": "local/app:v1"}],
+        },
+    }
 
 
 @pytest.fixture(scope="module")
-def cluster(apiserver: ApiServer) -> Iterator[Cluster]:
-    c = Cluster(apiserver)
+def cluster(apiserver: ApiServer) -> Iterator[Kubectl]:
+    c = Kubectl(apiserver)
     kube = ("--kubeconfig", str(apiserver.kubeconfig), "--namespace", NS)
     c.kubectl("create", "namespace", "ml")  # opted in below (it must exist first)
     helm(
@@ -92,21 +44,18 @@ def cluster(apiserver: ApiServer) -> Iterator[Cluster]:
         timeout=180,
     )  # fmt: skip
     # The objects an attacker would go for, and a node with a pod for each agent token.
-    c.kubectl("apply", "-f", "-", stdin=json.dumps({
+    c.apply({
         "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
         "metadata": {"name": "kube-scheduler", "namespace": "kube-system"},
         "spec": {"holderIdentity": "the-real-scheduler"},
-    }))  # fmt: skip
-    c.kubectl("apply", "-f", "-", stdin=pod_on("sys-node", "victim", "kube-system"))
+    })  # fmt: skip
+    c.apply(pod_on("sys-node", "victim", "kube-system"))
     for node in ("node-a", "node-b"):
-        c.kubectl("apply", "-f", "-", stdin=json.dumps({
-            "apiVersion": "v1", "kind": "Node", "metadata": {"name": node},
-        }))  # fmt: skip
-        c.kubectl("apply", "-f", "-", stdin=pod_on(node, f"agent-{node}", NS, "tidelease-agent"))
-        c.kubectl("apply", "-f", "-", stdin=json.dumps({
-            "apiVersion": "tidelease.io/v1alpha1", "kind": "GpuNode",
-            "metadata": {"name": node},
-        }))  # fmt: skip
+        c.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
+        c.apply(pod_on(node, f"agent-{node}", NS, "tidelease-agent"))
+        c.apply(
+            {"apiVersion": "tidelease.io/v1alpha1", "kind": "GpuNode", "metadata": {"name": node}}
+        )
     try:
         yield c
     finally:
@@ -126,13 +75,13 @@ def cluster(apiserver: ApiServer) -> Iterator[Cluster]:
             )  # fmt: skip
 
 
-def token(c: Cluster, account: str, pod: str | None = None) -> str:
+def token(c: Kubectl, account: str, pod: str | None = None) -> str:
     bound = ["--bound-object-kind", "Pod", "--bound-object-name", pod] if pod else []
     return c.kubectl("create", "token", account, "-n", NS, *bound).strip()
 
 
 def test_the_extender_cannot_take_the_scheduler_lease_or_reach_past_its_namespace(
-    cluster: Cluster,
+    cluster: Kubectl,
 ) -> None:
     t = token(cluster, "tidelease-extender")
     error = cluster.refused(
@@ -158,7 +107,7 @@ def test_the_extender_cannot_take_the_scheduler_lease_or_reach_past_its_namespac
         assert cluster.can(t, verb, resource, ns), (verb, resource, ns)
 
 
-def test_an_agent_writes_only_its_own_node(cluster: Cluster) -> None:
+def test_an_agent_writes_only_its_own_node(cluster: Kubectl) -> None:
     t = token(cluster, "tidelease-agent", pod="agent-node-a")
     patch = ("--type=merge", "-p", '{"metadata":{"annotations":{"x":"y"}}}')
     # Another node's GpuNode status, a kube-system pod's image, another node's pod: refused.
@@ -190,7 +139,7 @@ def test_an_agent_writes_only_its_own_node(cluster: Cluster) -> None:
 
 
 def test_the_orchestrator_cannot_exec_or_write_outside_the_namespaces_that_opt_in(
-    cluster: Cluster,
+    cluster: Kubectl,
 ) -> None:
     t = token(cluster, "tidelease-orchestrator")
     for ns in ("kube-system", "default"):
@@ -210,7 +159,7 @@ def test_the_orchestrator_cannot_exec_or_write_outside_the_namespaces_that_opt_i
     assert cluster.can(t, "update", "leases", NS)
 
 
-def test_the_extender_scales_workloads_only_where_leases_may_live(cluster: Cluster) -> None:
+def test_the_extender_scales_workloads_only_where_leases_may_live(cluster: Kubectl) -> None:
     t = token(cluster, "tidelease-extender")
     assert cluster.can(t, "patch", "statefulsets/scale", "ml")
     assert not cluster.can(t, "patch", "statefulsets/scale", "kube-system")
