@@ -385,6 +385,12 @@ print(tomllib.load(open(sys.argv[1], "rb"))["project"]["version"])' "${TL_ROOT}/
     dirty="-dirty"
     key="${key}-dirty-$(inputs_hash)"
   fi
+  # The source label is what the builder says, never the checkout's remote (a clone's remote
+  # can be a path on the build machine); it is part of the cache key, as it is of the image id.
+  source="${TIDELEASE_IMAGE_SOURCE:-}"
+  if [[ -n "${source}" ]]; then
+    key="${key}-src-$(printf '%s' "${source}" | sha256sum | cut -c1-8)"
+  fi
   archive="${TL_IMAGE_CACHE}/tidelease-${key}.tar"
   cached "${archive}" && return 0
 
@@ -407,8 +413,6 @@ print(tomllib.load(open(sys.argv[1], "rb"))["project"]["version"])' "${TL_ROOT}/
 
   step="$(tl::now_s)"
   tags=("tidelease:${version}" "tidelease:${version}-${short}${dirty}")
-  source="${TIDELEASE_IMAGE_SOURCE:-$(git -C "${TL_ROOT}" remote get-url origin 2>/dev/null ||
-    true)}"
   created="$(date -u -d "@${SOURCE_DATE_EPOCH}" +%Y-%m-%dT%H:%M:%SZ)"
   base_what="mmdebstrap --variant=essential ${TL_IMAGE_SUITE} + ${TL_IMAGE_PACKAGES[*]}"
   base_what+="; user ${TL_IMAGE_USER} (${TL_IMAGE_UID})"
@@ -427,9 +431,9 @@ print(tomllib.load(open(sys.argv[1], "rb"))["project"]["version"])' "${TL_ROOT}/
     --label "org.opencontainers.image.version=${version}"
     --label "org.opencontainers.image.revision=${commit}"
     --label "org.opencontainers.image.created=${created}"
-    --label "org.opencontainers.image.source=${source}"
     --label "org.opencontainers.image.licenses=Apache-2.0"
   )
+  [[ -z "${source}" ]] || args+=(--label "org.opencontainers.image.source=${source}")
   for l in "${TL_IMAGE_ENV[@]}"; do args+=(--env "${l}"); done
   pack "${WORK}/image.tar" "${SOURCE_DATE_EPOCH}" "${args[@]}"
   tl::log "packed in $(tl::elapsed "${step}") s"
