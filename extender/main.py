@@ -56,6 +56,9 @@ def _extender(args: argparse.Namespace) -> int:
             "port": args.port,
             "probe_host": args.probe_host,
             "probe_port": args.probe_port,
+            "tls_cert_file": args.tls_cert_file,
+            "tls_key_file": args.tls_key_file,
+            "client_ca_file": args.client_ca_file,
             "snapshot": args.snapshot,
             "kubeconfig": args.kubeconfig,
             **{name: True for name in CONTROLLERS if getattr(args, name)},
@@ -296,6 +299,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "default 0.0.0.0), so the verbs can listen on loopback only",
     )
     ext.add_argument("--probe-host", help="address of --probe-port (default 0.0.0.0)")
+    ext.add_argument(
+        "--tls-cert-file", type=Path, help="serve the verbs over HTTPS with this certificate"
+    )
+    ext.add_argument("--tls-key-file", type=Path, help="the key of --tls-cert-file")
+    ext.add_argument(
+        "--client-ca-file",
+        type=Path,
+        help="with HTTPS, require a client certificate signed by this CA (kube-scheduler's)",
+    )
     ext.add_argument(
         "--kubeconfig", type=Path, help="kubeconfig (default: in-cluster, then ~/.kube/config)"
     )

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from common.errors import InvalidInput
+from common.httpserving import GuardedSite, Limits, TLSContext, listen, raise_fd_limit
 from common.leaderelection import LeaderElector
 from extender.cluster.state import ClusterState
 from extender.cluster.store import Store
@@ -26,6 +26,8 @@ from extender.scheduler.settings import ExtenderSettings
 log = logging.getLogger(__name__)
 
 KEEPALIVE_S = 75.0
+# The probes' port: the kubelet and Prometheus, a handful of connections.
+PROBE_LIMITS = Limits(max_connections=64)
 
 
 def build_app(
@@ -65,21 +67,14 @@ async def run_api_probe(*, store: Store, app: ExtenderApp, stale_after_s: float)
         await asyncio.sleep(interval_s)
 
 
-async def _listen(runner: web.AppRunner, host: str, port: int) -> None:
-    """Listen on host:port; a port in use or a host that does not resolve is a one-line
-    InvalidInput (the command exits 2 saying so), not a traceback."""
-    try:
-        await web.TCPSite(runner, host, port).start()
-    except OSError as e:
-        raise InvalidInput(f"cannot listen on {host}:{port}: {e.strerror or e}") from e
-
-
 @dataclass(frozen=True, slots=True)
 class Running:
     app: ExtenderApp
     url: str  # base URL the server listens on
     tasks: tuple[asyncio.Task[None], ...]  # background work: watch and reaper
     probe_url: str | None = None  # where /healthz, /readyz, /metrics are, if not at url
+    site: GuardedSite | None = None  # the verbs' listener (its guard's counts)
+    tls: TLSContext | None = None  # the verbs' TLS, when HTTPS
 
 
 async def _first_of(event: asyncio.Event, tasks: tuple[asyncio.Task[None], ...]) -> None:
@@ -117,6 +112,10 @@ async def serve(
     ``registry``: where its metrics go (and what /metrics serves; other components of the
     process may register theirs there too); a new one by default."""
     app = build_app(store=store, settings=settings, clock=clock, registry=registry)
+    server_tls = settings.server_tls()
+    tls = TLSContext(server_tls) if server_tls is not None else None
+    verb_limits = Limits(max_connections=settings.max_connections)
+    raise_fd_limit(verb_limits.max_connections + PROBE_LIMITS.max_connections + 512)
     synced = asyncio.Event()
     leases = LeaseCache()
     tasks: tuple[asyncio.Task[None], ...] = (
@@ -141,6 +140,8 @@ async def serve(
             name="api-probe",
         ),
     )
+    if tls is not None:
+        tasks = (*tasks, asyncio.create_task(tls.follow(), name="tls-files"))
     separate = settings.probe_port is not None
 
     # On SIGTERM, in-flight verbs get at most a bind's time to finish, so that the whole stop
@@ -184,17 +185,25 @@ async def serve(
         await _first_of(synced, tasks)
         app.synced = True
         await runner.setup()
-        await _listen(runner, settings.host, settings.port)
+        site = await listen(runner, settings.host, settings.port, limits=verb_limits, tls=tls)
         host, port = runner.addresses[0][:2]
-        log.info("extender listening on %s:%s, %d GPU nodes", host, port, len(app.cluster))
+        scheme = "https" if tls is not None else "http"
+        log.info(
+            "extender listening on %s://%s:%s%s, %d GPU nodes",
+            scheme,
+            host,
+            port,
+            " (client certificates required)" if tls is not None else "",
+            len(app.cluster),
+        )
         probe_url = None
         if probes is not None and settings.probe_port is not None:
             await probes.setup()
-            await _listen(probes, settings.probe_host, settings.probe_port)
+            await listen(probes, settings.probe_host, settings.probe_port, limits=PROBE_LIMITS)
             probe_host, probe_port = probes.addresses[0][:2]
             probe_url = f"http://{probe_host}:{probe_port}"
             log.info("probes and metrics on %s", probe_url)
-        yield Running(app, f"http://{host}:{port}", tasks, probe_url)
+        yield Running(app, f"{scheme}://{host}:{port}", tasks, probe_url, site, tls)
     finally:
         app.draining = True
         for task in tasks:

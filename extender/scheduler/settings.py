@@ -15,6 +15,7 @@ import yaml
 
 from common import contract
 from common.errors import InvalidInput
+from common.httpserving import ServerTLS
 from common.model import Tier
 from extender.scheduler.scoring import ScoreWeights
 
@@ -29,6 +30,14 @@ class ExtenderSettings:
     # verbs can listen on loopback only while the kubelet's probes and Prometheus reach these.
     probe_host: str = "0.0.0.0"
     probe_port: int | None = None
+    # HTTPS on the verbs' port, with a client certificate from client_ca_file required (the
+    # cluster-scheduler mode: kube-scheduler reaches the extender over the network). All three
+    # or none; files that change (a rotated Secret) are read again without a restart.
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    client_ca_file: Path | None = None
+    # Open connections each listener accepts; past that, 503 and close (common.httpserving).
+    max_connections: int = 256
     gpu_resource: str = contract.DEFAULT_GPU_RESOURCE
     # The schedulers whose pods bind accepts (a pod's spec.schedulerName): the chart sets the
     # one of its mode. A bind for any other pod is refused, whoever calls.
@@ -71,9 +80,22 @@ class ExtenderSettings:
             out[(gpu_type, Tier[tier])] = count
         return out
 
+    def server_tls(self) -> ServerTLS | None:
+        if self.tls_cert_file is None or self.tls_key_file is None or self.client_ca_file is None:
+            return None
+        return ServerTLS(self.tls_cert_file, self.tls_key_file, self.client_ca_file)
+
     def validate(self) -> list[str]:
         """Every problem at once; empty when the settings are usable."""
         problems = []
+        tls = {n: getattr(self, n) for n in ("tls_cert_file", "tls_key_file", "client_ca_file")}
+        given = [n for n, v in tls.items() if v is not None]
+        if given and len(given) < len(tls):
+            missing = ", ".join(n for n in tls if n not in given)
+            problems.append(f"{', '.join(given)} given without {missing}: HTTPS needs all three")
+        problems.extend(f"{n} {v} is not a file" for n, v in tls.items() if v and not v.is_file())
+        if self.max_connections < 1:
+            problems.append("max_connections must be at least 1")
         if not 0 <= self.port <= 65535:
             problems.append(f"port {self.port} is not in 0..65535")
         if self.probe_port is not None and not 0 <= self.probe_port <= 65535:
@@ -120,6 +142,10 @@ _FIELD_TYPES: dict[str, type] = {
     "port": int,
     "probe_host": str,
     "probe_port": int,
+    "tls_cert_file": Path,
+    "tls_key_file": Path,
+    "client_ca_file": Path,
+    "max_connections": int,
     "gpu_resource": str,
     "scheduler_names": tuple,
     "bind_attempts": int,

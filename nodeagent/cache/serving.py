@@ -22,6 +22,7 @@ from pathlib import Path
 from aiohttp import hdrs, web
 from aiohttp.abc import AbstractStreamWriter
 
+from common.httpserving import Limits, listen
 from nodeagent.cache.credentials import TokenFile, authorized
 from nodeagent.cache.naming import KINDS, EntryId, Kind, parse_id
 from nodeagent.cache.ranges import RangeRefused, parse_range
@@ -31,6 +32,8 @@ log = logging.getLogger(__name__)
 
 STORE_KEY = web.AppKey("store", CacheStore)
 TOKEN_KEY = web.AppKey("token", TokenFile)
+# Peers pulling at once are few (a node's pull plan spreads over peers); idle ones are dropped.
+CACHE_LIMITS = Limits(max_connections=128)
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -156,8 +159,7 @@ async def run_cache_server(
     runner = web.AppRunner(cache_app(store, TokenFile(settings.token_file)), access_log=None)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, settings.host, settings.port)
-        await site.start()
+        await listen(runner, settings.host, settings.port, limits=CACHE_LIMITS)
         port = runner.addresses[0][1] if runner.addresses else settings.port
         if bound is not None:
             bound.append(port)
