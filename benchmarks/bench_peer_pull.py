@@ -94,16 +94,27 @@ def _serve(root: Path, token_file: Path, specs: list[PeerSpec], pipe: Connection
     asyncio.run(main())
 
 
-def sparse_entry(store: CacheStore, entry: EntryId, size: int) -> None:
-    """A sparse file of zeros as a cache entry, its manifest computed without reading it."""
+# The sha256 of each entry the seed holds (run() fills it): the pulls are pinned to them.
+DIGESTS: dict[EntryId, str] = {}
+
+
+def sparse_entry(store: CacheStore, entry: EntryId, size: int) -> str:
+    """A sparse file of zeros as a cache entry, its manifest computed without reading it; its
+    sha256 (what a pull is pinned to)."""
     zero = hashlib.sha256(bytes(PIECE)).hexdigest()
     count = piece_count(size, PIECE)
     last = size - (count - 1) * PIECE
     pieces = (zero,) * (count - 1) + (hashlib.sha256(bytes(last)).hexdigest(),)
+    whole = hashlib.sha256()
+    block = bytes(min(size, 8 * MIB))
+    for start in range(0, size, len(block) or 1):
+        whole.update(block[: min(len(block), size - start)])
     tmp = store.temp_path(Kind.CHECKPOINT, entry)
     with open(tmp, "wb") as f:
         f.truncate(size)
-    store.adopt(Manifest(Kind.CHECKPOINT, entry, size, PIECE, pieces), tmp)
+    digest = whole.hexdigest()
+    store.adopt(Manifest(Kind.CHECKPOINT, entry, size, PIECE, pieces, sha256=digest), tmp)
+    return digest
 
 
 def even_split(shards: Sequence[Shard], links: Sequence[LinkModel]) -> Assignment:
@@ -115,13 +126,15 @@ async def one_pull(
     root: Path, name: str, peers: list[Peer], headers: dict[str, str], **kw: object
 ) -> PullResult:
     dest = CacheStore(root / name, max_bytes=1 << 40, piece_size=PIECE)
+    entry: EntryId = kw.pop("entry", CKPT)  # type: ignore[assignment]
     try:
         return await pull(
             store=dest,
             kind=Kind.CHECKPOINT,
-            entry=kw.pop("entry", CKPT),  # type: ignore[arg-type]
+            entry=entry,
             peers=StaticPeers(peers),
             headers=headers,
+            digest=DIGESTS[entry],  # peers are not trusted for content
             **kw,  # type: ignore[arg-type]
         )
     finally:
@@ -163,9 +176,11 @@ async def run(args: argparse.Namespace, root: Path) -> None:
     size = args.size_mib * MIB
     seed = CacheStore(root / "seed", max_bytes=1 << 40, piece_size=PIECE)
     t = time.perf_counter()
-    seed.add_file(Kind.CHECKPOINT, CKPT, random_file(root / "src.bin", size))
+    added = seed.add_file(Kind.CHECKPOINT, CKPT, random_file(root / "src.bin", size))
+    assert added.sha256 is not None
+    DIGESTS[CKPT] = added.sha256
     (root / "src.bin").unlink()
-    sparse_entry(seed, BIG, int(args.serve_gib * (1 << 30)))
+    DIGESTS[BIG] = sparse_entry(seed, BIG, int(args.serve_gib * (1 << 30)))
     # The peers' process opens the seed next: a cache directory is held by one process at a
     # time (a POSIX lock on <dir>/.lock, nodeagent/cache/store.py), this one until it lets go.
     seed.close()

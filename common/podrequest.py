@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from common import contract
+from common.checkpointref import parse_checkpoint_ref
 from common.errors import InvalidInput
 from common.jobclasses import class_problems
 from common.model import JobName, PodRequest, PodUid, Priority, Tier
@@ -158,6 +159,14 @@ def parse_pod(pod: object, *, resource: str = contract.DEFAULT_GPU_RESOURCE) -> 
         )
         gpu_type = None
     checkpoint = annotations.get(contract.ANN_CHECKPOINT) or None
+    if checkpoint is not None:
+        ref = parse_checkpoint_ref(checkpoint)
+        if ref is None:
+            problems.append(
+                f"annotation {contract.ANN_CHECKPOINT}: {checkpoint!r} is not ID or "
+                "ID@sha256:<64 hex digits>"
+            )
+        checkpoint = ref.id if ref is not None else None  # what nodes' caches are keyed by
     if reclaim and (priority is not Priority.HIGH or owner is None):
         problems.append(
             f'annotation {contract.ANN_RECLAIM}: "true" needs '

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from common import contract
+from common.checkpointref import parse_checkpoint_ref
 from common.errors import NotFound, TideleaseError
 from common.kubeclient import KubeClient
 from common.prewarmwire import (
@@ -110,7 +111,8 @@ class PeerCheckpoints:
     def has(self, checkpoint: str) -> bool:
         from nodeagent.cache.naming import Kind, parse_id
 
-        entry = parse_id(checkpoint)
+        ref = parse_checkpoint_ref(checkpoint)
+        entry = parse_id(ref.id) if ref is not None else None
         return entry is not None and self.store.has(Kind.CHECKPOINT, entry)
 
     async def fetch(self, checkpoint: str) -> str:
@@ -138,9 +140,12 @@ class PeerCheckpoints:
         from nodeagent.cache.naming import Kind, parse_id
         from nodeagent.pulling.puller import pull
 
-        entry = parse_id(checkpoint)
-        if entry is None:
-            raise InvalidInput(f"{checkpoint!r} is not a valid checkpoint id")
+        ref = parse_checkpoint_ref(checkpoint)
+        entry = parse_id(ref.id) if ref is not None else None
+        if ref is None or entry is None:
+            raise InvalidInput(f"{checkpoint!r} is not a valid checkpoint id (ID or ID@sha256:HEX)")
+        # Pinned by the pod's annotation (ID@sha256:...), or else trusted from the origin:
+        # peers alone are not trusted for content, and the pull says so.
         result = await pull(
             store=self.store,
             kind=Kind.CHECKPOINT,
@@ -149,6 +154,7 @@ class PeerCheckpoints:
             headers=self.headers(),
             origin=self.origin,
             settings=self.settings,
+            digest=ref.sha256,
         )
         sources = ", ".join(f"{k} {v}" for k, v in sorted(result.bytes_by_source.items()))
         return f"fetched {result.manifest.size} bytes in {result.seconds:.2f} s ({sources})"

@@ -1,6 +1,7 @@
-"""Which entries to evict to keep the cache under its size bound: abandoned partial pulls first
-(oldest progress first), then complete entries, least recently used first; and which partial
-pulls have been left too long to keep for a resume. Pure."""
+"""Which entries to evict to keep the cache under its size bound, or to keep its filesystem's
+reserve free: abandoned partial pulls first (oldest progress first), then complete entries,
+least recently used first; and which partial pulls have been left too long to keep for a
+resume. Pure."""
 
 from __future__ import annotations
 
@@ -12,6 +13,20 @@ from nodeagent.cache.naming import EntryId, Kind
 
 # A partial pull with no progress for this long is dropped at start rather than resumed.
 DEFAULT_PARTIAL_TTL_S = 24 * 3600.0
+# Bytes the cache leaves free on its filesystem, whatever its size bound says.
+DEFAULT_RESERVE_BYTES = 1 << 30
+
+
+def disk_shortfall(*, free: int, need: int, reserve: int) -> int:
+    """The bytes to free before ``need`` more can be written with ``reserve`` left free of the
+    ``free`` there are (zero or less: it fits)."""
+    return need + reserve - free
+
+
+def disk_bound(*, held: int, incoming: int, shortfall: int) -> int:
+    """The size bound under which :func:`choose_room` frees ``shortfall`` bytes of the ``held``
+    (entries and abandoned partials) when ``incoming`` bytes are to arrive."""
+    return held + incoming - shortfall
 
 
 @dataclass(frozen=True, slots=True)

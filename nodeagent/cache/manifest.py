@@ -1,8 +1,13 @@
-"""An entry's manifest: its size and the sha256 of every piece. Pure.
+"""An entry's manifest: its size, the sha256 of every piece and of the whole content. Pure.
 
 A piece is the unit of verification: the file cut into ``piece_size`` bytes (the last piece may
 be shorter). A puller's shard (the unit of transfer and assignment) is a run of whole pieces, so
 it can verify each piece as it arrives and keep every verified piece across an interruption.
+
+``sha256`` is the whole content's digest (what ``sha256sum`` prints): the name a caller who
+knows the content pins a pull to. A peer's manifest is only a claim; the puller checks the claim
+against the digest it was given and the assembled file against the claim (docs/peer-cache.md).
+Entries stored before the field existed have none (``None``).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ class Manifest:
     piece_size: int
     pieces: tuple[str, ...]  # sha256 hex per piece
     ref: str | None = None  # an image's reference
+    sha256: str | None = None  # the whole content's sha256 hex; None in older manifests
 
     def piece_span(self, index: int) -> tuple[int, int]:
         """(offset, length) of piece ``index``."""
@@ -49,7 +55,14 @@ class Manifest:
         }
         if self.ref is not None:
             out["ref"] = self.ref
+        if self.sha256 is not None:
+            out["sha256"] = self.sha256
         return out
+
+
+def valid_digest(value: str) -> bool:
+    """Whether ``value`` is a sha256 as manifests write it: 64 lowercase hex digits."""
+    return _SHA256.fullmatch(value) is not None
 
 
 def parse_manifest(raw: Any) -> Manifest:
@@ -91,8 +104,11 @@ def parse_manifest(raw: Any) -> Manifest:
     ref = raw.get("ref")
     if ref is not None and (not isinstance(ref, str) or not 0 < len(ref) <= 512):
         problems.append("ref must be a string of 1-512 characters")
+    digest = raw.get("sha256")
+    if digest is not None and (not isinstance(digest, str) or not valid_digest(digest)):
+        problems.append("sha256 must be a lowercase sha256 hex digest")
     if problems:
         raise InvalidInput(problems)
     if kind is None or entry is None or size is None or piece_size is None or pieces is None:
         raise InvalidInput("manifest is incomplete")  # unreachable: each None added a problem
-    return Manifest(kind, entry, size, piece_size, tuple(pieces), ref)
+    return Manifest(kind, entry, size, piece_size, tuple(pieces), ref, digest)

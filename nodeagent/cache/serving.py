@@ -44,9 +44,14 @@ class ServeSettings:
     token_file: Path = Path("/etc/tidelease/cache-token/token")
 
     def validate(self) -> list[str]:
+        """Every problem at once; empty when the settings are usable."""
         problems = []
-        if not 0 <= self.port <= 65535:
+        if isinstance(self.port, bool) or not isinstance(self.port, int):
+            problems.append(f"cache port {self.port!r} is not a whole number")
+        elif not 0 <= self.port <= 65535:
             problems.append(f"cache port {self.port} is not a TCP port")
+        if not self.host:
+            problems.append("cache host must not be empty")
         return problems
 
 

@@ -18,6 +18,15 @@ progress for ``partial_ttl_s`` are dropped, as are stray partial files no pull c
 Publication is atomic: the bytes are written under a temporary name in the same directory,
 fsynced, and renamed over the final name with ``os.replace``, then the directory is fsynced; the
 manifest follows the same way. Nothing incomplete is ever visible under an entry's final name.
+A pull publishes only once the whole file's sha256 matches its manifest's (:class:`ContentMismatch`
+otherwise, and the partial is dropped: its pieces were verified against a forged manifest).
+
+The disk is never filled: ``reserve_bytes`` stay free on the cache's filesystem. Before a pull
+or an import the bytes it will write are checked against ``os.statvfs`` (room is made by the
+eviction order when that is enough; :class:`NoSpace` otherwise), its file is preallocated
+(``posix_fallocate``) so that a full disk shows at the start, and before each piece is written the
+reserve is checked again (another writer may be filling the disk). On ``ENOSPC`` anywhere the
+partial pull's files are deleted and :class:`NoSpace` names the entry, the bytes needed and free.
 
 The store is synchronous (files); the server and the puller call it through a thread. A lock
 makes it safe to share between those threads.
@@ -26,6 +35,8 @@ makes it safe to share between those threads.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import errno
 import fcntl
 import hashlib
 import json
@@ -39,14 +50,17 @@ import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
-from common.errors import InvalidInput
+from common.errors import InvalidInput, TideleaseError
 from nodeagent.cache.eviction import (
     DEFAULT_PARTIAL_TTL_S,
+    DEFAULT_RESERVE_BYTES,
     EntryUse,
     PartialUse,
     choose_room,
+    disk_bound,
+    disk_shortfall,
     expired_partials,
 )
 from nodeagent.cache.manifest import DEFAULT_PIECE_SIZE, Manifest, parse_manifest, piece_count
@@ -58,6 +72,38 @@ Clock = Callable[[], float]
 _COPY_CHUNK = 1 << 20
 _TOUCH_PERSIST_S = 60.0
 _PARTIAL = ".partial-"
+_NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+# Besides an entry's bytes: its log, pinned and final manifests and their temporary copies.
+_OVERHEAD_BYTES = 64 << 10
+_OVERHEAD_PER_PIECE = 256
+
+
+class NoSpace(TideleaseError):
+    """The cache's filesystem cannot take an entry and keep its reserve free; nothing of the
+    entry is left on disk."""
+
+
+class ContentMismatch(TideleaseError):
+    """A pulled file's sha256 is not the one its manifest claims (the manifest was forged): the
+    partial pull is dropped and nothing is published."""
+
+
+def free_bytes(path: Path) -> int:
+    """Bytes an unprivileged writer may still use on ``path``'s filesystem."""
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def overhead_bytes(manifest: Manifest) -> int:
+    """What an entry takes on disk besides its bytes, generously (small files take blocks)."""
+    return _OVERHEAD_BYTES + _OVERHEAD_PER_PIECE * len(manifest.pieces)
+
+
+def _no_space(what: str, need: int, free: int, reserve: int, root: Path, detail: str) -> NoSpace:
+    return NoSpace(
+        f"no space for {what}: needs {need} bytes, {free} free on {root}'s filesystem, "
+        f"{reserve} kept in reserve ({detail})"
+    )
 
 
 def fsync_dir(path: Path) -> None:
@@ -131,8 +177,8 @@ class _PartialFiles:
         return [name for name, st in named if st is not None]
 
     def use(self) -> PartialUse:
-        # The data file is created at full size and filled piece by piece: count what is
-        # allocated, not its length.
+        # Count what is allocated, not the length: the data file is allocated at full size
+        # (one left by an older version is sparse, filled piece by piece).
         size = (self.data.st_blocks * 512 if self.data else 0) + (
             self.log.st_size if self.log else 0
         )
@@ -144,7 +190,8 @@ class CacheStore:
     """A size-bounded, LRU-evicted store of checkpoints and images under ``root``.
 
     ``partial_ttl_s``: at start, partial pulls with no progress for longer than this are dropped
-    rather than kept for a resume."""
+    rather than kept for a resume. ``reserve_bytes``: left free on the filesystem, whatever
+    ``max_bytes`` allows."""
 
     def __init__(
         self,
@@ -154,13 +201,18 @@ class CacheStore:
         piece_size: int = DEFAULT_PIECE_SIZE,
         clock: Clock = time.time,
         partial_ttl_s: float = DEFAULT_PARTIAL_TTL_S,
+        reserve_bytes: int = DEFAULT_RESERVE_BYTES,
     ) -> None:
         self.root = root.resolve()
         self.max_bytes = max_bytes
         self.piece_size = piece_size
         self.partial_ttl_s = partial_ttl_s
+        self.reserve_bytes = reserve_bytes
         self._clock = clock
         self._lock = threading.RLock()
+        # Held from a writer's space check until its file is allocated, so that two writers do
+        # not both count the same free bytes; not the lock readers wait on.
+        self._space_lock = threading.Lock()
         self._entries: dict[tuple[Kind, EntryId], _Entry] = {}
         self._pulling: set[tuple[Kind, EntryId]] = set()
         self.root.mkdir(parents=True, exist_ok=True)
@@ -359,23 +411,42 @@ class CacheStore:
         """Copy ``source`` into the cache as ``entry`` and publish it atomically."""
         if not valid_id(entry):
             raise InvalidInput(f"{entry!r} is not a valid id")
-        self.evict(incoming=source.stat().st_size, keep=frozenset())
+        expected = source.stat().st_size
+        self.evict(incoming=expected, keep=frozenset())
+        what = f"{kind.value}/{entry}"
+        need = expected + _OVERHEAD_BYTES + _OVERHEAD_PER_PIECE * -(-expected // self.piece_size)
         tmp = self.data_dir(kind) / f".tmp-{entry}-{secrets.token_hex(6)}"
         digests: list[str] = []
+        whole = hashlib.sha256()
         size = 0
         try:
             with open(source, "rb") as src, open(tmp, "wb") as dst:
+                with self._space_lock:
+                    self.ensure_space(what, need)
+                    if expected:
+                        os.posix_fallocate(dst.fileno(), 0, expected)
                 while True:
                     block = src.read(self.piece_size)
                     if not block:
                         break
                     digests.append(hashlib.sha256(block).hexdigest())
+                    whole.update(block)
                     dst.write(block)
                     size += len(block)
+                dst.truncate(size)  # the source may have shrunk meanwhile
                 dst.flush()
                 os.fsync(dst.fileno())
-            manifest = Manifest(kind, entry, size, self.piece_size, tuple(digests), ref)
+            manifest = Manifest(
+                kind, entry, size, self.piece_size, tuple(digests), ref, whole.hexdigest()
+            )
             self._publish(manifest, tmp)
+        except OSError as e:
+            if e.errno not in _NO_SPACE:
+                raise
+            free = free_bytes(self.root)
+            raise _no_space(
+                what, need, free, self.reserve_bytes, self.root, os.strerror(e.errno)
+            ) from None
         finally:
             tmp.unlink(missing_ok=True)
         return manifest
@@ -384,11 +455,15 @@ class CacheStore:
         """Rename fsynced ``data`` to the entry's final name, then write its manifest."""
         final = self.data_dir(manifest.kind) / manifest.id
         os.replace(data, final)
-        fsync_dir(final.parent)
-        write_atomically(
-            self._manifest_path(manifest.kind, manifest.id),
-            json.dumps(manifest.to_json()).encode(),
-        )
+        try:
+            fsync_dir(final.parent)
+            write_atomically(
+                self._manifest_path(manifest.kind, manifest.id),
+                json.dumps(manifest.to_json()).encode(),
+            )
+        except OSError:
+            final.unlink(missing_ok=True)  # data without a manifest: no entry, and never freed
+            raise
         now = self._clock()
         with self._lock:
             self._entries[(manifest.kind, manifest.id)] = _Entry(manifest, now, now)
@@ -436,12 +511,17 @@ class CacheStore:
         return moved
 
     def evict(
-        self, *, incoming: int = 0, keep: frozenset[tuple[Kind, EntryId]] = frozenset()
+        self,
+        *,
+        incoming: int = 0,
+        keep: frozenset[tuple[Kind, EntryId]] = frozenset(),
+        free: int = 0,
     ) -> tuple[EntryUse, ...]:
         """Make the cache (plus ``incoming``) fit: drop abandoned partial pulls (those no pull in
         this process is working on), least recent progress first, then evict least recently
         used entries. Partials being pulled are neither counted nor dropped (a starting pull's
-        own bytes are ``incoming``). Returns the evicted entries."""
+        own bytes are ``incoming``). ``free``: also free at least this many bytes (for the
+        filesystem's reserve), in the same order. Returns the evicted entries."""
         with self._lock:
             abandoned = {
                 (p.kind, p.id): p
@@ -449,13 +529,13 @@ class CacheStore:
                 for p in self._scan_partials(kind)
                 if not self._in_pull(p)
             }
-            room = choose_room(
-                self.entries(),
-                [p.use() for p in abandoned.values()],
-                max_bytes=self.max_bytes,
-                incoming=incoming,
-                keep=keep,
-            )
+            uses = [p.use() for p in abandoned.values()]
+            entries = self.entries()
+            bound = self.max_bytes
+            if free > 0:
+                held = sum(e.size for e in entries) + sum(p.size for p in uses)
+                bound = min(bound, disk_bound(held=held, incoming=incoming, shortfall=free))
+            room = choose_room(entries, uses, max_bytes=bound, incoming=incoming, keep=keep)
             victims = room.entries
             for v in victims:
                 self._entries.pop((v.kind, v.id), None)
@@ -474,10 +554,48 @@ class CacheStore:
             self._delete_files(v.kind, v.id)
         return victims
 
+    def evictable(self, keep: frozenset[tuple[Kind, EntryId]] = frozenset()) -> int:
+        """Bytes that evicting every entry but ``keep`` and every abandoned partial would free."""
+        with self._lock:
+            partials = sum(
+                p.use().size
+                for kind in Kind
+                for p in self._scan_partials(kind)
+                if not self._in_pull(p)
+            )
+            return partials + sum(e.size for e in self.entries() if (e.kind, e.id) not in keep)
+
+    def ensure_space(
+        self, what: str, need: int, keep: frozenset[tuple[Kind, EntryId]] = frozenset()
+    ) -> None:
+        """Make ``need`` bytes fit on the filesystem with ``reserve_bytes`` left free: evict
+        (abandoned partials, then least recently used entries) when that frees enough, else
+        evict nothing and raise :class:`NoSpace`. Callers hold ``_space_lock``."""
+        free = free_bytes(self.root)
+        for _ in range(4):  # files free about their size; a hard-linked or sparse one less
+            short = disk_shortfall(free=free, need=need, reserve=self.reserve_bytes)
+            if short <= 0:
+                return
+            if self.evictable(keep) < short:
+                break
+            self.evict(keep=keep, free=short)
+            before, free = free, free_bytes(self.root)
+            if free <= before:
+                break
+        raise _no_space(
+            what,
+            need,
+            free,
+            self.reserve_bytes,
+            self.root,
+            "evicting what the cache may evict would not make room",
+        )
+
     # --- pulls ---
 
     def begin_pull(self, manifest: Manifest) -> PartialPull:
-        """Start or resume pulling ``manifest``'s entry; makes room for it first."""
+        """Start or resume pulling ``manifest``'s entry; makes room for it first (the size
+        bound, then the filesystem's reserve: :class:`NoSpace` when it cannot)."""
         key = (manifest.kind, manifest.id)
         with self._lock:
             if key in self._pulling:
@@ -498,16 +616,25 @@ class CacheStore:
 
 class PartialPull:
     """A pull in progress: verified pieces are written in place and logged once durable, so an
-    interrupted pull resumes with every piece it had verified."""
+    interrupted pull resumes with every piece it had verified.
+
+    Its file is allocated at full size before any piece arrives. When the disk runs out (the
+    reserve is found breached before a piece, or a write fails with ``ENOSPC``) its files are
+    deleted and every later call raises the same :class:`NoSpace`; the descriptor stays open
+    until :meth:`close`, so that writes still in flight in other threads never reach a reused
+    descriptor."""
 
     def __init__(self, store: CacheStore, manifest: Manifest) -> None:
         self.store = store
         self.manifest = manifest
+        self.what = f"{manifest.kind.value}/{manifest.id}"
         base = store.data_dir(manifest.kind)
         self.path = base / f".partial-{manifest.id}"
         self.log_path = base / f".partial-{manifest.id}.log"
         self.manifest_path = base / f".partial-{manifest.id}.json"
         self.done: set[int] = set()
+        self.failed: NoSpace | None = None
+        self._fail_lock = threading.Lock()
         self._closed = False
         self._ended = False
         pinned = json.dumps(manifest.to_json(), sort_keys=True).encode()
@@ -517,16 +644,35 @@ class PartialPull:
                 self.manifest_path.read_bytes() == pinned
                 and self.path.stat().st_size == manifest.size
             )
-        if resumable:
-            self.done = self._read_log()
-        else:
-            for p in (self.path, self.log_path):
+        if not resumable:
+            for p in (self.path, self.log_path, self.manifest_path):
                 p.unlink(missing_ok=True)
-            with open(self.path, "wb") as f:
-                f.truncate(manifest.size)
-            write_atomically(self.manifest_path, pinned)
-        self._fd = os.open(self.path, os.O_RDWR)
-        self._log = open(self.log_path, "a")  # noqa: SIM115 - closed in close()
+        self._fd = -1
+        self._log: TextIO | None = None
+        need = manifest.size + overhead_bytes(manifest)
+        try:
+            with store._space_lock:
+                allocated = self.path.stat().st_blocks * 512 if resumable else 0
+                need = max(0, manifest.size - allocated) + overhead_bytes(manifest)
+                store.ensure_space(self.what, need)
+                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+                if manifest.size:
+                    os.posix_fallocate(self._fd, 0, manifest.size)
+            if resumable:
+                self.done = self._read_log()
+            else:
+                write_atomically(self.manifest_path, pinned)
+            self._log = open(self.log_path, "a")  # noqa: SIM115 - closed in close()
+        except OSError as e:
+            if e.errno not in _NO_SPACE:
+                self._close_files()
+                raise
+            failed = self._fail(need, f"{os.strerror(e.errno)} allocating the file")
+            self._close_files()
+            raise failed from None
+        except NoSpace:
+            self._close_files()
+            raise
 
     def _read_log(self) -> set[int]:
         done: set[int] = set()
@@ -542,16 +688,56 @@ class PartialPull:
         count = piece_count(self.manifest.size, self.manifest.piece_size)
         return [i for i in range(count) if i not in self.done]
 
+    def _left(self) -> int:
+        """Bytes still to write (what the pull needs)."""
+        return sum(self.manifest.piece_span(i)[1] for i in self.missing)
+
+    def _fail(self, need: int, detail: str) -> NoSpace:
+        """Delete the partial pull's files (once) and return the error every later call
+        raises."""
+        with self._fail_lock:
+            if self.failed is None:
+                for p in (self.path, self.log_path, self.manifest_path):
+                    with contextlib.suppress(OSError):
+                        p.unlink(missing_ok=True)
+                store = self.store
+                self.failed = _no_space(
+                    self.what,
+                    need,
+                    free_bytes(store.root),
+                    store.reserve_bytes,
+                    store.root,
+                    f"{detail}; partial pull dropped",
+                )
+                log.error("cache: %s", self.failed)
+            return self.failed
+
+    def _check_reserve(self) -> None:
+        if self.failed is not None:
+            raise self.failed
+        free = free_bytes(self.store.root)
+        if free < self.store.reserve_bytes:
+            raise self._fail(self._left(), "the reserve was breached during the pull")
+
     def write_piece(self, index: int, data: bytes | memoryview) -> bool:
         """Verify a piece's sha256 and write it in place; False (nothing written) on mismatch.
-        Blocking: hashing and writing are meant to run in a thread."""
+        Checks the filesystem's reserve first (:class:`NoSpace`). Blocking: hashing and writing
+        are meant to run in a thread."""
         offset, length = self.manifest.piece_span(index)
         if len(data) != length or hashlib.sha256(data).hexdigest() != self.manifest.pieces[index]:
             return False
+        self._check_reserve()
         view = memoryview(data)
-        while view:
-            written = os.pwrite(self._fd, view, offset)
-            view, offset = view[written:], offset + written
+        try:
+            while view:
+                written = os.pwrite(self._fd, view, offset)
+                view, offset = view[written:], offset + written
+        except OSError as e:
+            if e.errno not in _NO_SPACE:
+                raise
+            raise self._fail(
+                self._left(), f"{os.strerror(e.errno)} writing piece {index}"
+            ) from None
         return True
 
     def record(self, indices: Iterable[int]) -> None:
@@ -559,30 +745,84 @@ class PartialPull:
         fresh = [i for i in indices if i not in self.done]
         if not fresh:
             return
-        os.fdatasync(self._fd)
-        self._log.write("".join(f"{i}\n" for i in fresh))
-        self._log.flush()
-        os.fsync(self._log.fileno())
+        if self.failed is not None:
+            raise self.failed
+        assert self._log is not None
+        try:
+            os.fdatasync(self._fd)
+            self._log.write("".join(f"{i}\n" for i in fresh))
+            self._log.flush()
+            os.fsync(self._log.fileno())
+        except OSError as e:
+            if e.errno not in _NO_SPACE:
+                raise
+            raise self._fail(self._left(), f"{os.strerror(e.errno)} logging pieces") from None
         self.done.update(fresh)
 
+    def content_digest(self) -> str:
+        """The sha256 of the whole file as written. Blocking."""
+        whole = hashlib.sha256()
+        offset = 0
+        while offset < self.manifest.size:
+            block = os.pread(self._fd, min(_COPY_CHUNK * 8, self.manifest.size - offset), offset)
+            if not block:
+                break
+            whole.update(block)
+            offset += len(block)
+        return whole.hexdigest()
+
     def commit(self) -> Manifest:
-        """Publish the completed entry atomically under its final name."""
+        """Check the whole file against the manifest's sha256 (:class:`ContentMismatch`, and
+        the partial dropped, when it differs) and publish it atomically under its final name,
+        with its manifest (the sha256 filled in when the manifest had none)."""
+        if self.failed is not None:
+            raise self.failed
         if self.missing:
             raise InvalidInput(f"{len(self.missing)} pieces still missing")
-        os.fsync(self._fd)
+        try:
+            os.fsync(self._fd)
+        except OSError as e:
+            if e.errno not in _NO_SPACE:
+                raise
+            raise self._fail(0, f"{os.strerror(e.errno)} syncing the file") from None
+        digest = self.content_digest()
+        claimed = self.manifest.sha256
+        if claimed is not None and digest != claimed:
+            self.drop()
+            raise ContentMismatch(
+                f"{self.what}: the pulled file's sha256 is {digest}, not the manifest's "
+                f"{claimed}: its pieces were verified against a forged manifest; dropped"
+            )
+        manifest = (
+            self.manifest
+            if claimed is not None
+            else dataclasses.replace(self.manifest, sha256=digest)
+        )
         self._close_files()
         try:
             # Still marked as being pulled until published, so that an eviction meanwhile does
             # not take the finished file for an abandoned partial.
-            self.store._publish(self.manifest, self.path)
+            try:
+                self.store._publish(manifest, self.path)
+            except OSError as e:
+                if e.errno not in _NO_SPACE:
+                    raise
+                raise self._fail(0, f"{os.strerror(e.errno)} publishing") from None
             for p in (self.log_path, self.manifest_path):
                 p.unlink(missing_ok=True)
         finally:
             self._end()
-        return self.manifest
+        return manifest
+
+    def drop(self) -> None:
+        """Stop and delete the partial pull's files (nothing in them is worth a resume)."""
+        for p in (self.path, self.log_path, self.manifest_path):
+            with contextlib.suppress(OSError):
+                p.unlink(missing_ok=True)
+        self.close()
 
     def close(self) -> None:
-        """Stop (keeping what was verified, for a resume)."""
+        """Stop (keeping what was verified, for a resume, unless the disk ran out)."""
         self._close_files()
         self._end()
 
@@ -590,8 +830,11 @@ class PartialPull:
         if self._closed:
             return
         self._closed = True
-        os.close(self._fd)
-        self._log.close()
+        if self._fd >= 0:
+            os.close(self._fd)
+        if self._log is not None:
+            with contextlib.suppress(OSError):  # its last bytes are fsynced or not wanted
+                self._log.close()
 
     def _end(self) -> None:
         if not self._ended:

@@ -1,7 +1,8 @@
 """Command-line wiring of the peer cache: the agent's ``--cache-*`` flags and ``tidelease cache``.
 
 tidelease agent ... --cache-dir /var/cache/tidelease --cache-token-file /etc/.../token
-tidelease cache pull <id> --cache-dir DIR --token-file FILE [--peer URL]... [--origin URL]
+tidelease cache pull <id> --cache-dir DIR --token-file FILE (--sha256 HEX | --origin URL)
+    [--peer URL]...
 tidelease cache add <id> <file> --cache-dir DIR [--image-ref REF]
 tidelease cache ls --cache-dir DIR
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import sys
 from collections.abc import Callable, Coroutine
@@ -19,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from common.errors import InvalidInput
-from nodeagent.cache.eviction import DEFAULT_PARTIAL_TTL_S
+from nodeagent.cache.eviction import DEFAULT_PARTIAL_TTL_S, DEFAULT_RESERVE_BYTES
 
 # The flags are registered on every start of the command; what serves and pulls loads only
 # when used.
@@ -37,7 +39,10 @@ def _size(text: str) -> int:
     units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
     for suffix, factor in units.items():
         if text.endswith(suffix):
-            return int(float(text[: -len(suffix)]) * factor)
+            number = float(text[: -len(suffix)])
+            if not math.isfinite(number):  # argparse reports a ValueError as a bad value
+                raise ValueError(f"{text!r} is not a finite size")
+            return int(number * factor)
     return int(text)
 
 
@@ -60,6 +65,12 @@ def add_agent_flags(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_PARTIAL_TTL_S,
         metavar="SECONDS",
         help="at start, drop partial pulls with no progress for this long (default: a day)",
+    )
+    g.add_argument(
+        "--cache-reserve-bytes",
+        type=_size,
+        default=DEFAULT_RESERVE_BYTES,
+        help="left free on the cache's filesystem whatever the size bound says (default 1Gi)",
     )
     g.add_argument(
         "--cache-advertise",
@@ -114,13 +125,18 @@ def open_agent_cache(args: argparse.Namespace) -> AgentCache | None:
         problems.append("--cache-max-bytes must be positive")
     if not args.cache_partial_ttl >= 0:
         problems.append("--cache-partial-ttl must be a non-negative number of seconds")
+    if args.cache_reserve_bytes < 0:
+        problems.append("--cache-reserve-bytes must not be negative")
     if problems:
         raise InvalidInput(problems)
     endpoint = args.cache_advertise
     if endpoint is None and os.environ.get("POD_IP"):
         endpoint = f"http://{os.environ['POD_IP']}:{args.cache_port}"
     store = CacheStore(
-        args.cache_dir, max_bytes=args.cache_max_bytes, partial_ttl_s=args.cache_partial_ttl
+        args.cache_dir,
+        max_bytes=args.cache_max_bytes,
+        partial_ttl_s=args.cache_partial_ttl,
+        reserve_bytes=args.cache_reserve_bytes,
     )
     return AgentCache(store, serve, endpoint)
 
@@ -142,6 +158,7 @@ def add_cache_command(sub: Any) -> None:
     def common(q: argparse.ArgumentParser) -> None:
         q.add_argument("--cache-dir", type=Path, required=True)
         q.add_argument("--cache-max-bytes", type=_size, default=DEFAULT_MAX_BYTES)
+        q.add_argument("--cache-reserve-bytes", type=_size, default=DEFAULT_RESERVE_BYTES)
 
     pl = verbs.add_parser("pull", help="pull an entry from the peers holding it")
     pl.add_argument("id", help="checkpoint id (or image id with --kind images)")
@@ -154,7 +171,15 @@ def add_cache_command(sub: Any) -> None:
         default=[],
         help="peer URL (repeat); default: the GpuNodes that publish the entry",
     )
-    pl.add_argument("--origin", help="URL of a server with the same API, used when no peer can")
+    pl.add_argument(
+        "--sha256",
+        help="the content's sha256 (printed by `cache add`): what peers' bytes are checked against",
+    )
+    pl.add_argument(
+        "--origin",
+        help="URL of a server with the same API, used when no peer can; without --sha256 its "
+        "manifest is the trusted one",
+    )
     pl.add_argument("--kubeconfig", type=Path, help="for finding peers (default: in-cluster)")
     pl.add_argument("--node", default=os.environ.get("NODE_NAME"), help="this node (excluded)")
     pl.add_argument("--shard-bytes", type=_size, help="fixed shard size (default: the rule)")
@@ -172,10 +197,20 @@ def add_cache_command(sub: Any) -> None:
     ls.set_defaults(run=_ls)
 
 
+def _open(args: argparse.Namespace) -> CacheStore:
+    from nodeagent.cache.store import CacheStore
+
+    if args.cache_reserve_bytes < 0:
+        raise InvalidInput("--cache-reserve-bytes must not be negative")
+    return CacheStore(
+        args.cache_dir, max_bytes=args.cache_max_bytes, reserve_bytes=args.cache_reserve_bytes
+    )
+
+
 def _pull(args: argparse.Namespace) -> int:
     from nodeagent.cache.credentials import TokenFile
     from nodeagent.cache.naming import Kind, parse_id
-    from nodeagent.cache.store import CacheStore
+    from nodeagent.cache.store import NoSpace
     from nodeagent.pulling.peers import GpuNodePeers, Peer, PeerSource, StaticPeers
     from nodeagent.pulling.puller import PullFailed, PullSettings, describe, pull
 
@@ -183,7 +218,12 @@ def _pull(args: argparse.Namespace) -> int:
     entry = parse_id(args.id)
     if entry is None:
         raise InvalidInput(f"{args.id!r} is not a valid id")
-    store = CacheStore(args.cache_dir, max_bytes=args.cache_max_bytes)
+    if args.sha256 is None and args.origin is None:
+        raise InvalidInput(
+            "peers are not trusted for content: give --sha256 (the content's digest) or "
+            "--origin (whose manifest is trusted)"
+        )
+    store = _open(args)
     token = TokenFile(args.token_file)
     if not token.token():
         raise InvalidInput(f"{args.token_file}: no usable token")
@@ -207,6 +247,7 @@ def _pull(args: argparse.Namespace) -> int:
                 headers=token.header(),
                 origin=args.origin,
                 settings=PullSettings(shard_bytes=args.shard_bytes),
+                digest=args.sha256,
             )
         finally:
             if kube is not None:
@@ -215,7 +256,7 @@ def _pull(args: argparse.Namespace) -> int:
 
     try:
         summary = asyncio.run(main())
-    except PullFailed as e:
+    except (PullFailed, NoSpace) as e:
         print(f"tidelease cache pull: {e}", file=sys.stderr)
         return 1
     print(json.dumps(summary, indent=2))
@@ -224,26 +265,29 @@ def _pull(args: argparse.Namespace) -> int:
 
 def _add(args: argparse.Namespace) -> int:
     from nodeagent.cache.naming import EntryId, Kind, image_id, parse_id
-    from nodeagent.cache.store import CacheStore
+    from nodeagent.cache.store import NoSpace
 
-    store = CacheStore(args.cache_dir, max_bytes=args.cache_max_bytes)
-    if args.image_ref:
-        manifest = store.add_file(
-            Kind.IMAGE, image_id(args.image_ref), args.file, ref=args.image_ref
-        )
-    else:
-        entry = parse_id(args.id)
-        if entry is None:
-            raise InvalidInput(f"{args.id!r} is not a valid id")
-        manifest = store.add_file(Kind.CHECKPOINT, EntryId(entry), args.file)
-    print(json.dumps({"kind": manifest.kind.value, "id": manifest.id, "bytes": manifest.size}))
+    store = _open(args)
+    try:
+        if args.image_ref:
+            manifest = store.add_file(
+                Kind.IMAGE, image_id(args.image_ref), args.file, ref=args.image_ref
+            )
+        else:
+            entry = parse_id(args.id)
+            if entry is None:
+                raise InvalidInput(f"{args.id!r} is not a valid id")
+            manifest = store.add_file(Kind.CHECKPOINT, EntryId(entry), args.file)
+    except NoSpace as e:
+        print(f"tidelease cache add: {e}", file=sys.stderr)
+        return 1
+    out = {"kind": manifest.kind.value, "id": manifest.id, "bytes": manifest.size}
+    print(json.dumps({**out, "sha256": manifest.sha256}))
     return 0
 
 
 def _ls(args: argparse.Namespace) -> int:
-    from nodeagent.cache.store import CacheStore
-
-    store = CacheStore(args.cache_dir, max_bytes=args.cache_max_bytes)
+    store = _open(args)
     for e in sorted(store.entries(), key=lambda e: -e.last_used):
         sys.stdout.write(f"{e.kind.value}\t{e.id}\t{e.size}\n")
     return 0

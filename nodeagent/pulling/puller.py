@@ -1,8 +1,11 @@
 """Pull an entry from several peers at once, verified, resumable, published atomically.
 
-1. Ask the :class:`PeerSource` who holds the entry; fetch its manifest from the first that
-   answers (or from the origin when nobody holds it).
+1. Ask the :class:`PeerSource` who holds the entry and each holder for its manifest. Peers are
+   not trusted for content: a pull is pinned to the content's sha256 (``digest``), and only
+   manifests that claim it are used (the one most holders offer first), or, without a digest,
+   the origin's manifest is the trusted one and only holders offering the same pieces are used.
 2. Open (or resume) the partial file: pieces verified by an earlier, interrupted pull are kept.
+   The store checks the disk first and allocates the file (``NoSpace`` when it cannot).
 3. Probe every holder (a 1-byte and a small range request) for request latency and rate.
 4. Choose the shard size and assign the missing shards by earliest completion (``assignment``).
 5. One worker per link sends its queue in order over a kept-alive connection; every piece is
@@ -13,7 +16,10 @@
    to the others by earliest completion, or to the origin when no peer is left. A piece whose
    hash does not match is fetched again, from another link when there is one; a link that sends
    bad data twice is dropped.
-7. When every piece is verified, the file is fsynced and renamed to its final name.
+7. When every piece is verified, the whole file's sha256 is checked against the manifest's (so
+   against ``digest``), and the file is fsynced and renamed to its final name. A file that does
+   not match was verified against a forged manifest: it is dropped, and the pull starts again
+   on the next manifest offered for the digest, from the holders that offered that one.
 """
 
 from __future__ import annotations
@@ -28,9 +34,9 @@ from typing import Any
 import aiohttp
 
 from common.errors import InvalidInput, TideleaseError
-from nodeagent.cache.manifest import Manifest, parse_manifest
+from nodeagent.cache.manifest import Manifest, parse_manifest, valid_digest
 from nodeagent.cache.naming import EntryId, Kind
-from nodeagent.cache.store import CacheStore, PartialPull
+from nodeagent.cache.store import CacheStore, ContentMismatch, NoSpace, PartialPull
 from nodeagent.pulling.assignment import (
     Assignment,
     LinkModel,
@@ -92,7 +98,8 @@ class PullResult:
     bytes_by_source: dict[str, int]
     resumed_pieces: int
     refetched_pieces: int
-    dropped: tuple[str, ...]
+    dropped: tuple[str, ...]  # sources dropped, or not used for offering a forged manifest
+    rejected: dict[str, int]  # pieces per source that failed verification
     plan: dict[str, int]  # shards planned per link
     estimates: dict[str, LinkEstimate]
 
@@ -104,6 +111,7 @@ class _Link:
     queue: list[Shard] = field(default_factory=list)
     busy_until: float = 0.0
     bad_shards: int = 0
+    rejected: int = 0
     alive: bool = True
     sent: int = 0
 
@@ -193,6 +201,7 @@ class _Pull:
             if bad:  # left missing: planned like the rest, but counted against the link
                 self.refetched += len(bad)
                 link.bad_shards += 1
+                link.rejected += len(bad)
         else:
             length = min(self.settings.probe_bytes, size)
             first, total = await self._timed_read(peer, size - length, length)
@@ -297,6 +306,9 @@ class _Pull:
         except _LinkFailed as e:
             log.warning("pull %s: origin unusable: %s", self.manifest.id, e)
             return
+        except NoSpace as e:
+            self.failure = e
+            return
         self.links[ORIGIN] = link
         assert self.group is not None
         self.group.create_task(self.worker(link))
@@ -329,6 +341,11 @@ class _Pull:
                 rest = [i for i in span if i in self.missing]
                 await self.drop(link, str(e), self.cut(rest))
                 return
+            except NoSpace as e:  # the partial is gone: every worker stops
+                self.failure = e
+                async with self.changed:
+                    self.changed.notify_all()
+                return
             finally:
                 link.busy_until = self.now()
             if bad:
@@ -347,6 +364,7 @@ class _Pull:
     async def refetch(self, link: _Link, bad: list[int]) -> None:
         self.refetched += len(bad)
         link.bad_shards += 1
+        link.rejected += len(bad)
         log.warning(
             "pull %s: %d piece(s) from %s failed verification; fetching again",
             self.manifest.id,
@@ -364,17 +382,15 @@ class _Pull:
             self.distribute(self.cut(bad), avoid=link.name)
 
 
-async def _manifest_from(
+async def _offers(
     session: aiohttp.ClientSession,
     headers: dict[str, str],
     sources: Sequence[Peer],
     kind: Kind,
     entry: EntryId,
-) -> tuple[Manifest, list[Peer]]:
-    """The manifest, from the first source that gives a valid one; and the sources that answered
-    (a source that fails here is not used)."""
-    manifest: Manifest | None = None
-    usable: list[Peer] = []
+) -> list[tuple[Peer, Manifest]]:
+    """Each source's manifest of the entry, for the sources that give a valid one."""
+    offers: list[tuple[Peer, Manifest]] = []
     for peer in sources:
         try:
             async with session.get(_url(peer, kind, entry, "manifest"), headers=headers) as resp:
@@ -385,15 +401,69 @@ async def _manifest_from(
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError, InvalidInput) as e:
             log.info("%s: manifest of %s/%s unusable: %s", peer.name, kind.value, entry, e)
             continue
-        if got.kind is not kind or got.id != entry:
+        if got.kind is kind and got.id == entry:
+            offers.append((peer, got))
+    return offers
+
+
+def _same_pieces(a: Manifest, b: Manifest) -> bool:
+    return (a.size, a.piece_size, a.pieces) == (b.size, b.piece_size, b.pieces)
+
+
+def candidates(
+    offers: Sequence[tuple[Peer, Manifest]], digest: str
+) -> list[tuple[Manifest, list[Peer]]]:
+    """The manifests that claim content ``digest``, each with the sources that offered it, the
+    one most sources offered first (the first offered on ties). Pure."""
+    groups: dict[Manifest, list[Peer]] = {}
+    for peer, manifest in offers:
+        if manifest.sha256 != digest:
+            log.warning(
+                "%s: its %s/%s has sha256 %s, not %s: not used",
+                peer.name,
+                manifest.kind.value,
+                manifest.id,
+                manifest.sha256,
+                digest,
+            )
             continue
-        if manifest is None:
-            manifest = got
-        if got == manifest:
-            usable.append(peer)
-    if manifest is None:
-        raise PullFailed(f"no source has {kind.value}/{entry}")
-    return manifest, usable
+        groups.setdefault(manifest, []).append(peer)
+    return sorted(groups.items(), key=lambda group: -len(group[1]))
+
+
+async def _trusted(
+    session: aiohttp.ClientSession,
+    headers: dict[str, str],
+    holders: Sequence[Peer],
+    origin: Peer | None,
+    kind: Kind,
+    entry: EntryId,
+    digest: str | None,
+) -> list[tuple[Manifest, list[Peer]]]:
+    """The manifests to pull by, in order, each with the holders to pull it from."""
+    what = f"{kind.value}/{entry}"
+    if digest is None:  # the origin's manifest is the trusted one
+        assert origin is not None
+        offered = await _offers(session, headers, [origin], kind, entry)
+        if not offered:
+            raise PullFailed(f"the origin has no {what} (it is what vouches for the content)")
+        trusted = offered[0][1]
+        usable = []
+        for peer, manifest in await _offers(session, headers, holders, kind, entry):
+            if _same_pieces(manifest, trusted):
+                usable.append(peer)
+            else:
+                log.warning("%s: its %s differs from the origin's: not used", peer.name, what)
+        return [(trusted, usable)]
+    found = candidates(await _offers(session, headers, holders, kind, entry), digest)
+    if not found and origin is not None:
+        found = [
+            (m, [])
+            for m, _ in candidates(await _offers(session, headers, [origin], kind, entry), digest)
+        ]
+    if not found:
+        raise PullFailed(f"no source has {what} with sha256 {digest}")
+    return found
 
 
 async def pull(
@@ -407,10 +477,25 @@ async def pull(
     settings: PullSettings | None = None,
     planner: Planner = assign,
     ref: str | None = None,
+    digest: str | None = None,
 ) -> PullResult:
-    """Pull ``kind/entry`` into ``store`` from the peers holding it (the origin if none)."""
+    """Pull ``kind/entry`` into ``store`` from the peers holding it (the origin if none).
+
+    Peers are not trusted for content: ``digest`` (the content's sha256, hex) pins what may be
+    published; without it the ``origin``'s manifest is trusted instead, and with neither the
+    pull is refused. Raises :class:`PullFailed`, or :class:`NoSpace` when the cache's disk cannot
+    take the entry and keep its reserve."""
     settings = settings or PullSettings()
     problems = settings.validate()
+    if digest is not None:
+        digest = digest.lower()
+        if not valid_digest(digest):
+            problems.append(f"digest {digest!r} is not a sha256 (64 hex digits)")
+    elif origin is None:
+        problems.append(
+            f"pulling {kind.value}/{entry} from peers needs the content's sha256 (or an origin "
+            "whose manifest is trusted): peers are not trusted for content"
+        )
     if problems:
         raise InvalidInput(problems)
     started = time.monotonic()
@@ -426,20 +511,38 @@ async def pull(
     async with aiohttp.ClientSession(
         timeout=timeout, connector=connector, headers=identity, auto_decompress=False
     ) as session:
-        sources = list(holders)
-        try:
-            manifest, sources = await _manifest_from(session, headers, sources, kind, entry)
-        except PullFailed:
-            if origin_peer is None:
-                raise
-            manifest, sources = await _manifest_from(session, headers, [origin_peer], kind, entry)
-        partial = await asyncio.to_thread(store.begin_pull, manifest)
-        try:
-            return await _run(
-                session, headers, partial, sources, origin_peer, settings, planner, started
-            )
-        finally:
-            await asyncio.to_thread(partial.close)
+        found = await _trusted(session, headers, holders, origin_peer, kind, entry, digest)
+        forged: list[str] = []
+        no_space: NoSpace | None = None
+        untrusted: list[str] = []
+        for manifest, sources in found:
+            try:
+                partial = await asyncio.to_thread(store.begin_pull, manifest)
+            except NoSpace as e:  # perhaps a manifest that claims an absurd size: try the next
+                no_space = e
+                continue
+            try:
+                return await _run(
+                    session,
+                    headers,
+                    partial,
+                    sources,
+                    origin_peer,
+                    settings,
+                    planner,
+                    started,
+                    untrusted,
+                )
+            except ContentMismatch as e:
+                names = ", ".join(p.name for p in sources) or "none"
+                log.warning("pull %s: %s (offered by %s)", entry, e, names)
+                forged.append(f"{e} (offered by {names})")
+                untrusted += [p.name for p in sources]
+            finally:
+                await asyncio.to_thread(partial.close)
+    if no_space is not None and not forged:
+        raise no_space
+    raise PullFailed("; ".join(forged + ([str(no_space)] if no_space else [])))
 
 
 async def _run(
@@ -451,6 +554,7 @@ async def _run(
     settings: PullSettings,
     planner: Planner,
     started: float,
+    untrusted: Sequence[str] = (),
 ) -> PullResult:
     manifest = partial.manifest
     use_origin = origin if all(p.name != ORIGIN for p in sources) else None
@@ -530,9 +634,9 @@ async def _run(
     if state.missing:
         raise PullFailed(f"{manifest.id}: {len(state.missing)} piece(s) could not be fetched")
     transfer_s = state.last_piece_at - t_transfer
-    await asyncio.to_thread(partial.commit)
+    published = await asyncio.to_thread(partial.commit)
     return PullResult(
-        manifest=manifest,
+        manifest=published,
         seconds=time.monotonic() - started,
         transfer_s=max(0.0, transfer_s),
         predicted_s=plan.makespan_s if plan is not None else 0.0,
@@ -540,7 +644,8 @@ async def _run(
         bytes_by_source={name: link.sent for name, link in state.links.items()},
         resumed_pieces=resumed,
         refetched_pieces=state.refetched,
-        dropped=tuple(state.dropped),
+        dropped=(*untrusted, *state.dropped),
+        rejected={name: link.rejected for name, link in state.links.items() if link.rejected},
         plan={name: len(q) for name, q in (plan.queues.items() if plan else ())},
         estimates={name: link.estimate for name, link in state.links.items()},
     )
@@ -565,4 +670,5 @@ def describe(result: PullResult) -> dict[str, Any]:
         "resumedPieces": result.resumed_pieces,
         "refetchedPieces": result.refetched_pieces,
         "dropped": list(result.dropped),
+        "sha256": result.manifest.sha256,
     }

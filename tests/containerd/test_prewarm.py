@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from common.errors import TideleaseError
 from common.prewarmwire import Directive, ItemStatus
 from nodeagent.cache.naming import EntryId, Kind
 from nodeagent.cache.store import CacheStore
-from nodeagent.cache.testing import PeerNode, random_file, start_peer, write_token
+from nodeagent.cache.testing import PeerNode, start_peer, write_token
 from nodeagent.cri.client import GrpcRuntime
 from nodeagent.prewarm import (
     MemoryPrewarmNode,
@@ -42,6 +43,10 @@ pytestmark = pytest.mark.containerd
 CKPT = "recsys-ckpt-42"
 LEASE = "ml/recsys"
 CKPT_BYTES = 3 << 20
+# Bytes known ahead, so that the directives can pin them as pod authors do: peers are not
+# trusted for content (ID@sha256:..., common/checkpointref.py).
+CKPT_DATA = b"".join(hashlib.sha256(i.to_bytes(4, "big")).digest() for i in range(CKPT_BYTES // 32))
+CKPT_REF = f"{CKPT}@sha256:{hashlib.sha256(CKPT_DATA).hexdigest()}"
 
 
 @dataclass
@@ -58,9 +63,8 @@ async def rig(runtime: GrpcRuntime | None, tmp_path: Path) -> AsyncIterator[Rig]
     token_file = tmp_path / "token"
     token = write_token(token_file)
     peer_store = CacheStore(tmp_path / "peer", max_bytes=1 << 30)
-    peer_store.add_file(
-        Kind.CHECKPOINT, EntryId(CKPT), random_file(tmp_path / "ckpt.bin", CKPT_BYTES)
-    )
+    (tmp_path / "ckpt.bin").write_bytes(CKPT_DATA)
+    peer_store.add_file(Kind.CHECKPOINT, EntryId(CKPT), tmp_path / "ckpt.bin")
     peer = await start_peer(peer_store, token_file)
     store = CacheStore(tmp_path / "agent", max_bytes=1 << 30)
     checkpoints = PeerCheckpoints(
@@ -82,7 +86,7 @@ async def rig(runtime: GrpcRuntime | None, tmp_path: Path) -> AsyncIterator[Rig]
 
 
 def directive(images: tuple[str, ...], *, not_before: float, deadline: float) -> Directive:
-    return Directive(LEASE, "Standby", images, (CKPT,), not_before, deadline, 82.0)
+    return Directive(LEASE, "Standby", images, (CKPT_REF,), not_before, deadline, 82.0)
 
 
 async def settled(node: MemoryPrewarmNode, count: int) -> dict[tuple[str, str, str], ItemStatus]:
@@ -120,7 +124,7 @@ async def test_prewarm_pulls_images_through_cri_and_the_checkpoint_from_a_peer(
         assert absent.state == "Failed"
         assert absent.reason  # the runtime's reason for the failed pull
         assert "PullImage" in absent.reason or "pull" in absent.reason.lower()
-        ckpt = items[(LEASE, "checkpoint", CKPT)]
+        ckpt = items[(LEASE, "checkpoint", CKPT_REF)]
         assert ckpt.state == "Done", ckpt.reason
         assert ckpt.reason.startswith(f"fetched {CKPT_BYTES} bytes")
         assert ckpt.finished_at is not None
@@ -161,7 +165,7 @@ async def test_a_restarted_agent_keeps_what_it_reported_done(
     now = time.time()
     d = directive((APP_V1,), not_before=now - 5, deadline=now + 60)
     stored = (
-        ItemStatus(LEASE, "checkpoint", CKPT, "Done", "fetched", 2.0, now - 1, d.deadline),
+        ItemStatus(LEASE, "checkpoint", CKPT_REF, "Done", "fetched", 2.0, now - 1, d.deadline),
         ItemStatus(LEASE, "image", APP_V1, "Failed", "was down", None, now - 1, d.deadline),
     )
     async with rig(runtime, tmp_path) as r:
@@ -169,7 +173,7 @@ async def test_a_restarted_agent_keeps_what_it_reported_done(
         items = await settled(r.node, 2)
         # Done is kept as reported (not fetched again: the agent's cache is empty); Failed is
         # tried again, and the image is there.
-        assert items[(LEASE, "checkpoint", CKPT)].to_json() == stored[0].to_json()
+        assert items[(LEASE, "checkpoint", CKPT_REF)].to_json() == stored[0].to_json()
         assert not r.store.has(Kind.CHECKPOINT, EntryId(CKPT))
         assert items[(LEASE, "image", APP_V1)].state == "Done"
 
@@ -181,18 +185,31 @@ async def test_without_a_runtime_images_fail_and_checkpoints_still_come(tmp_path
         items = await settled(r.node, 2)
         assert items[(LEASE, "image", APP_V1)].state == "Failed"
         assert "--cri-endpoint" in items[(LEASE, "image", APP_V1)].reason
-        assert items[(LEASE, "checkpoint", CKPT)].state == "Done"
+        assert items[(LEASE, "checkpoint", CKPT_REF)].state == "Done"
+
+
+async def test_a_checkpoint_not_pinned_by_digest_is_not_taken_from_peers(tmp_path: Path) -> None:
+    """Without ID@sha256:... (and no trusted origin), a peer's bytes cannot be checked: the
+    item fails saying so, and nothing is stored."""
+    now = time.time()
+    async with rig(None, tmp_path) as r:
+        r.node.set([Directive(LEASE, "Standby", (), (CKPT,), now, now + 60, 82.0)])
+        items = await settled(r.node, 1)
+        unpinned = items[(LEASE, "checkpoint", CKPT)]
+        assert unpinned.state == "Failed"
+        assert "not trusted for content" in unpinned.reason
+        assert not r.store.has(Kind.CHECKPOINT, EntryId(CKPT))
 
 
 async def test_two_leases_wanting_one_checkpoint_share_one_pull(tmp_path: Path) -> None:
     now = time.time()
     async with rig(None, tmp_path) as r:
-        other = Directive("ml/ranking", "Standby", (), (CKPT,), now, now + 60, 82.0)
+        other = Directive("ml/ranking", "Standby", (), (CKPT_REF,), now, now + 60, 82.0)
         r.node.set([directive((), not_before=now, deadline=now + 60), other])
         items = await settled(r.node, 2)
         # retries=0: before, the second pull found the entry "already being pulled" and failed
-        assert items[(LEASE, "checkpoint", CKPT)].state == "Done"
-        assert items[("ml/ranking", "checkpoint", CKPT)].state == "Done"
+        assert items[(LEASE, "checkpoint", CKPT_REF)].state == "Done"
+        assert items[("ml/ranking", "checkpoint", CKPT_REF)].state == "Done"
         assert r.store.has(Kind.CHECKPOINT, EntryId(CKPT))
 
 

@@ -43,9 +43,11 @@ def test_bad_cache_flags_are_reported_together(tmp_path: Path) -> None:
                 "0",
                 "--cache-partial-ttl",
                 "-1",
+                "--cache-reserve-bytes",
+                "-1",
             )
         )
-    assert len(e.value.problems) == 3
+    assert len(e.value.problems) == 4
 
 
 def test_inventory_is_published_in_the_schema(
@@ -64,6 +66,7 @@ def test_inventory_is_published_in_the_schema(
     )
     assert cache is not None
     assert cache.store.partial_ttl_s == 3600
+    assert cache.store.reserve_bytes == 1 << 30  # the default
     src = tmp_path / "ck"
     src.write_bytes(b"z" * 1000)
     cache.store.add_file(Kind.CHECKPOINT, EntryId("job-a.step-3"), src)

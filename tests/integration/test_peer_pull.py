@@ -1,18 +1,21 @@
 """The puller against real cache servers on loopback, behind emulated links: several peers,
-a peer killed mid-pull, a tampered peer, an interrupted pull resumed, the origin fallback, and
-the final name never showing a partial file."""
+a peer killed mid-pull, a tampered peer, an interrupted pull resumed, the origin fallback, the
+final name never showing a partial file, and peers that poison bytes or forge manifests."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import os
+import shutil
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
 import pytest
 
+from common.errors import InvalidInput
 from nodeagent.cache.manifest import Manifest
 from nodeagent.cache.naming import EntryId, Kind
 from nodeagent.cache.store import CacheStore
@@ -93,6 +96,7 @@ async def test_pull_from_three_peers_uses_all_and_verifies(rig: Rig) -> None:
         entry=CKPT,
         peers=rig.sources(nodes),
         headers=rig.headers,
+        digest=rig.digest,
         settings=PullSettings(shard_bytes=MIB),
     )
     assert rig.pulled_digest(dest) == rig.digest
@@ -114,6 +118,7 @@ async def test_peer_killed_mid_pull_completes_from_others(rig: Rig) -> None:
             entry=CKPT,
             peers=rig.sources(nodes),
             headers=rig.headers,
+            digest=rig.digest,
             settings=PullSettings(shard_bytes=2 * MIB),
         )
     )
@@ -145,6 +150,7 @@ async def test_tampered_shard_detected_and_fetched_again(rig: Rig) -> None:
         entry=CKPT,
         peers=rig.sources([good, bad]),
         headers=rig.headers,
+        digest=rig.digest,
         settings=PullSettings(shard_bytes=MIB),
     )
     assert result.refetched_pieces >= 1
@@ -164,6 +170,7 @@ async def test_tampered_only_source_fails_without_publishing(rig: Rig) -> None:
             entry=CKPT,
             peers=rig.sources([bad]),
             headers=rig.headers,
+            digest=rig.digest,
         )
     assert dest.data_path(Kind.CHECKPOINT, CKPT) is None
     assert not (dest.data_dir(Kind.CHECKPOINT) / CKPT).exists()
@@ -180,6 +187,7 @@ async def test_interrupted_pull_resumes_with_verified_pieces(rig: Rig) -> None:
             entry=CKPT,
             peers=rig.sources(nodes),
             headers=rig.headers,
+            digest=rig.digest,
             settings=settings,
         )
     )
@@ -206,6 +214,7 @@ async def test_interrupted_pull_resumes_with_verified_pieces(rig: Rig) -> None:
         entry=CKPT,
         peers=rig.sources(nodes),
         headers=rig.headers,
+        digest=rig.digest,
         settings=settings,
     )
     assert result.resumed_pieces == len(kept)
@@ -224,7 +233,7 @@ async def test_falls_back_to_origin_when_no_peer_holds_it(rig: Rig) -> None:
         entry=CKPT,
         peers=StaticPeers([Peer("empty", empty.url)]),  # says it has it, answers 404
         headers=rig.headers,
-        origin=origin.url,
+        origin=origin.url,  # no digest: the origin's manifest is the trusted one
     )
     assert result.bytes_by_source == {"origin": rig.manifest.size}
     assert rig.pulled_digest(dest) == rig.digest
@@ -241,7 +250,7 @@ async def test_all_peers_die_then_origin_finishes(rig: Rig) -> None:
             entry=CKPT,
             peers=rig.sources([only]),
             headers=rig.headers,
-            origin=origin.url,
+            origin=origin.url,  # trusted; the peer offers the same pieces, so it is used
             settings=PullSettings(shard_bytes=MIB),
         )
     )
@@ -295,6 +304,7 @@ async def test_final_name_never_shows_a_partial_file(rig: Rig) -> None:
             entry=CKPT,
             peers=rig.sources(nodes),
             headers=rig.headers,
+            digest=rig.digest,
             settings=PullSettings(shard_bytes=MIB),
         )
     finally:
@@ -320,6 +330,7 @@ async def test_even_split_planner_is_pluggable(rig: Rig) -> None:
         entry=CKPT,
         peers=rig.sources(nodes),
         headers=rig.headers,
+        digest=rig.digest,
         planner=planner,
         settings=PullSettings(steal=False, shard_bytes=MIB),
     )
@@ -352,6 +363,7 @@ async def test_no_usable_peer_and_an_unreachable_origin_is_a_pull_failure(rig: R
             entry=CKPT,
             peers=rig.sources([broken]),
             headers=rig.headers,
+            digest=rig.digest,
             origin=gone.url,
         )
     assert dest.data_path(Kind.CHECKPOINT, CKPT) is None
@@ -371,6 +383,132 @@ async def test_an_entry_named_like_a_compressed_sibling_does_not_stand_in(rig: R
         entry=CKPT,
         peers=rig.sources([peer]),
         headers=rig.headers,
+        digest=rig.digest,
     )
     assert result.dropped == ()
     assert rig.pulled_digest(dest) == rig.digest
+
+
+async def forger(rig: Rig, name: str, *, claim: str | None) -> PeerNode:
+    """A peer whose entry is other bytes, under a manifest of those bytes' pieces that claims
+    content ``claim`` (the real digest: a forged manifest; None: honest about other bytes)."""
+    store = rig.store(name)
+    other = random_file(rig.tmp / f"{name}.bin", 4 * MIB)
+    real = store.add_file(Kind.CHECKPOINT, CKPT, other)
+    forged = dataclasses.replace(real, sha256=claim)
+    tmp = store.temp_path(Kind.CHECKPOINT, CKPT)
+    shutil.copyfile(other, tmp)
+    store.adopt(forged, tmp)
+    node = await start_peer(store, rig.token_file, rate=200 * MIB)
+    rig.peers.append(node)
+    return node
+
+
+async def test_a_forged_manifest_is_not_committed_and_an_honest_peer_completes(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The forger is asked first and its manifest claims the right digest, so its pieces verify;
+    the whole file does not: it is dropped, and the pull starts again from the honest peer."""
+    bad = await forger(rig, "forger", claim=rig.digest)
+    good = await rig.peer("good", rate=200 * MIB)
+    dest = rig.store("dest")
+    result = await pull(
+        store=dest,
+        kind=Kind.CHECKPOINT,
+        entry=CKPT,
+        peers=rig.sources([bad, good]),
+        headers=rig.headers,
+        digest=rig.digest,
+    )
+    assert "forged manifest" in caplog.text
+    assert rig.pulled_digest(dest) == rig.digest
+    assert result.manifest == rig.manifest
+    assert result.dropped == ("peer0",)
+    assert result.bytes_by_source == {"peer1": rig.manifest.size}
+    assert sorted(p.name for p in dest.data_dir(Kind.CHECKPOINT).iterdir()) == [CKPT]
+
+
+async def test_a_forged_manifest_alone_fails_the_pull_and_leaves_nothing(rig: Rig) -> None:
+    bad = await forger(rig, "forger", claim=rig.digest)
+    dest = rig.store("dest")
+    with pytest.raises(PullFailed, match="forged manifest"):
+        await pull(
+            store=dest,
+            kind=Kind.CHECKPOINT,
+            entry=CKPT,
+            peers=rig.sources([bad]),
+            headers=rig.headers,
+            digest=rig.digest,
+        )
+    assert dest.data_path(Kind.CHECKPOINT, CKPT) is None
+    assert list(dest.data_dir(Kind.CHECKPOINT).iterdir()) == []
+    assert dest.inventory()["checkpoints"] == []
+
+
+async def test_a_manifest_of_other_content_is_not_used(rig: Rig) -> None:
+    other = await forger(rig, "other", claim=None)  # its own, true digest: not the one asked
+    good = await rig.peer("good", rate=200 * MIB)
+    dest = rig.store("dest")
+    with pytest.raises(PullFailed, match=f"no source has checkpoints/{CKPT} with sha256"):
+        await pull(
+            store=dest,
+            kind=Kind.CHECKPOINT,
+            entry=CKPT,
+            peers=rig.sources([other]),
+            headers=rig.headers,
+            digest=rig.digest,
+        )
+    result = await pull(
+        store=dest,
+        kind=Kind.CHECKPOINT,
+        entry=CKPT,
+        peers=rig.sources([other, good]),
+        headers=rig.headers,
+        digest=rig.digest,
+    )
+    assert result.bytes_by_source == {"peer1": rig.manifest.size}
+    assert rig.pulled_digest(dest) == rig.digest
+
+
+async def test_a_peer_poisoning_one_piece_is_counted_and_the_honest_peer_completes(
+    rig: Rig,
+) -> None:
+    good = await rig.peer("good", rate=40 * MIB)
+    bad = await rig.peer("bad", rate=40 * MIB, copy=True)
+    path = bad.store.data_path(Kind.CHECKPOINT, CKPT)
+    assert path is not None
+    overwrite(path, rig.manifest.size - 100, b"poison")  # one piece, the last
+    dest = rig.store("dest")
+
+    def all_to_the_poisoner(shards: Sequence[Shard], links: Sequence[LinkModel]) -> Assignment:
+        plan = assign(shards, links)
+        return Assignment({"peer0": (), "peer1": tuple(shards)}, plan.finish_s, plan.makespan_s)
+
+    result = await pull(
+        store=dest,
+        kind=Kind.CHECKPOINT,
+        entry=CKPT,
+        peers=rig.sources([good, bad]),
+        headers=rig.headers,
+        digest=rig.digest,
+        planner=all_to_the_poisoner,
+        settings=PullSettings(shard_bytes=MIB, steal=False),
+    )
+    assert result.rejected == {"peer1": 1}  # counted against the peer that sent it
+    assert result.refetched_pieces == 1
+    assert (
+        result.bytes_by_source["peer0"] == rig.manifest.piece_span(len(rig.manifest.pieces) - 1)[1]
+    )
+    assert rig.pulled_digest(dest) == rig.digest
+
+
+async def test_a_pull_trusting_peers_alone_is_refused(rig: Rig) -> None:
+    peer = await rig.peer("p0", rate=200 * MIB)
+    with pytest.raises(InvalidInput, match="peers are not trusted for content"):
+        await pull(
+            store=rig.store("dest"),
+            kind=Kind.CHECKPOINT,
+            entry=CKPT,
+            peers=rig.sources([peer]),
+            headers=rig.headers,
+        )

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from common import builders, contract
+from common.checkpointref import CheckpointRef, parse_checkpoint_ref
 from common.errors import InvalidInput
 from common.model import Priority, Tier
 from common.podrequest import parse_pod
@@ -183,3 +184,21 @@ def test_good_planner_annotations_pass() -> None:
         },
     )
     assert parse_pod(pod).gpus == 1
+
+
+def test_a_checkpoint_pinned_by_digest_is_cached_under_its_id() -> None:
+    digest = "ab" * 32
+    pod = builders.pod("p", 1, checkpoint=f"ck-1@sha256:{digest.upper()}")
+    assert parse_pod(pod).checkpoint == "ck-1"
+    ref = parse_checkpoint_ref(f"ck-1@sha256:{digest.upper()}")
+    assert ref == CheckpointRef("ck-1", digest)
+    assert str(ref) == f"ck-1@sha256:{digest}"
+    assert parse_checkpoint_ref("ck-1") == CheckpointRef("ck-1", None)
+
+
+@pytest.mark.parametrize(
+    "value", ["ck-1@sha256:abc", "ck-1@md5:" + "ab" * 16, "ck-1@", "@sha256:" + "ab" * 32]
+)
+def test_a_bad_checkpoint_pin_is_named(value: str) -> None:
+    with pytest.raises(InvalidInput, match=contract.ANN_CHECKPOINT):
+        parse_pod(builders.pod("p", 1, checkpoint=value))
