@@ -8,11 +8,48 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import signal
 from pathlib import Path
 
+from common.coercion import as_count, as_float, as_int, as_port, as_positive
 from common.errors import InvalidInput
+
+
+def _xids(text: str, problems: list[str]) -> frozenset[int]:
+    xids = [as_int("--ignored-xids", x, []) for x in text.split(",") if x.strip()]
+    if any(x is None or x < 0 for x in xids):
+        problems.append(f"--ignored-xids: want comma-separated whole numbers, got {text!r}")
+        return frozenset()
+    return frozenset(x for x in xids if x is not None)
+
+
+def flag_problems(args: argparse.Namespace) -> list[str]:
+    """Every problem with the agent's own flags and its cache's (the device plugin's settings
+    validate themselves): numbers finite, whole numbers whole, ports in range."""
+    problems: list[str] = []
+    if not (args.node or os.environ.get("NODE_NAME", "")):
+        problems.append("--node (or NODE_NAME) is required")
+    _xids(args.ignored_xids, problems)
+    as_count("--fake-gpus", args.fake_gpus, problems)
+    for flag, value in (
+        ("--quiet-period", args.quiet_period),
+        ("--cycle", args.cycle),
+        ("--hot-restart-timeout", args.hot_restart_timeout),
+    ):
+        as_positive(flag, value, problems)
+    if args.cache_dir is not None:
+        from nodeagent.cache.serving import ServeSettings
+
+        port = as_port("--cache-port", args.cache_port, problems)
+        if port is not None:
+            problems += ServeSettings(port=port, token_file=args.cache_token_file).validate()
+        ttl = as_float("--cache-partial-ttl", args.cache_partial_ttl, problems)
+        if ttl is not None and ttl < 0:
+            problems.append(f"--cache-partial-ttl: want a number of seconds >= 0, got {ttl:g}")
+        as_count("--cache-max-bytes", args.cache_max_bytes, problems, minimum=1)
+    return problems
 
 
 def _agent(args: argparse.Namespace) -> int:
@@ -26,41 +63,33 @@ def _agent(args: argparse.Namespace) -> int:
     from nodeagent.nvml import GpuReader, NvmlReader, open_reader
     from nodeagent.publishing import KubePublisher
 
+    # Every flag is read strictly and every problem reported at once (exit 2, a line each).
+    problems = flag_problems(args)
     node = args.node or os.environ.get("NODE_NAME", "")
-    problems = []
-    if not node:
-        problems.append("--node (or NODE_NAME) is required")
-    try:
-        ignored = frozenset(int(x) for x in args.ignored_xids.split(",") if x.strip())
-    except ValueError:
-        problems.append(f"--ignored-xids: want comma-separated integers, got {args.ignored_xids!r}")
-        ignored = frozenset()
-    if args.quiet_period <= 0 or args.cycle <= 0:
-        problems.append("--quiet-period and --cycle must be positive")
-    if args.hot_restart_timeout <= 0:
-        problems.append("--hot-restart-timeout must be positive")
+    plugin_settings = DevicePluginSettings(
+        node_name=node, plugin_dir=args.device_plugin_dir, host_device_root=args.host_device_root
+    )
+    if not args.no_device_plugin:
+        # A missing node is reported above, as the flag.
+        named = dataclasses.replace(plugin_settings, node_name=node or "unset")
+        problems += [f"device plugin: {p}" for p in named.validate()]
     if problems:
         raise InvalidInput(problems)
     settings = AgentSettings(
         node=node,
-        health=HealthSettings(ignored_xids=ignored, quiet_period_s=args.quiet_period),
-        cycle_s=args.cycle,
+        health=HealthSettings(
+            ignored_xids=_xids(args.ignored_xids, []), quiet_period_s=float(args.quiet_period)
+        ),
+        cycle_s=float(args.cycle),
     )
     reader: GpuReader
     if args.backend == "fake":
         from nodeagent.nvmlfake import FakeNvml, full_gpu
 
-        reader = NvmlReader(FakeNvml([full_gpu(i) for i in range(args.fake_gpus)]))
+        reader = NvmlReader(FakeNvml([full_gpu(i) for i in range(int(args.fake_gpus))]))
     else:
         reader = open_reader(args.backend)
 
-    plugin_settings = DevicePluginSettings(
-        node_name=node, plugin_dir=args.device_plugin_dir, host_device_root=args.host_device_root
-    )
-    if not args.no_device_plugin:
-        plugin_problems = plugin_settings.validate()
-        if plugin_problems:
-            raise InvalidInput(plugin_problems)
     from nodeagent.pulling.command import agent_inventory, open_agent_cache
 
     cache = open_agent_cache(args)  # the peer cache, when --cache-dir is given
@@ -162,7 +191,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default="nvml",
         help="nvml: the driver (no GPUs if it is missing); null: no GPUs; fake: simulated GPUs",
     )
-    agent.add_argument("--fake-gpus", type=int, default=8, help="GPUs of the fake backend")
+    # Numbers are read as text and checked together (flag_problems): argparse's own types would
+    # stop at the first bad one, and float() takes nan and inf.
+    agent.add_argument("--fake-gpus", default=8, help="GPUs of the fake backend")
     agent.add_argument("--kubeconfig", type=Path, help="kubeconfig (default: in-cluster)")
     agent.add_argument(
         "--namespace", default="tidelease-system", help="namespace of the heartbeat Lease"
@@ -174,11 +205,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     agent.add_argument(
         "--quiet-period",
-        type=float,
         default=300.0,
         help="seconds without faults before a device is healthy again",
     )
-    agent.add_argument("--cycle", type=float, default=5.0, help="seconds between readings")
+    agent.add_argument("--cycle", default=5.0, help="seconds between readings")
     agent.add_argument(
         "--device-plugin-dir",
         type=Path,
@@ -203,7 +233,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     agent.add_argument(
         "--hot-restart-timeout",
-        type=float,
         default=120.0,
         help="seconds from the image patch to the new container running, else rolled back",
     )

@@ -71,3 +71,9 @@ def find(objs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
 
 def containers(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {c["name"]: c for c in obj["spec"]["template"]["spec"]["containers"]}
+
+
+def agent_pod(*values: str) -> dict[str, Any]:
+    """The agent DaemonSet's pod spec for ``--set``-style values."""
+    spec: dict[str, Any] = find(render(*values), "DaemonSet", "tidelease-agent")["spec"]
+    return dict(spec["template"]["spec"])

@@ -12,6 +12,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
+from common.coercion import as_count, as_port
 from common.errors import InvalidInput
 
 log = logging.getLogger(__name__)
@@ -31,15 +32,14 @@ def add_orchestrator_command(sub: Any) -> None:
         default=os.environ.get("POD_NAMESPACE", "tidelease-system"),
         help="namespace of the leader-election Lease (default: $POD_NAMESPACE or tidelease-system)",
     )
-    p.add_argument(
-        "--max-parallel", type=int, default=64, help="commands in flight at once (default 64)"
-    )
+    # Numbers are read as text and checked together in run_command (common/coercion.py):
+    # argparse's own types would stop at the first bad one.
+    p.add_argument("--max-parallel", default=64, help="commands in flight at once (default 64)")
     p.add_argument(
         "--dry-run", action="store_true", help="log the commands instead of executing them"
     )
     p.add_argument(
         "--metrics-port",
-        type=int,
         default=0,
         help="serve /healthz, /readyz and /metrics on this port (default: off)",
     )
@@ -50,12 +50,17 @@ def run_command(args: argparse.Namespace) -> int:
     from extender.orchestration.controller import OrchestratorSettings
 
     identity = os.environ.get("POD_NAME") or socket.gethostname()
+    problems: list[str] = []
+    max_parallel = as_count("--max-parallel", args.max_parallel, problems, minimum=1)
+    args.metrics_port = as_port("--metrics-port", args.metrics_port, problems)
+    if not args.lease_namespace:
+        problems.append("--lease-namespace must not be empty")
     settings = OrchestratorSettings(
         namespace=args.namespace,
         identity=f"{identity}-{os.getpid()}",
-        max_parallel=args.max_parallel,
+        max_parallel=max_parallel if max_parallel is not None else 1,
     )
-    problems = settings.validate()
+    problems += settings.validate()
     if problems:
         raise InvalidInput(problems)
     asyncio.run(_main(args, settings, identity))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Any
 import yaml
 
 from common import contract
+from common.coercion import coerce
 from common.errors import InvalidInput
 from common.httpserving import ServerTLS
 from common.model import Tier
@@ -38,6 +38,10 @@ class ExtenderSettings:
     client_ca_file: Path | None = None
     # Open connections each listener accepts; past that, 503 and close (common.httpserving).
     max_connections: int = 256
+    # /metrics only for a bearer token the API server authenticates (TokenReview) and allows
+    # to get /metrics (SubjectAccessReview), as kube-scheduler's own metrics. Needs an API
+    # server (not with snapshot). The chart turns it on.
+    metrics_auth: bool = False
     gpu_resource: str = contract.DEFAULT_GPU_RESOURCE
     # The schedulers whose pods bind accepts (a pod's spec.schedulerName): the chart sets the
     # one of its mode. A bind for any other pod is refused, whoever calls.
@@ -94,6 +98,8 @@ class ExtenderSettings:
             missing = ", ".join(n for n in tls if n not in given)
             problems.append(f"{', '.join(given)} given without {missing}: HTTPS needs all three")
         problems.extend(f"{n} {v} is not a file" for n, v in tls.items() if v and not v.is_file())
+        if self.metrics_auth and self.snapshot is not None:
+            problems.append("metrics_auth needs an API server to review tokens, not a snapshot")
         if self.max_connections < 1:
             problems.append("max_connections must be at least 1")
         if not 0 <= self.port <= 65535:
@@ -146,6 +152,7 @@ _FIELD_TYPES: dict[str, type] = {
     "tls_key_file": Path,
     "client_ca_file": Path,
     "max_connections": int,
+    "metrics_auth": bool,
     "gpu_resource": str,
     "scheduler_names": tuple,
     "bind_attempts": int,
@@ -166,54 +173,10 @@ _FIELD_TYPES: dict[str, type] = {
 }
 
 
-_INTEGER = re.compile(r"[+-]?[0-9]+")
-
-
 def _coerce(name: str, value: Any, problems: list[str]) -> Any:
-    """``value`` (from YAML, a variable or a flag) as the setting's type, strictly: booleans are
-    booleans (or their usual words in text), integers are whole numbers (2.9 is not 2, true is
-    not 1), numbers are finite. A problem is noted, and None returned, otherwise."""
-    kind = _FIELD_TYPES[name]
-    if kind is bool:
-        if isinstance(value, bool):
-            return value
-        text = value.lower() if isinstance(value, str) else None
-        if text in ("1", "true", "yes", "on"):
-            return True
-        if text in ("0", "false", "no", "off"):
-            return False
-        problems.append(f"{name}: want true or false, got {value!r}")
-        return None
-    if kind is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, str) and _INTEGER.fullmatch(value.strip()):
-            return int(value)
-        problems.append(f"{name}: want a whole number, got {value!r}")
-        return None
-    if kind is float:
-        number: float | None = None
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            number = float(value)
-        elif isinstance(value, str):
-            try:
-                number = float(value)
-            except ValueError:
-                number = None
-        if number is None or not math.isfinite(number):
-            problems.append(f"{name}: want a finite number, got {value!r}")
-            return None
-        return number
-    if kind is tuple:  # a list of names: a YAML list, or comma-separated text
-        items = value.split(",") if isinstance(value, str) else value
-        if isinstance(items, list | tuple) and all(isinstance(i, str) and i.strip() for i in items):
-            return tuple(i.strip() for i in items)
-        problems.append(f"{name}: want a list of names, got {value!r}")
-        return None
-    if isinstance(value, str | Path):
-        return kind(value)
-    problems.append(f"{name}: want text, got {value!r}")
-    return None
+    """``value`` (from YAML, a variable or a flag) as the setting's type, strictly
+    (common/coercion.py): a problem is noted, and None returned, otherwise."""
+    return coerce(name, _FIELD_TYPES[name], value, problems)
 
 
 def load_settings(

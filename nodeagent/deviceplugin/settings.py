@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,8 +77,13 @@ class DevicePluginSettings:
             "register_backoff_max_s",
             "socket_poll_s",
         ):
-            if getattr(self, name) <= 0:
-                problems.append(f"{name} must be positive")
-        if self.stop_grace_s < 0:
-            problems.append("stop_grace_s must not be negative")
+            if not _finite(getattr(self, name)) or getattr(self, name) <= 0:
+                problems.append(f"{name} must be a positive finite number")
+        if not _finite(self.stop_grace_s) or self.stop_grace_s < 0:
+            problems.append("stop_grace_s must be a finite number, not negative")
         return problems
+
+
+def _finite(value: object) -> bool:
+    """A real number, not NaN or infinite (nor a bool passed for one)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)

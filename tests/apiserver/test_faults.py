@@ -1,11 +1,13 @@
 """Faults of the real control plane, as the extender sees them: etcd paused (the API server up,
-its /readyz failing, the watches still connected). /readyz turns unready within stale_after_s,
-a bind meanwhile answers with the protocol's Error before kube-scheduler's timeout, and the
-extender is ready again soon after etcd is back. The times are printed (pytest -s)."""
+its /readyz failing, the watches still connected), and the API server restarted (its port
+closed, the watches cut). /readyz turns unready within stale_after_s, a bind meanwhile answers
+with the protocol's Error before kube-scheduler's timeout, and the extender is ready again, its
+watches resumed, soon after the API server is back. The times are printed (pytest -s)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -15,7 +17,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from common import builders
+from common import builders, contract
+from common.kubeclient import WATCH_BACKOFF_MAX_S, KubeClient
 from extender.cluster.kubestore import KubeStore
 from extender.scheduler.serving import serve
 from extender.scheduler.settings import ExtenderSettings
@@ -93,3 +96,81 @@ async def test_etcd_paused_turns_the_extender_unready_and_binds_answer_in_time(
     assert bind_s < 10  # kube-scheduler's httpTimeout in the chart
     assert reply["Error"]
     assert ready_s < 10
+
+
+RECOVERY_BOUND_S = 15.0  # a probe interval and a watch backoff (<= WATCH_BACKOFF_MAX_S) fit
+
+
+async def _bind_nobody(s: aiohttp.ClientSession, url: str) -> tuple[float, dict[str, str]]:
+    start = time.monotonic()
+    pod = builders.pod("nobody", 1)
+    body = {
+        "PodName": "nobody",
+        "PodNamespace": "default",
+        "PodUID": pod["metadata"]["uid"],
+        "Node": "n",
+    }
+    async with s.post(f"{url}/bind", json=body) as r:
+        reply: dict[str, str] = await r.json()
+    return time.monotonic() - start, reply
+
+
+async def test_api_server_restarted_turns_the_extender_unready_and_it_recovers_in_time(
+    apiserver: ApiServer,
+) -> None:
+    store = await KubeStore.connect(Path(apiserver.kubeconfig))
+    settings = ExtenderSettings(
+        host="127.0.0.1", port=0, stale_after_s=STALE_AFTER_S, bind_timeout_s=BIND_TIMEOUT_S
+    )
+    node = f"restart-{os.getpid()}-{int(time.time())}"
+    argv: list[str] | None = None
+    try:
+        async with serve(store=store, settings=settings) as running, aiohttp.ClientSession() as s:
+            ready = f"{running.url}/readyz"
+            await until("ready at first", 200, s, ready)
+            # Seconds from SIGTERM to an unready extender: its listener may close at once, or
+            # only when the process dies.
+            argv = apiserver.apiserver_argv()
+            how, unready_s = await asyncio.gather(
+                apiserver.stop_apiserver(), until("API server stopped", 503, s, ready)
+            )
+            try:
+                bind_s, reply = await _bind_nobody(s, running.url)
+            finally:
+                apiserver.start_apiserver(argv)
+            await apiserver.wait_ready()
+            recovery_s = await until("API server back", 200, s, ready)
+            # Ready means the view is current again: a GpuNode made after the restart reaches
+            # the extender through its resumed watch.
+            kube = await KubeClient.connect(Path(apiserver.kubeconfig))
+            try:
+                start = time.monotonic()
+                gpn = f"/apis/{contract.API_VERSION}/{contract.PLURAL_GPU_NODE}"
+                await kube.json(
+                    "POST", gpn, body=builders.gpu_node(node, builders.devices(node, 2))
+                )
+                while running.app.cluster.get(node) is None:
+                    assert time.monotonic() - start < RECOVERY_BOUND_S, "watch did not resume"
+                    await asyncio.sleep(0.1)
+                watch_s = time.monotonic() - start
+                await kube.json("DELETE", f"{gpn}/{node}")
+            finally:
+                await kube.close()
+    finally:
+        if argv is not None and not apiserver.restarted:
+            with contextlib.suppress(AssertionError):  # not stopped after all
+                await apiserver.stop_apiserver()
+            apiserver.start_apiserver(argv)  # never leave the session's API server down
+            await apiserver.wait_ready()
+        await store.close()
+    print(
+        f"\nAPI server restarted ({how}): unready after {unready_s:.1f} s (threshold"
+        f" {STALE_AFTER_S:g} s); a bind answered in {bind_s:.1f} s: {reply['Error']!r}; ready"
+        f" again {recovery_s:.1f} s after the API server's own /readyz (watch backoff at most"
+        f" {WATCH_BACKOFF_MAX_S:g} s); a new GpuNode seen {watch_s:.1f} s after it was made"
+    )
+    assert unready_s < STALE_AFTER_S + 3 + 2  # the threshold, a probe's timeout, a poll
+    assert bind_s < BIND_TIMEOUT_S + 2  # the bind timeout, not kube-scheduler's 10 s
+    assert reply["Error"]
+    assert recovery_s < RECOVERY_BOUND_S
+    assert watch_s < RECOVERY_BOUND_S

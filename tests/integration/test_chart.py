@@ -12,7 +12,17 @@ import pytest
 import yaml
 
 from common import contract
-from tests.chart import CHART, NAMESPACE, ROOT, containers, find, helm, kube_version, render
+from tests.chart import (
+    CHART,
+    NAMESPACE,
+    ROOT,
+    agent_pod,
+    containers,
+    find,
+    helm,
+    kube_version,
+    render,
+)
 
 
 def test_helm_lint_is_clean_in_both_modes() -> None:
@@ -105,7 +115,10 @@ def test_cluster_scheduler_mode_serves_the_verbs_through_the_service() -> None:
     assert "profiles" not in cfg
     assert "leaderElection" not in cfg
     (ext,) = cfg["extenders"]
-    assert ext["urlPrefix"] == f"http://tidelease-extender.{NAMESPACE}.svc:8888"
+    assert ext["urlPrefix"] == f"https://tidelease-extender.{NAMESPACE}.svc:8888"
+    assert (
+        ext["enableHTTPS"] is True
+    )  # with a client certificate: tests/integration/test_chart_tls.py
     # No kube-scheduler of its own, so none of its RBAC.
     assert not [o for o in objs if o["kind"].endswith("RoleBinding") and "scheduler" in str(o)]
 
@@ -142,7 +155,7 @@ def test_each_part_can_be_switched_off() -> None:
 
 
 def test_the_agent_mounts_only_what_its_parts_need() -> None:
-    full = find(render(), "DaemonSet", "tidelease-agent")["spec"]["template"]["spec"]
+    full = agent_pod("agent.hotRestart.enabled=true")
     assert {v["name"] for v in full["volumes"]} == {
         "kube-api-access",
         "device-plugins",
@@ -150,14 +163,83 @@ def test_the_agent_mounts_only_what_its_parts_need() -> None:
         "cache",
         "cache-token",
     }
-    bare = find(
-        render("agent.hotRestart.enabled=false", "agent.cache.enabled=false"),
-        "DaemonSet",
-        "tidelease-agent",
-    )["spec"]["template"]["spec"]
+    bare = agent_pod("agent.cache.enabled=false")
     assert [v["name"] for v in bare["volumes"]] == ["kube-api-access", "device-plugins"]
     args = bare["containers"][0]["args"]
     assert not [a for a in args if a.startswith(("--cri-endpoint", "--cache-"))], args
+
+
+SA = "/var/run/secrets/kubernetes.io/serviceaccount"
+# The agent's mounts by default (no hot restart): mount path -> (volume, read-only).
+DEFAULT_MOUNTS = {
+    "/var/lib/kubelet/device-plugins": ("device-plugins", False),
+    SA: ("kube-api-access", True),
+    "/var/cache/tidelease": ("cache", False),
+    "/etc/tidelease/cache-token": ("cache-token", True),
+}
+DEFAULT_HOST_PATHS = {
+    "device-plugins": ("/var/lib/kubelet/device-plugins", "Directory"),
+    "cache": ("/var/cache/tidelease", "DirectoryOrCreate"),
+}
+
+
+def _mounts(pod: dict[str, Any]) -> dict[str, tuple[str, bool]]:
+    (agent,) = pod["containers"]
+    return {m["mountPath"]: (m["name"], m.get("readOnly", False)) for m in agent["volumeMounts"]}
+
+
+def _host_paths(pod: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    return {
+        v["name"]: (v["hostPath"]["path"], v["hostPath"]["type"])
+        for v in pod["volumes"]
+        if "hostPath" in v
+    }
+
+
+def _least_privilege(pod: dict[str, Any]) -> None:
+    """Root (the device-plugin directory and kubelet.sock are root's) with nothing else: no
+    capability, no escalation, a read-only root, RuntimeDefault seccomp, none of the host's
+    namespaces."""
+    assert pod["securityContext"] == {
+        "runAsUser": 0,
+        "runAsGroup": 0,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    (agent,) = pod["containers"]
+    assert agent["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+        "privileged": False,
+    }
+    assert not {"hostPID", "hostIPC", "hostNetwork"} & set(pod)
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["runtimeClassName"] == "nvidia"  # NVML's device nodes, not a /dev host path
+
+
+def test_the_default_agent_runs_with_the_least_privileges_and_no_cri_socket() -> None:
+    pod = agent_pod()
+    _least_privilege(pod)
+    assert _mounts(pod) == DEFAULT_MOUNTS
+    assert _host_paths(pod) == DEFAULT_HOST_PATHS
+    (agent,) = pod["containers"]
+    assert not [a for a in agent["args"] if a.startswith("--cri-endpoint")], agent["args"]
+    assert "containerd" not in yaml.safe_dump(pod)
+    role = find(render(), "ClusterRole", "tidelease-agent")
+    assert "events" not in {r for rule in role["rules"] for r in rule["resources"]}
+
+
+def test_hot_restart_opts_in_to_the_cri_socket_and_nothing_more() -> None:
+    values = ("agent.hotRestart.enabled=true", "agent.hotRestart.criSocket=/run/k3s/cri.sock")
+    pod = agent_pod(*values)
+    _least_privilege(pod)
+    assert _mounts(pod) == {**DEFAULT_MOUNTS, "/run/tidelease/cri.sock": ("cri", False)}
+    assert _host_paths(pod) == {**DEFAULT_HOST_PATHS, "cri": ("/run/k3s/cri.sock", "Socket")}
+    (agent,) = pod["containers"]
+    assert "--cri-endpoint=unix:///run/tidelease/cri.sock" in agent["args"]
+    role = find(render(*values), "ClusterRole", "tidelease-agent")
+    events = [rule for rule in role["rules"] if "events" in rule["resources"]]
+    assert events == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
 
 
 def test_the_api_server_override_reaches_every_container() -> None:
@@ -252,7 +334,13 @@ def test_bind_serves_only_the_scheduler_of_the_mode(
     cm = find(render(f"scheduling.mode={mode}"), "ConfigMap", "tidelease-extender-settings")
     f = tmp_path / "settings.yaml"
     f.write_text(cm["data"]["settings.yaml"])
-    assert load_settings(file=f, env={}).scheduler_names == served
+    # The TLS files of the clusterScheduler mode are the Secret's, mounted in the pod: here,
+    # files of the same names elsewhere.
+    tls = {"tls_cert_file": "tls.crt", "tls_key_file": "tls.key", "client_ca_file": "ca.crt"}
+    for name in tls.values():
+        (tmp_path / name).write_text("")
+    overrides = {k: tmp_path / v for k, v in tls.items()} if mode == "clusterScheduler" else {}
+    assert load_settings(file=f, env={}, overrides=overrides).scheduler_names == served
 
 
 def test_network_policies_admit_only_the_scheduler_to_the_verbs() -> None:

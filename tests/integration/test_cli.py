@@ -137,3 +137,39 @@ def test_startup_errors_exit_2_with_one_line_each(tmp_path: Path) -> None:
             lines = [ln for ln in res.stderr.splitlines() if ln.startswith("tidelease: ")]
             assert len(lines) == 1, (what, res.stderr)
             assert message in lines[0], (what, lines[0])
+
+
+def test_bad_agent_and_orchestrator_flags_exit_2_with_every_problem_at_once() -> None:
+    """The real command, as the DaemonSet and the Deployment run it: non-finite times, numbers
+    that are not whole, ports out of range; every one named on its own line, no traceback."""
+    cases = {
+        "agent": (
+            ["--node", "n", "--cycle", "nan", "--quiet-period", "inf", "--fake-gpus", "2.5",
+             "--hot-restart-timeout=-1", "--cache-dir", "/nonexistent/cache",
+             "--cache-port", "70000", "--cache-partial-ttl", "inf",
+             "--device-plugin-dir", "relative"],
+            ["--fake-gpus: want a whole number, got '2.5'",
+             "--quiet-period: want a finite number, got 'inf'",
+             "--cycle: want a finite number, got 'nan'",
+             "--hot-restart-timeout: want a positive number of seconds, got '-1'",
+             "--cache-port: want a port in 0..65535, got 70000",
+             "--cache-partial-ttl: want a finite number, got inf",
+             "device plugin: plugin_dir relative is not an absolute path"],
+        ),
+        "orchestrator": (
+            ["--max-parallel", "2.5", "--metrics-port", "65536", "--dry-run"],
+            ["--max-parallel: want a whole number, got '2.5'",
+             "--metrics-port: want a port in 0..65535, got '65536'"],
+        ),
+    }  # fmt: skip
+    for command, (args, problems) in cases.items():
+        res = subprocess.run(
+            [sys.executable, "-m", "common.cli", command, *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "PYTHONWARNINGS": "error"},
+        )
+        assert res.returncode == 2, (command, res.stderr)
+        assert "Traceback" not in res.stderr, (command, res.stderr)
+        assert res.stderr.splitlines() == [f"tidelease: {p}" for p in problems], command

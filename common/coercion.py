@@ -1,0 +1,108 @@
+"""Pure reading of settings values, strictly: from YAML, an environment variable or a flag, each
+value becomes its setting's type or a problem is noted. Booleans are booleans (or their usual
+words in text), integers are whole numbers (2.9 is not 2, true is not 1), numbers are finite (no
+NaN, no infinity), ports are in 0..65535. Each function appends what is wrong to ``problems``
+and returns None, so a caller reads every value and reports every problem at once.
+
+The extender's settings file (extender/scheduler/settings.py), the agent's flags
+(nodeagent/main.py) and the orchestrator's (extender/orchestration/command.py) all read through
+here.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+
+
+def as_bool(name: str, value: Any, problems: list[str]) -> bool | None:
+    if isinstance(value, bool):
+        return value
+    text = value.lower() if isinstance(value, str) else None
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    problems.append(f"{name}: want true or false, got {value!r}")
+    return None
+
+
+def as_int(name: str, value: Any, problems: list[str]) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and _INTEGER.fullmatch(value.strip()):
+        return int(value)
+    problems.append(f"{name}: want a whole number, got {value!r}")
+    return None
+
+
+def as_float(name: str, value: Any, problems: list[str]) -> float | None:
+    number: float | None = None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        number = float(value)
+    elif isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            number = None
+    if number is None or not math.isfinite(number):
+        problems.append(f"{name}: want a finite number, got {value!r}")
+        return None
+    return number
+
+
+def as_names(name: str, value: Any, problems: list[str]) -> tuple[str, ...] | None:
+    """A list of names: a YAML list, or comma-separated text."""
+    items = value.split(",") if isinstance(value, str) else value
+    if isinstance(items, list | tuple) and all(isinstance(i, str) and i.strip() for i in items):
+        return tuple(i.strip() for i in items)
+    problems.append(f"{name}: want a list of names, got {value!r}")
+    return None
+
+
+def as_positive(name: str, value: Any, problems: list[str]) -> float | None:
+    """A finite number above zero (a timeout, an interval, a TTL)."""
+    number = as_float(name, value, problems)
+    if number is not None and number <= 0:
+        problems.append(f"{name}: want a positive number of seconds, got {value!r}")
+        return None
+    return number
+
+
+def as_count(name: str, value: Any, problems: list[str], *, minimum: int = 0) -> int | None:
+    """A whole number of at least ``minimum``."""
+    number = as_int(name, value, problems)
+    if number is not None and number < minimum:
+        problems.append(f"{name}: want a whole number of at least {minimum}, got {value!r}")
+        return None
+    return number
+
+
+def as_port(name: str, value: Any, problems: list[str]) -> int | None:
+    """A TCP port, 0..65535 (0: any free port, or off where the setting says so)."""
+    number = as_int(name, value, problems)
+    if number is not None and not 0 <= number <= 65535:
+        problems.append(f"{name}: want a port in 0..65535, got {value!r}")
+        return None
+    return number
+
+
+def coerce(name: str, kind: type, value: Any, problems: list[str]) -> Any:
+    """``value`` as ``kind`` (bool, int, float, tuple of names, or a text type such as str or
+    Path), strictly; None, with the problem noted, when it is not one."""
+    if kind is bool:
+        return as_bool(name, value, problems)
+    if kind is int:
+        return as_int(name, value, problems)
+    if kind is float:
+        return as_float(name, value, problems)
+    if kind is tuple:
+        return as_names(name, value, problems)
+    if isinstance(value, str | Path):
+        return kind(value)
+    problems.append(f"{name}: want text, got {value!r}")
+    return None
