@@ -116,7 +116,12 @@ def _extender(args: argparse.Namespace) -> int:
             )
         try:
             await run_extender(
-                store=kube, settings=settings, stop=stop, leasing=leasing, registry=registry
+                store=kube,
+                settings=settings,
+                stop=stop,
+                leasing=leasing,
+                registry=registry,
+                reviewer=writer,
             )
         finally:
             for task in (operator, prewarm, planner):

@@ -189,9 +189,13 @@ async def watch_binds(
             await asyncio.sleep(0.5)
 
 
-async def scrape(url: str, session: aiohttp.ClientSession) -> dict[tuple[str, ...], float]:
-    """The extender's samples of interest: {(metric, verb, le|outcome): value}."""
-    async with session.get(f"{url}/metrics") as resp:
+async def scrape(
+    url: str, session: aiohttp.ClientSession, token: str
+) -> dict[tuple[str, ...], float]:
+    """The extender's samples of interest: {(metric, verb, le|outcome): value}. /metrics is
+    for a bearer token allowed to get it (the cluster's admin token is)."""
+    async with session.get(f"{url}/metrics", headers={"Authorization": f"Bearer {token}"}) as resp:
+        resp.raise_for_status()
         text = await resp.text()
     samples: dict[tuple[str, ...], float] = {}
     for line in text.splitlines():
@@ -320,8 +324,9 @@ async def run_phase(
     started = asyncio.Event()
     watcher = asyncio.create_task(watch_binds(api, namespace, bound_at, started))
     await asyncio.wait_for(started.wait(), 30)
-    ext_url = facts["TL_CLUSTER_EXTENDER_URL"]
-    before = await scrape(ext_url, api.session)
+    ext_url = facts["TL_CLUSTER_EXTENDER_PROBE_URL"]
+    token = facts["TL_CLUSTER_TOKEN"]
+    before = await scrape(ext_url, api.session, token)
     sched_url = facts[
         "TL_CLUSTER_PLAIN_SCHEDULER_URL" if scheduler == PLAIN else "TL_CLUSTER_SCHEDULER_URL"
     ]
@@ -349,7 +354,7 @@ async def run_phase(
         if time.monotonic() - last_report > 10:
             last_report = time.monotonic()
             log(f"phase {name}: {len(bound_at)}/{pods} bound after {last_report - t0:.0f} s")
-    after = await scrape(ext_url, api.session)
+    after = await scrape(ext_url, api.session, token)
     sched_after = await scrape_scheduler(sched_url, api.session, scheduler)
     watcher.cancel()
     with contextlib.suppress(asyncio.CancelledError, aiohttp.ClientError):

@@ -19,9 +19,10 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from aiohttp import web
+from aiohttp import hdrs, web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from common.delegatedauth import DelegatedAuth
 from common.errors import Conflict, InvalidInput, NotFound, TideleaseError
 from common.podrequest import parse_pod
 from extender.cluster.state import ClusterState
@@ -46,6 +47,17 @@ Handler = Callable[[dict[str, Any]], Awaitable[tuple[int, Any]]]
 # objects, without nodeCacheCapable, some 5 KB a node. A body is parsed into Python objects
 # several times its size, so this also bounds what one request can cost in memory.
 MAX_BODY_BYTES = 8 * 1024 * 1024
+# Bodies are read concurrently, one per connection (up to max_connections): without a bound on
+# them together, 256 clients each sending just under the cap would hold 2 GiB. A body larger
+# than SMALL_BODY_BYTES (or of unknown size: chunked or compressed) reserves its size (the cap,
+# when unknown) before it is read, and past BODY_BUDGET_BYTES reserved the request is answered
+# 503 at once. Small bodies do not count, so that large ones cannot crowd out kube-scheduler's
+# usual calls: 256 of them hold at most 256 MiB.
+SMALL_BODY_BYTES = 1024 * 1024
+BODY_BUDGET_BYTES = 8 * MAX_BODY_BYTES
+# A body must arrive within this (the first-request deadline covers only the request's head):
+# a client trickling its body would hold its part of the budget for ever.
+BODY_READ_S = 10.0
 
 
 class ExtenderApp:
@@ -70,6 +82,9 @@ class ExtenderApp:
         # When the store (the API server) last answered, on the monotonic clock; run_api_probe
         # keeps it current. None: not probed yet (ready as soon as synced).
         self.last_reachable: float | None = None
+        self.body_bytes = 0  # reserved by the requests whose bodies are being read or handled
+        # Who may read /metrics (serving sets it when metrics_auth is on); None: anyone.
+        self.metrics_auth: DelegatedAuth | None = None
 
     # --- verbs: wire in, decision, wire out ---
     async def filter(self, body: dict[str, Any]) -> tuple[int, Any]:
@@ -98,6 +113,7 @@ class ExtenderApp:
 
     async def bind(self, body: dict[str, Any]) -> tuple[int, Any]:
         args = wire.parse_binding_args(body)
+        del body  # not kept, whatever else it held, while the bind waits for the API server
         try:
             async with asyncio.timeout(self.settings.bind_timeout_s):
                 result = await self.binder.bind(
@@ -160,12 +176,25 @@ class ExtenderApp:
         async def handle(request: web.Request) -> web.Response:
             start = time.perf_counter()
             outcome = "ok"
-            try:
-                status, reply = await handler(wire.decode(await request.read()))
-            except InvalidInput as e:
-                outcome, status, reply = "bad_request", 400, {"Error": f"tidelease: {e}"}
-            except TideleaseError as e:
-                outcome, status, reply = "error", 503, {"Error": f"tidelease: {e}"}
+            declared = request.content_length
+            if declared is not None and declared > MAX_BODY_BYTES:
+                raise web.HTTPRequestEntityTooLarge(MAX_BODY_BYTES, declared)  # before reading
+            reserved = MAX_BODY_BYTES
+            if declared is not None and hdrs.CONTENT_ENCODING not in request.headers:
+                reserved = declared if declared > SMALL_BODY_BYTES else 0
+            if self.body_bytes + reserved > BODY_BUDGET_BYTES:
+                outcome, status = "error", 503
+                reply: Any = {"Error": "tidelease: too many request bodies in flight, try again"}
+            else:
+                self.body_bytes += reserved
+                try:
+                    status, reply = await handler(wire.decode(await self._body(request)))
+                except InvalidInput as e:
+                    outcome, status, reply = "bad_request", 400, {"Error": f"tidelease: {e}"}
+                except TideleaseError as e:
+                    outcome, status, reply = "error", 503, {"Error": f"tidelease: {e}"}
+                finally:
+                    self.body_bytes -= reserved
             if outcome == "ok" and isinstance(reply, dict) and reply.get("Error"):
                 outcome = "error"
             latency.observe(time.perf_counter() - start)
@@ -175,6 +204,16 @@ class ExtenderApp:
             )
 
         return handle
+
+    @staticmethod
+    async def _body(request: web.Request) -> bytes:
+        try:
+            async with asyncio.timeout(BODY_READ_S):
+                return await request.read()
+        except TimeoutError:
+            raise web.HTTPRequestTimeout(
+                text=f"tidelease: request body not received within {BODY_READ_S:g} s"
+            ) from None
 
     def silent_for(self) -> float:
         """Seconds since the API server last answered (0 before the first probe)."""
@@ -198,7 +237,14 @@ class ExtenderApp:
             )
         return web.Response(text="ok")
 
-    async def metrics_view(self, _: web.Request) -> web.Response:
+    async def metrics_view(self, request: web.Request) -> web.Response:
+        if self.metrics_auth is not None:
+            verdict = await self.metrics_auth.check(
+                request.headers.get(hdrs.AUTHORIZATION), request.path
+            )
+            if not verdict.allowed:
+                headers = {"WWW-Authenticate": "Bearer"} if verdict.status == 401 else None
+                return web.Response(status=verdict.status, text=verdict.reason, headers=headers)
         return web.Response(
             body=generate_latest(self.metrics.registry),
             headers={"Content-Type": CONTENT_TYPE_LATEST},

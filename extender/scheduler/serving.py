@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from common.delegatedauth import DelegatedAuth, Reviewer
+from common.errors import InvalidInput
 from common.httpserving import GuardedSite, Limits, TLSContext, listen, raise_fd_limit
 from common.leaderelection import LeaderElector
 from extender.cluster.state import ClusterState
@@ -107,11 +109,17 @@ async def serve(
     clock: Clock = utcnow,
     leasing: Leasing | None = None,
     registry: CollectorRegistry | None = None,
+    reviewer: Reviewer | None = None,
 ) -> AsyncIterator[Running]:
     """Run an extender until the block exits; yields once it is synced and listening.
     ``registry``: where its metrics go (and what /metrics serves; other components of the
-    process may register theirs there too); a new one by default."""
+    process may register theirs there too); a new one by default. ``reviewer``: the API
+    server that reviews the tokens of /metrics readers (settings.metrics_auth)."""
     app = build_app(store=store, settings=settings, clock=clock, registry=registry)
+    if settings.metrics_auth:
+        if reviewer is None:
+            raise InvalidInput("metrics_auth needs an API server to review tokens")
+        app.metrics_auth = DelegatedAuth(reviewer)
     server_tls = settings.server_tls()
     tls = TLSContext(server_tls) if server_tls is not None else None
     verb_limits = Limits(max_connections=settings.max_connections)
@@ -223,10 +231,13 @@ async def run_extender(
     leasing: Leasing | None = None,
     registry: CollectorRegistry | None = None,
     ready: asyncio.Future[str] | None = None,
+    reviewer: Reviewer | None = None,
 ) -> None:
     """Serve until ``stop`` is set; then fail readiness, let in-flight calls finish (each
     within bind_timeout_s), exit. ``ready`` gets the URL once it listens."""
-    async with serve(store=store, settings=settings, leasing=leasing, registry=registry) as running:
+    async with serve(
+        store=store, settings=settings, leasing=leasing, registry=registry, reviewer=reviewer
+    ) as running:
         if ready is not None:
             ready.set_result(running.url)
         await _first_of(stop, running.tasks)

@@ -77,11 +77,15 @@ TL_CLUSTER_MARKER=".tidelease-cluster"
 TL_CLUSTER_KCM_PID=""
 TL_CLUSTER_KWOK_PID=""
 TL_CLUSTER_EXTENDER_PID=""
+TL_CLUSTER_EXTENDER_URL=""
+TL_CLUSTER_EXTENDER_PROBE_URL=""
+TL_CLUSTER_EXTENDER_CERTS=""
 TL_CLUSTER_SCHEDULER_PID=""
 TL_CLUSTER_PLAIN_SCHEDULER_PID=""
 TL_CLUSTER_REAL_NODE_PID=""
 TL_CLUSTER_REAL_NODE_IP=""
 TL_CLUSTER_REAL_NODE_CTRD_SOCK=""
+TL_CLUSTER_REAL_NODE_GATEWAY=""
 
 tl::cluster::state_file() {
   printf '%s/%s\n' "${1:-${TL_CLUSTER_DIR}}" "${TL_CLUSTER_STATE_NAME}"
@@ -295,17 +299,54 @@ EOF
   tl::log "started kwok (pid ${TL_CLUSTER_KWOK_PID})"
 }
 
-# tl::cluster::start_extender - the tidelease extender (.venv) on a free loopback port, with the
-# leasing controller, the hot-restart operator and the prewarm controller (the Deployment also
-# runs the planner, which needs a Prometheus).
+# tl::cluster::extender_certs - the extender's own CA, its serving certificate (the chart's
+# Service name, and 127.0.0.1) and kube-scheduler's client certificate, laid out as the chart's
+# Secrets are (tls.crt, tls.key, ca.crt): DIR/auth/extender/{serving,scheduler-client}.
+tl::cluster::extender_certs() {
+  local dir="${TL_CLUSTER_DIR}/auth/extender" log="${TL_CLUSTER_DIR}/logs/certs.log" leaf
+  local -a ec=(-newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes)
+  mkdir -p "${dir}/serving" "${dir}/scheduler-client"
+  printf '%s\n' "basicConstraints=critical,CA:FALSE" "extendedKeyUsage=serverAuth" \
+    "subjectAltName=DNS:tidelease-extender.tidelease-system.svc,IP:127.0.0.1" >"${dir}/serving.ext"
+  printf '%s\n' "basicConstraints=critical,CA:FALSE" "extendedKeyUsage=clientAuth" \
+    >"${dir}/scheduler-client.ext"
+  {
+    openssl req -x509 "${ec[@]}" -days 2 -subj /CN=tidelease-extender-ca \
+      -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign \
+      -keyout "${dir}/ca.key" -out "${dir}/ca.crt" &&
+      for leaf in serving scheduler-client; do
+        openssl req "${ec[@]}" -subj "/CN=tidelease-${leaf}" -keyout "${dir}/${leaf}/tls.key" \
+          -out "${dir}/${leaf}.csr" &&
+          openssl x509 -req -in "${dir}/${leaf}.csr" -CA "${dir}/ca.crt" -CAkey "${dir}/ca.key" \
+            -CAcreateserial -days 2 -extfile "${dir}/${leaf}.ext" -out "${dir}/${leaf}/tls.crt" &&
+          cp "${dir}/ca.crt" "${dir}/${leaf}/ca.crt" || return 1
+      done
+  } >"${log}" 2>&1 || tl::cp::_fail "making the extender's certificates" "${log}"
+  chmod 0600 "${dir}"/*.key "${dir}"/*/tls.key
+  TL_CLUSTER_EXTENDER_CERTS="${dir}"
+}
+
+# tl::cluster::start_extender - the tidelease extender (.venv) as the chart runs it in the
+# clusterScheduler mode: the verbs over HTTPS on a free loopback port, a client certificate of
+# its own CA required (kube-scheduler's); /healthz, /readyz and /metrics on a port of their own,
+# /metrics for a token allowed to get it (metrics_auth).
+# With the leasing controller, the hot-restart operator and the prewarm controller (the
+# Deployment also runs the planner, which needs a Prometheus).
 # TIDELEASE_EXTENDER_* variables in the environment reach it (see extender/scheduler/settings.py).
 tl::cluster::start_extender() {
-  local port log="${TL_CLUSTER_DIR}/logs/extender.log"
+  local port probe_port log="${TL_CLUSTER_DIR}/logs/extender.log"
+  local serving="${TL_CLUSTER_EXTENDER_CERTS}/serving"
   port="$(tl::free_port)"
-  TL_CLUSTER_EXTENDER_URL="http://127.0.0.1:${port}"
+  probe_port="$(tl::free_port)"
+  TL_CLUSTER_EXTENDER_URL="https://127.0.0.1:${port}"
+  TL_CLUSTER_EXTENDER_PROBE_URL="http://127.0.0.1:${probe_port}"
   TIDELEASE_EXTENDER_LEASING_TEST_GRACE_S="${TL_CLUSTER_LEASING_GRACE_S}" \
+    TIDELEASE_EXTENDER_METRICS_AUTH="${TIDELEASE_EXTENDER_METRICS_AUTH:-true}" \
     "${TL_VENV}/bin/tidelease" --log-level "${TL_CLUSTER_EXTENDER_LOG_LEVEL}" extender \
     --kubeconfig "${TL_CP_KUBECONFIG}" --host 127.0.0.1 --port "${port}" \
+    --probe-host 127.0.0.1 --probe-port "${probe_port}" \
+    --tls-cert-file "${serving}/tls.crt" --tls-key-file "${serving}/tls.key" \
+    --client-ca-file "${serving}/ca.crt" \
     --leasing-controller --hot-restart-operator --prewarm-controller \
     >"${log}" 2>&1 &
   TL_CLUSTER_EXTENDER_PID=$!
@@ -315,11 +356,12 @@ tl::cluster::start_extender() {
 
 # tl::cluster::scheduler_config OUT NAME WITH_EXTENDER - the chart's KubeSchedulerConfiguration
 # for the cluster's own kube-scheduler (scheduling.mode=clusterScheduler) rewritten for this
-# cluster: the local kubeconfig, no leader election, the local extender's URL (or no
-# extenders), profile NAME.
+# cluster: the local kubeconfig, no leader election, the local extender's URL and client
+# certificate (or no extenders), profile NAME.
 tl::cluster::scheduler_config() {
   local out="$1" name="$2" with_extender="$3"
   tl::chart::render --set scheduling.mode=clusterScheduler \
+    --set "scheduling.clientCertDir=${TL_CLUSTER_EXTENDER_CERTS}/scheduler-client" \
     --show-only templates/scheduler-config.yaml >"${out}.configmap"
   "${TL_PY}" - "${out}.configmap" "${out}" "${name}" \
     "${with_extender}" "${TL_CP_KUBECONFIG}" "${TL_CLUSTER_EXTENDER_URL}" \
@@ -445,6 +487,7 @@ tl::cluster::start_real_node() {
   done
   TL_CLUSTER_REAL_NODE_IP="$(tl::cluster::read_state "${dir}/realnode.env" TL_REALNODE_IP)"
   TL_CLUSTER_REAL_NODE_CTRD_SOCK="$(tl::cluster::read_state "${dir}/realnode.env" TL_REALNODE_CTRD_SOCK)"
+  TL_CLUSTER_REAL_NODE_GATEWAY="$(tl::cluster::read_state "${dir}/realnode.env" TL_REALNODE_GATEWAY)"
 }
 
 # tl::cluster::write_state - the cluster's facts, KEY=VALUE per line, written atomically.
@@ -460,6 +503,8 @@ tl::cluster::write_state() {
     TL_CLUSTER_CA "${TL_CP_CA}"
     TL_CLUSTER_ETCD_URL "${TL_CP_ETCD_URL}"
     TL_CLUSTER_EXTENDER_URL "${TL_CLUSTER_EXTENDER_URL}"
+    TL_CLUSTER_EXTENDER_PROBE_URL "${TL_CLUSTER_EXTENDER_PROBE_URL}"
+    TL_CLUSTER_EXTENDER_CLIENT_CERTS "${TL_CLUSTER_EXTENDER_CERTS}/scheduler-client"
     TL_CLUSTER_SCHEDULER_URL "${TL_CLUSTER_SCHEDULER_URL}"
     TL_CLUSTER_PLAIN_SCHEDULER_URL "${TL_CLUSTER_PLAIN_SCHEDULER_URL}"
     TL_CLUSTER_PLAIN_SCHEDULER_NAME "$([[ "${TL_CLUSTER_PLAIN_SCHEDULER}" == true ]] && printf '%s' "${TL_CLUSTER_PLAIN_SCHEDULER_NAME}")"
@@ -472,6 +517,7 @@ tl::cluster::write_state() {
     TL_CLUSTER_REAL_NODE_IP "${TL_CLUSTER_REAL_NODE_IP}"
     TL_CLUSTER_REAL_NODE_GPUS "$([[ "${TL_CLUSTER_REAL_NODE}" == true ]] && printf '%s' "${TL_CLUSTER_REAL_NODE_GPUS}")"
     TL_CLUSTER_REAL_NODE_CTRD_SOCK "${TL_CLUSTER_REAL_NODE_CTRD_SOCK}"
+    TL_CLUSTER_REAL_NODE_GATEWAY "${TL_CLUSTER_REAL_NODE_GATEWAY}"
     TL_CLUSTER_KUBELET_CLIENT_CA "${TL_CLUSTER_KUBELET_CLIENT_CA:-}"
     TL_CLUSTER_LOGS "${TL_CLUSTER_DIR}/logs"
     TL_CLUSTER_KUBECTL "$(tl::bin kubectl)"
@@ -515,13 +561,14 @@ tl::cluster::start() {
   tl::cluster::start_kwok
   tl::cluster::apply_manifests
   tl::cluster::create_nodes "${TL_CLUSTER_NODES}"
+  tl::cluster::extender_certs
   tl::cluster::start_extender
   tl::cluster::start_schedulers
 
   tl::cluster::_wait_http kube-controller-manager "${TL_CLUSTER_KCM_PID}" \
     "${TL_CLUSTER_KCM_URL}/healthz" "${TL_CLUSTER_DIR}/logs/kube-controller-manager.log"
   tl::cluster::_wait_http extender "${TL_CLUSTER_EXTENDER_PID}" \
-    "${TL_CLUSTER_EXTENDER_URL}/readyz" "${TL_CLUSTER_DIR}/logs/extender.log"
+    "${TL_CLUSTER_EXTENDER_PROBE_URL}/readyz" "${TL_CLUSTER_DIR}/logs/extender.log"
   tl::cluster::_wait_http kube-scheduler "${TL_CLUSTER_SCHEDULER_PID}" \
     "${TL_CLUSTER_SCHEDULER_URL}/healthz" "${TL_CLUSTER_DIR}/logs/kube-scheduler-default-scheduler.log"
   if [[ -n "${TL_CLUSTER_PLAIN_SCHEDULER_PID}" ]]; then

@@ -82,3 +82,36 @@ def test_install_upgrade_uninstall(apiserver: ApiServer) -> None:
     # The CRDs stay, with the objects they hold (documented in docs/install.md).
     for crd in ("gpunodes", "gpuallocations", "gpuleases"):
         kubectl(apiserver, "get", "crd", f"{crd}.tidelease.io")
+
+
+def test_cluster_scheduler_certificates_are_kept_across_upgrades_and_renewed_near_their_end(
+    apiserver: ApiServer,
+) -> None:
+    """The chart-made CA and certificates (no cert-manager here) survive an upgrade; an upgrade
+    within renewDays of their end makes new leaves (the CA, years away, is kept)."""
+    kubeconfig = ("--kubeconfig", str(apiserver.kubeconfig), "--namespace", NAMESPACE)
+    mode = ("--set", "scheduling.mode=clusterScheduler")
+    names = ("tidelease-extender-ca", "tidelease-extender-tls", "tidelease-scheduler-client")
+
+    def secrets() -> dict[str, dict[str, str]]:
+        return {n: get(apiserver, "secret", n)["data"] for n in names}
+
+    helm("install", RELEASE, str(CHART), "--create-namespace", *kubeconfig, *mode, timeout=180)
+    try:
+        first = secrets()
+        assert (
+            first["tidelease-extender-tls"]["ca.crt"] == first["tidelease-extender-ca"]["tls.crt"]
+        )
+        helm("upgrade", RELEASE, str(CHART), *kubeconfig, *mode, timeout=180)
+        assert secrets() == first
+        # Renewed 400 days ahead of their end: the leaves (365 days) are due, the CA is not.
+        early = ("--set", "extender.tls.renewDays=400")
+        helm("upgrade", RELEASE, str(CHART), *kubeconfig, *mode, *early, timeout=180)
+        renewed = secrets()
+        assert renewed["tidelease-extender-ca"] == first["tidelease-extender-ca"]
+        for leaf in names[1:]:
+            assert renewed[leaf]["tls.crt"] != first[leaf]["tls.crt"], leaf
+            assert renewed[leaf]["ca.crt"] == first[leaf]["ca.crt"], leaf
+    finally:
+        helm("uninstall", RELEASE, *kubeconfig, "--wait", timeout=180)
+    assert ours(apiserver) == set()

@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from common.delegatedauth import DelegatedAuth
+from common.kubeclient import KubeClient
 from tests.apiserver.conftest import ApiServer
 from tests.apiserver.kubectl import Kubectl
 from tests.chart import CHART, helm
@@ -164,3 +168,52 @@ def test_the_extender_scales_workloads_only_where_leases_may_live(cluster: Kubec
     assert cluster.can(t, "patch", "statefulsets/scale", "ml")
     assert not cluster.can(t, "patch", "statefulsets/scale", "kube-system")
     assert not cluster.can(t, "patch", "deployments/scale", "default")
+
+
+def kubeconfig_for(c: Kubectl, tok: str, path: Path) -> Path:
+    """A kubeconfig that authenticates with ``tok`` (the component's own token)."""
+    path.write_text(
+        yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "c",
+            "clusters": [{"name": "c", "cluster": {
+                "server": c.apiserver.server, "certificate-authority": str(c.apiserver.ca)}}],
+            "users": [{"name": "u", "user": {"token": tok}}],
+            "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+        })
+    )  # fmt: skip
+    return path
+
+
+async def test_metrics_readers_are_reviewed_with_the_extenders_own_token(
+    cluster: Kubectl, tmp_path: Path
+) -> None:
+    """The extender's /metrics check (common/delegatedauth.py), run with the extender's token:
+    it may review tokens, and the chart's tidelease-metrics-reader is what lets a reader in."""
+    extender = token(cluster, "tidelease-extender")
+    assert cluster.can(extender, "create", "tokenreviews.authentication.k8s.io")
+    assert cluster.can(extender, "create", "subjectaccessreviews.authorization.k8s.io")
+    cluster.kubectl("create", "serviceaccount", "prometheus", "-n", NS)
+    reader = token(cluster, "prometheus")
+    api = await KubeClient.connect(kubeconfig_for(cluster, extender, tmp_path / "kubeconfig"))
+    try:
+        auth = DelegatedAuth(api)
+        assert (await auth.check(None, "/metrics")).status == 401
+        assert (await auth.check("Bearer not-a-token", "/metrics")).status == 401
+        nosy = await auth.check(f"Bearer {token(cluster, 'tidelease-orchestrator')}", "/metrics")
+        assert (nosy.status, nosy.reason) == (
+            403, f"system:serviceaccount:{NS}:tidelease-orchestrator may not get /metrics",
+        )  # fmt: skip
+        assert (await auth.check(f"Bearer {reader}", "/metrics")).status == 403
+        cluster.kubectl(
+            "create", "clusterrolebinding", "tidelease-rbac-prometheus",
+            "--clusterrole=tidelease-metrics-reader", f"--serviceaccount={NS}:prometheus",
+        )  # fmt: skip
+        try:
+            fresh = DelegatedAuth(api)  # no cached refusal
+            assert (await fresh.check(f"Bearer {reader}", "/metrics")).allowed
+            # Only /metrics: the grant is for that path.
+            assert (await fresh.check(f"Bearer {reader}", "/debug/pprof")).status == 403
+        finally:
+            cluster.kubectl("delete", "clusterrolebinding", "tidelease-rbac-prometheus")
+    finally:
+        await api.close()

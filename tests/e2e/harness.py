@@ -9,6 +9,7 @@ on another test's nodes, and tests can run in any order.
 from __future__ import annotations
 
 import functools
+import ssl
 import subprocess
 import uuid
 from collections.abc import Callable, Sequence
@@ -42,6 +43,7 @@ class RealNode:
     ip: str
     gpus: int
     containerd_socket: Path
+    gateway: str  # the host's address on the node's pod bridge (what pods reach the host at)
 
     @classmethod
     def from_state(cls, facts: dict[str, str]) -> RealNode | None:
@@ -52,6 +54,7 @@ class RealNode:
             ip=facts["TL_CLUSTER_REAL_NODE_IP"],
             gpus=int(facts["TL_CLUSTER_REAL_NODE_GPUS"]),
             containerd_socket=Path(facts["TL_CLUSTER_REAL_NODE_CTRD_SOCK"]),
+            gateway=facts["TL_CLUSTER_REAL_NODE_GATEWAY"],
         )
 
     def pod(
@@ -93,7 +96,9 @@ class Cluster:
     server: str
     token: str
     ca: Path
-    extender_url: str
+    extender_url: str  # the verbs: HTTPS, kube-scheduler's client certificate required
+    extender_probe_url: str  # /healthz, /readyz; /metrics for an allowed token
+    extender_client_certs: Path  # kube-scheduler's tls.crt, tls.key and ca.crt
     kubectl_path: Path
     logs: Path
     nodes: tuple[str, ...]  # the kwok GPU nodes cluster-up made (untainted, shared)
@@ -114,11 +119,20 @@ class Cluster:
             token=facts["TL_CLUSTER_TOKEN"],
             ca=Path(facts["TL_CLUSTER_CA"]),
             extender_url=facts["TL_CLUSTER_EXTENDER_URL"],
+            extender_probe_url=facts["TL_CLUSTER_EXTENDER_PROBE_URL"],
+            extender_client_certs=Path(facts["TL_CLUSTER_EXTENDER_CLIENT_CERTS"]),
             kubectl_path=Path(facts["TL_CLUSTER_KUBECTL"]),
             logs=Path(facts["TL_CLUSTER_LOGS"]),
             nodes=tuple(f"{prefix}-{i}" for i in range(count)),
             real_node=RealNode.from_state(facts),
         )
+
+    def extender_tls(self) -> ssl.SSLContext:
+        """A client context as kube-scheduler's: its certificate, and the extender's CA."""
+        certs = self.extender_client_certs
+        context = ssl.create_default_context(cafile=str(certs / "ca.crt"))
+        context.load_cert_chain(str(certs / "tls.crt"), str(certs / "tls.key"))
+        return context
 
     def kubectl(self, *args: str, input: str | None = None) -> str:
         """Run the cluster's kubectl; its stdout (raises with stderr on failure)."""
@@ -356,7 +370,9 @@ class NodeGroup:
                 f"probe-{self.id}", usable, namespace="probe", priority=Priority.LOW
             )
             reply = post_json(
-                f"{self.cluster.extender_url}/filter", {"Pod": probe, "NodeNames": [name]}
+                f"{self.cluster.extender_url}/filter",
+                {"Pod": probe, "NodeNames": [name]},
+                tls=self.cluster.extender_tls(),
             )
             return name in (reply.get("NodeNames") or [])
 

@@ -164,19 +164,25 @@ def wait_for(
         time.sleep(interval)
 
 
-def post_json(url: str, body: object, timeout: float = 10) -> Any:
-    """POST to a plain-HTTP endpoint (the extender) and decode the JSON reply."""
+def post_json(
+    url: str, body: object, timeout: float = 10, *, tls: ssl.SSLContext | None = None
+) -> Any:
+    """POST to an endpoint (the extender's verbs: over HTTPS with ``tls``, a context with the
+    client certificate) and decode the JSON reply."""
     req = urllib.request.Request(
         url,
         data=json.dumps(body).encode(),
         method="POST",
         headers={"Content-Type": "application/json"},
     )
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
+    with urllib.request.urlopen(req, timeout=timeout, context=tls) as resp:
         return json.loads(resp.read())
 
 
-def get_text(url: str, timeout: float = 10) -> str:
-    with urllib.request.urlopen(url, timeout=timeout) as resp:
+def get_text(url: str, timeout: float = 10, *, token: str | None = None) -> str:
+    """GET a text endpoint; with ``token``, as the bearer of it (the extender's /metrics)."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    req = urllib.request.Request(url, headers=headers)
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
         text: str = resp.read().decode()
         return text

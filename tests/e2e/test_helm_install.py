@@ -219,7 +219,13 @@ def stack(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         stop_timeout_s=90,
         env=env,
     ) as facts:
-        node = RealNode(NODE, facts["TL_REALNODE_IP"], GPUS, Path(facts["TL_REALNODE_CTRD_SOCK"]))
+        node = RealNode(
+            NODE,
+            facts["TL_REALNODE_IP"],
+            GPUS,
+            Path(facts["TL_REALNODE_CTRD_SOCK"]),
+            facts["TL_REALNODE_GATEWAY"],
+        )
         api = urllib.parse.urlsplit(cluster.server)
         assert api.hostname is not None
         assert api.port is not None
@@ -246,6 +252,9 @@ def stack(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
                 f"agent.fakeGpus={GPUS}",
                 f"agent.hostDeviceRoot={facts['TL_REALNODE_FAKEDEV']}",
                 "agent.runtimeClassName=",
+                # On as before it was opt-in: the install with the CRI socket mounted.
+                "agent.hotRestart.enabled=true",
+                "extender.controllers.hotRestartOperator=true",
                 f"agent.hotRestart.criSocket={node.containerd_socket}",
                 f"agent.cache.hostPath={state.parent / 'cache'}",
                 *(f"agent.{v}" for v in on_node),

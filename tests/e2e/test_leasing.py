@@ -309,7 +309,7 @@ def test_only_the_replica_whose_device_failed_falls_back_to_standby(small_job: J
 
 def test_the_extender_serves_every_controllers_metrics(cluster: Cluster) -> None:
     """One /metrics for the process: the extender's, the leasing and prewarm controllers'."""
-    text = get_text(f"{cluster.extender_url}/metrics")
+    text = get_text(f"{cluster.extender_probe_url}/metrics", token=cluster.token)
     for family in (
         "tidelease_extender_requests_total",
         "tidelease_leasing_reclaims_total",
@@ -321,7 +321,7 @@ def test_the_extender_serves_every_controllers_metrics(cluster: Cluster) -> None
     names = ("leasing", "prewarm", "hot-restart-operator")
 
     def every_loop() -> str | None:
-        text = get_text(f"{cluster.extender_url}/metrics")
+        text = get_text(f"{cluster.extender_probe_url}/metrics", token=cluster.token)
         ok = all(f'tidelease_controller_queue_depth{{controller="{n}"}}' in text for n in names)
         return text if ok else None
 

@@ -108,3 +108,23 @@ subjects:
 {{- end }}
 {{- end }}
 {{- end -}}
+
+{{/*
+The extender Service's DNS names (its serving certificate's names; kube-scheduler verifies one
+of them: the scheduler configuration's tlsConfig.serverName), and extender.tls.extraDNSNames.
+*/}}
+{{- define "tidelease.extenderDNSNames" -}}
+{{- $svc := printf "tidelease-extender.%s.svc" .Release.Namespace -}}
+{{- toYaml (concat (list $svc (printf "%s.%s" $svc .Values.clusterDomain)) .Values.extender.tls.extraDNSNames) -}}
+{{- end -}}
+
+{{/*
+"true" when cert-manager makes the extender's certificates: extender.tls.certManager true, or
+auto and the cluster serves cert-manager.io/v1.
+*/}}
+{{- define "tidelease.certManager" -}}
+{{- $want := toString .Values.extender.tls.certManager -}}
+{{- if or (eq $want "true") (and (eq $want "auto") (.Capabilities.APIVersions.Has "cert-manager.io/v1")) -}}
+true
+{{- end -}}
+{{- end -}}

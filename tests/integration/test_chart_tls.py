@@ -1,0 +1,189 @@
+"""The chart's HTTPS for the clusterScheduler mode (templates/extender-tls.yaml): certificates
+made by the chart or by cert-manager, the extender and the scheduler configuration pointing at
+them, and the chart-made ones working together in a real TLS handshake."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import ssl
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import yaml
+from aiohttp import web
+
+from common.httpserving import Limits, ServerTLS, TLSContext, listen
+from tests.chart import CHART, NAMESPACE, containers, find, helm, kube_version
+
+CLUSTER = "scheduling.mode=clusterScheduler"
+SVC = f"tidelease-extender.{NAMESPACE}.svc"
+
+
+def render(*values: str, api_versions: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    args = [a for v in values for a in ("--set", v)]
+    args += [a for v in api_versions for a in ("--api-versions", v)]
+    out = helm(
+        "template", "tidelease", str(CHART), "--namespace", NAMESPACE,
+        "--kube-version", kube_version(), *args,
+    ).stdout  # fmt: skip
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def secret_files(objs: list[dict[str, Any]], name: str, into: Path) -> dict[str, Path]:
+    into.mkdir(parents=True, exist_ok=True)
+    data = find(objs, "Secret", name)["data"]
+    out = {}
+    for key, value in data.items():
+        (into / key).write_bytes(base64.b64decode(value))
+        out[key] = into / key
+    return out
+
+
+def openssl(*args: str) -> str:
+    done = subprocess.run(["openssl", *args], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def scheduler_extender(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    config = yaml.safe_load(
+        find(objs, "ConfigMap", "tidelease-scheduler-config")["data"]["config.yaml"]
+    )
+    (extender,) = config["extenders"]
+    return dict(extender)
+
+
+def test_the_chart_makes_a_ca_a_serving_and_a_client_certificate(tmp_path: Path) -> None:
+    objs = render(CLUSTER)
+    ca = secret_files(objs, "tidelease-extender-ca", tmp_path / "ca")
+    serving = secret_files(objs, "tidelease-extender-tls", tmp_path / "serving")
+    client = secret_files(objs, "tidelease-scheduler-client", tmp_path / "client")
+    assert set(serving) == set(client) == {"tls.crt", "tls.key", "ca.crt"}
+    assert (
+        serving["ca.crt"].read_bytes()
+        == client["ca.crt"].read_bytes()
+        == ca["tls.crt"].read_bytes()
+    )
+    for leaf in (serving, client):
+        assert (
+            openssl("verify", "-CAfile", str(ca["tls.crt"]), str(leaf["tls.crt"]))
+            .strip()
+            .endswith("OK")
+        )
+    text = openssl("x509", "-in", str(serving["tls.crt"]), "-noout", "-text")
+    assert f"DNS:{SVC}" in text
+    assert f"DNS:{SVC}.cluster.local" in text
+    # The scheduler checks the serving certificate against the Service name, whatever URL.
+    extender = scheduler_extender(objs)
+    assert extender["enableHTTPS"] is True
+    assert extender["urlPrefix"] == f"https://{SVC}:8888"
+    assert extender["tlsConfig"] == {
+        "serverName": SVC,
+        "certFile": "/etc/kubernetes/tidelease/tls.crt",
+        "keyFile": "/etc/kubernetes/tidelease/tls.key",
+        "caFile": "/etc/kubernetes/tidelease/ca.crt",
+    }
+    for obj in objs:
+        assert obj["apiVersion"] != "cert-manager.io/v1"
+
+
+def test_the_extender_serves_https_from_the_secret_and_requires_the_client_ca() -> None:
+    objs = render(CLUSTER)
+    settings = yaml.safe_load(
+        find(objs, "ConfigMap", "tidelease-extender-settings")["data"]["settings.yaml"]
+    )
+    assert (settings["tls_cert_file"], settings["tls_key_file"], settings["client_ca_file"]) == (
+        "/etc/tidelease/tls/tls.crt",
+        "/etc/tidelease/tls/tls.key",
+        "/etc/tidelease/tls/ca.crt",
+    )
+    assert settings["metrics_auth"] is True
+    deployment = find(objs, "Deployment", "tidelease-extender")
+    mounts = containers(deployment)["extender"]["volumeMounts"]
+    assert {"name": "tls", "mountPath": "/etc/tidelease/tls", "readOnly": True} in mounts
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["tls"]["secret"]["secretName"] == "tidelease-extender-tls"
+    assert deployment["spec"]["template"]["spec"]["securityContext"]["fsGroup"] == 65532
+
+
+def test_own_scheduler_mode_has_no_certificates_and_plain_loopback() -> None:
+    objs = render()
+    assert not [o for o in objs if o["kind"] == "Secret" and "extender" in o["metadata"]["name"]]
+    extender = scheduler_extender(objs)
+    assert extender["enableHTTPS"] is False
+    assert "tlsConfig" not in extender
+    settings = yaml.safe_load(
+        find(objs, "ConfigMap", "tidelease-extender-settings")["data"]["settings.yaml"]
+    )
+    assert "tls_cert_file" not in settings
+
+
+def test_cert_manager_makes_them_when_the_cluster_serves_it() -> None:
+    objs = render(CLUSTER, api_versions=("cert-manager.io/v1",))
+    made = {
+        (o["kind"], o["metadata"]["name"]) for o in objs if o["apiVersion"] == "cert-manager.io/v1"
+    }
+    assert made == {
+        ("Issuer", "tidelease-selfsigned"),
+        ("Certificate", "tidelease-extender-ca"),
+        ("Issuer", "tidelease-extender-ca"),
+        ("Certificate", "tidelease-extender-tls"),
+        ("Certificate", "tidelease-scheduler-client"),
+    }
+    assert not [o for o in objs if o["kind"] == "Secret" and "extender" in o["metadata"]["name"]]
+    serving = find(objs, "Certificate", "tidelease-extender-tls")["spec"]
+    assert serving["secretName"] == "tidelease-extender-tls"
+    assert SVC in serving["dnsNames"]
+    assert serving["usages"] == ["server auth", "digital signature"]
+    client = find(objs, "Certificate", "tidelease-scheduler-client")["spec"]
+    assert client["usages"] == ["client auth", "digital signature"]
+    assert client["renewBefore"] == "720h"
+    # Asked not to, the chart makes them itself even where cert-manager is served.
+    own = render(CLUSTER, "extender.tls.certManager=false", api_versions=("cert-manager.io/v1",))
+    assert not [o for o in own if o["apiVersion"] == "cert-manager.io/v1"]
+    find(own, "Secret", "tidelease-extender-tls")
+
+
+async def test_kube_schedulers_files_pass_the_extenders_tls(tmp_path: Path) -> None:
+    """The chart-made certificates in a real handshake, as kube-scheduler makes it: its client
+    certificate, the extender's CA, the Service name as serverName."""
+    objs = render(CLUSTER)
+    serving = secret_files(objs, "tidelease-extender-tls", tmp_path / "serving")
+    client = secret_files(objs, "tidelease-scheduler-client", tmp_path / "client")
+    stranger = secret_files(render(CLUSTER), "tidelease-scheduler-client", tmp_path / "stranger")
+
+    async def ok(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_get("/", ok)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    tls = TLSContext(ServerTLS(serving["tls.crt"], serving["tls.key"], serving["ca.crt"]))
+    try:
+        await listen(runner, "127.0.0.1", 0, limits=Limits(), tls=tls)
+        port = runner.addresses[0][1]
+
+        async def get(files: dict[str, Path]) -> bytes:
+            context = ssl.create_default_context(cafile=str(client["ca.crt"]))
+            context.load_cert_chain(str(files["tls.crt"]), str(files["tls.key"]))
+            reader, writer = await asyncio.open_connection(
+                "127.0.0.1", port, ssl=context, server_hostname=SVC
+            )
+            writer.write(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            try:
+                return await asyncio.wait_for(reader.read(), 5)
+            finally:
+                writer.close()
+
+        assert (await get(client)).endswith(b"ok")
+        # Another install's client certificate (another CA) is refused.
+        refused = b""
+        with contextlib.suppress(ssl.SSLError, ConnectionError):
+            refused = await get(stranger)
+        assert not refused.endswith(b"ok")
+    finally:
+        await runner.cleanup()
