@@ -16,6 +16,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from aiohttp import hdrs, web
+
 from common.errors import TideleaseError
 
 log = logging.getLogger(__name__)
@@ -102,3 +104,15 @@ class DelegatedAuth:
         if not (access.get("status") or {}).get("allowed"):
             return Verdict(403, f"{spec['user'] or 'this user'} may not get {path}")
         return Verdict(200, "ok")
+
+
+async def refusal(auth: DelegatedAuth | None, request: web.Request) -> web.Response | None:
+    """The response refusing ``request`` (401 with a Bearer challenge, 403, 503), or None
+    when it may go on (or when no ``auth`` is asked for)."""
+    if auth is None:
+        return None
+    verdict = await auth.check(request.headers.get(hdrs.AUTHORIZATION), request.path)
+    if verdict.allowed:
+        return None
+    headers = {"WWW-Authenticate": "Bearer"} if verdict.status == 401 else None
+    return web.Response(status=verdict.status, text=verdict.reason, headers=headers)

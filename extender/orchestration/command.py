@@ -43,6 +43,11 @@ def add_orchestrator_command(sub: Any) -> None:
         default=0,
         help="serve /healthz, /readyz and /metrics on this port (default: off)",
     )
+    p.add_argument(
+        "--metrics-auth",
+        action="store_true",
+        help="/metrics only for bearer tokens the API server allows to get /metrics",
+    )
     p.set_defaults(run=run_command)
 
 
@@ -67,9 +72,12 @@ def run_command(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _serve(port: int, ready: asyncio.Event, registry: Any) -> Any:
+async def _serve(port: int, ready: asyncio.Event, registry: Any, auth: Any) -> Any:
     from aiohttp import web
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+    from common.delegatedauth import refusal
+    from common.httpserving import Limits, listen
 
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok")
@@ -77,7 +85,10 @@ async def _serve(port: int, ready: asyncio.Event, registry: Any) -> Any:
     async def readyz(_: web.Request) -> web.Response:
         return web.Response(text="ok") if ready.is_set() else web.Response(status=503)
 
-    async def metrics(_: web.Request) -> web.Response:
+    async def metrics(request: web.Request) -> web.Response:
+        refused = await refusal(auth, request)
+        if refused is not None:
+            return refused
         return web.Response(
             body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
         )
@@ -86,13 +97,14 @@ async def _serve(port: int, ready: asyncio.Event, registry: Any) -> Any:
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
-    runner = web.AppRunner(app)
+    runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, "0.0.0.0", port).start()
+    await listen(runner, "0.0.0.0", port, limits=Limits(max_connections=64))
     return runner
 
 
 async def _main(args: argparse.Namespace, settings: Any, identity: str) -> None:
+    from common.delegatedauth import DelegatedAuth
     from common.kubeclient import KubeClient
     from common.leaderelection import LeaderElector
     from extender.orchestration.controller import LEASE_NAME, Orchestrator, run_orchestrator
@@ -114,7 +126,12 @@ async def _main(args: argparse.Namespace, settings: Any, identity: str) -> None:
         executor = exec_client
     metrics = OrchestratorMetrics()
     ready = asyncio.Event()
-    runner = await _serve(args.metrics_port, ready, metrics.registry) if args.metrics_port else None
+    auth = DelegatedAuth(kube) if args.metrics_auth else None
+    runner = (
+        await _serve(args.metrics_port, ready, metrics.registry, auth)
+        if args.metrics_port
+        else None
+    )
     elector = LeaderElector(
         kube, namespace=args.lease_namespace, name=LEASE_NAME, identity=identity
     )

@@ -22,7 +22,7 @@ from typing import Any
 from aiohttp import hdrs, web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from common.delegatedauth import DelegatedAuth
+from common.delegatedauth import DelegatedAuth, refusal
 from common.errors import Conflict, InvalidInput, NotFound, TideleaseError
 from common.podrequest import parse_pod
 from extender.cluster.state import ClusterState
@@ -238,13 +238,9 @@ class ExtenderApp:
         return web.Response(text="ok")
 
     async def metrics_view(self, request: web.Request) -> web.Response:
-        if self.metrics_auth is not None:
-            verdict = await self.metrics_auth.check(
-                request.headers.get(hdrs.AUTHORIZATION), request.path
-            )
-            if not verdict.allowed:
-                headers = {"WWW-Authenticate": "Bearer"} if verdict.status == 401 else None
-                return web.Response(status=verdict.status, text=verdict.reason, headers=headers)
+        refused = await refusal(self.metrics_auth, request)
+        if refused is not None:
+            return refused
         return web.Response(
             body=generate_latest(self.metrics.registry),
             headers={"Content-Type": CONTENT_TYPE_LATEST},

@@ -309,6 +309,66 @@ def test_the_stack_installs_and_places_a_gpu_pod_on_the_devices_it_chose(stack: 
     assert stack.place(unique("gpu"), 2)
 
 
+STRANGER = """
+for ip in {extenders}; do
+  bind='POST /bind HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{{}}'
+  echo "verbs $ip: $(printf "$bind" | nc -w 3 $ip {verbs} 2>&1)"
+  echo "metrics $ip: $(wget -q -O - http://$ip:{probes}/metrics 2>&1)"
+  echo "healthz $ip: $(wget -q -O - http://$ip:{probes}/healthz 2>&1)"
+done
+for ip in {orchestrators}; do
+  echo "orchestrator metrics $ip: $(wget -q -O - http://$ip:{orchestrator}/metrics 2>&1)"
+done
+echo done
+"""
+
+
+def test_a_pod_on_the_node_cannot_reach_the_verbs_or_read_metrics(stack: Stack) -> None:
+    """ownScheduler mode: the verbs listen on the extender pod's loopback, so a pod beside it
+    finds nothing at the pod's address; /metrics (extender and orchestrator) wants a token the
+    API server allows; /healthz answers (the path itself is open)."""
+
+    def ips(component: str) -> str:
+        return " ".join(p["status"]["podIP"] for p in stack.pods(component))
+
+    name = unique("stranger")
+    pod = stack.node.pod(stack.workloads, name)
+    pod["spec"]["restartPolicy"] = "Never"
+    script = STRANGER.format(
+        extenders=ips("extender"), orchestrators=ips("orchestrator"), verbs=8888, probes=8889,
+        orchestrator=8890,
+    )  # fmt: skip
+    pod["spec"]["containers"][0]["command"] = ["/bin/sh", "-c", script]
+    stack.cluster.kube.create(pod)
+    wait_for(
+        lambda: (
+            (stack.cluster.kube.get("Pod", name, stack.workloads) or {})
+            .get("status", {})
+            .get("phase")
+            in ("Succeeded", "Failed")
+        ),
+        what=f"pod {name} to finish",
+        timeout=POD_TIMEOUT_S,
+    )
+    log = stack.cluster.kubectl("logs", "-n", stack.workloads, name)
+    stack.cluster.kube.delete("Pod", name, stack.workloads)
+    wait_for(
+        lambda: stack.cluster.kube.get("Pod", name, stack.workloads) is None,
+        what=f"pod {name} gone (the later tests count the namespace's pods)",
+        timeout=60,
+    )
+    lines = log.splitlines()
+    assert lines[-1] == "done", log
+    verbs = [line for line in lines if line.startswith("verbs ")]
+    assert len(verbs) == 2, log
+    assert all("refused" in line for line in verbs), log
+    assert (
+        sum("401" in line for line in lines if line.startswith(("metrics ", "orchestrator"))) == 4
+    )
+    assert sum(line.endswith(": ok") for line in lines if line.startswith("healthz ")) == 2
+    assert "tidelease_" not in log, log
+
+
 def test_a_killed_extender_pod_is_replaced_and_no_device_is_given_twice(stack: Stack) -> None:
     # Kill the pod whose kube-scheduler leads (its identity starts with the pod's hostname).
     lease = stack.cluster.kubectl(
