@@ -2,7 +2,7 @@
 pods' node agents carry out in place (:mod:`extender.hotrestart.policy` decides;
 :mod:`nodeagent.restarting.podwatch` executes); watches StatefulSets too, and turns a template
 image change of an opted-in one (``OnDelete``) into wishes on its pods. Runs in the extender
-deployment under its own leader election (``tidelease extender --hot-restart-operator``).
+deployment under its own leader election (``tidelease controllers --hot-restart-operator``).
 
 Each opted-in pod is a key of a :class:`~common.reconcile.ReconcileLoop`: a change of the pod,
 or of the template of the StatefulSet that owns it, reconciles it (decides on the pod as last

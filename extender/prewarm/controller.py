@@ -1,6 +1,6 @@
 """The prewarm controller: writes :mod:`extender.prewarm.policy`'s directives into the GpuNodes.
 
-Runs in the extender deployment under its own leader election (``tidelease extender
+Runs in the controllers deployment under its own leader election (``tidelease controllers
 --prewarm-controller``). It watches GpuLeases, GpuNodes and the allocation ledgers, reads each
 lease's workload (its pod template: images, checkpoint, replicas), and after every change (and
 every ``resync_s``) makes each node's ``spec.prewarm`` what the policy says: a JSON merge patch
@@ -153,14 +153,21 @@ class PrewarmMetrics:
         )
 
 
+def _has_prewarm(obj: dict[str, Any]) -> bool:
+    return bool((obj.get("spec") or {}).get("prewarm") or (obj.get("status") or {}).get("prewarm"))
+
+
 @dataclass
 class Watched:
     """The watched objects, raw, by key; ``on_change`` (when set) is called after every event:
-    :func:`run_prewarm_controller` queues the plan there."""
+    :func:`run_prewarm_controller` queues the plan there. ``prewarm_nodes``: the GpuNodes with
+    directives or items, kept at every event, so that a cluster with no lease and nothing to
+    clear costs a step nothing."""
 
     leases: dict[str, dict[str, Any]] = field(default_factory=dict)
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
     ledgers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    prewarm_nodes: set[str] = field(default_factory=set)
     on_change: Callable[[], None] | None = None
 
     def apply(self, kind: str, event: str, obj: dict[str, Any]) -> None:
@@ -172,8 +179,68 @@ class Watched:
             table.pop(key, None)
         else:
             table[key] = obj
+        if kind == "nodes":
+            if event != "DELETED" and _has_prewarm(obj):
+                self.prewarm_nodes.add(key)
+            else:
+                self.prewarm_nodes.discard(key)
         if self.on_change is not None:
             self.on_change()
+
+    def idle(self) -> bool:
+        """No lease to prepare for, no directive to clear, no item to count."""
+        return not self.leases and not self.prewarm_nodes
+
+
+def _version(obj: dict[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
+
+
+class _Parsed:
+    """Parsed objects by key, parsed again only when their resourceVersion changes (an object
+    without one, as in tests, every time): a step costs what changed, not the cluster."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, tuple[str, NodeInventory | None]] = {}
+        self.ledgers: dict[str, tuple[str, dict[GpuUuid, Holder]]] = {}
+        self.parses = 0  # objects parsed, for tests and the curious
+
+    def node(self, name: str, raw: dict[str, Any]) -> NodeInventory | None:
+        version = _version(raw)
+        cached = self.nodes.get(name)
+        if version and cached is not None and cached[0] == version:
+            return cached[1]
+        self.parses += 1
+        inventory: NodeInventory | None
+        try:
+            inventory = parse_gpu_node(raw)
+        except InvalidInput as e:
+            log.debug("GpuNode %s left out: %s", name, e)
+            inventory = None
+        self.nodes[name] = (version, inventory)
+        return inventory
+
+    def holders(self, key: str, raw: dict[str, Any]) -> dict[GpuUuid, Holder]:
+        version = _version(raw)
+        cached = self.ledgers.get(key)
+        if version and cached is not None and cached[0] == version:
+            return cached[1]
+        self.parses += 1
+        held: dict[GpuUuid, Holder] = {}
+        try:
+            _, allocations = parse_gpu_allocation(raw)
+        except InvalidInput:
+            allocations = ()
+        for a in allocations:
+            for u in a.devices:
+                held[u] = a.holder
+        self.ledgers[key] = (version, held)
+        return held
+
+    def forget_except(self, nodes: Mapping[str, Any], ledgers: Mapping[str, Any]) -> None:
+        for table, live in ((self.nodes, nodes), (self.ledgers, ledgers)):
+            for gone in set(table) - set(live):
+                del table[gone]
 
 
 class PrewarmController:
@@ -191,6 +258,7 @@ class PrewarmController:
         self._templates: dict[str, tuple[float, WorkloadTemplate | None]] = {}
         self._started = clock()
         self._seen: dict[tuple[str, str, str, str], str] = {}  # item -> state counted
+        self.parsed = _Parsed()
 
     async def _template(self, lease: GpuLease, now: float) -> WorkloadTemplate | None:
         """The lease's workload template (cached for ``template_ttl_s``); None when it could not
@@ -216,7 +284,10 @@ class PrewarmController:
     def observe(self, watched: Watched) -> None:
         """Count the items the agents finished, once each, and their lead time."""
         live: set[tuple[str, str, str, str]] = set()
-        for node, obj in watched.nodes.items():
+        for node in watched.prewarm_nodes:
+            obj = watched.nodes.get(node)
+            if obj is None:
+                continue
             for item in parse_items((obj.get("status") or {}).get("prewarm")):
                 key = (node, *item.key)
                 live.add(key)
@@ -248,6 +319,8 @@ class PrewarmController:
         every node it could) when some node's directives could not be written."""
         now = self.clock()
         self.observe(watched)
+        if watched.idle():
+            return  # no lease, nothing to clear: nothing to read, nothing to write
         leases: list[GpuLease] = []
         for key, raw in list(watched.leases.items()):
             try:
@@ -266,21 +339,16 @@ class PrewarmController:
         nodes: dict[str, NodeInventory] = {}
         current: dict[str, tuple[Directive, ...]] = {}
         for name, raw in list(watched.nodes.items()):
-            try:
-                nodes[name] = parse_gpu_node(raw)
-            except InvalidInput as e:
-                log.debug("GpuNode %s left out: %s", name, e)
+            inventory = self.parsed.node(name, raw)
+            if inventory is None:
                 continue
-            current[name] = parse_directives((raw.get("spec") or {}).get("prewarm"))
+            nodes[name] = inventory
+            if name in watched.prewarm_nodes:
+                current[name] = parse_directives((raw.get("spec") or {}).get("prewarm"))
         holders: dict[GpuUuid, Holder] = {}
-        for raw in list(watched.ledgers.values()):
-            try:
-                _, allocations = parse_gpu_allocation(raw)
-            except InvalidInput:
-                continue
-            for a in allocations:
-                for u in a.devices:
-                    holders[u] = a.holder
+        for key, raw in list(watched.ledgers.items()):
+            holders.update(self.parsed.holders(key, raw))
+        self.parsed.forget_except(watched.nodes, watched.ledgers)
         plan = plan_prewarm(
             present, templates, nodes.values(), current, self.settings, now, holders
         )
@@ -302,6 +370,8 @@ class PrewarmController:
             obj = watched.nodes.get(node)
             if obj is not None:
                 obj.setdefault("spec", {})["prewarm"] = directives_json(directives)
+                if directives:
+                    watched.prewarm_nodes.add(node)
             self._log_write(node, current.get(node, ()), directives, why)
         if failed:
             raise Unavailable(

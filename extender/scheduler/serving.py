@@ -1,13 +1,15 @@
-"""Lifecycle of one extender instance: watch, reaper and HTTP server under one TaskGroup."""
+"""Lifecycle of one extender instance: its watched view, the reaper and the HTTP servers. The
+controllers run in a process of their own (extender/controllers.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -15,11 +17,9 @@ from prometheus_client import CollectorRegistry
 from common.delegatedauth import DelegatedAuth, Reviewer
 from common.errors import InvalidInput
 from common.httpserving import GuardedSite, Limits, TLSContext, listen, raise_fd_limit
-from common.leaderelection import LeaderElector
 from extender.cluster.state import ClusterState
 from extender.cluster.store import Store
 from extender.cluster.watching import PodCache, run_liveness, run_watch
-from extender.leasing.controller import LeaseCache, LeaseController, LeasingMetrics, World
 from extender.scheduler.binding import Binder, Clock, utcnow
 from extender.scheduler.metrics import ExtenderMetrics
 from extender.scheduler.server import ExtenderApp
@@ -50,9 +50,12 @@ def build_app(
     )
 
 
-async def run_api_probe(*, store: Store, app: ExtenderApp, stale_after_s: float) -> None:
+async def run_api_probe(
+    *, store: Store, stale_after_s: float, answered: Callable[[float], None]
+) -> None:
     """Ask the store whether it answers, every quarter of ``stale_after_s`` (at most 3 s), and
-    note when it last did: /readyz fails once that is longer ago than ``stale_after_s``."""
+    tell ``answered`` the monotonic time when it did: /readyz fails once that is longer ago
+    than ``stale_after_s``."""
     interval_s = min(3.0, stale_after_s / 4)
     was_ok = True
     while True:
@@ -62,11 +65,22 @@ async def run_api_probe(*, store: Store, app: ExtenderApp, stale_after_s: float)
         except TimeoutError:
             ok = False
         if ok:
-            app.last_reachable = time.monotonic()
+            answered(time.monotonic())
         if ok != was_ok:
             log.warning("API server %s", "answers again" if ok else "stopped answering")
             was_ok = ok
         await asyncio.sleep(interval_s)
+
+
+def run_api_probe_at(
+    store: Store, last: list[float], stale_after_s: float
+) -> Coroutine[Any, Any, None]:
+    """run_api_probe keeping the time in ``last[0]``."""
+
+    def answered(at: float) -> None:
+        last[0] = at
+
+    return run_api_probe(store=store, stale_after_s=stale_after_s, answered=answered)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +93,7 @@ class Running:
     tls: TLSContext | None = None  # the verbs' TLS, when HTTPS
 
 
-async def _first_of(event: asyncio.Event, tasks: tuple[asyncio.Task[None], ...]) -> None:
+async def first_of(event: asyncio.Event, tasks: tuple[asyncio.Task[None], ...]) -> None:
     """Wait for the event; raise if a background task ends first (it never should)."""
     waiter = asyncio.ensure_future(event.wait())
     try:
@@ -92,22 +106,12 @@ async def _first_of(event: asyncio.Event, tasks: tuple[asyncio.Task[None], ...])
             raise RuntimeError(f"{task.get_name()} ended unexpectedly")
 
 
-@dataclass(frozen=True, slots=True)
-class Leasing:
-    """The leasing controller's I/O: the world it writes to and, in a deployment, the leader
-    election it runs under (None: always lead, for a single process)."""
-
-    world: World
-    elector: LeaderElector | None = None
-
-
 @asynccontextmanager
 async def serve(
     *,
     store: Store,
     settings: ExtenderSettings,
     clock: Clock = utcnow,
-    leasing: Leasing | None = None,
     registry: CollectorRegistry | None = None,
     reviewer: Reviewer | None = None,
 ) -> AsyncIterator[Running]:
@@ -125,7 +129,10 @@ async def serve(
     verb_limits = Limits(max_connections=settings.max_connections)
     raise_fd_limit(verb_limits.max_connections + PROBE_LIMITS.max_connections + 512)
     synced = asyncio.Event()
-    leases = LeaseCache()
+
+    def answered(at: float) -> None:
+        app.last_reachable = at
+
     tasks: tuple[asyncio.Task[None], ...] = (
         asyncio.create_task(
             run_watch(
@@ -133,7 +140,6 @@ async def serve(
                 cluster=app.cluster,
                 pods=app.pods,
                 ready=synced,
-                leases=leases,
                 pod_gone=app.binder.reap_soon,
             ),
             name="watch",
@@ -144,7 +150,7 @@ async def serve(
             name="liveness",
         ),
         asyncio.create_task(
-            run_api_probe(store=store, app=app, stale_after_s=settings.stale_after_s),
+            run_api_probe(store=store, stale_after_s=settings.stale_after_s, answered=answered),
             name="api-probe",
         ),
     )
@@ -165,32 +171,8 @@ async def serve(
 
     runner = runner_of(app.web_app(probes=not separate))
     probes = runner_of(app.probes_app()) if separate else None
-    if leasing is not None:
-        controller = LeaseController(
-            cluster=app.cluster,
-            pods=app.pods,
-            leases=leases,
-            world=leasing.world,
-            metrics=LeasingMetrics(app.metrics.registry),
-            standby_targets=settings.standby_targets(),
-            test_grace_s=settings.leasing_test_grace_s,
-        )
-        if settings.leasing_test_grace_s is not None:
-            log.warning(
-                "leasing: every borrower gets %d s of notice, whatever its lease says "
-                "(leasing_test_grace_s: for test clusters only)",
-                settings.leasing_test_grace_s,
-            )
-
-        async def lead() -> None:
-            await synced.wait()
-            await controller.run()
-
-        elector = leasing.elector
-        work = elector.run(lead) if elector is not None else lead()
-        tasks = (*tasks, asyncio.create_task(work, name="leasing"))
     try:
-        await _first_of(synced, tasks)
+        await first_of(synced, tasks)
         app.synced = True
         await runner.setup()
         site = await listen(runner, settings.host, settings.port, limits=verb_limits, tls=tls)
@@ -228,7 +210,6 @@ async def run_extender(
     settings: ExtenderSettings,
     stop: asyncio.Event,
     drain_s: float = 2.0,
-    leasing: Leasing | None = None,
     registry: CollectorRegistry | None = None,
     ready: asyncio.Future[str] | None = None,
     reviewer: Reviewer | None = None,
@@ -236,11 +217,11 @@ async def run_extender(
     """Serve until ``stop`` is set; then fail readiness, let in-flight calls finish (each
     within bind_timeout_s), exit. ``ready`` gets the URL once it listens."""
     async with serve(
-        store=store, settings=settings, leasing=leasing, registry=registry, reviewer=reviewer
+        store=store, settings=settings, registry=registry, reviewer=reviewer
     ) as running:
         if ready is not None:
             ready.set_result(running.url)
-        await _first_of(stop, running.tasks)
+        await first_of(stop, running.tasks)
         running.app.draining = True
         log.info("stopping: readiness failed, draining for %.1f s", drain_s)
         await asyncio.sleep(drain_s)

@@ -77,6 +77,8 @@ TL_CLUSTER_MARKER=".tidelease-cluster"
 TL_CLUSTER_KCM_PID=""
 TL_CLUSTER_KWOK_PID=""
 TL_CLUSTER_EXTENDER_PID=""
+TL_CLUSTER_CONTROLLERS_PID=""
+TL_CLUSTER_CONTROLLERS_URL=""
 TL_CLUSTER_EXTENDER_URL=""
 TL_CLUSTER_EXTENDER_PROBE_URL=""
 TL_CLUSTER_EXTENDER_CERTS=""
@@ -330,8 +332,6 @@ tl::cluster::extender_certs() {
 # clusterScheduler mode: the verbs over HTTPS on a free loopback port, a client certificate of
 # its own CA required (kube-scheduler's); /healthz, /readyz and /metrics on a port of their own,
 # /metrics for a token allowed to get it (metrics_auth).
-# With the leasing controller, the hot-restart operator and the prewarm controller (the
-# Deployment also runs the planner, which needs a Prometheus).
 # TIDELEASE_EXTENDER_* variables in the environment reach it (see extender/scheduler/settings.py).
 tl::cluster::start_extender() {
   local port probe_port log="${TL_CLUSTER_DIR}/logs/extender.log"
@@ -347,11 +347,29 @@ tl::cluster::start_extender() {
     --probe-host 127.0.0.1 --probe-port "${probe_port}" \
     --tls-cert-file "${serving}/tls.crt" --tls-key-file "${serving}/tls.key" \
     --client-ca-file "${serving}/ca.crt" \
-    --leasing-controller --hot-restart-operator --prewarm-controller \
     >"${log}" 2>&1 &
   TL_CLUSTER_EXTENDER_PID=$!
   tl::cluster::record_pid TL_CLUSTER_EXTENDER_PID "${TL_CLUSTER_EXTENDER_PID}"
   tl::log "started extender on ${TL_CLUSTER_EXTENDER_URL} (pid ${TL_CLUSTER_EXTENDER_PID})"
+}
+
+# tl::cluster::start_controllers - `tidelease controllers` (.venv): the leasing controller, the
+# hot-restart operator and the prewarm controller, each leader-elected, as the chart's
+# controllers Deployment runs them (it also runs the planner, which needs a Prometheus);
+# /healthz, /readyz and /metrics (for allowed tokens) on a free loopback port.
+tl::cluster::start_controllers() {
+  local port log="${TL_CLUSTER_DIR}/logs/controllers.log"
+  port="$(tl::free_port)"
+  TL_CLUSTER_CONTROLLERS_URL="http://127.0.0.1:${port}"
+  TIDELEASE_EXTENDER_LEASING_TEST_GRACE_S="${TL_CLUSTER_LEASING_GRACE_S}" \
+    TIDELEASE_EXTENDER_METRICS_AUTH="${TIDELEASE_EXTENDER_METRICS_AUTH:-true}" \
+    "${TL_VENV}/bin/tidelease" --log-level "${TL_CLUSTER_EXTENDER_LOG_LEVEL}" controllers \
+    --kubeconfig "${TL_CP_KUBECONFIG}" --probe-host 127.0.0.1 --probe-port "${port}" \
+    --leasing-controller --hot-restart-operator --prewarm-controller \
+    >"${log}" 2>&1 &
+  TL_CLUSTER_CONTROLLERS_PID=$!
+  tl::cluster::record_pid TL_CLUSTER_CONTROLLERS_PID "${TL_CLUSTER_CONTROLLERS_PID}"
+  tl::log "started controllers (pid ${TL_CLUSTER_CONTROLLERS_PID}), probes ${TL_CLUSTER_CONTROLLERS_URL}"
 }
 
 # tl::cluster::scheduler_config OUT NAME WITH_EXTENDER - the chart's KubeSchedulerConfiguration
@@ -504,6 +522,7 @@ tl::cluster::write_state() {
     TL_CLUSTER_ETCD_URL "${TL_CP_ETCD_URL}"
     TL_CLUSTER_EXTENDER_URL "${TL_CLUSTER_EXTENDER_URL}"
     TL_CLUSTER_EXTENDER_PROBE_URL "${TL_CLUSTER_EXTENDER_PROBE_URL}"
+    TL_CLUSTER_CONTROLLERS_URL "${TL_CLUSTER_CONTROLLERS_URL}"
     TL_CLUSTER_EXTENDER_CLIENT_CERTS "${TL_CLUSTER_EXTENDER_CERTS}/scheduler-client"
     TL_CLUSTER_SCHEDULER_URL "${TL_CLUSTER_SCHEDULER_URL}"
     TL_CLUSTER_PLAIN_SCHEDULER_URL "${TL_CLUSTER_PLAIN_SCHEDULER_URL}"
@@ -527,6 +546,7 @@ tl::cluster::write_state() {
     TL_CLUSTER_KCM_PID "${TL_CLUSTER_KCM_PID}"
     TL_CLUSTER_KWOK_PID "${TL_CLUSTER_KWOK_PID}"
     TL_CLUSTER_EXTENDER_PID "${TL_CLUSTER_EXTENDER_PID}"
+    TL_CLUSTER_CONTROLLERS_PID "${TL_CLUSTER_CONTROLLERS_PID}"
     TL_CLUSTER_SCHEDULER_PID "${TL_CLUSTER_SCHEDULER_PID}"
     TL_CLUSTER_PLAIN_SCHEDULER_PID "${TL_CLUSTER_PLAIN_SCHEDULER_PID}"
     TL_CLUSTER_REAL_NODE_PID "${TL_CLUSTER_REAL_NODE_PID}"
@@ -563,12 +583,15 @@ tl::cluster::start() {
   tl::cluster::create_nodes "${TL_CLUSTER_NODES}"
   tl::cluster::extender_certs
   tl::cluster::start_extender
+  tl::cluster::start_controllers
   tl::cluster::start_schedulers
 
   tl::cluster::_wait_http kube-controller-manager "${TL_CLUSTER_KCM_PID}" \
     "${TL_CLUSTER_KCM_URL}/healthz" "${TL_CLUSTER_DIR}/logs/kube-controller-manager.log"
   tl::cluster::_wait_http extender "${TL_CLUSTER_EXTENDER_PID}" \
     "${TL_CLUSTER_EXTENDER_PROBE_URL}/readyz" "${TL_CLUSTER_DIR}/logs/extender.log"
+  tl::cluster::_wait_http controllers "${TL_CLUSTER_CONTROLLERS_PID}" \
+    "${TL_CLUSTER_CONTROLLERS_URL}/readyz" "${TL_CLUSTER_DIR}/logs/controllers.log"
   tl::cluster::_wait_http kube-scheduler "${TL_CLUSTER_SCHEDULER_PID}" \
     "${TL_CLUSTER_SCHEDULER_URL}/healthz" "${TL_CLUSTER_DIR}/logs/kube-scheduler-default-scheduler.log"
   if [[ -n "${TL_CLUSTER_PLAIN_SCHEDULER_PID}" ]]; then
@@ -587,7 +610,8 @@ tl::cluster::component_died() {
   local name pid
   for name in etcd:"${TL_CP_ETCD_PID}" kube-apiserver:"${TL_CP_APISERVER_PID}" \
     kube-controller-manager:"${TL_CLUSTER_KCM_PID}" kwok:"${TL_CLUSTER_KWOK_PID}" \
-    extender:"${TL_CLUSTER_EXTENDER_PID}" kube-scheduler:"${TL_CLUSTER_SCHEDULER_PID}" \
+    extender:"${TL_CLUSTER_EXTENDER_PID}" controllers:"${TL_CLUSTER_CONTROLLERS_PID}" \
+    kube-scheduler:"${TL_CLUSTER_SCHEDULER_PID}" \
     plain-scheduler:"${TL_CLUSTER_PLAIN_SCHEDULER_PID}" real-node:"${TL_CLUSTER_REAL_NODE_PID}"; do
     pid="${name#*:}"
     [[ -n "${pid}" ]] || continue
@@ -613,6 +637,8 @@ tl::cluster::stop() {
   TL_CLUSTER_SCHEDULER_PID=""
   tl::cp::_kill extender "${TL_CLUSTER_EXTENDER_PID}"
   TL_CLUSTER_EXTENDER_PID=""
+  tl::cp::_kill controllers "${TL_CLUSTER_CONTROLLERS_PID}"
+  TL_CLUSTER_CONTROLLERS_PID=""
   tl::cp::_kill kwok "${TL_CLUSTER_KWOK_PID}"
   TL_CLUSTER_KWOK_PID=""
   tl::cp::_kill kube-controller-manager "${TL_CLUSTER_KCM_PID}"

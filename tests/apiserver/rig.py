@@ -19,9 +19,10 @@ from common.errors import Conflict, NotFound
 from common.kubeclient import KubeClient
 from common.model import Priority, Tier
 from extender.cluster.kubestore import KubeStore
+from extender.controllers import Enabled, controllers
 from extender.leasing.controller import KubeWorld
 from extender.scheduler.driver import SchedulerDriver
-from extender.scheduler.serving import Leasing, Running, serve
+from extender.scheduler.serving import Running, serve
 from extender.scheduler.settings import ExtenderSettings
 
 log = logging.getLogger(__name__)
@@ -256,10 +257,12 @@ async def running_rig(
 
 @contextlib.asynccontextmanager
 async def extender(rig: Rig) -> AsyncIterator[Running]:
-    """The extender with its leasing controller, as one process of the deployment."""
+    """The extender and the leasing controller, as the deployment runs them: each with its
+    own watched view (here in one process, each stopped with the block)."""
     from pathlib import Path
 
     store = await KubeStore.connect(Path(rig.kubeconfig))
+    controllers_store = await KubeStore.connect(Path(rig.kubeconfig))
     kube = await KubeClient.connect(Path(rig.kubeconfig))
     settings = ExtenderSettings(
         host="127.0.0.1",
@@ -269,12 +272,20 @@ async def extender(rig: Rig) -> AsyncIterator[Running]:
         leasing_test_grace_s=rig.grace_s,
     )
     try:
-        async with serve(
-            store=store, settings=settings, leasing=Leasing(KubeWorld(kube))
-        ) as running:
+        async with (
+            serve(store=store, settings=settings) as running,
+            controllers(
+                store=controllers_store,
+                world=KubeWorld(kube),
+                kube=kube,
+                settings=settings,
+                enabled=Enabled(leasing=True),
+            ),
+        ):
             rig.running = running
             yield running
     finally:
         rig.running = None
         await store.close()
+        await controllers_store.close()
         await kube.close()

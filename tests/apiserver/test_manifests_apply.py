@@ -47,6 +47,7 @@ def test_install_upgrade_uninstall(apiserver: ApiServer) -> None:
     for thing in (
         ("Deployment", "tidelease-extender"),
         ("Deployment", "tidelease-orchestrator"),
+        ("Deployment", "tidelease-controllers"),
         ("DaemonSet", "tidelease-agent"),
         ("ConfigMap", "tidelease-scheduler-config"),
         ("ClusterRoleBinding", "tidelease-scheduler"),

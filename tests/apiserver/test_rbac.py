@@ -97,15 +97,46 @@ def test_the_extender_cannot_take_the_scheduler_lease_or_reach_past_its_namespac
     assert not cluster.can(t, "update", "leases", "default")
     assert not cluster.can(t, "create", "pods", "kube-system")
     assert not cluster.can(t, "create", "secrets", NS)
-    # What it needs: its view, binds, ledgers, evictions, and Leases in its own namespace.
+    # The controllers' writes are not the extender's any more (it serves the verbs only). (Its
+    # kube-scheduler, in ownScheduler mode, deletes preemption victims as any kube-scheduler:
+    # the scheduler's role, tidelease-scheduler, grants that.)
+    for verb, resource in (
+        ("patch", "pods"),
+        ("create", "pods/eviction"),
+        ("update", "gpuleases.tidelease.io/status"),
+        ("patch", "gpunodes.tidelease.io"),
+    ):
+        assert not cluster.can(t, verb, resource, "default"), (verb, resource)
+    # What it needs: its view, binds, ledgers, and Leases in its own namespace (its
+    # kube-scheduler's leader election in ownScheduler mode).
     for verb, resource, ns in (
         ("list", "pods", ""),
         ("watch", "gpunodes.tidelease.io", ""),
+        ("watch", "gpuleases.tidelease.io", ""),
         ("create", "pods/binding", "default"),
-        ("create", "pods/eviction", "default"),
         ("update", "gpuallocations.tidelease.io", ""),
-        ("update", "gpuleases.tidelease.io/status", "default"),
         ("create", "leases", NS),
+        ("update", "leases", NS),
+    ):
+        assert cluster.can(t, verb, resource, ns), (verb, resource, ns)
+
+
+def test_the_controllers_write_what_they_reconcile_and_cannot_bind(cluster: Kubectl) -> None:
+    t = token(cluster, "tidelease-controllers")
+    error = cluster.refused(
+        t, "patch", "lease", "kube-scheduler", "-n", "kube-system", "--type=merge", "-p",
+        '{"spec":{"holderIdentity":"attacker"}}',
+    )  # fmt: skip
+    assert "forbidden" in error
+    assert not cluster.can(t, "create", "pods/binding", "default")
+    assert not cluster.can(t, "update", "gpuallocations.tidelease.io", "")
+    assert not cluster.can(t, "create", "pods/exec", "default")
+    for verb, resource, ns in (
+        ("patch", "pods", "default"),
+        ("create", "pods/eviction", "default"),
+        ("update", "gpuleases.tidelease.io/status", "default"),
+        ("patch", "gpunodes.tidelease.io", ""),
+        ("watch", "statefulsets.apps", ""),
         ("update", "leases", NS),
     ):
         assert cluster.can(t, verb, resource, ns), (verb, resource, ns)
@@ -163,8 +194,11 @@ def test_the_orchestrator_cannot_exec_or_write_outside_the_namespaces_that_opt_i
     assert cluster.can(t, "update", "leases", NS)
 
 
-def test_the_extender_scales_workloads_only_where_leases_may_live(cluster: Kubectl) -> None:
-    t = token(cluster, "tidelease-extender")
+def test_the_controllers_scale_workloads_only_where_leases_may_live(cluster: Kubectl) -> None:
+    assert not cluster.can(
+        token(cluster, "tidelease-extender"), "patch", "statefulsets/scale", "ml"
+    )
+    t = token(cluster, "tidelease-controllers")
     assert cluster.can(t, "patch", "statefulsets/scale", "ml")
     assert not cluster.can(t, "patch", "statefulsets/scale", "kube-system")
     assert not cluster.can(t, "patch", "deployments/scale", "default")

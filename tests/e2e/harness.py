@@ -99,6 +99,7 @@ class Cluster:
     extender_url: str  # the verbs: HTTPS, kube-scheduler's client certificate required
     extender_probe_url: str  # /healthz, /readyz; /metrics for an allowed token
     extender_client_certs: Path  # kube-scheduler's tls.crt, tls.key and ca.crt
+    controllers_url: str  # `tidelease controllers`: /healthz, /readyz; /metrics for a token
     kubectl_path: Path
     logs: Path
     nodes: tuple[str, ...]  # the kwok GPU nodes cluster-up made (untainted, shared)
@@ -121,6 +122,7 @@ class Cluster:
             extender_url=facts["TL_CLUSTER_EXTENDER_URL"],
             extender_probe_url=facts["TL_CLUSTER_EXTENDER_PROBE_URL"],
             extender_client_certs=Path(facts["TL_CLUSTER_EXTENDER_CLIENT_CERTS"]),
+            controllers_url=facts["TL_CLUSTER_CONTROLLERS_URL"],
             kubectl_path=Path(facts["TL_CLUSTER_KUBECTL"]),
             logs=Path(facts["TL_CLUSTER_LOGS"]),
             nodes=tuple(f"{prefix}-{i}" for i in range(count)),

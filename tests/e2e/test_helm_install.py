@@ -255,6 +255,9 @@ def stack(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
                 # On as before it was opt-in: the install with the CRI socket mounted.
                 "agent.hotRestart.enabled=true",
                 "extender.controllers.hotRestartOperator=true",
+                # One node of this machine's 2 cores holds every pod, and a rolling upgrade's
+                # surge pods beside them: requests cut to fit (the limits stay).
+                "extender.resources.requests.cpu=100m",
                 f"agent.hotRestart.criSocket={node.containerd_socket}",
                 f"agent.cache.hostPath={state.parent / 'cache'}",
                 *(f"agent.{v}" for v in on_node),
@@ -285,6 +288,7 @@ def test_the_stack_installs_and_places_a_gpu_pod_on_the_devices_it_chose(stack: 
     stack.installed = True
     extenders = stack.wait_ready("extender", 2)
     stack.wait_ready("orchestrator", 2)
+    stack.wait_ready("controllers", 2)  # leasing, prewarm and the hot-restart operator
     stack.wait_ready("agent", 1)
     for name in extenders:  # each with its own kube-scheduler beside it
         pod = stack.cluster.kube.get("Pod", name, NAMESPACE)
@@ -394,6 +398,7 @@ def test_helm_upgrade_rolls_every_pod_and_keeps_the_allocations(stack: Stack) ->
     stack.helm("upgrade", RELEASE, str(CHART), "--reuse-values", "--set", f"image.tag={tag}")
     stack.wait_ready("extender", 2, image=new)
     stack.wait_ready("orchestrator", 2, image=new)
+    stack.wait_ready("controllers", 2, image=new)
     stack.wait_ready("agent", 1, image=new)
     # Every allocation is where it was, and every GPU pod still runs on its devices.
     assert stack.ledger() == before

@@ -307,21 +307,26 @@ def test_only_the_replica_whose_device_failed_falls_back_to_standby(small_job: J
     ]
 
 
-def test_the_extender_serves_every_controllers_metrics(cluster: Cluster) -> None:
-    """One /metrics for the process: the extender's, the leasing and prewarm controllers'."""
-    text = get_text(f"{cluster.extender_probe_url}/metrics", token=cluster.token)
+def test_the_controllers_process_serves_every_controllers_metrics(cluster: Cluster) -> None:
+    """`tidelease controllers`: one /metrics for the leasing, prewarm and hot-restart
+    controllers; the extender's has none of them (it serves the verbs only)."""
+    url = f"{cluster.controllers_url}/metrics"
+    text = get_text(url, token=cluster.token)
     for family in (
-        "tidelease_extender_requests_total",
         "tidelease_leasing_reclaims_total",
         "tidelease_prewarm_directives_written_total",
     ):
         assert f"# HELP {family} " in text, family
+    extender = get_text(f"{cluster.extender_probe_url}/metrics", token=cluster.token)
+    assert "# HELP tidelease_extender_requests_total " in extender
+    assert "tidelease_leasing_" not in extender
+    assert "tidelease_controller_queue_depth" not in extender
     # Each controller of the process runs on the shared reconcile loop, under its own name
     # (once it leads: the loop is built for the term).
     names = ("leasing", "prewarm", "hot-restart-operator")
 
     def every_loop() -> str | None:
-        text = get_text(f"{cluster.extender_probe_url}/metrics", token=cluster.token)
+        text = get_text(url, token=cluster.token)
         ok = all(f'tidelease_controller_queue_depth{{controller="{n}"}}' in text for n in names)
         return text if ok else None
 

@@ -252,7 +252,35 @@ def test_the_api_server_override_reaches_every_container() -> None:
                 assert env["KUBERNETES_SERVICE_HOST"] == "10.88.0.1", c["name"]
                 assert env["KUBERNETES_SERVICE_PORT"] == "6443", c["name"]
                 seen += 1
-    assert seen == 4  # extender, kube-scheduler, agent, orchestrator
+    assert seen == 5  # extender, kube-scheduler, controllers, agent, orchestrator
+
+
+def test_the_controllers_run_in_a_deployment_of_their_own() -> None:
+    """The extender's pods serve the verbs only; each controller switched on is a flag of the
+    controllers Deployment, whose ServiceAccount holds the writes the extender no longer has."""
+    objs = render(
+        "extender.controllers.planner=true", "extender.controllers.hotRestartOperator=true"
+    )
+    extender = containers(find(objs, "Deployment", "tidelease-extender"))["extender"]["args"]
+    assert not [a for a in extender if "controller" in a or "planner" in a or "operator" in a]
+    deployment = find(objs, "Deployment", "tidelease-controllers")
+    args = containers(deployment)["controllers"]["args"]
+    assert args[1] == "controllers"
+    for flag in (
+        "--leasing-controller",
+        "--hot-restart-operator",
+        "--prewarm-controller",
+        "--planner",
+    ):
+        assert flag in args, flag
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "tidelease-controllers"
+    rules = find(objs, "ClusterRole", "tidelease-extender")["rules"]
+    extender_verbs = {(r["resources"][0], v) for r in rules for v in r["verbs"]}
+    for write in (("pods", "patch"), ("pods", "delete"), ("pods/eviction", "create")):
+        assert write not in extender_verbs, write
+    # Off, all four: no Deployment, no ServiceAccount.
+    off = render(*(f"extender.controllers.{c}=false" for c in ("leasing", "prewarm")))
+    assert not [o for o in off if "tidelease-controllers" in o["metadata"]["name"]]
 
 
 def test_the_settings_file_is_valid_and_names_the_release_namespace(tmp_path: Path) -> None:
@@ -293,7 +321,7 @@ def test_every_tidelease_command_line_is_one_tidelease_accepts(values: tuple[str
                 pytest.fail(f"{obj['metadata']['name']}: tidelease rejects {args}")
             assert callable(parsed.run)
             checked += 1
-    assert checked == 3  # extender, agent, orchestrator
+    assert checked == 4  # extender, controllers, agent, orchestrator
 
 
 def test_every_pod_mounts_its_token_itself_and_runs_with_a_restricted_container() -> None:
@@ -334,13 +362,7 @@ def test_bind_serves_only_the_scheduler_of_the_mode(
     cm = find(render(f"scheduling.mode={mode}"), "ConfigMap", "tidelease-extender-settings")
     f = tmp_path / "settings.yaml"
     f.write_text(cm["data"]["settings.yaml"])
-    # The TLS files of the clusterScheduler mode are the Secret's, mounted in the pod: here,
-    # files of the same names elsewhere.
-    tls = {"tls_cert_file": "tls.crt", "tls_key_file": "tls.key", "client_ca_file": "ca.crt"}
-    for name in tls.values():
-        (tmp_path / name).write_text("")
-    overrides = {k: tmp_path / v for k, v in tls.items()} if mode == "clusterScheduler" else {}
-    assert load_settings(file=f, env={}, overrides=overrides).scheduler_names == served
+    assert load_settings(file=f, env={}).scheduler_names == served
 
 
 def test_network_policies_admit_only_the_scheduler_to_the_verbs() -> None:

@@ -95,18 +95,23 @@ def test_the_extender_serves_https_from_the_secret_and_requires_the_client_ca() 
     settings = yaml.safe_load(
         find(objs, "ConfigMap", "tidelease-extender-settings")["data"]["settings.yaml"]
     )
-    assert (settings["tls_cert_file"], settings["tls_key_file"], settings["client_ca_file"]) == (
-        "/etc/tidelease/tls/tls.crt",
-        "/etc/tidelease/tls/tls.key",
-        "/etc/tidelease/tls/ca.crt",
-    )
     assert settings["metrics_auth"] is True
     deployment = find(objs, "Deployment", "tidelease-extender")
-    mounts = containers(deployment)["extender"]["volumeMounts"]
+    extender = containers(deployment)["extender"]
+    tls = [a for a in extender["args"] if a.startswith(("--tls-", "--client-ca"))]
+    assert tls == [
+        "--tls-cert-file=/etc/tidelease/tls/tls.crt",
+        "--tls-key-file=/etc/tidelease/tls/tls.key",
+        "--client-ca-file=/etc/tidelease/tls/ca.crt",
+    ]
+    mounts = extender["volumeMounts"]
     assert {"name": "tls", "mountPath": "/etc/tidelease/tls", "readOnly": True} in mounts
     volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
     assert volumes["tls"]["secret"]["secretName"] == "tidelease-extender-tls"
     assert deployment["spec"]["template"]["spec"]["securityContext"]["fsGroup"] == 65532
+    # The controllers read the same settings file, without the extender's certificates.
+    ctl = containers(find(objs, "Deployment", "tidelease-controllers"))["controllers"]
+    assert not [a for a in ctl["args"] if "tls" in a]
 
 
 def test_own_scheduler_mode_has_no_certificates_and_plain_loopback() -> None:
@@ -115,10 +120,8 @@ def test_own_scheduler_mode_has_no_certificates_and_plain_loopback() -> None:
     extender = scheduler_extender(objs)
     assert extender["enableHTTPS"] is False
     assert "tlsConfig" not in extender
-    settings = yaml.safe_load(
-        find(objs, "ConfigMap", "tidelease-extender-settings")["data"]["settings.yaml"]
-    )
-    assert "tls_cert_file" not in settings
+    args = containers(find(objs, "Deployment", "tidelease-extender"))["extender"]["args"]
+    assert not [a for a in args if a.startswith("--tls-")]
 
 
 def test_cert_manager_makes_them_when_the_cluster_serves_it() -> None:

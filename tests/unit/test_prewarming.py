@@ -628,3 +628,61 @@ async def test_a_node_that_cannot_be_written_fails_the_step_after_the_others_are
         await ctl.step(watched)
     assert written == ["n1", "n3"]
     assert registry.get_sample_value("tidelease_prewarm_directives_cleared_total") == 2
+
+
+async def test_a_step_parses_only_what_changed_and_nothing_without_leases() -> None:
+    """The step's cost follows the changes: with no GpuLease and nothing to clear it reads no
+    GpuNode at all; with a lease, a step after one node's change parses that node alone."""
+    from prometheus_client import CollectorRegistry
+
+    from extender.prewarm.controller import PrewarmController, PrewarmMetrics, Watched
+
+    watched = Watched()
+    for i in range(200):
+        obj = builders.gpu_node(f"n{i}", lent(f"n{i}"))
+        obj["metadata"]["resourceVersion"] = "1"
+        watched.apply("nodes", "ADDED", obj)
+    writes: list[str] = []
+
+    class World:
+        async def template(self, namespace: str, workload: Workload) -> WorkloadTemplate:
+            return TEMPLATE
+
+        async def write(self, node: str, directives: Sequence[Directive]) -> None:
+            writes.append(node)
+
+    ctl = PrewarmController(
+        world=World(),
+        metrics=PrewarmMetrics(CollectorRegistry()),
+        settings=SETTINGS,
+        clock=lambda: at("07:30:00"),
+    )
+    for _ in range(3):
+        await ctl.step(watched)
+    assert ctl.parsed.parses == 0
+    assert writes == []
+
+    raw = {
+        "metadata": {"namespace": "ml", "name": "recsys", "resourceVersion": "1"},
+        "spec": {
+            "owner": "recsys",
+            "workload": {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "recsys"},
+            "gpusPerReplica": 4,
+            "desiredGPUs": 16,
+            "schedule": [{"at": "08:00", "gpus": 16}, {"at": "22:00", "gpus": 8}],
+        },
+        "status": {"phase": "Steady", "targetReplicas": 2, "lent": []},
+    }
+    watched.apply("leases", "ADDED", raw)
+    await ctl.step(watched)
+    assert ctl.parsed.parses == 200  # each node once
+    await ctl.step(watched)
+    assert ctl.parsed.parses == 200  # nothing changed: nothing parsed again
+    changed = dict(watched.nodes["n7"])
+    changed["metadata"] = {**changed["metadata"], "resourceVersion": "2"}
+    watched.apply("nodes", "MODIFIED", changed)
+    await ctl.step(watched)
+    assert ctl.parsed.parses == 201  # that node alone
+    watched.apply("nodes", "DELETED", changed)
+    await ctl.step(watched)
+    assert "n7" not in ctl.parsed.nodes

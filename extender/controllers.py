@@ -1,0 +1,317 @@
+"""The controllers' process, ``tidelease controllers``: leasing and reclaim, the hot-restart
+operator, prewarming and the live planner, each leader-elected among the replicas on a Lease of
+its own. The extender's replicas serve the verbs only: a controller's step never waits in line
+with kube-scheduler's calls, nor they behind it.
+
+The leasing controller keeps a watched view of the cluster of its own (the extender's watch:
+pods, GpuNodes, ledgers, agents' Leases, GpuLeases); the others watch what they need
+themselves. /healthz, /readyz (the view synced, the API server answering) and /metrics (for
+allowed tokens, common/delegatedauth.py) on the probes' port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from common.delegatedauth import DelegatedAuth, refusal
+from common.httpserving import listen
+from common.leaderelection import LeaderElector
+from extender.cluster.state import ClusterState
+from extender.cluster.store import Store
+from extender.cluster.watching import PodCache, run_liveness, run_watch
+from extender.leasing.controller import LeaseCache, LeaseController, LeasingMetrics, World
+from extender.scheduler.serving import PROBE_LIMITS, first_of, run_api_probe_at
+from extender.scheduler.settings import ExtenderSettings
+
+if TYPE_CHECKING:
+    from common.kubeclient import KubeClient
+    from extender.planner.stepping import PlannerSettings
+    from extender.prewarm.policy import PrewarmSettings
+
+log = logging.getLogger(__name__)
+
+Elect = Callable[[str], LeaderElector]
+
+
+@dataclass(frozen=True, slots=True)
+class Enabled:
+    """Which controllers run, with their settings."""
+
+    leasing: bool = False
+    hot_restart_operator: bool = False
+    prewarm: PrewarmSettings | None = None
+    planner: PlannerSettings | None = None
+    planner_prometheus: str = ""
+
+    def names(self) -> list[str]:
+        return [
+            name
+            for name, on in (
+                ("leasing", self.leasing),
+                ("hot-restart-operator", self.hot_restart_operator),
+                ("prewarm", self.prewarm is not None),
+                ("planner", self.planner is not None),
+            )
+            if on
+        ]
+
+
+@dataclass(frozen=True, slots=True)
+class Running:
+    tasks: tuple[asyncio.Task[None], ...]
+    probe_url: str | None
+    view: ClusterState | None  # the leasing controller's view (None without it)
+
+
+def elector_for(kube: KubeClient, namespace: str) -> Elect:
+    """Leader election on a Lease of ``namespace`` (identity: the pod's name, else the host's)."""
+    identity = os.environ.get("POD_NAME") or socket.gethostname()
+
+    def elect(lease: str) -> LeaderElector:
+        return LeaderElector(kube, namespace=namespace, name=lease, identity=identity)
+
+    return elect
+
+
+@asynccontextmanager
+async def controllers(
+    *,
+    store: Store,
+    world: World,
+    kube: KubeClient | None,
+    settings: ExtenderSettings,
+    enabled: Enabled,
+    elect: Elect | None = None,
+    registry: CollectorRegistry | None = None,
+    reviewer: Any = None,
+) -> AsyncIterator[Running]:
+    """Run the enabled controllers until the block exits; yields once the leasing view has
+    synced (at once without leasing) and the probes listen (when settings.probe_port is set).
+    ``elect``: leader election per controller (None: always lead, one process); ``kube``: the
+    API client the operator, prewarm and planner watch and write with."""
+    registry = registry if registry is not None else CollectorRegistry()
+    tasks: list[asyncio.Task[None]] = []
+    synced = asyncio.Event()
+    last_reachable = [time.monotonic()]
+    view: ClusterState | None = None
+
+    def led(lease: str, work: Callable[[], Coroutine[Any, Any, None]]) -> Coroutine[Any, Any, None]:
+        return elect(lease).run(work) if elect is not None else work()
+
+    if enabled.leasing:
+        view = ClusterState()
+        pods = PodCache(settings.gpu_resource)
+        leases = LeaseCache()
+        controller = LeaseController(
+            cluster=view,
+            pods=pods,
+            leases=leases,
+            world=world,
+            metrics=LeasingMetrics(registry),
+            standby_targets=settings.standby_targets(),
+            test_grace_s=settings.leasing_test_grace_s,
+        )
+        if settings.leasing_test_grace_s is not None:
+            log.warning(
+                "leasing: every borrower gets %d s of notice, whatever its lease says "
+                "(leasing_test_grace_s: for test clusters only)",
+                settings.leasing_test_grace_s,
+            )
+
+        async def lead_leasing() -> None:
+            await synced.wait()
+            await controller.run()
+
+        tasks += [
+            asyncio.create_task(
+                run_watch(store=store, cluster=view, pods=pods, ready=synced, leases=leases),
+                name="watch",
+            ),
+            asyncio.create_task(
+                run_liveness(cluster=view, timeout_s=settings.agent_timeout_s), name="liveness"
+            ),
+            asyncio.create_task(
+                run_api_probe_at(store, last_reachable, settings.stale_after_s), name="api-probe"
+            ),
+            asyncio.create_task(led("tidelease-leasing-controller", lead_leasing), name="leasing"),
+        ]
+    else:
+        synced.set()
+    if enabled.hot_restart_operator or enabled.prewarm or enabled.planner:
+        assert kube is not None, "the operator, prewarm and planner need an API client"
+    if enabled.hot_restart_operator and kube is not None:
+        tasks.append(asyncio.create_task(_hot_restart_operator(kube, registry, led), name="hr"))
+    if enabled.prewarm is not None and kube is not None:
+        work = _prewarm_controller(kube, enabled.prewarm, registry, led)
+        tasks.append(asyncio.create_task(work, name="prewarm"))
+    if enabled.planner is not None and kube is not None:
+        work = _planner(kube, enabled.planner, enabled.planner_prometheus, registry, led)
+        tasks.append(asyncio.create_task(work, name="planner"))
+
+    auth = DelegatedAuth(reviewer) if settings.metrics_auth and reviewer is not None else None
+    runner = web.AppRunner(
+        _probes_app(synced, last_reachable, settings.stale_after_s, registry, auth),
+        access_log=None,
+    )
+    try:
+        # The probes answer at once (/readyz: 503 until the view has synced), so that a slow
+        # first list is not taken for a dead process.
+        probe_url = None
+        if settings.probe_port is not None:
+            await runner.setup()
+            await listen(runner, settings.probe_host, settings.probe_port, limits=PROBE_LIMITS)
+            host, port = runner.addresses[0][:2]
+            probe_url = f"http://{host}:{port}"
+        await first_of(synced, tuple(tasks))
+        log.info("controllers running: %s", ", ".join(enabled.names()) or "none")
+        yield Running(tuple(tasks), probe_url, view)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await runner.cleanup()
+
+
+def _probes_app(
+    synced: asyncio.Event,
+    last_reachable: list[float],
+    stale_after_s: float,
+    registry: CollectorRegistry,
+    auth: DelegatedAuth | None,
+) -> web.Application:
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def readyz(_: web.Request) -> web.Response:
+        if not synced.is_set():
+            return web.Response(status=503, text="initial sync not done")
+        silent = time.monotonic() - last_reachable[0]
+        if silent > stale_after_s:
+            return web.Response(
+                status=503,
+                text=f"the API server has not answered for {silent:.0f} s: the view may be stale",
+            )
+        return web.Response(text="ok")
+
+    async def metrics(request: web.Request) -> web.Response:
+        refused = await refusal(auth, request)
+        if refused is not None:
+            return refused
+        return web.Response(
+            body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
+
+    app = web.Application(client_max_size=1024)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+Led = Callable[[str, Callable[[], Coroutine[Any, Any, None]]], Coroutine[Any, Any, None]]
+
+
+async def _hot_restart_operator(kube: KubeClient, registry: CollectorRegistry, led: Led) -> None:
+    from extender.hotrestart.operator import (
+        LEASE_NAME,
+        HotRestartOperator,
+        KubeRequests,
+        run_hot_restart_operator,
+    )
+
+    operator = HotRestartOperator(requests=KubeRequests(kube))
+    await led(
+        LEASE_NAME,
+        lambda: run_hot_restart_operator(kube=kube, operator=operator, registry=registry),
+    )
+
+
+async def _prewarm_controller(
+    kube: KubeClient, settings: PrewarmSettings, registry: CollectorRegistry, led: Led
+) -> None:
+    from extender.prewarm.controller import (
+        LEASE_NAME,
+        KubePrewarmWorld,
+        PrewarmController,
+        PrewarmMetrics,
+        run_prewarm_controller,
+    )
+
+    metrics = PrewarmMetrics(registry)
+
+    async def lead() -> None:
+        controller = PrewarmController(
+            world=KubePrewarmWorld(kube), metrics=metrics, settings=settings
+        )
+        await run_prewarm_controller(kube=kube, controller=controller)
+
+    await led(LEASE_NAME, lead)
+
+
+async def _planner(
+    kube: KubeClient,
+    settings: PlannerSettings,
+    prometheus: str,
+    registry: CollectorRegistry,
+    led: Led,
+) -> None:
+    """The live elastic planner (docs/planner.md)."""
+    from extender.planner.controller import (
+        LEASE_NAME,
+        KubeLeaseWriter,
+        PlannerController,
+        PlannerMetrics,
+        run_planner_controller,
+    )
+    from extender.planner.sources import PrometheusSource
+
+    metrics = PlannerMetrics(registry)
+
+    async def lead() -> None:
+        source = PrometheusSource(prometheus)
+        try:
+            controller = PlannerController(
+                source=source, writer=KubeLeaseWriter(kube), metrics=metrics, settings=settings
+            )
+            await run_planner_controller(kube=kube, controller=controller)
+        finally:
+            await source.close()
+
+    await led(LEASE_NAME, lead)
+
+
+async def run_controllers(
+    *,
+    store: Store,
+    world: World,
+    kube: KubeClient,
+    settings: ExtenderSettings,
+    enabled: Enabled,
+    stop: asyncio.Event,
+    elect: Elect | None,
+    registry: CollectorRegistry,
+) -> None:
+    """Run until ``stop`` is set (SIGTERM): leadership is given up as the tasks are cancelled."""
+    async with controllers(
+        store=store,
+        world=world,
+        kube=kube,
+        settings=settings,
+        enabled=enabled,
+        elect=elect,
+        registry=registry,
+        reviewer=kube,
+    ) as running:
+        await first_of(stop, running.tasks)
+        log.info("stopping: giving up leadership")
