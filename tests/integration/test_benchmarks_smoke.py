@@ -200,8 +200,23 @@ def check_decisions(out: str) -> None:
     assert out.rstrip().endswith("all replies equal to the recording"), out
 
 
+def check_kube_client(out: str) -> None:
+    assert numbers(r"^(\d+) binds x (\d+) rounds, (\d+) in flight, loopback$", out) == [200, 2, 16]
+    base_rate, base_cpu = numbers(
+        rf"^kubernetes_asyncio's session \(netrc per request\)\s+{NUMBER}\s+{NUMBER}$", out
+    )
+    rate, cpu = numbers(rf"^KubeClient's session \(no lookups\)\s+{NUMBER}\s+{NUMBER}$", out)
+    assert min(base_rate, base_cpu, rate, cpu) > 0
+    ratio_rate, ratio_cpu = numbers(
+        rf"^ratio \(KubeClient / baseline\): binds/s {NUMBER}x, CPU {NUMBER}x$", out
+    )
+    assert ratio_rate == pytest.approx(rate / base_rate, abs=0.02)
+    assert ratio_cpu == pytest.approx(cpu / base_cpu, abs=0.02)
+
+
 CHECKS: dict[str, Callable[[str], None]] = {
     "bench_agent": check_agent,
+    "bench_kube_client": check_kube_client,
     "bench_extender": check_extender,
     "bench_orchestrator": check_orchestrator,
     "bench_peer_pull": check_peer_pull,
