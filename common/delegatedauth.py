@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from aiohttp import hdrs, web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from common.errors import TideleaseError
 
@@ -116,3 +117,15 @@ async def refusal(auth: DelegatedAuth | None, request: web.Request) -> web.Respo
         return None
     headers = {"WWW-Authenticate": "Bearer"} if verdict.status == 401 else None
     return web.Response(status=verdict.status, text=verdict.reason, headers=headers)
+
+
+async def metrics_response(
+    registry: CollectorRegistry, auth: DelegatedAuth | None, request: web.Request
+) -> web.Response:
+    """/metrics: the registry's samples in Prometheus' text format, for allowed callers."""
+    refused = await refusal(auth, request)
+    if refused is not None:
+        return refused
+    return web.Response(
+        body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+    )

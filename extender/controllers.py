@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 
-from common.delegatedauth import DelegatedAuth, refusal
+from common.delegatedauth import DelegatedAuth, metrics_response
 from common.httpserving import listen
 from common.leaderelection import LeaderElector
 from extender.cluster.state import ClusterState
@@ -205,12 +205,7 @@ def _probes_app(
         return web.Response(text="ok")
 
     async def metrics(request: web.Request) -> web.Response:
-        refused = await refusal(auth, request)
-        if refused is not None:
-            return refused
-        return web.Response(
-            body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
-        )
+        return await metrics_response(registry, auth, request)
 
     app = web.Application(client_max_size=1024)
     app.router.add_get("/healthz", healthz)

@@ -74,9 +74,8 @@ def run_command(args: argparse.Namespace) -> int:
 
 async def _serve(port: int, ready: asyncio.Event, registry: Any, auth: Any) -> Any:
     from aiohttp import web
-    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-    from common.delegatedauth import refusal
+    from common.delegatedauth import metrics_response
     from common.httpserving import Limits, listen
 
     async def healthz(_: web.Request) -> web.Response:
@@ -86,12 +85,7 @@ async def _serve(port: int, ready: asyncio.Event, registry: Any, auth: Any) -> A
         return web.Response(text="ok") if ready.is_set() else web.Response(status=503)
 
     async def metrics(request: web.Request) -> web.Response:
-        refused = await refusal(auth, request)
-        if refused is not None:
-            return refused
-        return web.Response(
-            body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
-        )
+        return await metrics_response(registry, auth, request)
 
     app = web.Application()
     app.router.add_get("/healthz", healthz)

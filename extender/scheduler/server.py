@@ -20,9 +20,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import hdrs, web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from common.delegatedauth import DelegatedAuth, refusal
+from common.delegatedauth import DelegatedAuth, metrics_response
 from common.errors import Conflict, InvalidInput, NotFound, TideleaseError
 from common.podrequest import parse_pod
 from extender.cluster.state import ClusterState
@@ -238,13 +237,7 @@ class ExtenderApp:
         return web.Response(text="ok")
 
     async def metrics_view(self, request: web.Request) -> web.Response:
-        refused = await refusal(self.metrics_auth, request)
-        if refused is not None:
-            return refused
-        return web.Response(
-            body=generate_latest(self.metrics.registry),
-            headers={"Content-Type": CONTENT_TYPE_LATEST},
-        )
+        return await metrics_response(self.metrics.registry, self.metrics_auth, request)
 
     def web_app(self, *, probes: bool = True) -> web.Application:
         """The verbs; with ``probes``, also /healthz, /readyz and /metrics."""

@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from common.delegatedauth import DelegatedAuth
 from common.kubeclient import KubeClient
 from tests.apiserver.conftest import ApiServer
 from tests.apiserver.kubectl import Kubectl
 from tests.chart import CHART, helm
+from tests.kubeconfigs import write_kubeconfig
 
 pytestmark = pytest.mark.apiserver
 
@@ -204,20 +204,6 @@ def test_the_controllers_scale_workloads_only_where_leases_may_live(cluster: Kub
     assert not cluster.can(t, "patch", "deployments/scale", "default")
 
 
-def kubeconfig_for(c: Kubectl, tok: str, path: Path) -> Path:
-    """A kubeconfig that authenticates with ``tok`` (the component's own token)."""
-    path.write_text(
-        yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "c",
-            "clusters": [{"name": "c", "cluster": {
-                "server": c.apiserver.server, "certificate-authority": str(c.apiserver.ca)}}],
-            "users": [{"name": "u", "user": {"token": tok}}],
-            "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-        })
-    )  # fmt: skip
-    return path
-
-
 async def test_metrics_readers_are_reviewed_with_the_extenders_own_token(
     cluster: Kubectl, tmp_path: Path
 ) -> None:
@@ -228,7 +214,10 @@ async def test_metrics_readers_are_reviewed_with_the_extenders_own_token(
     assert cluster.can(extender, "create", "subjectaccessreviews.authorization.k8s.io")
     cluster.kubectl("create", "serviceaccount", "prometheus", "-n", NS)
     reader = token(cluster, "prometheus")
-    api = await KubeClient.connect(kubeconfig_for(cluster, extender, tmp_path / "kubeconfig"))
+    kubeconfig = write_kubeconfig(
+        tmp_path / "kubeconfig", cluster.apiserver.server, extender, cluster.apiserver.ca
+    )
+    api = await KubeClient.connect(kubeconfig)
     try:
         auth = DelegatedAuth(api)
         assert (await auth.check(None, "/metrics")).status == 401

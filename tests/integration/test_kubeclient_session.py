@@ -13,10 +13,11 @@ import pytest
 from aiohttp import web
 
 from common.kubeclient import KubeClient
+from tests.kubeconfigs import write_kubeconfig
 
 
 @pytest.fixture
-async def server(tmp_path: Path) -> AsyncIterator[tuple[Path, list[str]]]:
+async def server(tmp_path: Path) -> AsyncIterator[tuple[Path, list[str], int]]:
     """A loopback endpoint, and a kubeconfig for it; the list records each request's host
     and path."""
     seen: list[str] = []
@@ -32,30 +33,21 @@ async def server(tmp_path: Path) -> AsyncIterator[tuple[Path, list[str]]]:
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = runner.addresses[0][1]
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        f"""apiVersion: v1
-kind: Config
-clusters: [{{name: c, cluster: {{server: "http://127.0.0.1:{port}"}}}}]
-users: [{{name: u, user: {{token: t}}}}]
-contexts: [{{name: x, context: {{cluster: c, user: u}}}}]
-current-context: x
-"""
-    )
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{port}", "t")
     try:
-        yield kubeconfig, seen
+        yield kubeconfig, seen, port
     finally:
         await runner.cleanup()
 
 
 @pytest.mark.parametrize(("env_lookups", "lookups"), [(False, 0), (True, 20)])
 async def test_no_netrc_lookup_in_a_thread_per_request(
-    server: tuple[Path, list[str]],
+    server: tuple[Path, list[str], int],
     monkeypatch: pytest.MonkeyPatch,
     env_lookups: bool,
     lookups: int,
 ) -> None:
-    kubeconfig, seen = server
+    kubeconfig, seen, _ = server
     threads: list[str] = []
     real = aiohttp.ClientSession._get_netrc_auth
 
@@ -76,16 +68,14 @@ async def test_no_netrc_lookup_in_a_thread_per_request(
 
 
 async def test_the_environments_proxy_is_still_used(
-    server: tuple[Path, list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    server: tuple[Path, list[str], int], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """HTTP_PROXY names the loopback endpoint itself: a request for an API server whose name
     does not resolve reaches it, as a proxy's (its Host the API server's)."""
-    kubeconfig, seen = server
-    port = kubeconfig.read_text().split("127.0.0.1:")[1].split('"')[0]
+    _, seen, port = server
     monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{port}")
     monkeypatch.setenv("NO_PROXY", "")
-    other = tmp_path / "other"
-    other.write_text(kubeconfig.read_text().replace(f"127.0.0.1:{port}", "api.invalid:6443"))
+    other = write_kubeconfig(tmp_path / "other", "http://api.invalid:6443", "t")
     kube = await KubeClient.connect(other)
     try:
         await kube.json("GET", "/api/v1/namespaces")

@@ -13,6 +13,7 @@ import pytest
 from aiohttp import web
 
 from common.kubeclient import KubeClient
+from tests.kubeconfigs import write_kubeconfig
 
 
 def lease(name: str, version: str) -> dict[str, Any]:
@@ -55,16 +56,7 @@ async def kube(tmp_path: Path) -> AsyncIterator[tuple[KubeClient, FlakyApiServer
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = runner.addresses[0][1]
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        f"""apiVersion: v1
-kind: Config
-clusters: [{{name: c, cluster: {{server: "http://127.0.0.1:{port}"}}}}]
-users: [{{name: u, user: {{token: t}}}}]
-contexts: [{{name: x, context: {{cluster: c, user: u}}}}]
-current-context: x
-"""
-    )
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{port}", "t")
     client = await KubeClient.connect(kubeconfig)
     try:
         yield client, server
