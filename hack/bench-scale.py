@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Scale run: GPU pods onto many kwok nodes through the real kube-scheduler, with the tidelease
-extender and without it, on one cluster, in one run.
+extender, with an extender that does nothing, and with none, on one cluster, in one run.
 
-usage: hack/bench-scale.py [--nodes 1250] [--pods 1000] [--qps 500] [--burst 1000]
+usage: hack/bench-scale.py [--nodes 1250] [--pods 1000] [--rounds 2] [--qps 500] [--burst 1000]
                            [--timeout 900] [--json FILE] [--keep]
 
 Starts hack/cluster-up.sh (foreground, in a temporary directory) with --nodes kwok GPU nodes (8
@@ -12,8 +12,14 @@ configuration without extenders. Both get the same client QPS/burst (--qps/--bur
 scheduler's own default of 50/100 would cap the plain scheduler's binding calls, while the
 extender binds with its own unthrottled client).
 
+A third kube-scheduler, profile "tidelease-null", calls benchmarks/nullextender (Go, net/http,
+built here): filter passes every node, prioritize scores zero, no bind: what the protocol costs.
+
 Phase "plain": --pods pods with schedulerName tidelease-plain; all bound; deleted, waited for.
-Phase "extender": the same pods with the default scheduler. For each phase: pods/s from the first
+Phase "null": the same pods with tidelease-null. Phase "extender": with the default scheduler.
+--rounds rounds, the phases' order reversed every other round (this machine's noise drifts);
+the figures are the medians over the rounds. CPU per pod: each process's CPU time (utime +
+stime from /proc) over the phase, divided by its pods. For each phase: pods/s from the first
 create to the last bind, the rate between 10% and 90% bound, and per-pod create-to-bound
 latency. For the extender phase: p50/p99 per verb from the extender's /metrics histogram
 tidelease_extender_request_duration_seconds (the phase's increase, interpolated inside buckets
@@ -33,6 +39,7 @@ import math
 import os
 import signal
 import ssl
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -52,6 +59,10 @@ except ImportError:  # run with the project's environment (hack/lib/python.sh cr
     raise
 
 PLAIN = "tidelease-plain"
+NULL = "tidelease-null"
+EXTENDER = "default-scheduler"
+PROFILES = {"plain": PLAIN, "null": NULL, "extender": EXTENDER}
+CLK_TCK = os.sysconf("SC_CLK_TCK")
 SIZES = (1, 2, 4, 8)
 VERBS = ("filter", "prioritize", "bind", "preempt")
 
@@ -73,6 +84,8 @@ class Phase:
     latency_p99_s: float = 0.0
     extender: dict[str, Any] = field(default_factory=dict)
     scheduler: dict[str, Any] = field(default_factory=dict)
+    cpu_ms_per_pod: dict[str, float] = field(default_factory=dict)  # process -> CPU per pod
+    round: int = 0
 
 
 class Api:
@@ -314,10 +327,28 @@ def extender_summary(
     return summary
 
 
+def cpu_s(pid: int) -> float:
+    """utime + stime of a process, in seconds (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
 async def run_phase(
-    api: Api, facts: dict[str, str], name: str, scheduler: str, pods: int, limit_s: float
+    api: Api,
+    facts: dict[str, str],
+    name: str,
+    pods: int,
+    limit_s: float,
+    *,
+    sched_url: str,
+    pids: dict[str, int],
+    round_: int = 0,
 ) -> Phase:
-    namespace = f"bench-{name}"
+    scheduler = PROFILES[name]
+    namespace = f"bench-{name}-{round_}"
     await api.ok("POST", "/api/v1/namespaces", {"metadata": {"name": namespace}})
     bound_at: dict[str, float] = {}
     created_at: dict[str, float] = {}
@@ -327,10 +358,8 @@ async def run_phase(
     ext_url = facts["TL_CLUSTER_EXTENDER_PROBE_URL"]
     token = facts["TL_CLUSTER_TOKEN"]
     before = await scrape(ext_url, api.session, token)
-    sched_url = facts[
-        "TL_CLUSTER_PLAIN_SCHEDULER_URL" if scheduler == PLAIN else "TL_CLUSTER_SCHEDULER_URL"
-    ]
     sched_before = await scrape_scheduler(sched_url, api.session, scheduler)
+    cpu_before = {what: cpu_s(pid) for what, pid in pids.items()}
 
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in range(pods):
@@ -354,6 +383,7 @@ async def run_phase(
         if time.monotonic() - last_report > 10:
             last_report = time.monotonic()
             log(f"phase {name}: {len(bound_at)}/{pods} bound after {last_report - t0:.0f} s")
+    cpu_after = {what: cpu_s(pid) for what, pid in pids.items()}
     after = await scrape(ext_url, api.session, token)
     sched_after = await scrape_scheduler(sched_url, api.session, scheduler)
     watcher.cancel()
@@ -361,6 +391,11 @@ async def run_phase(
         await watcher
 
     phase = Phase(name, pods, create_s=round(t_created - t0, 2), bound=len(bound_at))
+    phase.round = round_
+    phase.cpu_ms_per_pod = {
+        what: round(1000 * (cpu_after[what] - cpu_before[what]) / max(1, len(bound_at)), 2)
+        for what in pids
+    }
     if bound_at:
         times = sorted(bound_at.values())
         phase.total_s = round(times[-1] - t0, 2)
@@ -393,20 +428,118 @@ async def delete_namespace(api: Api, namespace: str, limit_s: float = 300) -> No
     raise RuntimeError(f"namespace {namespace} not gone after {limit_s} s")
 
 
-async def bench(facts: dict[str, str], args: argparse.Namespace) -> list[Phase]:
+def scheduler_config(facts: dict[str, str], port: int, out: Path) -> Path:
+    """The default scheduler's configuration (the chart's), for profile NULL and the do-nothing
+    extender: plain HTTP on loopback, filter and prioritize only."""
+    import yaml
+
+    src = Path(facts["TL_CLUSTER_DIR"]) / "scheduler-default-scheduler" / "config.yaml"
+    cfg = yaml.safe_load(src.read_text())
+    cfg["profiles"] = [{"schedulerName": NULL}]
+    (ext,) = cfg["extenders"]
+    ext["urlPrefix"] = f"http://127.0.0.1:{port}"
+    ext["enableHTTPS"] = False
+    for key in ("tlsConfig", "bindVerb", "preemptVerb"):
+        ext.pop(key, None)
+    out.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return out
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def null_extender(facts: dict[str, str], work: Path) -> Any:
+    """The do-nothing extender (built from benchmarks/nullextender) and a kube-scheduler for
+    profile NULL calling it; yields (their pids, the scheduler's URL)."""
+    binary = work / "nullextender"
+    subprocess.run(
+        ["go", "build", "-o", str(binary), "."],
+        cwd=ROOT / "benchmarks" / "nullextender",
+        env={**os.environ, "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=mod"},
+        check=True,
+    )
+    ext = subprocess.Popen([str(binary)], stdout=subprocess.PIPE, text=True)
+    sched = None
+    try:
+        assert ext.stdout is not None
+        port = int(ext.stdout.readline())
+        config = scheduler_config(facts, port, work / "null-scheduler.yaml")
+        sched_port = free_port()
+        kube_scheduler = Path(facts["TL_CLUSTER_KUBECTL"]).parent / "kube-scheduler"
+        with (work / "null-scheduler.log").open("w") as logf:
+            sched = subprocess.Popen(
+                [str(kube_scheduler), f"--config={config}", "--bind-address=127.0.0.1",
+                 "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
+                 f"--secure-port={sched_port}", f"--cert-dir={work}", "--v=1"],
+                stdout=logf, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        url = f"https://127.0.0.1:{sched_port}"
+        ctx = ssl.create_default_context()
+        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                import urllib.request
+
+                with urllib.request.urlopen(f"{url}/healthz", context=ctx, timeout=2):
+                    break
+            except OSError:
+                if sched.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"the null kube-scheduler did not start: {work}/null-scheduler.log"
+                    ) from None
+                time.sleep(0.3)
+        log(f"do-nothing extender on port {port}, its kube-scheduler at {url}")
+        yield {"null-extender": ext.pid, "kube-scheduler": sched.pid}, url
+    finally:
+        for proc in (sched, ext):
+            if proc is not None:
+                proc.terminate()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(10)
+
+
+async def bench(facts: dict[str, str], args: argparse.Namespace, work: Path) -> list[Phase]:
     ctx = ssl.create_default_context(cafile=facts["TL_CLUSTER_CA"])
     connector = aiohttp.TCPConnector(ssl=ctx, limit=64)
-    async with aiohttp.ClientSession(connector=connector) as session:
-        api = Api(session, facts)
-        plain = await run_phase(api, facts, "plain", PLAIN, args.pods, args.timeout)
-        log("deleting the plain phase's pods")
-        t = time.monotonic()
-        await delete_namespace(api, "bench-plain")
-        log(f"deleted in {time.monotonic() - t:.0f} s")
-        with_ext = await run_phase(
-            api, facts, "extender", "default-scheduler", args.pods, args.timeout
-        )
-    return [plain, with_ext]
+    common = {
+        "kube-apiserver": int(facts["TL_CLUSTER_APISERVER_PID"]),
+        "extender": int(facts["TL_CLUSTER_EXTENDER_PID"]),
+        "controllers": int(facts["TL_CLUSTER_CONTROLLERS_PID"]),
+    }
+    phases = []
+    with null_extender(facts, work) as (null_pids, null_url):
+        schedulers = {
+            "plain": (facts["TL_CLUSTER_PLAIN_SCHEDULER_URL"],
+                      {"kube-scheduler": int(facts["TL_CLUSTER_PLAIN_SCHEDULER_PID"])}),
+            "null": (null_url, null_pids),
+            "extender": (facts["TL_CLUSTER_SCHEDULER_URL"],
+                         {"kube-scheduler": int(facts["TL_CLUSTER_SCHEDULER_PID"])}),
+        }  # fmt: skip
+        async with aiohttp.ClientSession(connector=connector) as session:
+            api = Api(session, facts)
+            for r in range(args.rounds):
+                order = ["plain", "null", "extender"]
+                if r % 2:
+                    order.reverse()
+                for name in order:
+                    url, pids = schedulers[name]
+                    phases.append(
+                        await run_phase(
+                            api, facts, name, args.pods, args.timeout,
+                            sched_url=url, pids={**common, **pids}, round_=r,
+                        )
+                    )  # fmt: skip
+                    t = time.monotonic()
+                    await delete_namespace(api, f"bench-{name}-{r}")
+                    log(f"deleted the {name} phase's pods in {time.monotonic() - t:.0f} s")
+    return phases
 
 
 def read_state(path: Path) -> dict[str, str]:
@@ -422,6 +555,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nodes", type=int, default=1250)
     p.add_argument("--pods", type=int, default=1000)
+    p.add_argument("--rounds", type=int, default=2, help="rounds of the three phases")
     p.add_argument("--qps", type=float, default=500)
     p.add_argument("--burst", type=int, default=1000)
     p.add_argument("--timeout", type=float, default=900, help="seconds per phase")
@@ -469,7 +603,7 @@ def main() -> int:
         up_s = time.monotonic() - t0
         log(f"cluster up in {up_s:.0f} s")
         facts = read_state(state)
-        phases = asyncio.run(bench(facts, args))
+        phases = asyncio.run(bench(facts, args, base))
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -491,29 +625,42 @@ def main() -> int:
         "cpus": os.cpu_count(),
         "phases": [asdict(ph) for ph in phases],
     }
-    plain, ext = phases
-    print(f"\n{args.pods} GPU pods onto {args.nodes} kwok nodes ({os.cpu_count()} CPUs):")
+    print(
+        f"\n{args.pods} GPU pods onto {args.nodes} kwok nodes ({os.cpu_count()} CPUs), "
+        f"{args.rounds} rounds:"
+    )
     for ph in phases:
         print(
-            f"  {ph.name:9s} {ph.bound}/{ph.pods} bound in {ph.total_s:6.1f} s: "
+            f"  {ph.name:9s} round {ph.round}: {ph.bound}/{ph.pods} bound in {ph.total_s:6.1f} s: "
             f"{ph.pods_per_s:6.1f} pods/s overall, {ph.pods_per_s_10_90:6.1f} pods/s 10-90%, "
-            f"create->bound p50 {ph.latency_p50_s:.2f} s p99 {ph.latency_p99_s:.2f} s "
-            f"(creating took {ph.create_s:.1f} s)"
+            f"create->bound p50 {ph.latency_p50_s:.2f} s p99 {ph.latency_p99_s:.2f} s"
         )
         sc = ph.scheduler
         if sc:
             print(
-                f"  {'':9s} kube-scheduler: scheduling attempt p50 {sc.get('attempt_p50_ms')} ms "
-                f"p99 {sc.get('attempt_p99_ms')} ms; algorithm (filter+score, extender calls "
-                f"included) p50 {sc.get('algorithm_p50_ms')} ms p99 {sc.get('algorithm_p99_ms')} ms"
+                f"  {'':9s} kube-scheduler: attempt p50 {sc.get('attempt_p50_ms')} ms "
+                f"p99 {sc.get('attempt_p99_ms')} ms; algorithm (extender calls included) "
+                f"p50 {sc.get('algorithm_p50_ms')} ms p99 {sc.get('algorithm_p99_ms')} ms"
             )
-    if plain.pods_per_s:
-        print(f"  with the extender: {ext.pods_per_s / plain.pods_per_s:.2f}x the plain rate")
-    print("  extender latency under that load (from its /metrics histogram):")
-    for verb, s in ext.extender.items():
+        cpu = ", ".join(f"{k} {v}" for k, v in ph.cpu_ms_per_pod.items())
+        print(f"  {'':9s} CPU ms per pod: {cpu}")
+    rate = {
+        name: statistics.median(ph.pods_per_s for ph in phases if ph.name == name)
+        for name in PROFILES
+    }
+    print("  median pods/s: " + ", ".join(f"{n} {r:.1f}" for n, r in rate.items()))
+    if rate["plain"] and rate["null"]:
         print(
-            f"    {verb:10s} {s['requests']:5d} requests {s['outcomes']}: "
-            f"p50 {s['p50_ms']} ms, p99 {s['p99_ms']} ms, mean {s['mean_ms']} ms"
+            f"  ratios: extender/null {rate['extender'] / rate['null']:.2f}x, "
+            f"extender/plain {rate['extender'] / rate['plain']:.2f}x, "
+            f"null/plain {rate['null'] / rate['plain']:.2f}x"
+        )
+    print("  extender latency under that load (from its /metrics histogram), last round:")
+    ext = [ph for ph in phases if ph.name == "extender"][-1]
+    for verb, summary in ext.extender.items():
+        print(
+            f"    {verb:10s} {summary['requests']:5d} requests {summary['outcomes']}: "
+            f"p50 {summary['p50_ms']} ms, p99 {summary['p99_ms']} ms, mean {summary['mean_ms']} ms"
         )
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))

@@ -1,0 +1,3 @@
+module tidelease.local/benchmarks/nullextender
+
+go 1.22
