@@ -31,6 +31,7 @@ from extender.cluster.state import ClusterState
 from extender.cluster.store import Store
 from extender.cluster.watching import PodCache, run_liveness, run_watch
 from extender.leasing.controller import LeaseCache, LeaseController, LeasingMetrics, World
+from extender.scheduler.server import readiness
 from extender.scheduler.serving import PROBE_LIMITS, first_of, run_api_probe_at
 from extender.scheduler.settings import ExtenderSettings
 
@@ -89,7 +90,7 @@ async def controllers(
     *,
     store: Store,
     world: World,
-    kube: KubeClient | None,
+    kube: KubeClient,
     settings: ExtenderSettings,
     enabled: Enabled,
     elect: Elect | None = None,
@@ -148,14 +149,12 @@ async def controllers(
         ]
     else:
         synced.set()
-    if enabled.hot_restart_operator or enabled.prewarm or enabled.planner:
-        assert kube is not None, "the operator, prewarm and planner need an API client"
-    if enabled.hot_restart_operator and kube is not None:
+    if enabled.hot_restart_operator:
         tasks.append(asyncio.create_task(_hot_restart_operator(kube, registry, led), name="hr"))
-    if enabled.prewarm is not None and kube is not None:
+    if enabled.prewarm is not None:
         work = _prewarm_controller(kube, enabled.prewarm, registry, led)
         tasks.append(asyncio.create_task(work, name="prewarm"))
-    if enabled.planner is not None and kube is not None:
+    if enabled.planner is not None:
         work = _planner(kube, enabled.planner, enabled.planner_prometheus, registry, led)
         tasks.append(asyncio.create_task(work, name="planner"))
 
@@ -194,15 +193,12 @@ def _probes_app(
         return web.Response(text="ok")
 
     async def readyz(_: web.Request) -> web.Response:
-        if not synced.is_set():
-            return web.Response(status=503, text="initial sync not done")
-        silent = time.monotonic() - last_reachable[0]
-        if silent > stale_after_s:
-            return web.Response(
-                status=503,
-                text=f"the API server has not answered for {silent:.0f} s: the view may be stale",
-            )
-        return web.Response(text="ok")
+        return readiness(
+            draining=False,
+            synced=synced.is_set(),
+            silent_s=time.monotonic() - last_reachable[0],
+            stale_after_s=stale_after_s,
+        )
 
     async def metrics(request: web.Request) -> web.Response:
         return await metrics_response(registry, auth, request)

@@ -59,6 +59,23 @@ BODY_BUDGET_BYTES = 8 * MAX_BODY_BYTES
 BODY_READ_S = 10.0
 
 
+def readiness(
+    *, draining: bool, synced: bool, silent_s: float, stale_after_s: float
+) -> web.Response:
+    """/readyz of a process that serves from a watched view (the extender, the controllers):
+    503 saying why (draining, not synced yet, the API server silent too long), else ok."""
+    if draining:
+        return web.Response(status=503, text="draining")
+    if not synced:
+        return web.Response(status=503, text="initial sync not done")
+    if silent_s > stale_after_s:
+        return web.Response(
+            status=503,
+            text=f"the API server has not answered for {silent_s:.0f} s: the view may be stale",
+        )
+    return web.Response(text="ok")
+
+
 class ExtenderApp:
     """State and verbs of one extender instance (one replica)."""
 
@@ -224,17 +241,12 @@ class ExtenderApp:
         return web.Response(text="ok")
 
     async def readyz(self, _: web.Request) -> web.Response:
-        if self.draining:
-            return web.Response(status=503, text="draining")
-        if not self.synced:
-            return web.Response(status=503, text="initial sync not done")
-        silent = self.silent_for()
-        if silent > self.settings.stale_after_s:
-            return web.Response(
-                status=503,
-                text=f"the API server has not answered for {silent:.0f} s: the view may be stale",
-            )
-        return web.Response(text="ok")
+        return readiness(
+            draining=self.draining,
+            synced=self.synced,
+            silent_s=self.silent_for(),
+            stale_after_s=self.settings.stale_after_s,
+        )
 
     async def metrics_view(self, request: web.Request) -> web.Response:
         return await metrics_response(self.metrics.registry, self.metrics_auth, request)

@@ -35,6 +35,15 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+def one_pid(pattern: str, what: str) -> int:
+    """The pid of the one process whose command line matches ``pattern`` (pgrep -f)."""
+    out = subprocess.run(
+        ["pgrep", "-f", "--", pattern], capture_output=True, text=True, check=False
+    ).stdout.split()
+    assert len(out) == 1, f"want the one {what}, found {out}"
+    return int(out[0])
+
+
 @dataclass(frozen=True)
 class ApiServer:
     kubeconfig: Path
@@ -48,14 +57,9 @@ class ApiServer:
     )
 
     def apiserver_pid(self) -> int:
-        out = subprocess.run(
-            ["pgrep", "-f", "--", f"kube-apiserver .*--cert-dir={self.dir}/certs"],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout.split()
-        assert len(out) == 1, f"want the one kube-apiserver of {self.dir}, found {out}"
-        return int(out[0])
+        return one_pid(
+            f"kube-apiserver .*--cert-dir={self.dir}/certs", f"kube-apiserver of {self.dir}"
+        )
 
     def apiserver_argv(self) -> list[str]:
         """kube-apiserver's command line, for start_apiserver."""

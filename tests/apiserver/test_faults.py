@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from common.kubeclient import WATCH_BACKOFF_MAX_S, KubeClient
 from extender.cluster.kubestore import KubeStore
 from extender.scheduler.serving import serve
 from extender.scheduler.settings import ExtenderSettings
-from tests.apiserver.conftest import ApiServer
+from tests.apiserver.conftest import ApiServer, one_pid
 
 pytestmark = pytest.mark.apiserver
 
@@ -31,14 +30,21 @@ BIND_TIMEOUT_S = 4.0
 
 
 def etcd_pid(apiserver: ApiServer) -> int:
-    out = subprocess.run(
-        ["pgrep", "-f", "--", f"--data-dir={apiserver.dir}/etcd"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.split()
-    assert len(out) == 1, f"want the one etcd of {apiserver.dir}, found {out}"
-    return int(out[0])
+    return one_pid(f"--data-dir={apiserver.dir}/etcd", f"etcd of {apiserver.dir}")
+
+
+async def _bind_nobody(s: aiohttp.ClientSession, url: str) -> tuple[float, dict[str, str]]:
+    start = time.monotonic()
+    pod = builders.pod("nobody", 1)
+    body = {
+        "PodName": "nobody",
+        "PodNamespace": "default",
+        "PodUID": pod["metadata"]["uid"],
+        "Node": "n",
+    }
+    async with s.post(f"{url}/bind", json=body) as r:
+        reply: dict[str, str] = await r.json()
+    return time.monotonic() - start, reply
 
 
 async def until(probe: object, want: int, session: aiohttp.ClientSession, url: str) -> float:
@@ -70,17 +76,7 @@ async def test_etcd_paused_turns_the_extender_unready_and_binds_answer_in_time(
             os.kill(pid, signal.SIGSTOP)
             try:
                 unready_s = await until("etcd paused", 503, s, ready)
-                start = time.monotonic()
-                pod = builders.pod("nobody", 1)
-                body = {
-                    "PodName": "nobody",
-                    "PodNamespace": "default",
-                    "PodUID": pod["metadata"]["uid"],
-                    "Node": "n",
-                }
-                async with s.post(f"{running.url}/bind", json=body) as r:
-                    reply = await r.json()
-                bind_s = time.monotonic() - start
+                bind_s, reply = await _bind_nobody(s, running.url)
             finally:
                 os.kill(pid, signal.SIGCONT)
             ready_s = await until("etcd back", 200, s, ready)
@@ -99,20 +95,6 @@ async def test_etcd_paused_turns_the_extender_unready_and_binds_answer_in_time(
 
 
 RECOVERY_BOUND_S = 15.0  # a probe interval and a watch backoff (<= WATCH_BACKOFF_MAX_S) fit
-
-
-async def _bind_nobody(s: aiohttp.ClientSession, url: str) -> tuple[float, dict[str, str]]:
-    start = time.monotonic()
-    pod = builders.pod("nobody", 1)
-    body = {
-        "PodName": "nobody",
-        "PodNamespace": "default",
-        "PodUID": pod["metadata"]["uid"],
-        "Node": "n",
-    }
-    async with s.post(f"{url}/bind", json=body) as r:
-        reply: dict[str, str] = await r.json()
-    return time.monotonic() - start, reply
 
 
 async def test_api_server_restarted_turns_the_extender_unready_and_it_recovers_in_time(

@@ -426,7 +426,7 @@ class Held:
 def raise_own_fd_limit(wanted: int) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and hard < wanted:
-        pytest.skip(f"the open-files hard limit {hard} is under the {wanted} this test needs")
+        pytest.fail(f"the open-files hard limit {hard} is under the {wanted} this test needs")
     if soft < wanted:
         resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
 
