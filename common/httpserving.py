@@ -9,8 +9,8 @@ each connection:
   answered ``503`` with ``Connection: close`` and closed, so that thousands of idle clients cost
   at most the cap in file descriptors and the next listener (the probes' port) still answers;
 - **a first-request deadline**: a connection whose first request's headers are not complete
-  within ``first_request_s`` is closed (aiohttp's keep-alive timer then bounds the idle time
-  between requests);
+  within ``first_request_s`` is closed; ``runner`` sets aiohttp's keep-alive timer, which then
+  bounds the idle time between requests, to ``KEEPALIVE_S`` (aiohttp's default is an hour);
 - **TLS** when given a ``ServerTLS``: TLS 1.2 or later, a client certificate from the given CA
   required, the handshake bounded by ``handshake_s``, and the certificate, key and CA read again
   when their files change (a Secret volume's update), without a restart.
@@ -36,6 +36,15 @@ _REFUSAL = (
     b"Content-Length: 21\r\n\r\ntoo many connections\n"
 )
 _HEADERS_END = b"\r\n\r\n"
+KEEPALIVE_S = 75.0
+
+
+def runner(app: web.Application, *, shutdown_timeout: float = 60.0) -> web.AppRunner:
+    """The runner of every server here: no access log, idle connections closed after
+    ``KEEPALIVE_S``, in-flight requests given ``shutdown_timeout`` at cleanup."""
+    return web.AppRunner(
+        app, access_log=None, keepalive_timeout=KEEPALIVE_S, shutdown_timeout=shutdown_timeout
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from common.delegatedauth import DelegatedAuth, metrics_response
-from common.httpserving import listen
+from common.httpserving import listen, runner
 from common.leaderelection import LeaderElector
 from extender.cluster.state import ClusterState
 from extender.cluster.store import Store
@@ -159,18 +159,15 @@ async def controllers(
         tasks.append(asyncio.create_task(work, name="planner"))
 
     auth = DelegatedAuth(reviewer) if settings.metrics_auth and reviewer is not None else None
-    runner = web.AppRunner(
-        _probes_app(synced, last_reachable, settings.stale_after_s, registry, auth),
-        access_log=None,
-    )
+    probes = runner(_probes_app(synced, last_reachable, settings.stale_after_s, registry, auth))
     try:
         # The probes answer at once (/readyz: 503 until the view has synced), so that a slow
         # first list is not taken for a dead process.
         probe_url = None
         if settings.probe_port is not None:
-            await runner.setup()
-            await listen(runner, settings.probe_host, settings.probe_port, limits=PROBE_LIMITS)
-            host, port = runner.addresses[0][:2]
+            await probes.setup()
+            await listen(probes, settings.probe_host, settings.probe_port, limits=PROBE_LIMITS)
+            host, port = probes.addresses[0][:2]
             probe_url = f"http://{host}:{port}"
         await first_of(synced, tuple(tasks))
         log.info("controllers running: %s", ", ".join(enabled.names()) or "none")
@@ -179,7 +176,7 @@ async def controllers(
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await runner.cleanup()
+        await probes.cleanup()
 
 
 def _probes_app(

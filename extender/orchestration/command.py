@@ -77,6 +77,7 @@ async def _serve(port: int, ready: asyncio.Event, registry: Any, auth: Any) -> A
 
     from common.delegatedauth import metrics_response
     from common.httpserving import Limits, listen
+    from common.httpserving import runner as make_runner
 
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok")
@@ -91,7 +92,7 @@ async def _serve(port: int, ready: asyncio.Event, registry: Any, auth: Any) -> A
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
-    runner = web.AppRunner(app, access_log=None)
+    runner = make_runner(app)
     await runner.setup()
     await listen(runner, "0.0.0.0", port, limits=Limits(max_connections=64))
     return runner

@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 from common.delegatedauth import DelegatedAuth, Reviewer
 from common.errors import InvalidInput
 from common.httpserving import GuardedSite, Limits, TLSContext, listen, raise_fd_limit
+from common.httpserving import runner as make_runner
 from extender.cluster.state import ClusterState
 from extender.cluster.store import Store
 from extender.cluster.watching import PodCache, run_liveness, run_watch
@@ -27,7 +28,6 @@ from extender.scheduler.settings import ExtenderSettings
 
 log = logging.getLogger(__name__)
 
-KEEPALIVE_S = 75.0
 # The probes' port: the kubelet and Prometheus, a handful of connections.
 PROBE_LIMITS = Limits(max_connections=64)
 
@@ -159,15 +159,9 @@ async def serve(
     separate = settings.probe_port is not None
 
     # On SIGTERM, in-flight verbs get at most a bind's time to finish, so that the whole stop
-    # (drain included) fits the pod's 15 s grace; an idle kept-alive connection is closed after
-    # 75 s (aiohttp's default is an hour).
+    # (drain included) fits the pod's 15 s grace.
     def runner_of(web_app: web.Application) -> web.AppRunner:
-        return web.AppRunner(
-            web_app,
-            access_log=None,
-            shutdown_timeout=settings.bind_timeout_s + 1,
-            keepalive_timeout=KEEPALIVE_S,
-        )
+        return make_runner(web_app, shutdown_timeout=settings.bind_timeout_s + 1)
 
     runner = runner_of(app.web_app(probes=not separate))
     probes = runner_of(app.probes_app()) if separate else None

@@ -23,6 +23,7 @@ from aiohttp import hdrs, web
 from aiohttp.abc import AbstractStreamWriter
 
 from common.httpserving import Limits, listen
+from common.httpserving import runner as make_runner
 from nodeagent.cache.credentials import TokenFile, authorized
 from nodeagent.cache.naming import KINDS, EntryId, Kind, parse_id
 from nodeagent.cache.ranges import RangeRefused, parse_range
@@ -161,7 +162,7 @@ async def run_cache_server(
     bound: list[int] | None = None,
 ) -> None:
     """Serve ``store`` until cancelled. ``bound`` receives the port (useful with port 0)."""
-    runner = web.AppRunner(cache_app(store, TokenFile(settings.token_file)), access_log=None)
+    runner = make_runner(cache_app(store, TokenFile(settings.token_file)))
     await runner.setup()
     try:
         await listen(runner, settings.host, settings.port, limits=CACHE_LIMITS)

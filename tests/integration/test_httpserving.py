@@ -234,3 +234,29 @@ async def test_a_port_in_use_is_one_clear_error() -> None:
                 await listen(runner, "127.0.0.1", port_of(site))
         finally:
             await runner.cleanup()
+
+
+async def test_the_shared_runner_closes_a_connection_idle_after_its_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every server's runner (httpserving.runner) closes a kept-alive connection once it has
+    been idle KEEPALIVE_S after a request (aiohttp's own default: an hour)."""
+    import common.httpserving as httpserving
+
+    monkeypatch.setattr(httpserving, "KEEPALIVE_S", 0.3)
+    app = web.Application()
+    app.router.add_get("/", _hello)
+    shared = httpserving.runner(app)
+    await shared.setup()
+    try:
+        site = await listen(shared, "127.0.0.1", 0, limits=Limits(first_request_s=0.3))
+        reader, writer = await asyncio.open_connection("127.0.0.1", port_of(site))
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: keep-alive\r\n\r\n")
+        assert (await reader.readuntil(b"hello")).startswith(b"HTTP/1.1 200")
+        started = asyncio.get_running_loop().time()
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the server
+        assert asyncio.get_running_loop().time() - started < 3
+        writer.close()
+        await wait_until(lambda: site.stats.open == 0)
+    finally:
+        await shared.cleanup()
