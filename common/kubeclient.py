@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -62,22 +63,52 @@ def _identity(obj: dict[str, Any]) -> dict[str, Any]:
     return {"kind": obj.get("kind"), "metadata": ident}
 
 
-def _without_env_lookups(api: client.ApiClient, server: str) -> None:
-    """kubernetes_asyncio's session trusts the environment, so aiohttp looks up ~/.netrc in a
-    worker thread for every request (a thread hop on each bind, each patch). The proxy the
-    environment names for the API server (HTTPS_PROXY, NO_PROXY) is looked up once, here; the
-    client then gets a session on the same connection pool that looks nothing up again."""
+# Python before 3.12.8 (and 3.13.0) leaks a TLS connection whose close the server never
+# answers (CPython gh-118950); aiohttp then aborts such connections itself when asked.
+_CLEANUP_CLOSED: bool = getattr(aiohttp.connector, "NEEDS_CLEANUP_CLOSED", True)
+# Connections to the API server: the watches hold one each, kube-scheduler binds in parallel.
+POOL_SIZE = 100
+
+
+def _ssl_context(cfg: client.Configuration) -> ssl.SSLContext:
+    """TLS to the API server as the kubeconfig (or the pod's service account) says."""
+    ctx = ssl.create_default_context(cafile=cfg.ssl_ca_cert)
+    if cfg.cert_file:
+        ctx.load_cert_chain(cfg.cert_file, keyfile=cfg.key_file)
+    if not cfg.verify_ssl:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    if cfg.disable_strict_ssl_verification:
+        ctx.verify_flags &= ~ssl.VERIFY_X509_STRICT
+    return ctx
+
+
+async def _own_session(api: client.ApiClient, cfg: client.Configuration) -> None:
+    """Give the client a session of ours instead of kubernetes_asyncio's, which
+
+    * trusts the environment, so aiohttp looks up ~/.netrc in a worker thread for every
+      request (a thread hop on each bind, each patch): the proxy the environment names for the
+      API server (HTTPS_PROXY, NO_PROXY) is looked up once, here, instead;
+    * leaves a connection closed while the API server hangs (a request past its timeout) in a
+      TLS close that waits 30 s for the server: such connections are aborted at close() here,
+      so that a stopping process lets go of every socket.
+    """
     rest = api.rest_client
-    old: aiohttp.ClientSession = rest.pool_manager
+    theirs: aiohttp.ClientSession = rest.pool_manager
     if rest.proxy is None:
         try:
-            proxy, _ = aiohttp.helpers.get_env_proxy_for_url(yarl.URL(server))
+            proxy, _ = aiohttp.helpers.get_env_proxy_for_url(yarl.URL(cfg.host or ""))
             rest.proxy = str(proxy)
         except LookupError:
             pass
-    # The same session, told not to trust the environment (no attribute says so publicly):
-    # replacing the session left pooled sockets unclosed at close in some runs.
-    old._trust_env = False
+    connector = aiohttp.TCPConnector(
+        limit=POOL_SIZE, ssl=_ssl_context(cfg), enable_cleanup_closed=_CLEANUP_CLOSED
+    )
+    # Watch events of large objects exceed aiohttp's default read buffer (as theirs sets it).
+    rest.pool_manager = aiohttp.ClientSession(
+        connector=connector, trust_env=False, read_bufsize=2**21
+    )
+    await theirs.close()  # never used: no connection of its own to wait for
 
 
 class KubeClient:
@@ -92,16 +123,16 @@ class KubeClient:
         ``env_lookups``: keep kubernetes_asyncio's session as it makes it (benchmarks compare)."""
         cfg = client.Configuration()
 
-        def made() -> KubeClient:
+        async def made() -> KubeClient:
             api = client.ApiClient(configuration=cfg)
             if not env_lookups:
-                _without_env_lookups(api, cfg.host or "")
+                await _own_session(api, cfg)
             return cls(api)
 
         if kubeconfig is None:
             try:
                 config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-                return made()
+                return await made()
             except config.ConfigException:
                 pass
         try:
@@ -119,7 +150,7 @@ class KubeClient:
             # A missing, unreadable or malformed kubeconfig: one line, not a traceback.
             where = kubeconfig or "~/.kube/config (not in a cluster)"
             raise InvalidInput(f"kubeconfig {where}: {e}") from e
-        return made()
+        return await made()
 
     async def close(self) -> None:
         await self._api.close()

@@ -97,12 +97,6 @@ async def test_etcd_paused_turns_the_extender_unready_and_binds_answer_in_time(
 RECOVERY_BOUND_S = 15.0  # a probe interval and a watch backoff (<= WATCH_BACKOFF_MAX_S) fit
 
 
-# A killed kube-apiserver leaves the client's pooled sockets to it half-dead; one CI run saw
-# them garbage-collected unclosed at this test's teardown (ResourceWarning), once in four runs.
-# Tracked in the session note: ignored here so that the behaviour under test decides.
-@pytest.mark.filterwarnings(
-    "ignore:Exception ignored in. <socket.socket:pytest.PytestUnraisableExceptionWarning"
-)
 async def test_api_server_restarted_turns_the_extender_unready_and_it_recovers_in_time(
     apiserver: ApiServer,
 ) -> None:

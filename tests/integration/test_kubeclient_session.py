@@ -4,6 +4,9 @@ hop on each bind). The proxy the environment names is still used, found once at 
 
 from __future__ import annotations
 
+import os
+import socket
+import ssl
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -12,8 +15,11 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from common.errors import Unavailable
 from common.kubeclient import KubeClient
+from tests.certs import Pair, issue, make_ca
 from tests.kubeconfigs import write_kubeconfig
+from tests.polling import eventually
 
 
 @pytest.fixture
@@ -82,3 +88,91 @@ async def test_the_environments_proxy_is_still_used(
     finally:
         await kube.close()
     assert seen == ["api.invalid/api/v1/namespaces"]  # the Host header as aiohttp sends it
+
+
+class SilentTLSServer:
+    """A TLS endpoint that reads a request and never answers it, nor a TLS close: an API server
+    that hangs (etcd paused), or dies mid-request. Records, per connection, whether the client
+    has let go of it (its TCP close or reset)."""
+
+    def __init__(self, pair: Pair) -> None:
+        self._ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self._ctx.load_cert_chain(pair.cert, pair.key)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(0.2)
+        self.port = self._listener.getsockname()[1]
+        self.accepted = 0
+        self.released = 0
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._accept, daemon=True)]
+        self._threads[0].start()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            self.accepted += 1
+            thread = threading.Thread(target=self._hold, args=(conn,), daemon=True)
+            self._threads.append(thread)
+            thread.start()
+
+    def _hold(self, conn: socket.socket) -> None:
+        conn.settimeout(5)
+        with self._ctx.wrap_socket(conn, server_side=True) as tls:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += tls.recv(4096)
+            # From here on the raw bytes, unanswered: the client's close_notify is swallowed,
+            # so only its TCP close (or an abort) ends the connection.
+            with socket.socket(fileno=os.dup(tls.fileno())) as raw:
+                raw.settimeout(0.2)
+                while not self._stop.is_set():
+                    try:
+                        if not raw.recv(4096):
+                            break
+                    except TimeoutError:
+                        continue
+                    except OSError:  # reset
+                        break
+                else:
+                    return
+            self.released += 1
+
+    def close(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=5)
+        self._listener.close()
+
+
+async def test_close_lets_go_of_connections_whose_tls_close_the_server_never_answers(
+    tmp_path: Path,
+) -> None:
+    """A request that timed out against a hung API server leaves its connection in a TLS close
+    the server never answers. close() must end it then and there: left to itself, the close
+    waits 30 s for the server, and a process (or test) that stops before then leaks the socket
+    (Python < 3.12.8; aiohttp's cleanup of closed TLS transports is what ends them there)."""
+    ca = make_ca(tmp_path / "pki", "ca")
+    server = SilentTLSServer(issue(ca, tmp_path / "pki", "apiserver"))
+    kubeconfig = write_kubeconfig(
+        tmp_path / "kubeconfig", f"https://127.0.0.1:{server.port}", "t", ca.cert
+    )
+    try:
+        kube = await KubeClient.connect(kubeconfig)
+        try:
+            for _ in range(3):
+                with pytest.raises(Unavailable):
+                    await kube.json("GET", "/readyz", request_timeout=0.3)
+        finally:
+            await kube.close()
+        assert server.accepted == 3
+
+        async def let_go() -> bool:
+            return server.released == server.accepted
+
+        # Not the 30 s a TLS close waits for its answer.
+        await eventually(let_go, within_s=3, every_s=0.05)
+    finally:
+        server.close()
