@@ -3,10 +3,17 @@ operator, prewarming and the live planner, each leader-elected among the replica
 its own. The extender's replicas serve the verbs only: a controller's step never waits in line
 with kube-scheduler's calls, nor they behind it.
 
-The leasing controller keeps a watched view of the cluster of its own (the extender's watch:
-pods, GpuNodes, ledgers, agents' Leases, GpuLeases); the others watch what they need
-themselves. /healthz, /readyz (the view synced, the API server answering) and /metrics (for
-allowed tokens, common/delegatedauth.py) on the probes' port.
+The leasing controller always watches GpuLeases, and keeps a watched view of the cluster of its
+own (pods, GpuNodes, ledgers, agents' Leases) only while a GpuLease exists or standby targets
+are set (extender.cluster.watching.DemandView): with neither there is nothing to act on, and a
+cluster scheduling GPU pods costs this process nothing. The others watch what they need
+themselves. /healthz, /readyz and /metrics (for allowed tokens, common/delegatedauth.py) on the
+probes' port.
+
+/readyz is ok once the GpuLease watch has synced and, while the view is watched, the view has
+synced too: a replica is ready when it could act at once on every lease there is. So readiness
+goes away for the view's first list (seconds) when the first GpuLease appears, and is not held
+back by a view nobody needs. As everywhere, it also fails while the API server does not answer.
 """
 
 from __future__ import annotations
@@ -27,10 +34,15 @@ from prometheus_client import CollectorRegistry
 from common.delegatedauth import DelegatedAuth, metrics_response
 from common.httpserving import listen, runner
 from common.leaderelection import LeaderElector
-from extender.cluster.state import ClusterState
 from extender.cluster.store import Store
-from extender.cluster.watching import PodCache, run_liveness, run_watch
-from extender.leasing.controller import LeaseCache, LeaseController, LeasingMetrics, World
+from extender.cluster.watching import DemandView, follow_watch
+from extender.leasing.controller import (
+    VIEW_KINDS,
+    LeaseCache,
+    LeaseController,
+    LeasingMetrics,
+    World,
+)
 from extender.scheduler.server import readiness
 from extender.scheduler.serving import PROBE_LIMITS, first_of, run_api_probe_at
 from extender.scheduler.settings import ExtenderSettings
@@ -72,7 +84,7 @@ class Enabled:
 class Running:
     tasks: tuple[asyncio.Task[None], ...]
     probe_url: str | None
-    view: ClusterState | None  # the leasing controller's view (None without it)
+    view: DemandView | None  # the leasing controller's view (None without it)
 
 
 def elector_for(kube: KubeClient, namespace: str) -> Elect:
@@ -97,7 +109,7 @@ async def controllers(
     registry: CollectorRegistry | None = None,
     reviewer: Any = None,
 ) -> AsyncIterator[Running]:
-    """Run the enabled controllers until the block exits; yields once the leasing view has
+    """Run the enabled controllers until the block exits; yields once the GpuLease watch has
     synced (at once without leasing) and the probes listen (when settings.probe_port is set).
     ``elect``: leader election per controller (None: always lead, one process); ``kube``: the
     API client the operator, prewarm and planner watch and write with."""
@@ -105,18 +117,22 @@ async def controllers(
     tasks: list[asyncio.Task[None]] = []
     synced = asyncio.Event()
     last_reachable = [time.monotonic()]
-    view: ClusterState | None = None
+    view: DemandView | None = None
 
     def led(lease: str, work: Callable[[], Coroutine[Any, Any, None]]) -> Coroutine[Any, Any, None]:
         return elect(lease).run(work) if elect is not None else work()
 
     if enabled.leasing:
-        view = ClusterState()
-        pods = PodCache(settings.gpu_resource)
+        view = DemandView(
+            store,
+            kinds=VIEW_KINDS,
+            resource=settings.gpu_resource,
+            agent_timeout_s=settings.agent_timeout_s,
+            name="leasing view",
+        )
         leases = LeaseCache()
         controller = LeaseController(
-            cluster=view,
-            pods=pods,
+            view=view,
             leases=leases,
             world=world,
             metrics=LeasingMetrics(registry),
@@ -134,14 +150,17 @@ async def controllers(
             await synced.wait()
             await controller.run()
 
+        def apply_lease(_: str, event: str, obj: dict[str, Any]) -> None:
+            leases.apply(event, obj)
+
         tasks += [
             asyncio.create_task(
-                run_watch(store=store, cluster=view, pods=pods, ready=synced, leases=leases),
-                name="watch",
+                follow_watch(
+                    store=store, kinds=("GpuLease",), apply=apply_lease, synced=synced.set
+                ),
+                name="watch-gpuleases",
             ),
-            asyncio.create_task(
-                run_liveness(cluster=view, timeout_s=settings.agent_timeout_s), name="liveness"
-            ),
+            asyncio.create_task(view.run(), name="leasing-view"),
             asyncio.create_task(
                 run_api_probe_at(store, last_reachable, settings.stale_after_s), name="api-probe"
             ),
@@ -159,10 +178,14 @@ async def controllers(
         tasks.append(asyncio.create_task(work, name="planner"))
 
     auth = DelegatedAuth(reviewer) if settings.metrics_auth and reviewer is not None else None
-    probes = runner(_probes_app(synced, last_reachable, settings.stale_after_s, registry, auth))
+
+    def ready() -> bool:
+        return synced.is_set() and (view is None or view.ready())
+
+    probes = runner(_probes_app(ready, last_reachable, settings.stale_after_s, registry, auth))
     try:
-        # The probes answer at once (/readyz: 503 until the view has synced), so that a slow
-        # first list is not taken for a dead process.
+        # The probes answer at once (/readyz: 503 until the watches have synced), so that a
+        # slow first list is not taken for a dead process.
         probe_url = None
         if settings.probe_port is not None:
             await probes.setup()
@@ -180,7 +203,7 @@ async def controllers(
 
 
 def _probes_app(
-    synced: asyncio.Event,
+    ready: Callable[[], bool],
     last_reachable: list[float],
     stale_after_s: float,
     registry: CollectorRegistry,
@@ -192,7 +215,7 @@ def _probes_app(
     async def readyz(_: web.Request) -> web.Response:
         return readiness(
             draining=False,
-            synced=synced.is_set(),
+            synced=ready(),
             silent_s=time.monotonic() - last_reachable[0],
             stale_after_s=stale_after_s,
         )

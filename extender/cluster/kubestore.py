@@ -12,7 +12,7 @@ from common.errors import NotFound, Unavailable
 from common.kubeclient import KubeClient
 from common.model import Allocation, NodeName
 from common.objects import gpu_allocation_object, parse_gpu_allocation, resource_version
-from extender.cluster.store import EventType, Kind, WatchEvent
+from extender.cluster.store import KINDS, EventType, Kind, WatchEvent
 
 _CRD_BASE = f"/apis/{contract.GROUP}/{contract.VERSION}"
 _LIST_PATHS: dict[Kind, str] = {
@@ -106,7 +106,8 @@ class KubeStore:
         finally:
             resp.release()
 
-    async def watch(self) -> AsyncIterator[WatchEvent]:
+    async def watch(self, kinds: Iterable[Kind] = KINDS) -> AsyncIterator[WatchEvent]:
+        wanted = frozenset(kinds)
         queue: asyncio.Queue[WatchEvent] = asyncio.Queue(maxsize=10_000)
 
         async def pump(kind: Kind, path: str, query: dict[str, Any] | None) -> None:
@@ -117,6 +118,7 @@ class KubeStore:
         tasks = [
             asyncio.create_task(pump(kind, path, query), name=f"watch-{kind}")
             for kind, (path, query) in self._watches.items()
+            if kind in wanted
         ]
         try:
             while True:

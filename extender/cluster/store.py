@@ -21,6 +21,7 @@ from common.model import Allocation, NodeName
 from common.objects import allocation_spec, parse_gpu_allocation, resource_version
 
 Kind = Literal["Pod", "GpuNode", "GpuAllocation", "Lease", "GpuLease"]
+KINDS: tuple[Kind, ...] = ("Pod", "GpuNode", "GpuAllocation", "Lease", "GpuLease")
 EventType = Literal["ADDED", "MODIFIED", "DELETED", "SYNCED"]
 """SYNCED (with an empty object) follows the initial ADDED events of each kind."""
 WatchEvent = tuple[Kind, EventType, dict[str, Any]]
@@ -51,8 +52,10 @@ class Store(Protocol):
         update: the API server copies a Binding's annotations onto the pod it binds."""
         ...
 
-    def watch(self) -> AsyncIterator[WatchEvent]:
-        """Every object as ADDED, SYNCED once per kind, then every change, until cancelled."""
+    def watch(self, kinds: Iterable[Kind] = KINDS) -> AsyncIterator[WatchEvent]:
+        """Every object of ``kinds`` as ADDED, SYNCED once per kind, then every change of
+        them, until cancelled. A kind left out costs nothing: it is neither listed nor
+        watched."""
         ...
 
     async def reachable(self) -> bool:
@@ -75,15 +78,10 @@ class MemoryStore:
     """
 
     def __init__(self, objects: Iterable[dict[str, Any]] = ()) -> None:
-        self._objects: dict[Kind, dict[tuple[str, str], dict[str, Any]]] = {
-            "Pod": {},
-            "GpuNode": {},
-            "GpuAllocation": {},
-            "Lease": {},
-            "GpuLease": {},
-        }
+        self._objects: dict[Kind, dict[tuple[str, str], dict[str, Any]]] = {k: {} for k in KINDS}
         self._rv = itertools.count(1)
-        self._subscribers: list[asyncio.Queue[WatchEvent]] = []
+        # every open watch: the kinds it follows, and its queue
+        self._subscribers: list[tuple[frozenset[Kind], asyncio.Queue[WatchEvent]]] = []
         self.writes = 0
         self._up = asyncio.Event()  # cleared by tests: the store stops answering
         self._up.set()
@@ -118,9 +116,14 @@ class MemoryStore:
     def objects(self, kind: Kind) -> list[dict[str, Any]]:
         return [copy.deepcopy(o) for o in self._objects[kind].values()]
 
+    def watchers(self, kind: Kind) -> int:
+        """How many open watches follow ``kind`` (tests: who watches what)."""
+        return sum(kind in kinds for kinds, _ in self._subscribers)
+
     def _emit(self, kind: Kind, event: EventType, obj: dict[str, Any]) -> None:
-        for q in self._subscribers:
-            q.put_nowait((kind, event, copy.deepcopy(obj)))
+        for kinds, q in self._subscribers:
+            if kind in kinds:
+                q.put_nowait((kind, event, copy.deepcopy(obj)))
 
     # --- the Store protocol ---
     async def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -196,22 +199,24 @@ class MemoryStore:
         await asyncio.sleep(0)
         return self._up.is_set()
 
-    async def watch(self) -> AsyncIterator[WatchEvent]:
+    async def watch(self, kinds: Iterable[Kind] = KINDS) -> AsyncIterator[WatchEvent]:
+        followed = frozenset(kinds)
         queue: asyncio.Queue[WatchEvent] = asyncio.Queue()
-        for kind, table in self._objects.items():
-            for obj in table.values():
+        for kind in (k for k in KINDS if k in followed):
+            for obj in self._objects[kind].values():
                 queue.put_nowait((kind, "ADDED", copy.deepcopy(obj)))
             queue.put_nowait((kind, "SYNCED", {}))
-        self._subscribers.append(queue)
+        subscriber = (followed, queue)
+        self._subscribers.append(subscriber)
         try:
             while True:
                 item = await queue.get()
                 yield item
                 queue.task_done()  # the consumer has applied it and asks for the next
         finally:
-            self._subscribers.remove(queue)
+            self._subscribers.remove(subscriber)
 
     async def settle(self) -> None:
         """Wait until every watcher has applied every event so far."""
-        for queue in list(self._subscribers):
+        for _, queue in list(self._subscribers):
             await queue.join()

@@ -1,4 +1,9 @@
-"""Keep the extender's view current: apply a store's watch events to the cluster and pod caches."""
+"""Keep a watched view current: apply a store's watch events to the cluster and pod caches.
+
+The extender watches every kind for as long as it runs. The leasing controller watches its view
+only while it has something to act on (:class:`DemandView`): a watch of every pod and ledger
+costs a process CPU on every pod the cluster schedules, whether or not anyone reads the view.
+"""
 
 from __future__ import annotations
 
@@ -6,18 +11,17 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from common import contract
 from common.model import PodUid
 from common.podrequest import gpu_count
 from extender.cluster.state import ClusterState
-from extender.cluster.store import Kind, Store
+from extender.cluster.store import KINDS, Kind, Store
 
 log = logging.getLogger(__name__)
 
-_KINDS: tuple[Kind, ...] = ("Pod", "GpuNode", "GpuAllocation", "Lease", "GpuLease")
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 
@@ -85,6 +89,29 @@ class LeaseSink(Protocol):
     def apply(self, event: str, obj: dict[str, Any]) -> None: ...
 
 
+Apply = Callable[[Kind, str, dict[str, Any]], None]
+
+
+async def follow_watch(
+    *,
+    store: Store,
+    kinds: tuple[Kind, ...],
+    apply: Apply,
+    synced: Callable[[], None] | None = None,
+) -> None:
+    """Hand every event of a watch of ``kinds`` to ``apply`` until cancelled; call ``synced``
+    once, when every kind has listed."""
+    listed: set[Kind] = set()
+    async for kind, event, obj in store.watch(kinds):
+        if event != "SYNCED":
+            apply(kind, event, obj)
+            continue
+        listed.add(kind)
+        if synced is not None and listed.issuperset(kinds):
+            synced()
+            synced = None
+
+
 async def run_watch(
     *,
     store: Store,
@@ -93,16 +120,12 @@ async def run_watch(
     ready: asyncio.Event | None = None,
     leases: LeaseSink | None = None,
     pod_gone: Callable[[], None] | None = None,
+    kinds: tuple[Kind, ...] = KINDS,
 ) -> None:
-    """Apply watch events until cancelled; set ``ready`` once every kind has synced."""
-    synced: set[str] = set()
-    async for kind, event, obj in store.watch():
-        if event == "SYNCED":
-            synced.add(kind)
-            if ready is not None and synced.issuperset(_KINDS) and not ready.is_set():
-                log.info("initial sync done: %d nodes, %d GPU pods", len(cluster), len(pods.by_uid))
-                ready.set()
-            continue
+    """Apply watch events of ``kinds`` until cancelled; set ``ready`` once every kind has
+    synced."""
+
+    def apply(kind: Kind, event: str, obj: dict[str, Any]) -> None:
         if kind == "Pod":
             pods.apply(event, obj)
             meta = obj.get("metadata") or {}
@@ -128,6 +151,13 @@ async def run_watch(
             if leases is not None:
                 leases.apply(event, obj)
 
+    def synced() -> None:
+        log.info("initial sync done: %d nodes, %d GPU pods", len(cluster), len(pods.by_uid))
+        if ready is not None:
+            ready.set()
+
+    await follow_watch(store=store, kinds=kinds, apply=apply, synced=synced)
+
 
 async def run_liveness(
     *,
@@ -141,3 +171,131 @@ async def run_liveness(
     while True:
         cluster.sweep(clock(), timeout_s)
         await asyncio.sleep(interval_s)
+
+
+class ClusterView(Protocol):
+    """A watched view as its reader sees it: the cluster and its GPU pods, to be read once
+    ``synced`` is set; ``want`` says whether the reader needs it at all (and why)."""
+
+    @property
+    def cluster(self) -> ClusterState: ...
+
+    @property
+    def pods(self) -> PodCache: ...
+
+    @property
+    def synced(self) -> asyncio.Event: ...
+
+    @property
+    def active(self) -> bool:
+        """Whether the view is being watched now."""
+        ...
+
+    def want(self, wanted: bool, why: str) -> None: ...
+
+
+def _set_event() -> asyncio.Event:
+    event = asyncio.Event()
+    event.set()
+    return event
+
+
+@dataclass
+class FixedView:
+    """A view that is there and synced whether wanted or not, and watched by nobody: for
+    whoever fills the cluster state itself (tests)."""
+
+    cluster: ClusterState
+    pods: PodCache = field(default_factory=PodCache)
+    synced: asyncio.Event = field(default_factory=_set_event)
+    active: bool = True
+
+    def want(self, wanted: bool, why: str) -> None:
+        """Nothing to start or stop."""
+
+
+class DemandView:
+    """A view watched only while it is wanted (:meth:`want`), by :meth:`run`.
+
+    Each time it is wanted it starts afresh: a new cluster state and pod cache, a watch of
+    ``kinds`` and the agents' liveness sweep; ``synced`` is set once the watch has listed.
+    When it is no longer wanted the watch stops and the state is dropped, its memory with it;
+    ``synced`` is cleared. Each start and stop is logged once, with the reason given to
+    :meth:`want`.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        kinds: tuple[Kind, ...],
+        resource: str = contract.DEFAULT_GPU_RESOURCE,
+        agent_timeout_s: float,
+        name: str = "view",
+    ) -> None:
+        self._store, self._kinds, self._resource = store, kinds, resource
+        self._agent_timeout_s, self._name = agent_timeout_s, name
+        self.cluster, self.pods = ClusterState(), PodCache(resource)
+        self.synced = asyncio.Event()
+        self.active = False
+        self._why = {True: "", False: ""}  # the reason last given to start, and to stop
+        self._on, self._off = asyncio.Event(), asyncio.Event()
+        self._off.set()
+
+    def want(self, wanted: bool, why: str) -> None:
+        """Watch (``wanted``) or stop; ``why`` is logged when :meth:`run` acts on it."""
+        if wanted == self._on.is_set():
+            return
+        self._why[wanted] = why
+        (self._on if wanted else self._off).set()
+        (self._off if wanted else self._on).clear()
+
+    def ready(self) -> bool:
+        """Whether the reader can act: the view is not wanted, or it has synced."""
+        return not self._on.is_set() or self.synced.is_set()
+
+    async def run(self) -> None:
+        """Watch while wanted, until cancelled; a watch that fails raises here."""
+        while True:
+            await self._on.wait()
+            log.info("%s: watching %s: %s", self._name, ", ".join(self._kinds), self._why[True])
+            try:
+                await self._watch_until_unwanted()
+            finally:
+                # Dropped: nothing refers to the old state any more, and the next start
+                # begins with these empty ones.
+                self.synced.clear()
+                self.cluster, self.pods = ClusterState(), PodCache(self._resource)
+                self.active = False
+            log.info("%s: stopped watching: %s", self._name, self._why[False])
+
+    async def _watch_until_unwanted(self) -> None:
+        self.active = True
+        watching = (
+            asyncio.create_task(
+                run_watch(
+                    store=self._store,
+                    cluster=self.cluster,
+                    pods=self.pods,
+                    ready=self.synced,
+                    kinds=self._kinds,
+                ),
+                name=f"{self._name}-watch",
+            ),
+            asyncio.create_task(
+                run_liveness(cluster=self.cluster, timeout_s=self._agent_timeout_s),
+                name=f"{self._name}-liveness",
+            ),
+        )
+        unwanted = asyncio.create_task(self._off.wait())
+        try:
+            await asyncio.wait((unwanted, *watching), return_when=asyncio.FIRST_COMPLETED)
+            for task in watching:
+                if task.done():
+                    task.result()  # re-raises its exception
+                    raise RuntimeError(f"{task.get_name()} ended unexpectedly")
+        finally:
+            unwanted.cancel()
+            for task in watching:
+                task.cancel()
+            await asyncio.gather(unwanted, *watching, return_exceptions=True)

@@ -1,11 +1,16 @@
 """The leasing controller: executes :mod:`extender.leasing.decisions`'s decisions against the API
 server.
 
-It runs inside the extender deployment, sharing the extender's watched view (devices, ledgers,
-pods), and acts only while it holds the leader Lease. Every GpuLease is stepped until its next
-action is to wait; a step is one idempotent API write. The devices' tags live in the
-``GpuNode`` specs (compare-and-swap), the lease's progress in the ``GpuLease`` status
-(compare-and-swap), so a controller killed at any point resumes from what is stored.
+It runs in the controllers' process (extender/controllers.py) and acts only while it holds the
+leader Lease. It reads a watched view of its own (devices, ledgers, pods, agents' Leases:
+:data:`VIEW_KINDS`), and only while it has something to act on: a GpuLease, or standby targets
+to keep (:meth:`LeaseController.wants_view`). Without either the view is not watched at all,
+and scheduling GPU pods costs this process nothing; GpuLeases alone are always watched.
+
+Every GpuLease is stepped until its next action is to wait; a step is one idempotent API
+write. The devices' tags live in the ``GpuNode`` specs (compare-and-swap), the lease's progress
+in the ``GpuLease`` status (compare-and-swap), so a controller killed at any point resumes from
+what is stored.
 
 It runs on :class:`common.reconcile.ReconcileLoop` (named ``leasing``): one key per GpuLease
 (``namespace/name``) and one, :data:`STANDBY_KEY`, for the standby pool's top-up. A lease's
@@ -38,7 +43,8 @@ from common.objects import object_key
 from common.reconcile import ReconcileLoop, ReconcileSettings, Requeue, Result
 from common.timefmt import microtime
 from extender.cluster.state import ClusterState
-from extender.cluster.watching import PodCache
+from extender.cluster.store import Kind
+from extender.cluster.watching import ClusterView, PodCache
 from extender.leasing.decisions import (
     Action,
     Evict,
@@ -70,6 +76,9 @@ MIN_WAIT_S = 0.05
 RESYNC_S = 30.0  # every lease (and the standby key) is reconciled at least this often
 # The first retry after an error (the old loop's fixed 2 s), doubling to the resync period.
 RETRY_BASE_S = 2.0
+# What a step reads besides the GpuLease itself: the owner's and borrowers' pods, devices and
+# tags (GpuNodes), holders (ledgers), which nodes offer devices (agents' Leases).
+VIEW_KINDS: tuple[Kind, ...] = ("Pod", "GpuNode", "GpuAllocation", "Lease")
 
 
 class LeaseCache:
@@ -232,6 +241,7 @@ class LeasingMetrics:
 
     registry: CollectorRegistry
     lent: Gauge = field(init=False)
+    view_active: Gauge = field(init=False)
     reclaims: Counter = field(init=False)
     latency: Histogram = field(init=False)
     backfills: Counter = field(init=False)
@@ -241,6 +251,12 @@ class LeasingMetrics:
         r = self.registry
         self.lent = Gauge(
             "tidelease_leasing_lent_gpus", "GPUs lent, by lease.", ["lease"], registry=r
+        )
+        self.view_active = Gauge(
+            "tidelease_leasing_view_active",
+            "1 while the controller watches the cluster (pods, GpuNodes, ledgers, agents' "
+            "Leases): while a GpuLease exists or standby targets are set; else 0.",
+            registry=r,
         )
         self.reclaims = Counter(
             "tidelease_leasing_reclaims", "Completed reclaims.", ["lease"], registry=r
@@ -311,15 +327,16 @@ class LeaseController:
     """Steps every GpuLease (and tops up the standby pool) on its :class:`ReconcileLoop`.
 
     The loop is built here and :attr:`leases` is wired to it, so whoever feeds the cache (the
-    extender's watch) queues the leases its events touch; :meth:`run` runs the loop while this
-    replica leads.
+    GpuLease watch) queues the leases its events touch, and tells :attr:`view` whether it is
+    wanted (:meth:`wants_view`); :meth:`run` runs the loop while this replica leads. A step
+    waits for the view to have synced: a lease's first step after the view started waits for
+    the view's first list.
     """
 
     def __init__(
         self,
         *,
-        cluster: ClusterState,
-        pods: PodCache,
+        view: ClusterView,
         leases: LeaseCache,
         world: World,
         metrics: LeasingMetrics,
@@ -328,7 +345,7 @@ class LeaseController:
         standby_interval_s: float = 60.0,
         test_grace_s: int | None = None,
     ) -> None:
-        self.cluster, self.pods, self.leases = cluster, pods, leases
+        self.view, self.leases = view, leases
         self.world, self.metrics, self.clock = world, metrics, clock
         self.standby_targets = dict(standby_targets or {})
         self.standby_interval_s = standby_interval_s
@@ -346,14 +363,33 @@ class LeaseController:
             ),
             registry=metrics.registry,
         )
-        leases.on_change = self.loop.add
+        leases.on_change = self._lease_changed
+        metrics.view_active.set_function(lambda: float(view.active))
+        self._want_view()
+
+    def wants_view(self) -> tuple[bool, str]:
+        """Whether the controller needs its view, and why: only to step a GpuLease or to keep
+        the standby pool at its targets. With neither it has nothing to read."""
+        if self.standby_targets:
+            return True, "standby pool targets are set"
+        first = next(iter(self.leases.raw), None)
+        if first is not None:
+            return True, f"GpuLease {first} exists"
+        return False, "no GpuLease and no standby targets"
+
+    def _want_view(self) -> None:
+        self.view.want(*self.wants_view())
+
+    def _lease_changed(self, key: str) -> None:
+        self._want_view()
+        self.loop.add(key)
 
     async def step(self, lease: GpuLease) -> Action:
         """Decide and execute one action for one lease."""
         if self.test_grace_s is not None:
             lease = replace(lease, spec=replace(lease.spec, grace_s=self.test_grace_s))
         replicas = await self.world.replicas(lease.namespace, lease.spec.workload)
-        owner_pods, view = observe(self.cluster, self.pods, lease)
+        owner_pods, view = observe(self.view.cluster, self.view.pods, lease)
         now = self.clock()
         action = decide(lease, replicas, owner_pods, view, now)
         name = lease.key
@@ -400,7 +436,13 @@ class LeaseController:
 
     async def reconcile(self, key: str) -> Result:
         """One step of the lease ``key`` (or the standby top-up for :data:`STANDBY_KEY`); when to
-        step it again. Errors go to the loop, which retries this key alone."""
+        step it again. Errors go to the loop, which retries this key alone.
+
+        Nothing is stepped on a view that has not synced: the view starts with the first
+        lease, whose first step waits for the view's list. Should the lease be deleted
+        meanwhile, the last, this waits for the next view with nothing else to do."""
+        if key == STANDBY_KEY or key in self.leases.raw:
+            await self.view.synced.wait()
         if key == STANDBY_KEY:
             return await self._reconcile_standby()
         raw = self.leases.raw.get(key)
@@ -450,7 +492,7 @@ class LeaseController:
         free: list[Device] = []
         free_standby: list[Device] = []
         standby: list[Device] = []
-        for state in self.cluster:
+        for state in self.view.cluster:
             if not state.offering:
                 continue
             held = {u for a in state.allocations.values() for u in a.devices}

@@ -281,7 +281,7 @@ async def test_standby_top_up_through_the_controller() -> None:
 
     from prometheus_client import CollectorRegistry
 
-    from extender.cluster.watching import PodCache
+    from extender.cluster.watching import FixedView
     from extender.leasing.controller import LeaseCache, LeaseController, LeasingMetrics
     from tests.unit.cluster import allocate, cluster
 
@@ -298,8 +298,7 @@ async def test_standby_top_up_through_the_controller() -> None:
             changes.extend(batch)
 
     controller = LeaseController(
-        cluster=state,
-        pods=PodCache(),
+        view=FixedView(state),
         leases=LeaseCache(),
         world=Recorder(),  # type: ignore[arg-type]
         metrics=LeasingMetrics(CollectorRegistry()),
@@ -316,7 +315,7 @@ async def test_standby_beyond_its_target_goes_back_through_the_controller() -> N
 
     from prometheus_client import CollectorRegistry
 
-    from extender.cluster.watching import PodCache
+    from extender.cluster.watching import FixedView
     from extender.leasing.controller import LeaseCache, LeaseController, LeasingMetrics
     from tests.unit.cluster import allocate, cluster
 
@@ -332,8 +331,7 @@ async def test_standby_beyond_its_target_goes_back_through_the_controller() -> N
             changes.extend(batch)
 
     controller = LeaseController(
-        cluster=state,
-        pods=PodCache(),
+        view=FixedView(state),
         leases=LeaseCache(),
         world=Recorder(),  # type: ignore[arg-type]
         metrics=LeasingMetrics(CollectorRegistry()),
@@ -400,7 +398,7 @@ async def test_an_unexpected_error_on_one_lease_is_logged_and_the_others_go_on(
     from prometheus_client import CollectorRegistry
 
     from common import contract
-    from extender.cluster.watching import PodCache
+    from extender.cluster.watching import FixedView
     from extender.leasing.controller import LeaseCache, LeaseController, LeasingMetrics
     from tests.unit.cluster import cluster
 
@@ -430,8 +428,7 @@ async def test_an_unexpected_error_on_one_lease_is_logged_and_the_others_go_on(
             return 2
 
     controller = LeaseController(
-        cluster=cluster(builders.gpu_node("n")),
-        pods=PodCache(),
+        view=FixedView(cluster(builders.gpu_node("n"))),
         leases=leases,
         world=World(),  # type: ignore[arg-type]
         metrics=LeasingMetrics(CollectorRegistry()),
@@ -490,7 +487,7 @@ async def test_each_lease_is_a_key_its_events_queue_and_its_step_says_when_next(
     from prometheus_client import CollectorRegistry
 
     from common.reconcile import Requeue
-    from extender.cluster.watching import PodCache
+    from extender.cluster.watching import FixedView
     from extender.leasing.controller import (
         STANDBY_KEY,
         LeaseCache,
@@ -502,8 +499,7 @@ async def test_each_lease_is_a_key_its_events_queue_and_its_step_says_when_next(
     leases = LeaseCache()
     leases.apply("ADDED", raw_lease("a"))  # before the controller: listed by keys() instead
     controller = LeaseController(
-        cluster=cluster(builders.gpu_node("n")),
-        pods=PodCache(),
+        view=FixedView(cluster(builders.gpu_node("n"))),
         leases=leases,
         world=TwoReplicas(),  # type: ignore[arg-type]
         metrics=LeasingMetrics(CollectorRegistry()),
@@ -527,7 +523,7 @@ async def test_the_standby_key_tops_up_once_per_interval_and_retries_a_failure()
 
     from common.errors import Unavailable
     from common.reconcile import Requeue
-    from extender.cluster.watching import PodCache
+    from extender.cluster.watching import FixedView
     from extender.leasing.controller import (
         STANDBY_KEY,
         LeaseCache,
@@ -539,8 +535,7 @@ async def test_the_standby_key_tops_up_once_per_interval_and_retries_a_failure()
     now = NOW
     world = TwoReplicas()
     controller = LeaseController(
-        cluster=cluster(builders.gpu_node("idle")),
-        pods=PodCache(),
+        view=FixedView(cluster(builders.gpu_node("idle"))),
         leases=LeaseCache(),
         world=world,  # type: ignore[arg-type]
         metrics=LeasingMetrics(CollectorRegistry()),
