@@ -3,7 +3,7 @@
 extender, with an extender that does nothing, and with none, on one cluster, in one run.
 
 usage: hack/bench-scale.py [--nodes 1250] [--pods 1000] [--rounds 2] [--qps 500] [--burst 1000]
-                           [--timeout 900] [--json FILE] [--keep]
+                           [--timeout 900] [--json FILE] [--keep] [--profile DIR]
 
 Starts hack/cluster-up.sh (foreground, in a temporary directory) with --nodes kwok GPU nodes (8
 H20 each, a GpuNode each) and two kube-schedulers: the default one with the extender
@@ -25,6 +25,12 @@ latency. For the extender phase: p50/p99 per verb from the extender's /metrics h
 tidelease_extender_request_duration_seconds (the phase's increase, interpolated inside buckets
 as Prometheus' histogram_quantile does), and its request counts by outcome.
 
+--profile DIR: py-spy samples the extender and the controllers' process during every extender
+phase (100 Hz, idle time left out): DIR/<process>-r<round>.txt holds the collapsed stacks (for
+any flame graph tool), and the run prints, per process, the functions with the most samples of
+their own and the modules with the most samples in all. pip install py-spy (root, or ptrace
+allowed).
+
 The pods: sizes 1, 2, 4, 8 GPUs in turn; one in five is tidelease.io/priority: high with an
 owner (PriorityClass tidelease-online), the rest low (tidelease-borrower).
 """
@@ -37,6 +43,7 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import signal
 import ssl
 import statistics
@@ -336,6 +343,77 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+PROFILED = ("extender", "controllers")
+
+
+@contextlib.contextmanager
+def profiling(out: Path | None, pids: dict[str, int], round_: int) -> Any:
+    """py-spy recording the profiled processes while the block runs (nothing when out is None)."""
+    if out is None:
+        yield
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    procs = [
+        subprocess.Popen(
+            [shutil.which("py-spy", path=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+             or "py-spy", "record", "--pid", str(pids[what]), "--rate", "100", "--format", "raw",
+             "--output", str(out / f"{what}-r{round_}.txt"), "--nonblocking"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        for what in PROFILED
+    ]  # fmt: skip
+    try:
+        yield
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
+        for proc in procs:
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def profile_summary(path: Path, top: int = 12) -> list[str]:
+    """The functions with the most samples of their own, and the top-level modules with the
+    most samples in all, from py-spy's collapsed stacks ("frame;frame;... count")."""
+    own: dict[str, int] = {}
+    modules: dict[str, int] = {}
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        total += n
+        frames = stack.split(";")
+        own[frames[-1]] = own.get(frames[-1], 0) + n
+        seen = set()
+        for frame in frames:
+            # "function (path/to/module.py:line)": the module, by its package directory
+            where = frame.rpartition("(")[2].split(":")[0]
+            parts = Path(where).parts
+            for anchor in ("site-packages", "extender", "common", "asyncio"):
+                if anchor in parts:
+                    i = parts.index(anchor)
+                    where = "/".join(
+                        parts[i + 1 : i + 3] if anchor == "site-packages" else parts[i : i + 2]
+                    )
+                    break
+            if where not in seen:
+                seen.add(where)
+                modules[where] = modules.get(where, 0) + n
+    if not total:
+        return ["no samples"]
+    lines = [f"{total} samples; most samples of their own:"]
+    for frame, n in sorted(own.items(), key=lambda kv: -kv[1])[:top]:
+        lines.append(f"  {100 * n / total:5.1f} %  {frame}")
+    lines.append("modules on the stack (in all):")
+    for where, n in sorted(modules.items(), key=lambda kv: -kv[1])[:top]:
+        lines.append(f"  {100 * n / total:5.1f} %  {where}")
+    return lines
+
+
 async def run_phase(
     api: Api,
     facts: dict[str, str],
@@ -346,6 +424,7 @@ async def run_phase(
     sched_url: str,
     pids: dict[str, int],
     round_: int = 0,
+    profile: Path | None = None,
 ) -> Phase:
     scheduler = PROFILES[name]
     namespace = f"bench-{name}-{round_}"
@@ -373,17 +452,18 @@ async def run_phase(
             created_at[pod["metadata"]["name"]] = time.monotonic()
 
     log(f"phase {name}: creating {pods} pods (schedulerName {scheduler})")
-    t0 = time.monotonic()
-    await asyncio.gather(*(creator() for _ in range(32)))
-    t_created = time.monotonic()
-    deadline = t0 + limit_s
-    last_report = t0
-    while len(bound_at) < pods and time.monotonic() < deadline:
-        await asyncio.sleep(0.2)
-        if time.monotonic() - last_report > 10:
-            last_report = time.monotonic()
-            log(f"phase {name}: {len(bound_at)}/{pods} bound after {last_report - t0:.0f} s")
-    cpu_after = {what: cpu_s(pid) for what, pid in pids.items()}
+    with profiling(profile if name == "extender" else None, pids, round_):
+        t0 = time.monotonic()
+        await asyncio.gather(*(creator() for _ in range(32)))
+        t_created = time.monotonic()
+        deadline = t0 + limit_s
+        last_report = t0
+        while len(bound_at) < pods and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+            if time.monotonic() - last_report > 10:
+                last_report = time.monotonic()
+                log(f"phase {name}: {len(bound_at)}/{pods} bound after {last_report - t0:.0f} s")
+        cpu_after = {what: cpu_s(pid) for what, pid in pids.items()}
     after = await scrape(ext_url, api.session, token)
     sched_after = await scrape_scheduler(sched_url, api.session, scheduler)
     watcher.cancel()
@@ -534,6 +614,7 @@ async def bench(facts: dict[str, str], args: argparse.Namespace, work: Path) -> 
                         await run_phase(
                             api, facts, name, args.pods, args.timeout,
                             sched_url=url, pids={**common, **pids}, round_=r,
+                            profile=args.profile,
                         )
                     )  # fmt: skip
                     t = time.monotonic()
@@ -561,6 +642,9 @@ def main() -> int:
     p.add_argument("--timeout", type=float, default=900, help="seconds per phase")
     p.add_argument("--json", type=Path, help="also write the results here")
     p.add_argument("--keep", action="store_true", help="keep the cluster directory (logs)")
+    p.add_argument(
+        "--profile", type=Path, help="py-spy the extender and the controllers into this directory"
+    )
     args = p.parse_args()
     wanted = sum(SIZES[i % len(SIZES)] for i in range(args.pods))
     if wanted > 8 * args.nodes:
@@ -662,6 +746,11 @@ def main() -> int:
             f"    {verb:10s} {summary['requests']:5d} requests {summary['outcomes']}: "
             f"p50 {summary['p50_ms']} ms, p99 {summary['p99_ms']} ms, mean {summary['mean_ms']} ms"
         )
+    if args.profile:
+        for what in PROFILED:
+            for path in sorted(args.profile.glob(f"{what}-r*.txt")):
+                print(f"  profile of the {what}, {path.name}:")
+                print("\n".join(f"    {line}" for line in profile_summary(path)))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return 0 if all(ph.bound == ph.pods for ph in phases) else 1
