@@ -8,6 +8,14 @@ of that one field, so ``spec.devices`` (the leasing controller's, written with
 compare-and-swap) is never touched. The node agents carry the directives out and report in
 ``status.prewarm``; the controller counts their outcomes and the lead time achieved.
 
+GpuLeases alone are always watched. GpuNodes and ledgers (:class:`PrewarmView`) only while the
+plan needs them (:func:`wants_view`): while a GpuLease exists (any lease may have a scale-up
+ahead: that depends on its workload's replicas, which are read, not watched), and after the
+last one goes, until the directives it left are cleared. Without either a step does nothing
+and reads nothing, so a cluster binding GPU pods (a ledger written per bind) costs this
+controller no event at all. A leadership term with no GpuLease starts with one LIST of the
+GpuNodes, for directives a lease deleted while nobody led left behind.
+
 It runs on :class:`common.reconcile.ReconcileLoop` (named ``prewarm``) with a single key,
 :data:`PLAN_KEY`: every step recomputes every node's directives from the whole watched world
 (a scale-up's nodes depend on every lease, node and ledger at once), so there is nothing to
@@ -29,7 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from common import contract
 from common.errors import InvalidInput, NotFound, TideleaseError, Unavailable
@@ -120,9 +128,16 @@ class PrewarmMetrics:
     items: Counter = field(init=False)
     lead: Histogram = field(init=False)
     late: Counter = field(init=False)
+    view_active: Gauge = field(init=False)
 
     def __post_init__(self) -> None:
         r = self.registry
+        self.view_active = Gauge(
+            "tidelease_prewarm_view_active",
+            "1 while the prewarm controller watches GpuNodes and ledgers (a GpuLease exists, or "
+            "directives of a deleted one are left to clear); else 0, also when not leading.",
+            registry=r,
+        )
         self.written = Counter(
             "tidelease_prewarm_directives_written",
             "Prewarm directives written to GpuNodes (new or changed), by role.",
@@ -153,8 +168,12 @@ class PrewarmMetrics:
         )
 
 
+def _directives(obj: Mapping[str, Any]) -> bool:
+    return bool((obj.get("spec") or {}).get("prewarm"))
+
+
 def _has_prewarm(obj: dict[str, Any]) -> bool:
-    return bool((obj.get("spec") or {}).get("prewarm") or (obj.get("status") or {}).get("prewarm"))
+    return _directives(obj) or bool((obj.get("status") or {}).get("prewarm"))
 
 
 @dataclass
@@ -162,7 +181,8 @@ class Watched:
     """The watched objects, raw, by key; ``on_change`` (when set) is called after every event:
     :func:`run_prewarm_controller` queues the plan there. ``prewarm_nodes``: the GpuNodes with
     directives or items, kept at every event, so that a cluster with no lease and nothing to
-    clear costs a step nothing."""
+    clear costs a step nothing. GpuNodes and ledgers are there only while :class:`PrewarmView`
+    watches them."""
 
     leases: dict[str, dict[str, Any]] = field(default_factory=dict)
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -190,6 +210,31 @@ class Watched:
     def idle(self) -> bool:
         """No lease to prepare for, no directive to clear, no item to count."""
         return not self.leases and not self.prewarm_nodes
+
+    def with_directives(self) -> list[str]:
+        """The watched GpuNodes whose spec.prewarm holds directives."""
+        return sorted(n for n in self.prewarm_nodes if _directives(self.nodes.get(n) or {}))
+
+    def drop_view(self) -> None:
+        """Forget the GpuNodes and ledgers (their watches stopped): new tables, the old ones'
+        memory freed."""
+        self.nodes, self.ledgers, self.prewarm_nodes = {}, {}, set()
+
+
+def wants_view(watched: Watched) -> tuple[bool, str]:
+    """Whether a step needs the GpuNodes and ledgers, and why.
+
+    Only to plan for a GpuLease, or to clear directives: with no lease the plan is "no
+    directives anywhere", so the view is kept, after the last lease went, until the nodes it
+    shows hold none. Any GpuLease counts: whether it has a scale-up ahead depends on its
+    workload's replicas, read by the step itself."""
+    first = next(iter(watched.leases), None)
+    if first is not None:
+        return True, f"GpuLease {first} exists"
+    left = watched.with_directives()
+    if left:
+        return True, f"prewarm directives left to clear on {len(left)} GpuNode(s)"
+    return False, "no GpuLease and no prewarm directive left"
 
 
 def _version(obj: dict[str, Any]) -> str:
@@ -259,6 +304,14 @@ class PrewarmController:
         self._started = clock()
         self._seen: dict[tuple[str, str, str, str], str] = {}  # item -> state counted
         self.parsed = _Parsed()
+
+    def forget(self) -> None:
+        """Drop what was kept from the view and the leases (the view stopped: no lease, no
+        directive). Items finished from now on are counted when the view is back."""
+        self.parsed = _Parsed()
+        self._templates.clear()
+        self._seen.clear()
+        self._started = self.clock()
 
     async def _template(self, lease: GpuLease, now: float) -> WorkloadTemplate | None:
         """The lease's workload template (cached for ``template_ttl_s``); None when it could not
@@ -412,6 +465,66 @@ class PrewarmController:
             log.info("GpuNode %s: prewarm directive of lease %s removed", node, lease)
 
 
+_VIEW_PATHS = {
+    "nodes": _GPN,
+    "ledgers": f"/apis/{contract.API_VERSION}/{contract.PLURAL_GPU_ALLOCATION}",
+}
+
+
+class PrewarmView:
+    """The GpuNodes and ledgers, watched into a :class:`Watched` only between :meth:`start`
+    and :meth:`stop`; each start and stop is logged once, with its reason, and shown by
+    ``tidelease_prewarm_view_active``. A stop drops what was watched and what the controller
+    kept of it (:meth:`PrewarmController.forget`); each start lists afresh."""
+
+    def __init__(self, kube: KubeClient, watched: Watched, controller: PrewarmController) -> None:
+        self._kube, self._watched, self._controller = kube, watched, controller
+        self._watches: Watches | None = None
+
+    @property
+    def active(self) -> bool:
+        return self._watches is not None
+
+    def start(self, why: str) -> None:
+        if self._watches is not None:
+            return
+        log.info("prewarm view: watching GpuNode, GpuAllocation: %s", why)
+        watches = Watches(self._kube, "prewarm-view")
+        for kind, path in _VIEW_PATHS.items():
+            watches.add(kind, path, functools.partial(self._watched.apply, kind))
+        self._watches = watches
+        self._controller.metrics.view_active.set(1)
+
+    async def synced(self) -> None:
+        """Until both kinds have listed since the start (raises what ended a watch)."""
+        if self._watches is not None:
+            await self._watches.wait_synced()
+
+    async def stop(self, why: str) -> None:
+        watches, self._watches = self._watches, None
+        if watches is None:
+            return
+        await watches.close()
+        self._watched.drop_view()
+        self._controller.forget()
+        self._controller.metrics.view_active.set(0)
+        log.info("prewarm view: stopped watching: %s", why)
+
+    def check(self) -> None:
+        if self._watches is not None:
+            self._watches.check()
+
+
+async def left_behind(kube: KubeClient) -> list[str]:
+    """The GpuNodes holding prewarm directives, from one LIST (no watch)."""
+    listed = await kube.json("GET", _GPN)
+    return sorted(
+        str((obj.get("metadata") or {}).get("name", ""))
+        for obj in listed.get("items") or []
+        if isinstance(obj, dict) and _directives(obj)
+    )
+
+
 async def run_prewarm_controller(
     *,
     kube: KubeClient,
@@ -420,14 +533,33 @@ async def run_prewarm_controller(
     min_interval_s: float = 1.0,
     ready: asyncio.Event | None = None,
 ) -> None:
-    """Watch GpuLeases, GpuNodes and ledgers; step on changes (at most every
-    ``min_interval_s``) and every ``resync_s``, until cancelled. ``ready`` is set once the
-    watches have listed and the first step is over (whatever its outcome). The loop's metrics
-    go to the registry of ``controller.metrics``."""
+    """Watch GpuLeases, and GpuNodes and ledgers while :func:`wants_view` says so; step on
+    changes (at most every ``min_interval_s``) and every ``resync_s``, until cancelled (one
+    leadership term). A step waits for the view to have listed; without a view it does
+    nothing. ``ready`` is set once the GpuLeases have listed and the first step is over
+    (whatever its outcome). The loop's metrics go to the registry of ``controller.metrics``."""
     watched = Watched()
+    view = PrewarmView(kube, watched, controller)
+    looked = False  # for directives left behind by a lease deleted before this term
 
     async def reconcile(key: str) -> Result:
+        nonlocal looked
+        wanted, why = wants_view(watched)
+        if not wanted and not looked and not view.active:
+            left = await left_behind(kube)
+            if left:
+                shown = ", ".join(left[:3]) + (", ..." if len(left) > 3 else "")
+                wanted, why = True, f"prewarm directives left on GpuNode(s) {shown} to clear"
+        looked = True
+        if not wanted:
+            await view.stop(why)
+            return None  # nothing to prepare, nothing to clear: nothing to read
+        view.start(why)
+        await view.synced()
         await controller.step(watched)
+        wanted, why = wants_view(watched)
+        if not wanted:
+            await view.stop(why)
         return None  # the next event or resync steps again
 
     loop = ReconcileLoop(
@@ -438,15 +570,21 @@ async def run_prewarm_controller(
         registry=controller.metrics.registry,
     )
     watched.on_change = functools.partial(loop.add, PLAN_KEY)
-    paths = {
-        "leases": f"/apis/{contract.API_VERSION}/{contract.PLURAL_GPU_LEASE}",
-        "nodes": _GPN,
-        "ledgers": f"/apis/{contract.API_VERSION}/{contract.PLURAL_GPU_ALLOCATION}",
-    }
-    async with Watches(kube, "prewarm") as watches:
-        for kind, path in paths.items():
-            watches.add(kind, path, functools.partial(watched.apply, kind))
-        await watches.wait_synced()
-        # Should a watch end, the controller stops with its error rather than plan on a frozen
-        # view (the elector surfaces it).
-        await run_checked(loop, watches.check, ready=ready)
+
+    def check() -> None:
+        watches.check()
+        view.check()
+
+    try:
+        async with Watches(kube, "prewarm") as watches:
+            watches.add(
+                "leases",
+                f"/apis/{contract.API_VERSION}/{contract.PLURAL_GPU_LEASE}",
+                functools.partial(watched.apply, "leases"),
+            )
+            await watches.wait_synced()
+            # Should a watch end, the controller stops with its error rather than plan on a
+            # frozen view (the elector surfaces it).
+            await run_checked(loop, check, ready=ready)
+    finally:
+        await view.stop("the controller stopped (leadership given up or lost)")
