@@ -3,7 +3,9 @@
 extender, with an extender that does nothing, and with none, on one cluster, in one run.
 
 usage: hack/bench-scale.py [--nodes 1250] [--pods 1000] [--rounds 2] [--qps 500] [--burst 1000]
-                           [--timeout 900] [--json FILE] [--keep] [--profile DIR]
+                           [--timeout 900] [--json FILE] [--keep] [--profile DIR] [--null-http]
+                           [--controllers FLAGS] [--compare KEY=VALUE,...]
+                           [--leases N]
 
 Starts hack/cluster-up.sh (foreground, in a temporary directory) with --nodes kwok GPU nodes (8
 H20 each, a GpuNode each) and two kube-schedulers: the default one with the extender
@@ -14,6 +16,18 @@ extender binds with its own unthrottled client).
 
 A third kube-scheduler, profile "tidelease-null", calls benchmarks/nullextender (Go, net/http,
 built here): filter passes every node, prioritize scores zero, no bind: what the protocol costs.
+It is served as the extender is (HTTPS, the scheduler's client certificate required, HTTP/1.1:
+kube-scheduler keeps at most two idle connections to an extender, so both pay TLS handshakes
+under load); --null-http serves it over plain HTTP, as the records before the extender's HTTPS.
+The controllers' process runs the chart's default controllers (--controllers to change).
+
+--leases N: N GpuLeases (each of a StatefulSet kept at 0 replicas) exist throughout, so the
+controllers watch the cluster for them: what they cost per pod with leases to act for.
+
+--compare KEY=VALUE,...: a fourth phase, "variant": a second tidelease extender with those
+settings (docs/reference.md; e.g. bind_attempts=2) and a kube-scheduler of its own calling it, so that a change
+is judged against the extender as it is, in one run, phases alternated; the ratio per round is
+printed. Both extenders watch the cluster throughout, as two replicas would.
 
 Phase "plain": --pods pods with schedulerName tidelease-plain; all bound; deleted, waited for.
 Phase "null": the same pods with tidelease-null. Phase "extender": with the default scheduler.
@@ -68,7 +82,8 @@ except ImportError:  # run with the project's environment (hack/lib/python.sh cr
 PLAIN = "tidelease-plain"
 NULL = "tidelease-null"
 EXTENDER = "default-scheduler"
-PROFILES = {"plain": PLAIN, "null": NULL, "extender": EXTENDER}
+VARIANT = "tidelease-variant"
+PROFILES = {"plain": PLAIN, "null": NULL, "extender": EXTENDER, "variant": VARIANT}
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 SIZES = (1, 2, 4, 8)
 VERBS = ("filter", "prioritize", "bind", "preempt")
@@ -123,6 +138,56 @@ class Api:
         if not 200 <= status < 300:
             raise RuntimeError(f"{method} {path}: HTTP {status}: {str(data)[:300]}")
         return data
+
+
+LEASES_NS = "bench-leases"
+
+
+async def make_leases(api: Api, count: int) -> None:
+    """``count`` GpuLeases, each of a StatefulSet of its own kept at 0 replicas (no schedule):
+    the leasing and prewarm controllers watch the cluster for them and step them, but none
+    lends or reclaims, so the phases schedule the same pods as without them."""
+    if not count:
+        return
+    await api.ok("POST", "/api/v1/namespaces", {"metadata": {"name": LEASES_NS}})
+    for i in range(count):
+        name = f"online-{i:03d}"
+        labels = {"app": name}
+        await api.ok(
+            "POST",
+            f"/apis/apps/v1/namespaces/{LEASES_NS}/statefulsets",
+            {
+                "apiVersion": "apps/v1",
+                "kind": "StatefulSet",
+                "metadata": {"name": name},
+                "spec": {
+                    "replicas": 0,
+                    "serviceName": name,
+                    "selector": {"matchLabels": labels},
+                    "template": {
+                        "metadata": {"labels": labels},
+                        "spec": {"containers": [{"name": "c", "image": "registry.example/c"}]},
+                    },
+                },
+            },
+        )
+        await api.ok(
+            "POST",
+            f"/apis/tidelease.io/v1alpha1/namespaces/{LEASES_NS}/gpuleases",
+            {
+                "apiVersion": "tidelease.io/v1alpha1",
+                "kind": "GpuLease",
+                "metadata": {"name": name},
+                "spec": {
+                    "owner": name,
+                    "workload": {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": name},
+                    "gpusPerReplica": 1,
+                    "desiredGPUs": 0,
+                    "graceSeconds": 30,
+                },
+            },
+        )
+    log(f"made {count} GpuLeases (and their StatefulSets, at 0 replicas) in {LEASES_NS}")
 
 
 def bench_pod(i: int, namespace: str, scheduler: str) -> dict[str, Any]:
@@ -347,7 +412,7 @@ PROFILED = ("extender", "controllers")
 
 
 @contextlib.contextmanager
-def profiling(out: Path | None, pids: dict[str, int], round_: int) -> Any:
+def profiling(out: Path | None, pids: dict[str, int], phase: str, round_: int) -> Any:
     """py-spy recording the profiled processes while the block runs (nothing when out is None)."""
     if out is None:
         yield
@@ -357,7 +422,7 @@ def profiling(out: Path | None, pids: dict[str, int], round_: int) -> Any:
         subprocess.Popen(
             [shutil.which("py-spy", path=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
              or "py-spy", "record", "--pid", str(pids[what]), "--rate", "100", "--format", "raw",
-             "--output", str(out / f"{what}-r{round_}.txt"), "--nonblocking"],
+             "--output", str(out / f"{what}-{phase}-r{round_}.txt"), "--nonblocking"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         for what in PROFILED
@@ -425,6 +490,7 @@ async def run_phase(
     pids: dict[str, int],
     round_: int = 0,
     profile: Path | None = None,
+    ext_url: str = "",
 ) -> Phase:
     scheduler = PROFILES[name]
     namespace = f"bench-{name}-{round_}"
@@ -434,7 +500,7 @@ async def run_phase(
     started = asyncio.Event()
     watcher = asyncio.create_task(watch_binds(api, namespace, bound_at, started))
     await asyncio.wait_for(started.wait(), 30)
-    ext_url = facts["TL_CLUSTER_EXTENDER_PROBE_URL"]
+    ext_url = ext_url or facts["TL_CLUSTER_EXTENDER_PROBE_URL"]
     token = facts["TL_CLUSTER_TOKEN"]
     before = await scrape(ext_url, api.session, token)
     sched_before = await scrape_scheduler(sched_url, api.session, scheduler)
@@ -452,7 +518,7 @@ async def run_phase(
             created_at[pod["metadata"]["name"]] = time.monotonic()
 
     log(f"phase {name}: creating {pods} pods (schedulerName {scheduler})")
-    with profiling(profile if name == "extender" else None, pids, round_):
+    with profiling(profile if name in ("extender", "variant") else None, pids, name, round_):
         t0 = time.monotonic()
         await asyncio.gather(*(creator() for _ in range(32)))
         t_created = time.monotonic()
@@ -488,7 +554,7 @@ async def run_phase(
         latencies = [bound_at[n] - created_at[n] for n in bound_at if n in created_at]
         phase.latency_p50_s = round(quantile(latencies, 0.5), 3)
         phase.latency_p99_s = round(quantile(latencies, 0.99), 3)
-    if name == "extender":
+    if name in ("extender", "variant"):
         phase.extender = extender_summary(before, after)
     phase.scheduler = scheduler_summary(sched_before, sched_after)
     log(
@@ -508,18 +574,19 @@ async def delete_namespace(api: Api, namespace: str, limit_s: float = 300) -> No
     raise RuntimeError(f"namespace {namespace} not gone after {limit_s} s")
 
 
-def scheduler_config(facts: dict[str, str], port: int, out: Path) -> Path:
+def scheduler_config(facts: dict[str, str], port: int, out: Path, *, tls: bool) -> Path:
     """The default scheduler's configuration (the chart's), for profile NULL and the do-nothing
-    extender: plain HTTP on loopback, filter and prioritize only."""
+    extender on loopback, filter and prioritize only: over HTTPS with the scheduler's client
+    certificate as the chart's (``tls``), else plain HTTP."""
     import yaml
 
     src = Path(facts["TL_CLUSTER_DIR"]) / "scheduler-default-scheduler" / "config.yaml"
     cfg = yaml.safe_load(src.read_text())
     cfg["profiles"] = [{"schedulerName": NULL}]
     (ext,) = cfg["extenders"]
-    ext["urlPrefix"] = f"http://127.0.0.1:{port}"
-    ext["enableHTTPS"] = False
-    for key in ("tlsConfig", "bindVerb", "preemptVerb"):
+    ext["urlPrefix"] = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
+    ext["enableHTTPS"] = tls
+    for key in ("bindVerb", "preemptVerb") if tls else ("tlsConfig", "bindVerb", "preemptVerb"):
         ext.pop(key, None)
     out.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return out
@@ -533,10 +600,52 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def wait_http(url: str, proc: subprocess.Popen[Any], what: str, log_path: Path) -> None:
+    """Until ``url`` answers 2xx (certificates not checked: our own loopback processes)."""
+    import urllib.request
+
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            with urllib.request.urlopen(url, context=ctx, timeout=2):
+                return
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{what} did not start: {log_path}") from None
+            time.sleep(0.3)
+
+
 @contextlib.contextmanager
-def null_extender(facts: dict[str, str], work: Path) -> Any:
+def side_scheduler(facts: dict[str, str], work: Path, name: str, config: Path) -> Any:
+    """A kube-scheduler of its own with ``config``; yields (its pid, its URL)."""
+    port = free_port()
+    kube_scheduler = Path(facts["TL_CLUSTER_KUBECTL"]).parent / "kube-scheduler"
+    log_path = work / f"{name}-scheduler.log"
+    with log_path.open("w") as logf:
+        sched = subprocess.Popen(
+            [str(kube_scheduler), f"--config={config}", "--bind-address=127.0.0.1",
+             "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
+             f"--secure-port={port}", f"--cert-dir={work / name}", "--v=1"],
+            stdout=logf, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        url = f"https://127.0.0.1:{port}"
+        wait_http(f"{url}/healthz", sched, f"the {name} kube-scheduler", log_path)
+        yield sched.pid, url
+    finally:
+        sched.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            sched.wait(10)
+
+
+@contextlib.contextmanager
+def null_extender(facts: dict[str, str], work: Path, *, tls: bool) -> Any:
     """The do-nothing extender (built from benchmarks/nullextender) and a kube-scheduler for
-    profile NULL calling it; yields (their pids, the scheduler's URL)."""
+    profile NULL calling it; yields (their pids, the scheduler's URL). ``tls``: served as the
+    tidelease extender is (HTTPS, the scheduler's client certificate required, HTTP/1.1), with
+    its certificates."""
     binary = work / "nullextender"
     subprocess.run(
         ["go", "build", "-o", str(binary), "."],
@@ -544,45 +653,71 @@ def null_extender(facts: dict[str, str], work: Path) -> Any:
         env={**os.environ, "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=mod"},
         check=True,
     )
-    ext = subprocess.Popen([str(binary)], stdout=subprocess.PIPE, text=True)
-    sched = None
+    argv = [str(binary)]
+    if tls:
+        serving = Path(facts["TL_CLUSTER_EXTENDER_CLIENT_CERTS"]).parent / "serving"
+        argv += [f"-tls-cert={serving / 'tls.crt'}", f"-tls-key={serving / 'tls.key'}",
+                 f"-client-ca={serving / 'ca.crt'}"]  # fmt: skip
+    ext = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     try:
         assert ext.stdout is not None
         port = int(ext.stdout.readline())
-        config = scheduler_config(facts, port, work / "null-scheduler.yaml")
-        sched_port = free_port()
-        kube_scheduler = Path(facts["TL_CLUSTER_KUBECTL"]).parent / "kube-scheduler"
-        with (work / "null-scheduler.log").open("w") as logf:
-            sched = subprocess.Popen(
-                [str(kube_scheduler), f"--config={config}", "--bind-address=127.0.0.1",
-                 "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
-                 f"--secure-port={sched_port}", f"--cert-dir={work}", "--v=1"],
-                stdout=logf, stderr=subprocess.STDOUT,
-            )  # fmt: skip
-        url = f"https://127.0.0.1:{sched_port}"
-        ctx = ssl.create_default_context()
-        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                import urllib.request
-
-                with urllib.request.urlopen(f"{url}/healthz", context=ctx, timeout=2):
-                    break
-            except OSError:
-                if sched.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"the null kube-scheduler did not start: {work}/null-scheduler.log"
-                    ) from None
-                time.sleep(0.3)
-        log(f"do-nothing extender on port {port}, its kube-scheduler at {url}")
-        yield {"null-extender": ext.pid, "kube-scheduler": sched.pid}, url
+        config = scheduler_config(facts, port, work / "null-scheduler.yaml", tls=tls)
+        with side_scheduler(facts, work, "null", config) as (sched_pid, url):
+            how = "HTTPS, client certificates required" if tls else "plain HTTP"
+            log(f"do-nothing extender on port {port} ({how}), its kube-scheduler at {url}")
+            yield {"null-extender": ext.pid, "kube-scheduler": sched_pid}, url
     finally:
-        for proc in (sched, ext):
-            if proc is not None:
-                proc.terminate()
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(10)
+        ext.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            ext.wait(10)
+
+
+@contextlib.contextmanager
+def variant_extender(facts: dict[str, str], work: Path, settings: dict[str, str]) -> Any:
+    """A second tidelease extender, started as hack/lib/cluster.sh starts the first but with
+    ``settings`` (TIDELEASE_EXTENDER_<KEY>=VALUE), and a kube-scheduler for profile VARIANT
+    calling it with the chart's configuration; yields (the scheduler's URL, their pids, the
+    extender's probe URL). Both extenders watch the cluster throughout, as two replicas."""
+    import yaml
+
+    serving = Path(facts["TL_CLUSTER_EXTENDER_CLIENT_CERTS"]).parent / "serving"
+    port, probe_port = free_port(), free_port()
+    env = {
+        **os.environ,
+        "TIDELEASE_EXTENDER_METRICS_AUTH": "true",
+        "TIDELEASE_EXTENDER_SCHEDULER_NAMES": VARIANT,  # bind serves its scheduler's pods only
+    }
+    env.update({f"TIDELEASE_EXTENDER_{k.upper()}": v for k, v in settings.items()})
+    log_path = work / "variant-extender.log"
+    with log_path.open("w") as logf:
+        ext = subprocess.Popen(
+            [str(ROOT / ".venv" / "bin" / "tidelease"), "extender",
+             "--kubeconfig", facts["KUBECONFIG"], "--host", "127.0.0.1", "--port", str(port),
+             "--probe-host", "127.0.0.1", "--probe-port", str(probe_port),
+             "--tls-cert-file", str(serving / "tls.crt"),
+             "--tls-key-file", str(serving / "tls.key"),
+             "--client-ca-file", str(serving / "ca.crt")],
+            stdout=logf, stderr=subprocess.STDOUT, env=env,
+        )  # fmt: skip
+    try:
+        probe_url = f"http://127.0.0.1:{probe_port}"
+        wait_http(f"{probe_url}/readyz", ext, "the variant extender", log_path)
+        src = Path(facts["TL_CLUSTER_DIR"]) / "scheduler-default-scheduler" / "config.yaml"
+        cfg = yaml.safe_load(src.read_text())
+        cfg["profiles"] = [{"schedulerName": VARIANT}]
+        cfg["leaderElection"] = {"leaderElect": False}
+        (ext_cfg,) = cfg["extenders"]
+        ext_cfg["urlPrefix"] = f"https://127.0.0.1:{port}"
+        config = work / "variant-scheduler.yaml"
+        config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        with side_scheduler(facts, work, "variant", config) as (sched_pid, url):
+            log(f"variant extender ({settings}) on port {port}, its kube-scheduler at {url}")
+            yield url, {"extender": ext.pid, "kube-scheduler": sched_pid}, probe_url
+    finally:
+        ext.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            ext.wait(20)
 
 
 async def bench(facts: dict[str, str], args: argparse.Namespace, work: Path) -> list[Phase]:
@@ -594,33 +729,51 @@ async def bench(facts: dict[str, str], args: argparse.Namespace, work: Path) -> 
         "controllers": int(facts["TL_CLUSTER_CONTROLLERS_PID"]),
     }
     phases = []
-    with null_extender(facts, work) as (null_pids, null_url):
+    with contextlib.ExitStack() as stack:
+        null_pids, null_url = stack.enter_context(
+            null_extender(facts, work, tls=not args.null_http)
+        )
+        # phase -> (its kube-scheduler's URL, the pids it adds or replaces, extender probes)
         schedulers = {
             "plain": (facts["TL_CLUSTER_PLAIN_SCHEDULER_URL"],
-                      {"kube-scheduler": int(facts["TL_CLUSTER_PLAIN_SCHEDULER_PID"])}),
-            "null": (null_url, null_pids),
+                      {"kube-scheduler": int(facts["TL_CLUSTER_PLAIN_SCHEDULER_PID"])}, ""),
+            "null": (null_url, null_pids, ""),
             "extender": (facts["TL_CLUSTER_SCHEDULER_URL"],
-                         {"kube-scheduler": int(facts["TL_CLUSTER_SCHEDULER_PID"])}),
+                         {"kube-scheduler": int(facts["TL_CLUSTER_SCHEDULER_PID"])}, ""),
         }  # fmt: skip
+        if args.compare:
+            schedulers["variant"] = stack.enter_context(variant_extender(facts, work, args.compare))
         async with aiohttp.ClientSession(connector=connector) as session:
             api = Api(session, facts)
+            await make_leases(api, args.leases)
             for r in range(args.rounds):
-                order = ["plain", "null", "extender"]
+                order = list(schedulers)
                 if r % 2:
                     order.reverse()
                 for name in order:
-                    url, pids = schedulers[name]
+                    url, pids, probes = schedulers[name]
                     phases.append(
                         await run_phase(
                             api, facts, name, args.pods, args.timeout,
                             sched_url=url, pids={**common, **pids}, round_=r,
-                            profile=args.profile,
+                            profile=args.profile, ext_url=probes,
                         )
                     )  # fmt: skip
                     t = time.monotonic()
                     await delete_namespace(api, f"bench-{name}-{r}")
                     log(f"deleted the {name} phase's pods in {time.monotonic() - t:.0f} s")
     return phases
+
+
+def settings_pairs(text: str) -> dict[str, str]:
+    """KEY=VALUE[,KEY=VALUE...] (extender settings, docs/reference.md)."""
+    pairs = {}
+    for item in filter(None, text.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise argparse.ArgumentTypeError(f"want KEY=VALUE, got {item!r}")
+        pairs[key.strip()] = value.strip()
+    return pairs
 
 
 def read_state(path: Path) -> dict[str, str]:
@@ -645,11 +798,39 @@ def main() -> int:
     p.add_argument(
         "--profile", type=Path, help="py-spy the extender and the controllers into this directory"
     )
+    p.add_argument(
+        "--null-http",
+        action="store_true",
+        help="serve the do-nothing extender over plain HTTP (the record before the extender's "
+        "HTTPS; default: HTTPS with client certificates, as the extender)",
+    )
+    p.add_argument(
+        "--compare",
+        type=settings_pairs,
+        metavar="KEY=VALUE,...",
+        help="a fourth phase, 'variant': a second tidelease extender with these settings "
+        "(e.g. bind_attempts=2) and a kube-scheduler of its own",
+    )
+    p.add_argument(
+        "--leases",
+        type=int,
+        default=0,
+        help="GpuLeases in the cluster throughout (each of an idle StatefulSet): what the "
+        "controllers cost while they have leases to watch for",
+    )
+    p.add_argument(
+        "--controllers",
+        default="--leasing-controller --prewarm-controller",
+        help="the controllers' flags (default: the chart's default controllers)",
+    )
     args = p.parse_args()
     wanted = sum(SIZES[i % len(SIZES)] for i in range(args.pods))
     if wanted > 8 * args.nodes:
         p.error(f"{args.pods} pods need {wanted} GPUs; {args.nodes} nodes have {8 * args.nodes}")
 
+    # SIGTERM unwinds as Ctrl-C does: the side extenders and schedulers are stopped, and the
+    # cluster follows its parent (TL_CLUSTER_PARENT_PID).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     base = Path(tempfile.mkdtemp(prefix="tidelease-bench."))
     state = base / "cluster" / "cluster.env"
     env = {
@@ -665,6 +846,7 @@ def main() -> int:
         "TL_CLUSTER_NODE_GRACE": "600s",
         "TL_CLUSTER_READY_TIMEOUT": "900",
         "TL_CLUSTER_KEEP_DIR": "true" if args.keep else "false",
+        "TL_CLUSTER_CONTROLLER_FLAGS": args.controllers,
     }
     log_path = base / "cluster-up.log"
     log(f"starting a cluster with {args.nodes} kwok GPU nodes in {base}")
@@ -702,6 +884,10 @@ def main() -> int:
 
     result = {
         "nodes": args.nodes,
+        "null_extender": "http" if args.null_http else "https",
+        "controllers": args.controllers,
+        "compare": args.compare,
+        "leases": args.leases,
         "pods": args.pods,
         "scheduler_qps": args.qps,
         "scheduler_burst": args.burst,
@@ -731,6 +917,7 @@ def main() -> int:
     rate = {
         name: statistics.median(ph.pods_per_s for ph in phases if ph.name == name)
         for name in PROFILES
+        if any(ph.name == name for ph in phases)
     }
     print("  median pods/s: " + ", ".join(f"{n} {r:.1f}" for n, r in rate.items()))
     if rate["plain"] and rate["null"]:
@@ -739,16 +926,33 @@ def main() -> int:
             f"extender/plain {rate['extender'] / rate['plain']:.2f}x, "
             f"null/plain {rate['null'] / rate['plain']:.2f}x"
         )
-    print("  extender latency under that load (from its /metrics histogram), last round:")
-    ext = [ph for ph in phases if ph.name == "extender"][-1]
-    for verb, summary in ext.extender.items():
+    if rate.get("variant") and rate["extender"]:
         print(
-            f"    {verb:10s} {summary['requests']:5d} requests {summary['outcomes']}: "
-            f"p50 {summary['p50_ms']} ms, p99 {summary['p99_ms']} ms, mean {summary['mean_ms']} ms"
+            f"  variant ({args.compare}) / extender: {rate['variant'] / rate['extender']:.2f}x, "
+            f"per round: "
+            + ", ".join(
+                f"{v.pods_per_s / e.pods_per_s:.2f}x"
+                for v, e in zip(
+                    [ph for ph in phases if ph.name == "variant"],
+                    [ph for ph in phases if ph.name == "extender"],
+                    strict=True,
+                )
+            )
         )
+    for name in ("extender", "variant"):
+        last = [ph for ph in phases if ph.name == name][-1:]
+        if not last:
+            continue
+        print(f"  {name} latency under that load (from its /metrics histogram), last round:")
+        for verb, summary in last[0].extender.items():
+            print(
+                f"    {verb:10s} {summary['requests']:5d} requests {summary['outcomes']}: "
+                f"p50 {summary['p50_ms']} ms, p99 {summary['p99_ms']} ms, "
+                f"mean {summary['mean_ms']} ms"
+            )
     if args.profile:
         for what in PROFILED:
-            for path in sorted(args.profile.glob(f"{what}-r*.txt")):
+            for path in sorted(args.profile.glob(f"{what}-*.txt")):
                 print(f"  profile of the {what}, {path.name}:")
                 print("\n".join(f"    {line}" for line in profile_summary(path)))
     if args.json:

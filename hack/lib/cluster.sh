@@ -38,6 +38,7 @@ TL_CLUSTER_GPU_TYPE="${TL_CLUSTER_GPU_TYPE:-H20}"
 # true: also run a second kube-scheduler, without extenders, for pods with this schedulerName
 # (hack/bench-scale.py compares the two).
 TL_CLUSTER_PLAIN_SCHEDULER="${TL_CLUSTER_PLAIN_SCHEDULER:-false}"
+TL_CLUSTER_CONTROLLER_FLAGS="${TL_CLUSTER_CONTROLLER_FLAGS:---leasing-controller --hot-restart-operator --prewarm-controller}"
 TL_CLUSTER_PLAIN_SCHEDULER_NAME="${TL_CLUSTER_PLAIN_SCHEDULER_NAME:-tidelease-plain}"
 # kube-scheduler's client QPS/burst; empty keeps the configuration's (i.e. upstream's 50/100).
 TL_CLUSTER_SCHEDULER_QPS="${TL_CLUSTER_SCHEDULER_QPS:-}"
@@ -357,16 +358,17 @@ tl::cluster::start_extender() {
 # hot-restart operator and the prewarm controller, each leader-elected, as the chart's
 # controllers Deployment runs them (it also runs the planner, which needs a Prometheus);
 # /healthz, /readyz and /metrics (for allowed tokens) on a free loopback port.
+# TL_CLUSTER_CONTROLLER_FLAGS names others (hack/bench-scale.py: the chart's defaults).
 tl::cluster::start_controllers() {
-  local port log="${TL_CLUSTER_DIR}/logs/controllers.log"
+  local port log="${TL_CLUSTER_DIR}/logs/controllers.log" flags
+  read -r -a flags <<<"${TL_CLUSTER_CONTROLLER_FLAGS}"
   port="$(tl::free_port)"
   TL_CLUSTER_CONTROLLERS_URL="http://127.0.0.1:${port}"
   TIDELEASE_EXTENDER_LEASING_TEST_GRACE_S="${TL_CLUSTER_LEASING_GRACE_S}" \
     TIDELEASE_EXTENDER_METRICS_AUTH="${TIDELEASE_EXTENDER_METRICS_AUTH:-true}" \
     "${TL_VENV}/bin/tidelease" --log-level "${TL_CLUSTER_EXTENDER_LOG_LEVEL}" controllers \
     --kubeconfig "${TL_CP_KUBECONFIG}" --probe-host 127.0.0.1 --probe-port "${port}" \
-    --leasing-controller --hot-restart-operator --prewarm-controller \
-    >"${log}" 2>&1 &
+    "${flags[@]}" >"${log}" 2>&1 &
   TL_CLUSTER_CONTROLLERS_PID=$!
   tl::cluster::record_pid TL_CLUSTER_CONTROLLERS_PID "${TL_CLUSTER_CONTROLLERS_PID}"
   tl::log "started controllers (pid ${TL_CLUSTER_CONTROLLERS_PID}), probes ${TL_CLUSTER_CONTROLLERS_URL}"
