@@ -358,6 +358,15 @@ def _stand_in(lease: GpuLease, per: int, key: tuple[str, Tier] | None) -> PodReq
     )
 
 
+def cluster_view(
+    nodes: Mapping[str, NodeInventory], holders: Mapping[GpuUuid, Holder] | None = None
+) -> View:
+    """The devices of ``nodes`` (all offering) and their holders, as the leasing controller
+    sees them: the same for every lease of one step."""
+    devices: dict[GpuUuid, Device] = {d.uuid: d for n in nodes.values() for d in n.devices}
+    return View(devices, holders or {}, dict.fromkeys(nodes, True))
+
+
 def plan_lease(
     lease: GpuLease,
     template: WorkloadTemplate,
@@ -366,12 +375,16 @@ def plan_lease(
     settings: PrewarmSettings,
     now: float,
     holders: Mapping[GpuUuid, Holder] | None = None,
+    *,
+    view: View | None = None,
 ) -> LeasePlan:
     """The nodes to prewarm for one lease, what and when, with the reasons. ``holders``: who
     holds each allocated device (the ledgers), so that the lent groups are chosen as the leasing
-    controller will choose them (fewest borrowers first)."""
-    devices: dict[GpuUuid, Device] = {d.uuid: d for n in nodes.values() for d in n.devices}
-    view = View(devices, holders or {}, {name: True for name in nodes})
+    controller will choose them (fewest borrowers first). ``view``: :func:`cluster_view` of
+    ``nodes`` and ``holders``, when the caller plans several leases over one cluster (made
+    here otherwise)."""
+    view = view if view is not None else cluster_view(nodes, holders)
+    devices = view.devices
     mine = {
         node: d for node, ds in current.items() for d in ds if d.lease == lease.key
     }  # this lease's directives, by node
@@ -491,6 +504,7 @@ def plan_prewarm(
     by_name: dict[str, NodeInventory] = {n.node: n for n in nodes}
     out: dict[str, list[Directive]] = {name: [] for name in by_name}
     plans: list[LeasePlan] = []
+    view = cluster_view(by_name, holders)  # once per step, not once per lease
     for lease in sorted(leases, key=lambda g: g.key):
         template = templates.get(lease.key)
         if template is None:
@@ -500,7 +514,7 @@ def plan_prewarm(
                         out.setdefault(node, []).append(d)
             plans.append(LeasePlan(lease.key, None, (), "workload not readable; kept as is"))
             continue
-        plan = plan_lease(lease, template, by_name, current, settings, now, holders)
+        plan = plan_lease(lease, template, by_name, current, settings, now, holders, view=view)
         plans.append(plan)
         for decision in plan.nodes:
             if decision.directive is not None:
