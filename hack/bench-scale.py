@@ -25,9 +25,9 @@ The controllers' process runs the chart's default controllers (--controllers to 
 controllers watch the cluster for them: what they cost per pod with leases to act for.
 
 --compare KEY=VALUE,...: a fourth phase, "variant": a second tidelease extender with those
-settings (docs/reference.md; e.g. bind_attempts=2) and a kube-scheduler of its own calling it, so that a change
-is judged against the extender as it is, in one run, phases alternated; the ratio per round is
-printed. Both extenders watch the cluster throughout, as two replicas would.
+settings (docs/reference.md; e.g. bind_attempts=2) and a kube-scheduler of its own calling it,
+so that a change is judged against the extender as it is, in one run, phases alternated; the
+ratio per round is printed. Both extenders watch the cluster throughout, as two replicas would.
 
 Phase "plain": --pods pods with schedulerName tidelease-plain; all bound; deleted, waited for.
 Phase "null": the same pods with tidelease-null. Phase "extender": with the default scheduler.
