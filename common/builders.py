@@ -1,4 +1,4 @@
-"""Named builders of objects in tidelease's contract: pods with annotations, GPU nodes.
+"""Named builders of objects in tidelease's contract: pods with annotations, GPU nodes, leases.
 
 The embedded demo, the benchmarks and the tests build their clusters with these, so every one of
 them speaks the same contract that :mod:`common.podrequest` and :mod:`common.objects` parse.
@@ -7,7 +7,7 @@ them speaks the same contract that :mod:`common.podrequest` and :mod:`common.obj
 from __future__ import annotations
 
 import uuid as uuidlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from common import contract
@@ -123,4 +123,88 @@ def pod(
         },
         "spec": spec,
         "status": {"phase": phase},
+    }
+
+
+def statefulset(
+    name: str,
+    namespace: str,
+    *,
+    replicas: int,
+    image: str = "i:v1",
+    container: str = "c",
+    annotations: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """A StatefulSet of ``replicas`` pods labelled ``app: <name>``, one container each;
+    ``annotations`` go on its pod template."""
+    template_meta: dict[str, Any] = {"labels": {"app": name}}
+    if annotations is not None:
+        template_meta["annotations"] = dict(annotations)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "replicas": replicas,
+            "serviceName": name,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": template_meta,
+                "spec": {"containers": [{"name": container, "image": image}]},
+            },
+        },
+    }
+
+
+def gpu_lease_spec(
+    owner: str,
+    *,
+    gpus_per_replica: int,
+    desired_gpus: int | None = None,
+    grace_s: int | None = None,
+    schedule: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """A GpuLease's spec: ``owner``'s StatefulSet (named as the owner) in groups of
+    ``gpus_per_replica``; the optional fields only where given."""
+    spec: dict[str, Any] = {"owner": owner, "gpusPerReplica": gpus_per_replica}
+    if desired_gpus is not None:
+        spec["desiredGPUs"] = desired_gpus
+    if grace_s is not None:
+        spec["graceSeconds"] = grace_s
+    if schedule is not None:
+        spec["schedule"] = schedule
+    spec["workload"] = {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": owner}
+    return spec
+
+
+def gpu_lease(
+    name: str,
+    namespace: str,
+    *,
+    owner: str | None = None,
+    gpus_per_replica: int,
+    desired_gpus: int | None = None,
+    grace_s: int | None = None,
+    schedule: list[dict[str, Any]] | None = None,
+    resource_version: str | None = None,
+    annotations: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """A ``GpuLease`` object without status; its owner (and workload) is ``name`` unless
+    ``owner`` is given. See :func:`gpu_lease_spec`."""
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace}
+    if resource_version is not None:
+        metadata["resourceVersion"] = resource_version
+    if annotations is not None:
+        metadata["annotations"] = dict(annotations)
+    return {
+        "apiVersion": contract.API_VERSION,
+        "kind": contract.KIND_GPU_LEASE,
+        "metadata": metadata,
+        "spec": gpu_lease_spec(
+            name if owner is None else owner,
+            gpus_per_replica=gpus_per_replica,
+            desired_gpus=desired_gpus,
+            grace_s=grace_s,
+            schedule=schedule,
+        ),
     }

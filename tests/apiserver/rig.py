@@ -198,33 +198,9 @@ async def make_rig(kube: KubeClient, kubeconfig: str, *, standby: bool = True) -
         obj = builders.gpu_node(name, devs)
         created = await kube.json("POST", GPN, body={**obj, "status": None})
         await kube.json("PUT", f"{GPN}/{name}/status", body={**created, "status": obj["status"]})
-    sts = {
-        "apiVersion": "apps/v1",
-        "kind": "StatefulSet",
-        "metadata": {"name": "recsys", "namespace": ns},
-        "spec": {
-            "replicas": 4,
-            "serviceName": "recsys",
-            "selector": {"matchLabels": {"app": "recsys"}},
-            "template": {
-                "metadata": {"labels": {"app": "recsys"}},
-                "spec": {"containers": [{"name": "c", "image": "i:v1"}]},
-            },
-        },
-    }
+    sts = builders.statefulset("recsys", ns, replicas=4)
     await kube.json("POST", f"/apis/apps/v1/namespaces/{ns}/statefulsets", body=sts)
-    lease = {
-        "apiVersion": contract.API_VERSION,
-        "kind": contract.KIND_GPU_LEASE,
-        "metadata": {"name": "recsys", "namespace": ns},
-        "spec": {
-            "owner": "recsys",
-            "gpusPerReplica": 4,
-            "desiredGPUs": 16,
-            "graceSeconds": 30,
-            "workload": {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "recsys"},
-        },
-    }
+    lease = builders.gpu_lease("recsys", ns, gpus_per_replica=4, desired_gpus=16, grace_s=30)
     await kube.json("POST", f"/apis/{contract.API_VERSION}/namespaces/{ns}/gpuleases", body=lease)
     return Rig(kube, ns, nodes, kubeconfig)
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from common import contract
+from common import builders, contract
 from common.errors import InvalidInput
 from common.kubeclient import KubeClient
 from extender.leasing.lease import MIN_GRACE_S
@@ -18,18 +18,9 @@ LEASES = f"/apis/{contract.API_VERSION}/namespaces/default/{contract.PLURAL_GPU_
 
 
 def lease(name: str, grace: int) -> dict[str, Any]:
-    return {
-        "apiVersion": contract.API_VERSION,
-        "kind": contract.KIND_GPU_LEASE,
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "owner": "recsys",
-            "gpusPerReplica": 4,
-            "desiredGPUs": 8,
-            "graceSeconds": grace,
-            "workload": {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "recsys"},
-        },
-    }
+    return builders.gpu_lease(
+        name, "default", owner="recsys", gpus_per_replica=4, desired_gpus=8, grace_s=grace
+    )
 
 
 @pytest.mark.parametrize("grace", [0, 2, MIN_GRACE_S - 1, -1])

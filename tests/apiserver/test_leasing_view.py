@@ -79,32 +79,9 @@ async def no_gpu_lease_left(kube: KubeClient) -> None:
 async def setup(kube: KubeClient, ns: str) -> dict[str, Any]:
     """The namespace, an online job's StatefulSet (2 replicas) and its GpuLease, not created."""
     await kube.json("POST", "/api/v1/namespaces", body={"metadata": {"name": ns}})
-    sts = {
-        "apiVersion": "apps/v1",
-        "kind": "StatefulSet",
-        "metadata": {"name": "recsys", "namespace": ns},
-        "spec": {
-            "replicas": 2,
-            "serviceName": "recsys",
-            "selector": {"matchLabels": {"app": "recsys"}},
-            "template": {
-                "metadata": {"labels": {"app": "recsys"}},
-                "spec": {"containers": [{"name": "c", "image": "i:v1"}]},
-            },
-        },
-    }
+    sts = builders.statefulset("recsys", ns, replicas=2)
     await kube.json("POST", f"/apis/apps/v1/namespaces/{ns}/statefulsets", body=sts)
-    return {
-        "apiVersion": contract.API_VERSION,
-        "kind": contract.KIND_GPU_LEASE,
-        "metadata": {"name": "recsys", "namespace": ns},
-        "spec": {
-            "owner": "recsys",
-            "gpusPerReplica": 4,
-            "desiredGPUs": 8,
-            "workload": {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "recsys"},
-        },
-    }
+    return builders.gpu_lease("recsys", ns, gpus_per_replica=4, desired_gpus=8)
 
 
 async def create_gpu_pods(kube: KubeClient, ns: str) -> None:

@@ -132,40 +132,26 @@ async def world(apiserver: ApiServer) -> AsyncIterator[World]:
     }
     for short, devs in nodes.items():
         await create_node(kube, f"{ns}-{short}", devs)
-    sts = {
-        "apiVersion": "apps/v1",
-        "kind": "StatefulSet",
-        "metadata": {"name": "recsys", "namespace": ns},
-        "spec": {
-            "replicas": 2,
-            "serviceName": "recsys",
-            "selector": {"matchLabels": {"app": "recsys"}},
-            "template": {
-                "metadata": {
-                    "labels": {"app": "recsys"},
-                    "annotations": {
-                        contract.ANN_CHECKPOINT: CKPT,
-                        contract.ANN_IMAGE_BYTES: "10e9",
-                        contract.ANN_CHECKPOINT_BYTES: "100e9",
-                    },
-                },
-                "spec": {"containers": [{"name": "trainer", "image": IMAGE}]},
-            },
+    sts = builders.statefulset(
+        "recsys",
+        ns,
+        replicas=2,
+        image=IMAGE,
+        container="trainer",
+        annotations={
+            contract.ANN_CHECKPOINT: CKPT,
+            contract.ANN_IMAGE_BYTES: "10e9",
+            contract.ANN_CHECKPOINT_BYTES: "100e9",
         },
-    }
+    )
     await kube.json("POST", f"/apis/apps/v1/namespaces/{ns}/statefulsets", body=sts)
-    lease = {
-        "apiVersion": contract.API_VERSION,
-        "kind": contract.KIND_GPU_LEASE,
-        "metadata": {"name": "recsys", "namespace": ns},
-        "spec": {
-            "owner": "recsys",
-            "workload": {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "recsys"},
-            "gpusPerReplica": 4,
-            "desiredGPUs": 16,
-            "schedule": [{"at": "08:00", "gpus": 16}, {"at": "22:00", "gpus": 8}],
-        },
-    }
+    lease = builders.gpu_lease(
+        "recsys",
+        ns,
+        gpus_per_replica=4,
+        desired_gpus=16,
+        schedule=[{"at": "08:00", "gpus": 16}, {"at": "22:00", "gpus": 8}],
+    )
     await kube.json("POST", f"/apis/{contract.API_VERSION}/namespaces/{ns}/gpuleases", body=lease)
     registry = CollectorRegistry()
     w = World(kube, ns, Clock(at("06:00:00")), PrewarmMetrics(registry), registry)

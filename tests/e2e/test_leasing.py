@@ -80,18 +80,13 @@ class Job:
             }
         )
         kube.create(
-            {
-                "apiVersion": contract.API_VERSION,
-                "kind": contract.KIND_GPU_LEASE,
-                "metadata": {"name": "recsys", "namespace": namespace},
-                "spec": {
-                    "owner": "recsys",
-                    "gpusPerReplica": REPLICA_GPUS,
-                    "desiredGPUs": replicas * REPLICA_GPUS,
-                    "graceSeconds": 30,
-                    "workload": {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "recsys"},
-                },
-            }
+            builders.gpu_lease(
+                "recsys",
+                namespace,
+                gpus_per_replica=REPLICA_GPUS,
+                desired_gpus=replicas * REPLICA_GPUS,
+                grace_s=30,
+            )
         )
 
     def lease(self) -> dict[str, Any]:

@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from common import contract
+from common import builders, contract
 from extender.planner.autoscaling import OnlineSettings
 from extender.planner.controller import MemoryLeases, PlannerController, PlannerMetrics
 from extender.planner.sources import FakePrometheus, PrometheusSource, TidalJob
@@ -33,29 +33,21 @@ MONDAY = datetime(2025, 3, 10, tzinfo=UTC).timestamp()
 def lease_object(job: TidalJob, *, name: str = "recsys", ns: str = "prod") -> dict[str, Any]:
     q = job.queries
     assert q.lag is not None
-    return {
-        "apiVersion": contract.API_VERSION,
-        "kind": contract.KIND_GPU_LEASE,
-        "metadata": {
-            "name": name,
-            "namespace": ns,
-            "annotations": {
-                contract.ANN_PLANNER: "true",
-                contract.ANN_PLANNER_TRAFFIC_QUERY: q.traffic,
-                contract.ANN_PLANNER_WORKERS_QUERY: q.workers,
-                contract.ANN_PLANNER_THROUGHPUT_QUERY: q.throughput,
-                contract.ANN_PLANNER_LAG_QUERY: q.lag,
-                contract.ANN_PLANNER_LEAD_SECONDS: str(int(LEAD_S)),
-            },
+    return builders.gpu_lease(
+        name,
+        ns,
+        gpus_per_replica=GPUS_PER_REPLICA,
+        desired_gpus=8,
+        schedule=[{"at": "08:00", "gpus": 16}],
+        annotations={
+            contract.ANN_PLANNER: "true",
+            contract.ANN_PLANNER_TRAFFIC_QUERY: q.traffic,
+            contract.ANN_PLANNER_WORKERS_QUERY: q.workers,
+            contract.ANN_PLANNER_THROUGHPUT_QUERY: q.throughput,
+            contract.ANN_PLANNER_LAG_QUERY: q.lag,
+            contract.ANN_PLANNER_LEAD_SECONDS: str(int(LEAD_S)),
         },
-        "spec": {
-            "owner": name,
-            "workload": {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": name},
-            "gpusPerReplica": GPUS_PER_REPLICA,
-            "desiredGPUs": 8,
-            "schedule": [{"at": "08:00", "gpus": 16}],
-        },
-    }
+    )
 
 
 @dataclass

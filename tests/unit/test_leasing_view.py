@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from common import builders, contract
+from common import builders
 from extender.cluster.store import KINDS, Kind, MemoryStore
 from extender.cluster.watching import DemandView, FixedView
 from extender.controllers import Enabled, Running, controllers
@@ -27,17 +27,7 @@ NODES = 3
 
 def gpu_lease(name: str) -> dict[str, Any]:
     """A GpuLease wanting the 2 replicas of 4 GPUs its workload runs: Steady at once."""
-    return {
-        "apiVersion": contract.API_VERSION,
-        "kind": contract.KIND_GPU_LEASE,
-        "metadata": {"name": name, "namespace": "ns"},
-        "spec": {
-            "owner": name,
-            "gpusPerReplica": 4,
-            "desiredGPUs": 8,
-            "workload": {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": name},
-        },
-    }
+    return builders.gpu_lease(name, "ns", gpus_per_replica=4, desired_gpus=8)
 
 
 class World:

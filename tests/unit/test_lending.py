@@ -397,27 +397,13 @@ async def test_an_unexpected_error_on_one_lease_is_logged_and_the_others_go_on(
 ) -> None:
     from prometheus_client import CollectorRegistry
 
-    from common import contract
     from extender.cluster.watching import FixedView
     from extender.leasing.controller import LeaseCache, LeaseController, LeasingMetrics
     from tests.unit.cluster import cluster
 
-    def lease(name: str) -> dict[str, object]:
-        return {
-            "apiVersion": contract.API_VERSION,
-            "kind": contract.KIND_GPU_LEASE,
-            "metadata": {"name": name, "namespace": "ns"},
-            "spec": {
-                "owner": name,
-                "gpusPerReplica": 4,
-                "desiredGPUs": 8,
-                "workload": {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": name},
-            },
-        }
-
     leases = LeaseCache()
     for name in ("broken", "fine"):
-        leases.apply("ADDED", lease(name))
+        leases.apply("ADDED", builders.gpu_lease(name, "ns", gpus_per_replica=4, desired_gpus=8))
     asked: list[str] = []
 
     class World:
@@ -449,19 +435,7 @@ async def test_an_unexpected_error_on_one_lease_is_logged_and_the_others_go_on(
 
 def raw_lease(name: str) -> dict[str, object]:
     """A GpuLease as the watch brings it: 2 replicas of 4 GPUs wanted, no status yet."""
-    from common import contract
-
-    return {
-        "apiVersion": contract.API_VERSION,
-        "kind": contract.KIND_GPU_LEASE,
-        "metadata": {"name": name, "namespace": "ns", "resourceVersion": "1"},
-        "spec": {
-            "owner": name,
-            "gpusPerReplica": 4,
-            "desiredGPUs": 8,
-            "workload": {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": name},
-        },
-    }
+    return builders.gpu_lease(name, "ns", gpus_per_replica=4, desired_gpus=8, resource_version="1")
 
 
 class TwoReplicas:

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+from common import builders
 from common.errors import InvalidInput
 from extender.leasing.lease import parse_gpu_lease
 from extender.planner.autoscaling import Measurements, OnlineSettings, Reason, plan_online
@@ -156,18 +157,14 @@ def test_settings_validate_every_problem() -> None:
 
 
 def test_directive_is_a_valid_gpulease_spec_change() -> None:
-    lease = {
-        "apiVersion": "tidelease.io/v1alpha1",
-        "kind": "GpuLease",
-        "metadata": {"namespace": "ml", "name": "recsys", "resourceVersion": "1"},
-        "spec": {
-            "owner": "recsys",
-            "workload": {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "recsys"},
-            "gpusPerReplica": 4,
-            "desiredGPUs": 32,
-            "schedule": [{"at": "08:00", "gpus": 32}],
-        },
-    }
+    lease = builders.gpu_lease(
+        "recsys",
+        "ml",
+        gpus_per_replica=4,
+        desired_gpus=32,
+        schedule=[{"at": "08:00", "gpus": 32}],
+        resource_version="1",
+    )
     # A plan of 10-minute steps from 06:00: 2 workers, 6 from 07:00, back to 2 at 08:00.
     plan = [2] * 6 + [6] * 6 + [2] * 132
     entries = schedule_from_plan(

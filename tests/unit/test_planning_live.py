@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from common import contract
+from common import builders, contract
 from common.errors import Conflict, InvalidInput, Unavailable
 from common.reconcile import Requeue
 from extender.planner.autoscaling import OnlineSettings
@@ -257,12 +257,7 @@ def test_merge_patch() -> None:
 def lease(name: str = "recsys", **spec: Any) -> dict[str, Any]:
     return {
         "metadata": {"namespace": "prod", "name": name, "annotations": annotations()},
-        "spec": {
-            "owner": name,
-            "workload": {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": name},
-            "gpusPerReplica": 2,
-            **spec,
-        },
+        "spec": {**builders.gpu_lease_spec(name, gpus_per_replica=2), **spec},
     }
 
 

@@ -141,16 +141,14 @@ class World:
 def gpu_lease(name: str = "recsys") -> dict[str, Any]:
     """Scales 2 -> 4 replicas at 08:00; recsys-2's group is lent on n1."""
     return {
-        "apiVersion": contract.API_VERSION,
-        "kind": contract.KIND_GPU_LEASE,
-        "metadata": {"name": name, "namespace": "ml"},
-        "spec": {
-            "owner": "recsys",
-            "workload": {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "recsys"},
-            "gpusPerReplica": 4,
-            "desiredGPUs": 8,
-            "schedule": [{"at": "08:00", "gpus": 16}, {"at": "22:00", "gpus": 8}],
-        },
+        **builders.gpu_lease(
+            name,
+            "ml",
+            owner="recsys",
+            gpus_per_replica=4,
+            desired_gpus=8,
+            schedule=[{"at": "08:00", "gpus": 16}, {"at": "22:00", "gpus": 8}],
+        ),
         "status": {
             "phase": "Steady",
             "targetReplicas": 2,

@@ -111,14 +111,12 @@ def lease(
     groups: dict[str, str] | None = None,
 ) -> GpuLease:
     groups = groups if groups is not None else {"recsys-2": "n1", "recsys-3": "n2"}
-    spec: dict[str, Any] = {
-        "owner": "recsys",
-        "workload": {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "recsys"},
-        "gpusPerReplica": 4,
-        "desiredGPUs": desired,
-    }
-    if schedule:
-        spec["schedule"] = [{"at": "08:00", "gpus": 16}, {"at": "22:00", "gpus": 8}]
+    spec = builders.gpu_lease_spec(
+        "recsys",
+        gpus_per_replica=4,
+        desired_gpus=desired,
+        schedule=[{"at": "08:00", "gpus": 16}, {"at": "22:00", "gpus": 8}] if schedule else None,
+    )
     return parse_gpu_lease(
         {
             "metadata": {"namespace": "ml", "name": "recsys", "resourceVersion": "1"},
@@ -416,11 +414,7 @@ def test_deleted_lease_clears_its_directives_and_leaves_others() -> None:
     other_lease = parse_gpu_lease(
         {
             "metadata": {"namespace": "ml", "name": "other"},
-            "spec": {
-                "owner": "other",
-                "workload": {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "other"},
-                "gpusPerReplica": 4,
-            },
+            "spec": builders.gpu_lease_spec("other", gpus_per_replica=4),
         }
     )
     kept = plan_prewarm([other_lease], {"ml/other": None}, nodes, current, SETTINGS, at("07:58:00"))
@@ -664,13 +658,12 @@ async def test_a_step_parses_only_what_changed_and_nothing_without_leases() -> N
 
     raw = {
         "metadata": {"namespace": "ml", "name": "recsys", "resourceVersion": "1"},
-        "spec": {
-            "owner": "recsys",
-            "workload": {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "recsys"},
-            "gpusPerReplica": 4,
-            "desiredGPUs": 16,
-            "schedule": [{"at": "08:00", "gpus": 16}, {"at": "22:00", "gpus": 8}],
-        },
+        "spec": builders.gpu_lease_spec(
+            "recsys",
+            gpus_per_replica=4,
+            desired_gpus=16,
+            schedule=[{"at": "08:00", "gpus": 16}, {"at": "22:00", "gpus": 8}],
+        ),
         "status": {"phase": "Steady", "targetReplicas": 2, "lent": []},
     }
     watched.apply("leases", "ADDED", raw)
