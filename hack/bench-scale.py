@@ -5,7 +5,7 @@ extender, with an extender that does nothing, and with none, on one cluster, in 
 usage: hack/bench-scale.py [--nodes 1250] [--pods 1000] [--rounds 2] [--qps 500] [--burst 1000]
                            [--timeout 900] [--json FILE] [--keep] [--profile DIR] [--null-http]
                            [--controllers FLAGS] [--compare KEY=VALUE,...]
-                           [--leases N]
+                           [--variant-http] [--leases N]
 
 Starts hack/cluster-up.sh (foreground, in a temporary directory) with --nodes kwok GPU nodes (8
 H20 each, a GpuNode each) and two kube-schedulers: the default one with the extender
@@ -28,6 +28,8 @@ controllers watch the cluster for them: what they cost per pod with leases to ac
 settings (docs/reference.md; e.g. bind_attempts=2) and a kube-scheduler of its own calling it,
 so that a change is judged against the extender as it is, in one run, phases alternated; the
 ratio per round is printed. Both extenders watch the cluster throughout, as two replicas would.
+--variant-http serves that variant over plain HTTP on loopback, as the ownScheduler mode does
+(kube-scheduler in the extender's pod): with --null-http, both extenders without TLS.
 
 Phase "plain": --pods pods with schedulerName tidelease-plain; all bound; deleted, waited for.
 Phase "null": the same pods with tidelease-null. Phase "extender": with the default scheduler.
@@ -674,11 +676,15 @@ def null_extender(facts: dict[str, str], work: Path, *, tls: bool) -> Any:
 
 
 @contextlib.contextmanager
-def variant_extender(facts: dict[str, str], work: Path, settings: dict[str, str]) -> Any:
+def variant_extender(
+    facts: dict[str, str], work: Path, settings: dict[str, str], *, tls: bool
+) -> Any:
     """A second tidelease extender, started as hack/lib/cluster.sh starts the first but with
     ``settings`` (TIDELEASE_EXTENDER_<KEY>=VALUE), and a kube-scheduler for profile VARIANT
     calling it with the chart's configuration; yields (the scheduler's URL, their pids, the
-    extender's probe URL). Both extenders watch the cluster throughout, as two replicas."""
+    extender's probe URL). Both extenders watch the cluster throughout, as two replicas.
+    Without ``tls`` the verbs are plain HTTP on loopback, as in the ownScheduler mode (where
+    kube-scheduler runs in the extender's pod)."""
     import yaml
 
     serving = Path(facts["TL_CLUSTER_EXTENDER_CLIENT_CERTS"]).parent / "serving"
@@ -690,16 +696,15 @@ def variant_extender(facts: dict[str, str], work: Path, settings: dict[str, str]
     }
     env.update({f"TIDELEASE_EXTENDER_{k.upper()}": v for k, v in settings.items()})
     log_path = work / "variant-extender.log"
+    argv = [str(ROOT / ".venv" / "bin" / "tidelease"), "extender",
+            "--kubeconfig", facts["KUBECONFIG"], "--host", "127.0.0.1", "--port", str(port),
+            "--probe-host", "127.0.0.1", "--probe-port", str(probe_port)]  # fmt: skip
+    if tls:
+        argv += ["--tls-cert-file", str(serving / "tls.crt"),
+                 "--tls-key-file", str(serving / "tls.key"),
+                 "--client-ca-file", str(serving / "ca.crt")]  # fmt: skip
     with log_path.open("w") as logf:
-        ext = subprocess.Popen(
-            [str(ROOT / ".venv" / "bin" / "tidelease"), "extender",
-             "--kubeconfig", facts["KUBECONFIG"], "--host", "127.0.0.1", "--port", str(port),
-             "--probe-host", "127.0.0.1", "--probe-port", str(probe_port),
-             "--tls-cert-file", str(serving / "tls.crt"),
-             "--tls-key-file", str(serving / "tls.key"),
-             "--client-ca-file", str(serving / "ca.crt")],
-            stdout=logf, stderr=subprocess.STDOUT, env=env,
-        )  # fmt: skip
+        ext = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, env=env)
     try:
         probe_url = f"http://127.0.0.1:{probe_port}"
         wait_http(f"{probe_url}/readyz", ext, "the variant extender", log_path)
@@ -708,11 +713,15 @@ def variant_extender(facts: dict[str, str], work: Path, settings: dict[str, str]
         cfg["profiles"] = [{"schedulerName": VARIANT}]
         cfg["leaderElection"] = {"leaderElect": False}
         (ext_cfg,) = cfg["extenders"]
-        ext_cfg["urlPrefix"] = f"https://127.0.0.1:{port}"
+        ext_cfg["urlPrefix"] = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
+        if not tls:
+            ext_cfg["enableHTTPS"] = False
+            ext_cfg.pop("tlsConfig", None)
         config = work / "variant-scheduler.yaml"
         config.write_text(yaml.safe_dump(cfg, sort_keys=False))
         with side_scheduler(facts, work, "variant", config) as (sched_pid, url):
-            log(f"variant extender ({settings}) on port {port}, its kube-scheduler at {url}")
+            how = "HTTPS" if tls else "plain HTTP"
+            log(f"variant extender ({settings}, {how}) on port {port}, its scheduler at {url}")
             yield url, {"extender": ext.pid, "kube-scheduler": sched_pid}, probe_url
     finally:
         ext.terminate()
@@ -810,6 +819,12 @@ def main() -> int:
         metavar="KEY=VALUE,...",
         help="a fourth phase, 'variant': a second tidelease extender with these settings "
         "(e.g. bind_attempts=2) and a kube-scheduler of its own",
+    )
+    p.add_argument(
+        "--variant-http",
+        action="store_true",
+        help="the variant phase's extender over plain HTTP on loopback, as in the ownScheduler "
+        "mode (with --null-http: both without TLS)",
     )
     p.add_argument(
         "--leases",
@@ -928,7 +943,9 @@ def main() -> int:
         )
     if rate.get("variant") and rate["extender"]:
         print(
-            f"  variant ({args.compare}) / extender: {rate['variant'] / rate['extender']:.2f}x, "
+            f"  variant ({args.compare or {}}{', plain HTTP' if args.variant_http else ''}) / "
+            f"extender: {rate['variant'] / rate['extender']:.2f}x, variant/null "
+            f"{rate['variant'] / rate['null']:.2f}x, "
             f"per round: "
             + ", ".join(
                 f"{v.pods_per_s / e.pods_per_s:.2f}x"
