@@ -750,8 +750,10 @@ async def bench(facts: dict[str, str], args: argparse.Namespace, work: Path) -> 
             "extender": (facts["TL_CLUSTER_SCHEDULER_URL"],
                          {"kube-scheduler": int(facts["TL_CLUSTER_SCHEDULER_PID"])}, ""),
         }  # fmt: skip
-        if args.compare:
-            schedulers["variant"] = stack.enter_context(variant_extender(facts, work, args.compare))
+        if args.compare is not None or args.variant_http:
+            schedulers["variant"] = stack.enter_context(
+                variant_extender(facts, work, args.compare or {}, tls=not args.variant_http)
+            )
         async with aiohttp.ClientSession(connector=connector) as session:
             api = Api(session, facts)
             await make_leases(api, args.leases)
