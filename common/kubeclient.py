@@ -64,7 +64,7 @@ def _identity(obj: dict[str, Any]) -> dict[str, Any]:
 
 
 # Python before 3.12.8 (and 3.13.0) leaks a TLS connection whose close the server never
-# answers (CPython gh-118950); aiohttp then aborts such connections itself when asked.
+# answers (fixed by CPython pull request 118960); aiohttp aborts such connections when asked.
 _CLEANUP_CLOSED: bool = getattr(aiohttp.connector, "NEEDS_CLEANUP_CLOSED", True)
 # Connections to the API server: the watches hold one each, kube-scheduler binds in parallel.
 POOL_SIZE = 100
