@@ -34,6 +34,7 @@ from prometheus_client import CollectorRegistry
 from common.delegatedauth import DelegatedAuth, metrics_response
 from common.httpserving import listen, runner
 from common.leaderelection import LeaderElector
+from common.waiting import first_of
 from extender.cluster.store import Store
 from extender.cluster.watching import DemandView, follow_watch
 from extender.leasing.controller import (
@@ -44,7 +45,7 @@ from extender.leasing.controller import (
     World,
 )
 from extender.scheduler.server import readiness
-from extender.scheduler.serving import PROBE_LIMITS, first_of, run_api_probe_at
+from extender.scheduler.serving import PROBE_LIMITS, run_api_probe_at
 from extender.scheduler.settings import ExtenderSettings
 
 if TYPE_CHECKING:

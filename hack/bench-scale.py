@@ -81,6 +81,8 @@ except ImportError:  # run with the project's environment (hack/lib/python.sh cr
         os.execv(str(VENV_PY), [str(VENV_PY), *sys.argv])
     raise
 
+from common import builders  # noqa: E402 (the project's environment, as above)
+
 PLAIN = "tidelease-plain"
 NULL = "tidelease-null"
 EXTENDER = "default-scheduler"
@@ -154,41 +156,10 @@ async def make_leases(api: Api, count: int) -> None:
     await api.ok("POST", "/api/v1/namespaces", {"metadata": {"name": LEASES_NS}})
     for i in range(count):
         name = f"online-{i:03d}"
-        labels = {"app": name}
-        await api.ok(
-            "POST",
-            f"/apis/apps/v1/namespaces/{LEASES_NS}/statefulsets",
-            {
-                "apiVersion": "apps/v1",
-                "kind": "StatefulSet",
-                "metadata": {"name": name},
-                "spec": {
-                    "replicas": 0,
-                    "serviceName": name,
-                    "selector": {"matchLabels": labels},
-                    "template": {
-                        "metadata": {"labels": labels},
-                        "spec": {"containers": [{"name": "c", "image": "registry.example/c"}]},
-                    },
-                },
-            },
-        )
-        await api.ok(
-            "POST",
-            f"/apis/tidelease.io/v1alpha1/namespaces/{LEASES_NS}/gpuleases",
-            {
-                "apiVersion": "tidelease.io/v1alpha1",
-                "kind": "GpuLease",
-                "metadata": {"name": name},
-                "spec": {
-                    "owner": name,
-                    "workload": {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": name},
-                    "gpusPerReplica": 1,
-                    "desiredGPUs": 0,
-                    "graceSeconds": 30,
-                },
-            },
-        )
+        sts = builders.statefulset(name, LEASES_NS, replicas=0, image="registry.example/c")
+        await api.ok("POST", f"/apis/apps/v1/namespaces/{LEASES_NS}/statefulsets", sts)
+        lease = builders.gpu_lease(name, LEASES_NS, gpus_per_replica=1, desired_gpus=0, grace_s=30)
+        await api.ok("POST", f"/apis/tidelease.io/v1alpha1/namespaces/{LEASES_NS}/gpuleases", lease)
     log(f"made {count} GpuLeases (and their StatefulSets, at 0 replicas) in {LEASES_NS}")
 
 

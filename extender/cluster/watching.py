@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from common import contract
 from common.model import PodUid
 from common.podrequest import gpu_count
+from common.waiting import first_of
 from extender.cluster.state import ClusterState
 from extender.cluster.store import KINDS, Kind, Store
 
@@ -287,15 +288,9 @@ class DemandView:
                 name=f"{self._name}-liveness",
             ),
         )
-        unwanted = asyncio.create_task(self._off.wait())
         try:
-            await asyncio.wait((unwanted, *watching), return_when=asyncio.FIRST_COMPLETED)
-            for task in watching:
-                if task.done():
-                    task.result()  # re-raises its exception
-                    raise RuntimeError(f"{task.get_name()} ended unexpectedly")
+            await first_of(self._off, watching)
         finally:
-            unwanted.cancel()
             for task in watching:
                 task.cancel()
-            await asyncio.gather(unwanted, *watching, return_exceptions=True)
+            await asyncio.gather(*watching, return_exceptions=True)

@@ -18,6 +18,7 @@ from common.delegatedauth import DelegatedAuth, Reviewer
 from common.errors import InvalidInput
 from common.httpserving import GuardedSite, Limits, TLSContext, listen, raise_fd_limit
 from common.httpserving import runner as make_runner
+from common.waiting import first_of
 from extender.cluster.state import ClusterState
 from extender.cluster.store import Store
 from extender.cluster.watching import PodCache, run_liveness, run_watch
@@ -91,19 +92,6 @@ class Running:
     probe_url: str | None = None  # where /healthz, /readyz, /metrics are, if not at url
     site: GuardedSite | None = None  # the verbs' listener (its guard's counts)
     tls: TLSContext | None = None  # the verbs' TLS, when HTTPS
-
-
-async def first_of(event: asyncio.Event, tasks: tuple[asyncio.Task[None], ...]) -> None:
-    """Wait for the event; raise if a background task ends first (it never should)."""
-    waiter = asyncio.ensure_future(event.wait())
-    try:
-        await asyncio.wait((waiter, *tasks), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        waiter.cancel()
-    for task in tasks:
-        if task.done():
-            task.result()  # re-raises its exception
-            raise RuntimeError(f"{task.get_name()} ended unexpectedly")
 
 
 @asynccontextmanager
