@@ -78,7 +78,7 @@ def _extender(args: argparse.Namespace) -> int:
         if settings.snapshot is not None:
             store = load_snapshot(settings.snapshot)
             log.info("offline mode: serving the objects of %s", settings.snapshot)
-            await run_extender(store=store, settings=settings, stop=stop, drain_s=0.0)
+            await run_extender(store=store, settings=settings, stop=stop, drain_s=0.0, freeze=True)
             return
         from common.kubeclient import KubeClient
         from extender.cluster.kubestore import KubeStore
@@ -86,7 +86,9 @@ def _extender(args: argparse.Namespace) -> int:
         kube = await KubeStore.connect(settings.kubeconfig, settings.agent_namespace)
         writer = await KubeClient.connect(settings.kubeconfig)
         try:
-            await run_extender(store=kube, settings=settings, stop=stop, reviewer=writer)
+            await run_extender(
+                store=kube, settings=settings, stop=stop, reviewer=writer, freeze=True
+            )
         finally:
             await kube.close()
             await writer.close()

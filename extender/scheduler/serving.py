@@ -4,6 +4,7 @@ controllers run in a process of their own (extender/controllers.py)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -195,12 +196,21 @@ async def run_extender(
     registry: CollectorRegistry | None = None,
     ready: asyncio.Future[str] | None = None,
     reviewer: Reviewer | None = None,
+    freeze: bool = False,
 ) -> None:
     """Serve until ``stop`` is set; then fail readiness, let in-flight calls finish (each
-    within bind_timeout_s), exit. ``ready`` gets the URL once it listens."""
+    within bind_timeout_s), exit. ``ready`` gets the URL once it listens. ``freeze``: the
+    process is the extender's own (``tidelease extender``): once synced, what it holds then is
+    moved out of the cyclic garbage collector's way."""
     async with serve(
         store=store, settings=settings, registry=registry, reviewer=reviewer
     ) as running:
+        if freeze:
+            # Modules, settings and the view as first listed live as long as the process; left
+            # to the collector, its oldest generation walks all of them again and again while
+            # verbs and watch events churn through short-lived objects.
+            gc.collect()
+            gc.freeze()
         if ready is not None:
             ready.set_result(running.url)
         await first_of(stop, running.tasks)

@@ -309,3 +309,51 @@ async def test_sigterm_with_a_hung_bind_in_flight_stops_within_the_grace_period(
         async with await bind as r:
             assert "bind did not finish" in (await r.json())["Error"]
     assert stopped_s < 1.0 + 2.0 + 2.0  # the drain, a bind's timeout, slack
+
+
+FREEZE_PROBE = """
+import asyncio, gc, sys
+from extender.cluster.store import MemoryStore
+from extender.scheduler.serving import run_extender
+from extender.scheduler.settings import ExtenderSettings
+from tests.integration.conftest import small_cluster
+
+async def main() -> None:
+    stop = asyncio.Event()
+    ready = asyncio.get_running_loop().create_future()
+    settings = ExtenderSettings(host="127.0.0.1", port=0)
+    server = asyncio.create_task(run_extender(
+        store=MemoryStore(small_cluster()), settings=settings, stop=stop, drain_s=0.0,
+        ready=ready, freeze=sys.argv[1] == "freeze",
+    ))
+    await asyncio.wait_for(ready, timeout=10)
+    print(gc.get_freeze_count())
+    stop.set()
+    await server
+
+asyncio.run(main())
+"""
+
+
+def test_the_extender_process_moves_what_it_holds_once_synced_out_of_the_collectors_way() -> None:
+    """``tidelease extender`` freezes (gc.freeze) what it holds once synced and listening; an
+    extender run inside another process (these tests) leaves that process's collector alone."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+
+    def frozen(mode: str) -> int:
+        out = subprocess.run(
+            [sys.executable, "-c", FREEZE_PROBE, mode],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        return int(out.stdout.split()[-1])
+
+    assert frozen("freeze") > 10_000  # the modules and the view, at least
+    assert frozen("no") == 0

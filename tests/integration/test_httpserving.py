@@ -260,3 +260,26 @@ async def test_the_shared_runner_closes_a_connection_idle_after_its_request(
         await wait_until(lambda: site.stats.open == 0)
     finally:
         await shared.cleanup()
+
+
+async def test_no_session_tickets_are_sent(tmp_path: Path, pki: dict[str, Pair]) -> None:
+    """kube-scheduler never resumes a TLS session (its client keeps no session cache), so the
+    server sends no TLS 1.3 tickets: they cost work and bytes on each of its many handshakes."""
+    tls = TLSContext(live_files(tmp_path, pki))
+    async with served(Limits(), tls) as site:
+        reader, writer = await asyncio.open_connection(
+            "127.0.0.1",
+            port_of(site),
+            ssl=client_context(pki["ca"].cert, pki["client"]),
+            server_hostname="localhost",
+        )
+        try:
+            writer.write(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            answer = await asyncio.wait_for(reader.read(), 5)
+            ssl_object = writer.get_extra_info("ssl_object")
+            assert answer.startswith(b"HTTP/1.1 200")
+            assert ssl_object.version() == "TLSv1.3"
+            assert ssl_object.session is not None
+            assert not ssl_object.session.has_ticket
+        finally:
+            writer.close()
