@@ -321,6 +321,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     add_orchestrator_command(sub)  # tidelease orchestrator (docs/orchestration.md)
 
+    from extender.ctl.command import register as add_ctl_command
+
+    add_ctl_command(sub)  # tidelease ctl, also kubectl-tidelease (docs/operating.md)
+
     # The simulator (numpy, matplotlib) loads only when asked for: the agent stays small.
     sim = sub.add_parser(
         "simulate",

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from common.availability import Interval, availability
 from common.errors import InvalidInput
 from common.model import Health, Tier
 
@@ -25,8 +26,6 @@ DAY = 86_400.0
 MA_THRESHOLD = 0.97
 # Readings closer than this are contiguous: a cycle's end and the next cycle's start.
 CONTIGUOUS_S = 1.0
-
-Interval = tuple[float, float, bool]  # start, end, healthy
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,20 +40,6 @@ def tier_for(availability: float) -> Tier:
     if availability >= MA_THRESHOLD:
         return Tier.MA
     return Tier.LA
-
-
-def availability(intervals: Iterable[Interval], now: float, window_s: float) -> float:
-    """Healthy time over observed time within ``[now - window_s, now]``; 1.0 if none observed."""
-    start = now - window_s
-    healthy = observed = 0.0
-    for a, b, ok in intervals:
-        overlap = min(b, now) - max(a, start)
-        if overlap <= 0:
-            continue
-        observed += overlap
-        if ok:
-            healthy += overlap
-    return 1.0 if observed <= 0 else healthy / observed
 
 
 class History:

@@ -106,6 +106,13 @@ class KubeStore:
         finally:
             resp.release()
 
+    async def list_objects(self, kind: Kind) -> list[dict[str, Any]]:
+        """Every object of a kind, as the watch of that kind lists them (one request)."""
+        path, query = self._watches[kind]
+        listed = await self._kube.json("GET", path, query=query)
+        items = listed.get("items") or []
+        return [item for item in items if isinstance(item, dict)]
+
     async def watch(self, kinds: Iterable[Kind] = KINDS) -> AsyncIterator[WatchEvent]:
         wanted = frozenset(kinds)
         queue: asyncio.Queue[WatchEvent] = asyncio.Queue(maxsize=10_000)

@@ -113,18 +113,15 @@ async def follow_watch(
             synced = None
 
 
-async def run_watch(
-    *,
-    store: Store,
+def view_applier(
     cluster: ClusterState,
     pods: PodCache,
-    ready: asyncio.Event | None = None,
+    *,
     leases: LeaseSink | None = None,
     pod_gone: Callable[[], None] | None = None,
-    kinds: tuple[Kind, ...] = KINDS,
-) -> None:
-    """Apply watch events of ``kinds`` until cancelled; set ``ready`` once every kind has
-    synced."""
+) -> Apply:
+    """What a watched view does with each event: the extender's rules for its cluster state,
+    kept in one place for every reader (the watch below, ``tidelease ctl explain``)."""
 
     def apply(kind: Kind, event: str, obj: dict[str, Any]) -> None:
         if kind == "Pod":
@@ -151,6 +148,23 @@ async def run_watch(
             cluster.apply_gpu_lease(event, obj)
             if leases is not None:
                 leases.apply(event, obj)
+
+    return apply
+
+
+async def run_watch(
+    *,
+    store: Store,
+    cluster: ClusterState,
+    pods: PodCache,
+    ready: asyncio.Event | None = None,
+    leases: LeaseSink | None = None,
+    pod_gone: Callable[[], None] | None = None,
+    kinds: tuple[Kind, ...] = KINDS,
+) -> None:
+    """Apply watch events of ``kinds`` until cancelled; set ``ready`` once every kind has
+    synced."""
+    apply = view_applier(cluster, pods, leases=leases, pod_gone=pod_gone)
 
     def synced() -> None:
         log.info("initial sync done: %d nodes, %d GPU pods", len(cluster), len(pods.by_uid))

@@ -1,0 +1,72 @@
+"""The pure parts of ``tidelease ctl``: device states, availability, tables and colour."""
+
+from __future__ import annotations
+
+import pytest
+
+from extender.ctl import render
+from extender.ctl.view import Counts, DeviceView, device_availability
+
+
+def device(**kw: object) -> DeviceView:
+    base: dict[str, object] = {
+        "node": "n",
+        "index": 0,
+        "uuid": "GPU-0",
+        "type": "H20",
+        "tier": "HA",
+        "health": "Healthy",
+        "reason": "",
+        "availability": None,
+        "owner": None,
+        "replica": None,
+        "standby": False,
+        "holder": None,
+        "holder_priority": None,
+    }
+    return DeviceView(**{**base, **kw})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kw", "state"),
+    [
+        ({}, "free"),
+        ({"health": "Unknown"}, "unusable"),
+        ({"holder": "a/p", "holder_priority": "high"}, "held"),
+        ({"holder": "a/p", "holder_priority": "low", "owner": "recsys"}, "borrowed"),
+        # A device held stays held whatever its health: the pod has it.
+        ({"holder": "a/p", "holder_priority": "low", "health": "Unhealthy"}, "borrowed"),
+    ],
+)
+def test_a_device_is_in_one_state(kw: dict[str, object], state: str) -> None:
+    assert device(**kw).state == state
+
+
+def test_counts_split_standby_into_free_and_on_loan() -> None:
+    c = Counts("H20", "HA")
+    for d in (
+        device(standby=True),
+        device(standby=True, holder="a/b", holder_priority="low"),
+        device(owner="recsys", holder="a/c", holder_priority="low"),
+        device(health="Unhealthy"),
+    ):
+        c.add(d)
+    got = (c.total, c.healthy, c.unhealthy, c.free, c.borrowed, c.lent)
+    assert got == (4, 3, 1, 1, 2, 1)
+    assert (c.standby_free, c.standby_on_loan) == (1, 1)
+
+
+def test_availability_is_healthy_time_over_observed_time() -> None:
+    assert device_availability([]) is None
+    assert device_availability([(0.0, 90.0, True), (90.0, 100.0, False)]) == pytest.approx(0.9)
+    # A gap (the agent down) is not observed, so not counted against the device.
+    assert device_availability([(0.0, 50.0, True), (80.0, 100.0, True)]) == 1.0
+
+
+def test_tables_align_and_colour_only_when_asked() -> None:
+    rows = [("a", "Unhealthy", None), ("longer", "Healthy", 3)]
+    plain = render.table(("NAME", "HEALTH", "N"), rows)
+    assert plain == "NAME    HEALTH     N\na       Unhealthy  -\nlonger  Healthy    3\n"
+    coloured = render.table(("NAME", "HEALTH", "N"), rows, colour=True)
+    assert "\033[31mUnhealthy\033[0m" in coloured
+    assert "\033[" not in plain
