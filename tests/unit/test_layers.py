@@ -42,10 +42,13 @@ LAYERS: dict[str, frozenset[str]] = {
             "extender.scheduler",
             "extender.planner",
         ),
+        # what an admin sees (kubectl tidelease): the cluster view and the scheduler's own rules
+        "extender.ctl": ("common", "extender.cluster", "extender.leasing", "extender.scheduler"),
         # extender/main.py wires the processes; extender/demo.py drives a real server
         "extender": (
             "common",
             "extender.cluster",
+            "extender.ctl",
             "extender.hotrestart",
             "extender.leasing",
             "extender.orchestration",
