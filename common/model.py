@@ -114,6 +114,10 @@ class PodRequest:
     lent_group: str | None = None
     checkpoint: str | None = None
     images: frozenset[str] = field(default_factory=frozenset)
+    # Jobs whose lease is reclaiming now (set by the cluster view, not by the pod): a borrower
+    # may not take the devices they lent, or its replacement would take them back from under
+    # the reclaim every time one is evicted.
+    reclaiming_owners: frozenset[JobName] = frozenset()
 
     @property
     def key(self) -> str:

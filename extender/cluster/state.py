@@ -29,6 +29,7 @@ from common.model import (
     Device,
     DeviceClass,
     GpuUuid,
+    JobName,
     NodeCache,
     NodeInventory,
     NodeName,
@@ -198,6 +199,8 @@ class ClusterState:
         # pods are reclaim requests (Algorithm 1's IsReclaim) without needing an annotation.
         # -> (lease key, whether its workload names its replicas: common.replicas)
         self._reclaiming: dict[tuple[str, str], tuple[str, bool]] = {}
+        # Their owners' names (device tags name the job alone): what borrowers may not take.
+        self._reclaiming_owners: frozenset[JobName] = frozenset()
         # Pods seen deleted (or finished) whose allocations are still in a stored ledger.
         self._gone: set[PodUid] = set()
         self._ledger_of: dict[PodUid, NodeName] = {}  # where each pod's allocation is
@@ -342,12 +345,20 @@ class ClusterState:
             kind = (spec.get("workload") or {}).get("kind")
             per_replica = isinstance(kind, str) and names_replicas(kind)
             self._reclaiming[(str(meta.get("namespace", "")), owner)] = (key, per_replica)
+        self._reclaiming_owners = frozenset(JobName(job) for _, job in self._reclaiming)
 
     def with_reclaim(self, req: PodRequest) -> PodRequest:
         """The request as Algorithm 1 sees it: a reclaim when the owner's lease is reclaiming;
         where the lease's workload names its replicas, the pod takes back its own lent group
-        (``lent_group``: the replica's name, as the leasing controller recorded the group)."""
-        if req.priority is not Priority.HIGH or req.owner is None:
+        (``lent_group``: the replica's name, as the leasing controller recorded the group). A
+        borrower is kept off the devices of every job whose lease is reclaiming
+        (``reclaiming_owners``)."""
+        if req.priority is Priority.LOW:
+            owners = self._reclaiming_owners
+            if req.reclaiming_owners == owners:
+                return req
+            return replace(req, reclaiming_owners=owners)
+        if req.owner is None:
             return req
         found = self._reclaiming.get((req.namespace, req.owner))
         if found is None:

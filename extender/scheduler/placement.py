@@ -35,6 +35,7 @@ class Verdict(enum.Enum):
     TAGGED_OTHER = "tagged for another job's right of return"
     TAGGED_REPLICA = "lent by another replica of the job, which takes them back"
     STANDBY_RESERVED = "reserved for reclaims (standby pool)"
+    BEING_RECLAIMED = "being taken back by the job that lent them (its reclaim is under way)"
 
 
 def verdict(cls: DeviceClass, req: PodRequest) -> Verdict:
@@ -49,7 +50,9 @@ def verdict(cls: DeviceClass, req: PodRequest) -> Verdict:
         return Verdict.STANDBY if req.reclaim else Verdict.STANDBY_RESERVED
     if cls.owner is None:  # line 8: untagged devices are open to all
         return Verdict.USABLE
-    if req.priority is Priority.LOW:  # line 10: borrowers may use tagged devices
+    if req.priority is Priority.LOW:  # line 10: borrowers may use tagged devices ...
+        if cls.owner in req.reclaiming_owners:  # ... but not while their owner takes them back
+            return Verdict.BEING_RECLAIMED
         return Verdict.USABLE
     if req.owner == cls.owner:  # line 12: high priority only on its own tags ...
         if req.lent_group is not None and cls.replica not in (None, req.lent_group):
@@ -78,6 +81,7 @@ def placement_shape(req: PodRequest) -> tuple[object, ...]:
         req.gpu_type,
         req.reclaim,
         req.lent_group,
+        req.reclaiming_owners,
     )
 
 

@@ -32,6 +32,7 @@ _KINDS: dict[str, tuple[str, str, bool]] = {
         False,
     ),
     "StatefulSet": ("/apis/apps/v1", "statefulsets", True),
+    "Deployment": ("/apis/apps/v1", "deployments", True),
     contract.KIND_GPU_LEASE: (
         f"/apis/{contract.GROUP}/{contract.VERSION}",
         contract.PLURAL_GPU_LEASE,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from common import builders
-from common.model import Priority, Tier
+from common.model import NodeName, Priority, Tier
 from common.podrequest import parse_pod
 from extender.scheduler.filtering import (
     NO_INVENTORY,
@@ -12,7 +12,10 @@ from extender.scheduler.filtering import (
     STANDBY_KEPT,
     filter_nodes,
 )
+from extender.scheduler.placement import Verdict, pick_devices
 from tests.unit.cluster import allocate, cluster, holder
+
+BEING = Verdict.BEING_RECLAIMED.value
 
 U = builders.device_uuid
 
@@ -205,3 +208,33 @@ def test_a_reclaiming_lease_makes_the_owners_pods_reclaims() -> None:
     other_ns = parse_pod(builders.pod("o", 4, namespace="x", priority=Priority.HIGH, owner="a"))
     state.apply_gpu_lease("MODIFIED", {**lease, "status": {"phase": "Reclaiming"}})
     assert not state.with_reclaim(other_ns).reclaim
+
+
+def test_a_borrower_is_kept_off_devices_whose_owner_is_reclaiming_them() -> None:
+    """Borrowers may use lent devices, but not while the owner takes them back: else a
+    borrower's replacement (a Deployment's, a Job's) lands on them each time the reclaim evicts
+    one, and the reclaim never ends. Devices lent by other jobs stay open."""
+    state = cluster(
+        builders.gpu_node("a-lent", builders.devices("a-lent", 4, owner="a")),
+        builders.gpu_node("b-lent", builders.devices("b-lent", 4, owner="b")),
+    )
+    borrower = parse_pod(builders.pod("x", 4, priority=Priority.LOW))
+    lease = {
+        "metadata": {"namespace": "ml", "name": "a"},
+        "spec": {"owner": "a"},
+        "status": {"phase": "Reclaiming"},
+    }
+    state.apply_gpu_lease("MODIFIED", lease)
+    d = filter_nodes(state, state.with_reclaim(borrower), ["a-lent", "b-lent"])
+    assert d.passed == ["b-lent"]
+    assert d.unresolvable == {"a-lent": f"tidelease: not enough usable GPUs, free ones are {BEING}"}
+    # The bind's own pick follows the same rule.
+    held: list[str] = []
+    plan, _ = pick_devices(
+        state.nodes[NodeName("a-lent")].devices, held, state.with_reclaim(borrower)
+    )
+    assert not plan.fits
+    lease["status"] = {"phase": "Steady"}
+    state.apply_gpu_lease("MODIFIED", lease)
+    d = filter_nodes(state, state.with_reclaim(borrower), ["a-lent", "b-lent"])
+    assert d.passed == ["a-lent", "b-lent"]
