@@ -41,7 +41,7 @@ from common.kubeclient import KubeClient
 from common.model import Device, GpuUuid, Holder, JobName, PodUid
 from common.objects import object_key
 from common.reconcile import ReconcileLoop, ReconcileSettings, Requeue, Result
-from common.timefmt import microtime
+from common.timefmt import microtime, rfc3339
 from extender.cluster.state import ClusterState
 from extender.cluster.store import Kind
 from extender.cluster.watching import ClusterView, PodCache
@@ -67,6 +67,8 @@ from extender.queues.preemption import eviction_cost
 log = logging.getLogger(__name__)
 
 EVICTION_GRACE_S = 2  # termination grace of an evicted borrower, after its notice period
+# The reason of the DisruptionTarget condition on a borrower evicted by a reclaim.
+DISRUPTION_REASON = "TideleaseReclaim"
 # The reconcile key of the standby pool's top-up: no GpuLease key is without a "/".
 STANDBY_KEY = "standby-pool"
 # After an action, the lease is stepped again this soon (its watch event usually comes first).
@@ -115,7 +117,7 @@ class World(Protocol):
 
     async def notify(self, pod: Holder, lease: GpuLease, deadline: float) -> None: ...
 
-    async def evict(self, pod: Holder) -> None: ...
+    async def evict(self, pod: Holder, lease: GpuLease) -> None: ...
 
 
 class KubeWorld:
@@ -201,12 +203,17 @@ class KubeWorld:
                 component="tidelease-leasing",
             )
 
-    async def evict(self, pod: Holder) -> None:
+    async def evict(self, pod: Holder, lease: GpuLease) -> None:
         """Through the Eviction API, so that the pod's end is an eviction to whoever watches it
         (and counts against its PodDisruptionBudget). A budget that refuses does not hold back a
         reclaim, or right of return would depend on a borrower's budget: the notice was the
-        borrower's time to go. The pod is then deleted, and a Warning Event says why."""
+        borrower's time to go. The pod is then deleted, and a Warning Event says why.
+
+        First the pod gets the condition ``DisruptionTarget`` (reason ``TideleaseReclaim``), as
+        Kubernetes marks the pods it disrupts: a Job's ``podFailurePolicy`` can then tell a
+        reclaim from a failure (docs/leasing.md, "Borrowers that restart")."""
         path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}"
+        await self._mark_disrupted(pod, lease)
         # The notice was the time to checkpoint; now stop promptly.
         options = {"preconditions": {"uid": pod.pod_uid}, "gracePeriodSeconds": EVICTION_GRACE_S}
         eviction = {
@@ -218,6 +225,9 @@ class KubeWorld:
         with contextlib.suppress(NotFound, Conflict):
             try:
                 await self._kube.json("POST", f"{path}/eviction", body=eviction)
+                # The Eviction API writes its own reason over ours (EvictionByEvictionAPI):
+                # name the reclaim again while the pod terminates.
+                await self._mark_disrupted(pod, lease)
                 return
             except TooManyRequests as e:
                 log.warning("borrower %s: its disruption budget refuses (%s): deleted", pod.key, e)
@@ -231,6 +241,35 @@ class KubeWorld:
                     component="tidelease-leasing",
                 )
             await self._kube.json("DELETE", path, body=options)
+
+    async def _mark_disrupted(self, pod: Holder, lease: GpuLease) -> None:
+        with contextlib.suppress(NotFound, Conflict):
+            await self._kube.json(
+                "PATCH",
+                f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/status",
+                body=disruption_target(pod, lease, time.time()),
+                content_type="application/strategic-merge-patch+json",
+            )
+
+
+def disruption_target(pod: Holder, lease: GpuLease, now: float) -> dict[str, Any]:
+    """A strategic merge patch of the pod's status: the condition Kubernetes' own disruptions
+    set (conditions merge by type), naming the reclaim. The UID makes it a precondition."""
+    return {
+        "metadata": {"uid": pod.pod_uid},
+        "status": {
+            "conditions": [
+                {
+                    "type": "DisruptionTarget",
+                    "status": "True",
+                    "reason": DISRUPTION_REASON,
+                    "message": f"tidelease: the GPUs it borrowed are taken back by "
+                    f"{lease.spec.owner} (GpuLease {lease.key}); its notice is over",
+                    "lastTransitionTime": rfc3339(now),
+                }
+            ]
+        },
+    }
 
 
 @dataclass
@@ -422,7 +461,7 @@ class LeaseController:
         elif isinstance(action, Evict):
             for pod in action.pods:
                 log.info("lease %s: evicting borrower %s", name, pod.key)
-                await self.world.evict(pod)
+                await self.world.evict(pod, lease)
                 self.metrics.evictions.inc()
         return action
 

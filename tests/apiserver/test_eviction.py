@@ -10,13 +10,17 @@ from typing import Any
 
 import pytest
 
+from common import builders
 from common.kubeclient import KubeClient
 from common.model import Holder, PodUid, Priority
-from extender.leasing.controller import KubeWorld
+from extender.leasing.controller import DISRUPTION_REASON, KubeWorld
+from extender.leasing.lease import parse_gpu_lease
 from tests.apiserver.conftest import ApiServer
 from tests.polling import eventually
 
 pytestmark = pytest.mark.apiserver
+
+HOLD = "tidelease.test/hold"  # a finalizer: the pod stays readable once deleted
 
 
 @pytest.fixture
@@ -69,8 +73,9 @@ async def test_borrowers_are_evicted_and_a_refusing_budget_does_not_keep_them(
         },
     )
 
+    lease = parse_gpu_lease(builders.gpu_lease("recsys", ns, gpus_per_replica=4, desired_gpus=8))
     for holder in holders.values():
-        await world.evict(holder)
+        await world.evict(holder, lease)
 
     async def gone() -> bool:
         listed = await kube.json("GET", f"/api/v1/namespaces/{ns}/pods")
@@ -80,5 +85,58 @@ async def test_borrowers_are_evicted_and_a_refusing_budget_does_not_keep_them(
     assert await events_of(kube, ns, "budgeted") == ["EvictedPastDisruptionBudget"]
     assert await events_of(kube, ns, "free") == []  # the Eviction API took it
     # A second eviction of a pod already gone is no error (the controller may repeat a step).
-    await world.evict(holders["free"])
+    await world.evict(holders["free"], lease)
     await kube.json("DELETE", f"/api/v1/namespaces/{ns}")
+
+
+async def test_an_evicted_borrower_carries_the_condition_disruption_target(
+    kube: KubeClient,
+) -> None:
+    """What a Job's podFailurePolicy (onPodConditions: DisruptionTarget) reads: the condition
+    is on the pod when it ends, evicted or deleted past its budget. A finalizer keeps each pod
+    readable after its end."""
+    ns = f"evict-{uuid.uuid4().hex[:6]}"
+    await kube.json("POST", "/api/v1/namespaces", body={"metadata": {"name": ns}})
+    world = KubeWorld(kube)
+    lease = parse_gpu_lease(builders.gpu_lease("recsys", ns, gpus_per_replica=4, desired_gpus=8))
+    holders = {}
+    for name in ("free", "budgeted"):
+        body = pod(ns, name)
+        body["metadata"]["finalizers"] = [HOLD]
+        created = await kube.json("POST", f"/api/v1/namespaces/{ns}/pods", body=body)
+        holders[name] = Holder(PodUid(created["metadata"]["uid"]), ns, name, Priority.LOW, 1000)
+        await kube.json(
+            "PATCH",
+            f"/api/v1/namespaces/{ns}/pods/{name}/status",
+            body={"status": {"phase": "Running"}},
+            content_type="application/merge-patch+json",
+        )
+    await kube.json(
+        "POST",
+        f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets",
+        body={
+            "metadata": {"name": "budgeted"},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "budgeted"}}},
+        },
+    )
+    try:
+        for holder in holders.values():
+            await world.evict(holder, lease)
+        for name in holders:
+            got = await kube.json("GET", f"/api/v1/namespaces/{ns}/pods/{name}")
+            assert got["metadata"].get("deletionTimestamp"), name
+            (condition,) = [
+                c for c in got["status"]["conditions"] if c["type"] == "DisruptionTarget"
+            ]
+            assert condition["status"] == "True"
+            assert condition["reason"] == DISRUPTION_REASON, condition
+            assert f"GpuLease {ns}/recsys" in condition["message"]
+    finally:
+        for name in holders:
+            await kube.json(
+                "PATCH",
+                f"/api/v1/namespaces/{ns}/pods/{name}",
+                body={"metadata": {"finalizers": None}},
+                content_type="application/merge-patch+json",
+            )
+        await kube.json("DELETE", f"/api/v1/namespaces/{ns}")

@@ -131,8 +131,10 @@ def test_the_controllers_write_what_they_reconcile_and_cannot_bind(cluster: Kube
     assert not cluster.can(t, "create", "pods/binding", "default")
     assert not cluster.can(t, "update", "gpuallocations.tidelease.io", "")
     assert not cluster.can(t, "create", "pods/exec", "default")
+    assert not cluster.can(t, "update", "pods/status", "default")  # patch, the condition only
     for verb, resource, ns in (
         ("patch", "pods", "default"),
+        ("patch", "pods/status", "default"),
         ("create", "pods/eviction", "default"),
         ("update", "gpuleases.tidelease.io/status", "default"),
         ("patch", "gpunodes.tidelease.io", ""),

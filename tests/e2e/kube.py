@@ -33,6 +33,8 @@ _KINDS: dict[str, tuple[str, str, bool]] = {
     ),
     "StatefulSet": ("/apis/apps/v1", "statefulsets", True),
     "Deployment": ("/apis/apps/v1", "deployments", True),
+    "Job": ("/apis/batch/v1", "jobs", True),
+    "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets", True),
     contract.KIND_GPU_LEASE: (
         f"/apis/{contract.GROUP}/{contract.VERSION}",
         contract.PLURAL_GPU_LEASE,

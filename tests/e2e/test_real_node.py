@@ -8,11 +8,20 @@ devices the extender wrote on the pod.
 from __future__ import annotations
 
 import ipaddress
+from typing import Any
 
 import pytest
 
-from common import contract
-from tests.e2e.harness import REAL_NODE_TAINT, Cluster, RealNode, devices_of, unique
+from common import builders, contract
+from tests.e2e.harness import (
+    BORROWER,
+    ONLINE,
+    REAL_NODE_TAINT,
+    Cluster,
+    RealNode,
+    devices_of,
+    unique,
+)
 from tests.e2e.kube import get_text, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.containerd]
@@ -95,3 +104,156 @@ def test_the_real_node_gives_every_pod_its_own_address(
         what=f"pod {names[0]} to be gone",
         timeout=30,
     )
+
+
+def test_a_job_whose_borrower_a_reclaim_evicts_does_not_count_a_failure(
+    cluster: Cluster, real_node: RealNode, namespace: str
+) -> None:
+    """A borrower Job with ``podFailurePolicy: Ignore on DisruptionTarget`` and no retries
+    (backoffLimit 0) on devices an online job lent. The reclaim takes them back past the
+    borrower's PodDisruptionBudget (deleted, not evicted: Kubernetes adds no condition of its
+    own then): the pod carries DisruptionTarget (reason TideleaseReclaim), the Job does not fail,
+    and its replacement pod waits."""
+    ns, kube = namespace, cluster.kube
+    cluster.ensure_priority_class(BORROWER, 10)
+    gpus = real_node.gpus // 2
+    owner_pod = real_node.pod(
+        ns,
+        "template",
+        gpus=gpus,
+        annotations={contract.ANN_PRIORITY: "high", contract.ANN_OWNER: "recsys"},
+    )
+    owner_pod["spec"]["priorityClassName"] = ONLINE
+    kube.create(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": {"name": "recsys", "namespace": ns},
+            "spec": {
+                "replicas": 2,
+                "serviceName": "recsys",
+                "podManagementPolicy": "Parallel",
+                "selector": {"matchLabels": {"app": "recsys"}},
+                "template": {
+                    "metadata": {
+                        "labels": {"app": "recsys"},
+                        "annotations": owner_pod["metadata"]["annotations"],
+                    },
+                    "spec": owner_pod["spec"],
+                },
+            },
+        }
+    )
+    lease = builders.gpu_lease("recsys", ns, gpus_per_replica=gpus, desired_gpus=2 * gpus)
+    kube.create(lease)
+    for i in range(2):
+        cluster.wait_running(ns, f"recsys-{i}", timeout=90)
+    kube.patch(contract.KIND_GPU_LEASE, "recsys", {"spec": {"desiredGPUs": gpus}}, ns)
+
+    def lent() -> list[str] | None:
+        got = kube.get(contract.KIND_GPU_LEASE, "recsys", ns) or {}
+        status = got.get("status") or {}
+        devices = [u for g in status.get("lent") or [] for u in g.get("devices") or []]
+        return devices if status.get("phase") == "Steady" and len(devices) == gpus else None
+
+    lent_devices = wait_for(lent, what=f"{gpus} devices lent", timeout=60)
+
+    borrower = real_node.pod(ns, "template", gpus=gpus, annotations={contract.ANN_PRIORITY: "low"})
+    spec = borrower["spec"]
+    spec["priorityClassName"] = BORROWER
+    spec["restartPolicy"] = "Never"
+    # A training process stopped mid-run exits non-zero: without the policy, a failure.
+    spec["containers"][0]["command"] = [
+        "/bin/sh",
+        "-c",
+        "trap 'exit 143' TERM; sleep 2147483647 & wait",
+    ]
+    kube.create(
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": "finetune", "namespace": ns},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "finetune"}}},
+        }
+    )
+    kube.create(
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": "finetune", "namespace": ns},
+            "spec": {
+                "backoffLimit": 0,
+                "podFailurePolicy": {
+                    "rules": [
+                        {
+                            "action": "Ignore",
+                            "onPodConditions": [{"type": "DisruptionTarget"}],
+                        }
+                    ]
+                },
+                "template": {
+                    "metadata": {
+                        "labels": {"app": "finetune"},
+                        "annotations": borrower["metadata"]["annotations"],
+                    },
+                    "spec": spec,
+                },
+            },
+        }
+    )
+
+    def running_borrower() -> dict[str, Any] | None:
+        for p in kube.list("Pod", ns):
+            if (
+                p["metadata"]["name"].startswith("finetune-")
+                and (p.get("status") or {}).get("phase") == "Running"
+            ):
+                return p
+        return None
+
+    first = wait_for(running_borrower, what="the borrower running", timeout=90)
+    assert sorted(devices_of(first)) == sorted(lent_devices)
+    name = first["metadata"]["name"]
+
+    kube.patch(contract.KIND_GPU_LEASE, "recsys", {"spec": {"desiredGPUs": 2 * gpus}}, ns)
+    seen: dict[str, Any] = {}
+
+    def disrupted() -> dict[str, Any] | None:
+        pod = kube.get("Pod", name, ns)
+        if pod is None:
+            return seen or None
+        for c in (pod.get("status") or {}).get("conditions") or []:
+            if c["type"] == "DisruptionTarget":
+                seen.update(c)
+        return seen if seen and pod["metadata"].get("deletionTimestamp") else None
+
+    condition = wait_for(disrupted, what=f"{name} marked DisruptionTarget", timeout=60)
+    assert (condition["status"], condition["reason"]) == ("True", "TideleaseReclaim"), condition
+
+    def reclaimed() -> dict[str, Any] | None:
+        got = kube.get(contract.KIND_GPU_LEASE, "recsys", ns) or {}
+        status = got.get("status") or {}
+        return status if status.get("phase") == "Steady" and status.get("reclaims") else None
+
+    wait_for(reclaimed, what="the reclaim to finish", timeout=90)
+    cluster.wait_running(ns, "recsys-1", timeout=90)
+
+    def replaced() -> dict[str, Any] | None:
+        job = kube.get("Job", "finetune", ns) or {}
+        pods = [p for p in kube.list("Pod", ns) if p["metadata"]["name"].startswith("finetune-")]
+        others = [p for p in pods if p["metadata"]["name"] != name]
+        return job if others else None
+
+    def describe() -> str:
+        job = kube.get("Job", "finetune", ns) or {}
+        pods = {
+            p["metadata"]["name"]: (p.get("status") or {}).get("phase")
+            for p in kube.list("Pod", ns)
+        }
+        return f"job status: {job.get('status')}\npods: {pods}"
+
+    job = wait_for(replaced, what="the Job's replacement pod", timeout=60, describe=describe)
+    status = job.get("status") or {}
+    conditions = {c["type"]: c["status"] for c in status.get("conditions") or []}
+    assert conditions.get("Failed") != "True", status
+    assert not status.get("failed"), status
