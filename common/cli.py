@@ -12,7 +12,7 @@ import sys
 from importlib.metadata import entry_points
 
 from common.errors import InvalidInput
-from common.logsetup import setup_logging
+from common.logsetup import FORMATS, setup_logging
 
 GROUP = "tidelease.commands"
 
@@ -20,7 +20,14 @@ GROUP = "tidelease.commands"
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tidelease", description="Elastic GPU leasing on Kubernetes")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
-    p.add_argument("--log-json", action="store_true", help="one JSON object per log line")
+    p.add_argument(
+        "--log-format",
+        choices=FORMATS,
+        default="text",
+        help="text, or json: one JSON object per line, with the verb or controller and the "
+        "object it concerns",
+    )
+    p.add_argument("--log-json", action="store_true", help=argparse.SUPPRESS)  # the old flag
     sub = p.add_subparsers(dest="command", required=True)
     found = sorted(entry_points(group=GROUP), key=lambda ep: ep.name)
     if not found:
@@ -37,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         args.rest = extra + args.rest  # the command parses its own options
     elif extra:
         p.error(f"unrecognized arguments: {' '.join(extra)}")
-    setup_logging(args.log_level, json_format=args.log_json)
+    setup_logging(args.log_level, json_format=args.log_json or args.log_format == "json")
     try:
         code: int = args.run(args)
     except InvalidInput as e:

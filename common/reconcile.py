@@ -61,6 +61,7 @@ from typing import ClassVar, TypeAlias
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from common.errors import Conflict, InvalidInput, TideleaseError
+from common.logsetup import log_context, object_fields
 from common.waiting import wait_event
 
 log = logging.getLogger(__name__)
@@ -449,7 +450,8 @@ class ReconcileLoop:
         finished = False
         try:
             try:
-                result = await self._reconcile(key)
+                with log_context(controller=self.name, **object_fields(key)):
+                    result = await self._reconcile(key)
             except Conflict as e:
                 self._conflicted(key, e)
             except Exception as e:

@@ -23,6 +23,7 @@ from aiohttp import hdrs, web
 
 from common.delegatedauth import DelegatedAuth, metrics_response
 from common.errors import Conflict, InvalidInput, NotFound, TideleaseError
+from common.logsetup import add_log_context, log_context
 from common.podrequest import parse_pod
 from extender.cluster.state import ClusterState
 from extender.cluster.watching import PodCache
@@ -190,6 +191,10 @@ class ExtenderApp:
         latency = self.metrics.latency.labels(verb)
 
         async def handle(request: web.Request) -> web.Response:
+            with log_context(verb=verb):
+                return await answer(request)
+
+        async def answer(request: web.Request) -> web.Response:
             start = time.perf_counter()
             outcome = "ok"
             declared = request.content_length
@@ -204,7 +209,9 @@ class ExtenderApp:
             else:
                 self.body_bytes += reserved
                 try:
-                    status, reply = await handler(wire.decode(await self._body(request)))
+                    body = wire.decode(await self._body(request))
+                    add_log_context(**wire.pod_fields(body))
+                    status, reply = await handler(body)
                 except InvalidInput as e:
                     outcome, status, reply = "bad_request", 400, {"Error": f"tidelease: {e}"}
                 except TideleaseError as e:

@@ -75,6 +75,22 @@ def _pod(body: Mapping[str, Any]) -> dict[str, Any]:
     return pod
 
 
+def pod_fields(body: object) -> dict[str, str]:
+    """The pod a verb's body is about, as log fields (namespace, name); none where the body
+    does not say (it is then refused, with its own message)."""
+    if not isinstance(body, Mapping):
+        return {}
+    if "PodName" in body:  # bind
+        ns, name = body.get("PodNamespace"), body.get("PodName")
+    else:
+        pod = body.get("Pod")
+        meta = pod.get("metadata") if isinstance(pod, Mapping) else None
+        meta = meta if isinstance(meta, Mapping) else {}
+        ns, name = meta.get("namespace"), meta.get("name")
+    fields = {"namespace": ns, "name": name}
+    return {k: v for k, v in fields.items() if isinstance(v, str) and v}
+
+
 def parse_extender_args(body: Mapping[str, Any]) -> ExtenderArgs:
     pod = _pod(body)
     names = body.get("NodeNames")
