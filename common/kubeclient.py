@@ -163,6 +163,7 @@ class KubeClient:
         query: dict[str, Any] | None = None,
         body: Any = None,
         content_type: str = "application/json",
+        accept: str = "application/json",
         request_timeout: float | None = 30,
     ) -> aiohttp.ClientResponse:
         """The response, unread: the caller reads and releases it."""
@@ -171,7 +172,7 @@ class KubeClient:
                 path,
                 method,
                 query_params=list((query or {}).items()),
-                header_params={"Accept": "application/json", "Content-Type": content_type},
+                header_params={"Accept": accept, "Content-Type": content_type},
                 body=body,
                 auth_settings=["BearerToken"],
                 _preload_content=False,
