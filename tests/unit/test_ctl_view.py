@@ -70,3 +70,27 @@ def test_tables_align_and_colour_only_when_asked() -> None:
     coloured = render.table(("NAME", "HEALTH", "N"), rows, colour=True)
     assert "\033[31mUnhealthy\033[0m" in coloured
     assert "\033[" not in plain
+
+
+class _Refusing:
+    """A store whose lists fail as the API server answers without the CRDs, or a user without
+    the right to list."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    async def list_objects(self, kind: str) -> list[dict[str, object]]:
+        raise self.error
+
+
+async def test_missing_crds_and_permissions_are_named() -> None:
+    from common.errors import InvalidInput, NotFound
+    from extender.ctl.command import _list
+
+    with pytest.raises(NotFound, match=r"does not serve gpunodes\.tidelease\.io: are tidelease's"):
+        await _list(_Refusing(NotFound("GET ...: HTTP 404: not found")), "GpuNode")  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput, match="not allowed to list GpuLease objects"):
+        await _list(_Refusing(InvalidInput("GET ...: HTTP 403: forbidden")), "GpuLease")  # type: ignore[arg-type]
+    # A missing built-in kind is not blamed on the CRDs.
+    with pytest.raises(NotFound, match=r"^GET"):
+        await _list(_Refusing(NotFound("GET ...: HTTP 404")), "Pod")  # type: ignore[arg-type]
