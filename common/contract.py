@@ -59,6 +59,8 @@ GROUP: Final = PREFIX
 VERSION: Final = "v1alpha1"
 API_VERSION: Final = f"{GROUP}/{VERSION}"
 KIND_GPU_NODE: Final = "GpuNode"
+# GpuNode status condition written by the node agent: True when every device is Healthy.
+CONDITION_DEVICES_HEALTHY: Final = "DevicesHealthy"
 PLURAL_GPU_NODE: Final = "gpunodes"
 KIND_GPU_ALLOCATION: Final = "GpuAllocation"
 PLURAL_GPU_ALLOCATION: Final = "gpuallocations"

@@ -20,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from common import contract
+from common.conditions import Status, set_condition
 from common.errors import InvalidInput, TideleaseError
 from common.model import GpuUuid, Health, Tier
 from common.timefmt import epoch, rfc3339
@@ -99,6 +101,8 @@ class NodeView:
             if isinstance(dev, dict) and dev.get("tier") in _TIERS:
                 self.tiers[str(dev.get("uuid"))] = _TIERS[dev["tier"]]
         self.assessed_at = epoch(status.get("tierAssessedAt"))
+        conditions = status.get("conditions")
+        self.conditions: list[dict[str, Any]] = conditions if isinstance(conditions, list) else []
 
     def on_samples(self, samples: list[Sample], now: float) -> bool:
         """Apply a health cycle's readings; whether any device's health changed."""
@@ -167,7 +171,24 @@ class NodeView:
         }
         if self.assessed_at is not None:
             status["tierAssessedAt"] = rfc3339(self.assessed_at)
+        self.conditions = set_condition(
+            self.conditions, contract.CONDITION_DEVICES_HEALTHY, *devices_healthy(devices), now
+        )
+        status["conditions"] = self.conditions
         return status
+
+
+def devices_healthy(devices: list[dict[str, Any]]) -> tuple[Status, str, str]:
+    """The DevicesHealthy condition of the devices' health: its status, reason and message."""
+    unhealthy = [d for d in devices if d["health"] == Health.UNHEALTHY.value]
+    unknown = [d for d in devices if d["health"] == Health.UNKNOWN.value]
+    if unhealthy:
+        which = ", ".join(f"{d['index']} ({d['reason'] or 'unhealthy'})" for d in unhealthy)
+        return "False", "DevicesUnhealthy", f"{len(unhealthy)} of {len(devices)}: {which}"
+    if unknown:
+        which = ", ".join(str(d["index"]) for d in unknown)
+        return "Unknown", "HealthUnknown", f"{len(unknown)} of {len(devices)} unread: {which}"
+    return "True", "AllHealthy", f"{len(devices)} of {len(devices)} healthy"
 
 
 async def _event_pump(

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from common import builders, contract
+from common.conditions import set_condition
 from common.errors import InvalidInput
 from common.kubeclient import KubeClient
 from extender.leasing.lease import MIN_GRACE_S
@@ -45,6 +46,7 @@ async def test_a_notice_shorter_than_the_minimum_is_refused(
 CRD = f"/apis/{contract.API_VERSION}"
 NODES = f"{CRD}/{contract.PLURAL_GPU_NODE}"
 LEDGERS = f"{CRD}/{contract.PLURAL_GPU_ALLOCATION}"
+TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io"  # what kubectl get asks for
 
 
 def spec_lease(name: str, **spec: Any) -> dict[str, Any]:
@@ -114,17 +116,43 @@ async def test_a_ledger_holds_one_allocation_per_pod_and_a_replica_tag_needs_its
 async def test_kubectl_get_shows_the_columns_an_admin_reads(apiserver: ApiServer) -> None:
     """Server-side printing, as kubectl asks for it (a Table)."""
     kube = await KubeClient.connect(apiserver.kubeconfig)
-    table = "application/json;as=Table;v=v1;g=meta.k8s.io"
     try:
         for path, want in (
             (LEASES, ["Name", "Owner", "Phase", "Desired", "Replicas", "Reclaims", "Age"]),
             (LEDGERS, ["Name", "Pods", "Age"]),
         ):
-            resp = await kube.raw("GET", path, accept=table)
+            resp = await kube.raw("GET", path, accept=TABLE)
             try:
                 got = json.loads(await resp.read())
             finally:
                 resp.release()
             assert [c["name"] for c in got["columnDefinitions"]] == want
     finally:
+        await kube.close()
+
+
+async def test_a_gpunode_keeps_its_devices_healthy_condition_and_shows_it(
+    apiserver: ApiServer,
+) -> None:
+    """The agent's condition survives the schema (not pruned) and is a column of
+    ``kubectl get gpunodes``."""
+    kube = await KubeClient.connect(apiserver.kubeconfig)
+    name = "n-condition"
+    node = builders.gpu_node(name, builders.devices(name, 2))
+    conditions = set_condition(None, "DevicesHealthy", "True", "AllHealthy", "2 of 2 healthy", 1e9)
+    try:
+        created = await kube.json("POST", NODES, body=node)
+        created["status"] = {**node["status"], "conditions": conditions}
+        written = await kube.json("PUT", f"{NODES}/{name}/status", body=created)
+        assert written["status"]["conditions"] == conditions
+        resp = await kube.raw("GET", f"{NODES}/{name}", accept=TABLE)
+        try:
+            table = json.loads(await resp.read())
+        finally:
+            resp.release()
+        columns = [c["name"] for c in table["columnDefinitions"]]
+        assert columns == ["Name", "Healthy", "Reason", "Observed", "Age"]
+        assert table["rows"][0]["cells"][:3] == [name, "True", "AllHealthy"]
+    finally:
+        await kube.json("DELETE", f"{NODES}/{name}")
         await kube.close()

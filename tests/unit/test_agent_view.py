@@ -113,3 +113,37 @@ def test_plugin_devices_follow_health() -> None:
     cycle(v, reader, 1)
     assert [d.healthy for d in plugin_devices(v.infos, v.health())] == [True, False]
     assert plugin_devices(v.infos, {})[0].healthy is False  # never read: not handed out
+
+
+def test_devices_healthy_condition_follows_health_and_keeps_its_transition_time() -> None:
+    v, fake, reader = view()
+    cycle(v, reader, 0)
+
+    def condition(now: float, agent: NodeView = v) -> dict[str, Any]:
+        (c,) = agent.status(now)["conditions"]
+        assert c["type"] == "DevicesHealthy"
+        return c
+
+    first = condition(10)
+    stored_healthy = {"status": v.status(10)}
+    assert (first["status"], first["reason"], first["message"]) == (
+        "True",
+        "AllHealthy",
+        "2 of 2 healthy",
+    )
+    assert condition(20)["lastTransitionTime"] == first["lastTransitionTime"]  # no change
+    fake.inject_xid(1, 48)
+    assert v.on_events(reader.wait_events(0), 30)
+    down = condition(30)
+    assert (down["status"], down["reason"]) == ("False", "DevicesUnhealthy")
+    assert down["message"].startswith("1 of 2: 1 (")
+    assert "XID 48" in down["message"]
+    assert down["lastTransitionTime"] != first["lastTransitionTime"]
+    # A restarted agent that reads the same health keeps the time the status last changed.
+    again, _, reader2 = view(stored_healthy)
+    cycle(again, reader2, 60)
+    restarted = condition(60, again)
+    assert (restarted["status"], restarted["lastTransitionTime"]) == (
+        "True",
+        first["lastTransitionTime"],
+    )
