@@ -58,7 +58,13 @@ from extender.leasing.decisions import (
     WriteStatus,
     decide,
 )
-from extender.leasing.lease import GpuLease, LeaseStatus, Workload, parse_gpu_lease
+from extender.leasing.lease import (
+    GpuLease,
+    LeaseStatus,
+    Workload,
+    lease_conditions,
+    parse_gpu_lease,
+)
 from extender.leasing.rules import TypeTier, standby_excess, standby_topup
 from extender.queues.allocation import JobView
 from extender.queues.jobviews import held_by_job, job_views
@@ -174,9 +180,16 @@ class KubeWorld:
             f"{contract.PLURAL_GPU_LEASE}/{lease.name}"
         )
         obj = await self._kube.json("GET", path)
-        if (obj.get("metadata") or {}).get("resourceVersion") != lease.resource_version:
+        meta = obj.get("metadata") or {}
+        if meta.get("resourceVersion") != lease.resource_version:
             raise Conflict(f"GpuLease {lease.key} changed since it was read")
-        obj["status"] = status.to_json()
+        previous = (obj.get("status") or {}).get("conditions")
+        generation = meta.get("generation")
+        written = status.to_json()
+        written["conditions"] = lease_conditions(
+            status, previous, generation if isinstance(generation, int) else None, time.time()
+        )
+        obj["status"] = written
         await self._kube.json("PUT", f"{path}/status", body=obj)
 
     async def notify(self, pod: Holder, lease: GpuLease, deadline: float) -> None:

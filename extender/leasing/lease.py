@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from common.conditions import set_condition
 from common.errors import InvalidInput
 from common.model import GpuUuid, JobName
 from common.objects import resource_version
@@ -232,3 +233,42 @@ def parse_gpu_lease(obj: Mapping[str, Any]) -> GpuLease:
             last_reclaim_s=status.get("lastReclaimSeconds"),
         ),
     )
+
+
+def lease_conditions(
+    status: LeaseStatus,
+    previous: object,
+    generation: int | None,
+    now: float,
+) -> list[dict[str, Any]]:
+    """The lease's conditions for ``status``: one per phase (``Steady``, ``Lending``,
+    ``Reclaiming``), True for the phase it is in, with ``observedGeneration`` the spec's
+    generation the controller acted on. ``previous``: the conditions as stored (their
+    transition times are kept while their status stays)."""
+    lent = len(status.lent)
+    if status.phase == "Steady":
+        reason, message = "Settled", f"nothing under way; {lent} GPU(s) lent"
+    elif status.phase == "Lending":
+        reason = "ScalingDown"
+        message = f"scaling down to {status.target_replicas} replica(s); {lent} GPU(s) lent"
+    else:
+        groups = ", ".join(status.reclaiming) or "the lent GPUs"
+        deadline = (
+            microtime(status.reclaim_deadline) if status.reclaim_deadline is not None else "-"
+        )
+        reason, message = "TakingBack", f"taking back {groups}; borrowers' notice ends {deadline}"
+    conditions = previous if isinstance(previous, list) else None
+    for phase in PHASES:
+        if phase == status.phase:
+            conditions = set_condition(conditions, phase, "True", reason, message, now, generation)
+        else:
+            conditions = set_condition(
+                conditions,
+                phase,
+                "False",
+                status.phase,
+                f"the lease is {status.phase}",
+                now,
+                generation,
+            )
+    return conditions or []

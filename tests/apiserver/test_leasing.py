@@ -93,6 +93,16 @@ async def test_lend_borrow_reclaim_same_devices(rig: Rig) -> None:
         took = time.monotonic() - start
         grace = 1
         assert took <= grace + 10, took
+        # Conditions: Steady again, for the spec generation asked for (desiredGPUs 16).
+        lease = await rig.lease()
+        conditions = {c["type"]: c for c in status["conditions"]}
+        assert {t: c["status"] for t, c in conditions.items()} == {
+            "Steady": "True",
+            "Lending": "False",
+            "Reclaiming": "False",
+        }
+        generation = lease["metadata"]["generation"]
+        assert {c["observedGeneration"] for c in conditions.values()} == {generation}
         placed = await rig.placed("recsys-")
         assert set(placed) == {f"recsys-{i}" for i in range(4)}
         got_back = set(placed["recsys-2"]) | set(placed["recsys-3"])
