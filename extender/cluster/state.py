@@ -203,7 +203,9 @@ class ClusterState:
         self._reclaiming_owners: frozenset[JobName] = frozenset()
         # Pods seen deleted (or finished) whose allocations are still in a stored ledger.
         self._gone: set[PodUid] = set()
-        self._ledger_of: dict[PodUid, NodeName] = {}  # where each pod's allocation is
+        # Where each pod's allocations are: one node, unless a stale one is left on another
+        # (a bind that failed half-way, then a bind elsewhere) until the reaper releases it.
+        self._ledger_of: dict[PodUid, set[NodeName]] = {}
 
     @property
     def gone(self) -> set[PodUid]:
@@ -211,13 +213,14 @@ class ClusterState:
 
     def pod_gone(self, uid: PodUid) -> None:
         """A pod was deleted or finished: its devices are free from now on."""
-        node = self._ledger_of.get(uid)
-        if node is None or uid in self._gone:
+        nodes = self._ledger_of.get(uid)
+        if not nodes or uid in self._gone:
             return
         self._gone.add(uid)
-        state = self._nodes.get(node)
-        if state is not None:
-            self._changed(state)
+        for node in sorted(nodes):
+            state = self._nodes.get(node)
+            if state is not None:
+                self._changed(state)
 
     def _changed(self, state: NodeState) -> None:
         state._refresh(self._gone)
@@ -272,10 +275,14 @@ class ClusterState:
         state.ledger = {a.holder.pod_uid: a for a in allocations}
         state.ledger_version = version
         for uid in old - state.ledger.keys():
-            self._ledger_of.pop(uid, None)
-            self._gone.discard(uid)
+            nodes = self._ledger_of.get(uid)
+            if nodes is not None:
+                nodes.discard(node)
+                if not nodes:  # in no ledger any more: nothing of it left to free
+                    del self._ledger_of[uid]
+                    self._gone.discard(uid)
         for uid in state.ledger:
-            self._ledger_of[uid] = node
+            self._ledger_of.setdefault(uid, set()).add(node)
         self._changed(state)
 
     def remove_ledger(self, node: NodeName) -> None:
