@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from common import contract
-from common.errors import InvalidInput, NotFound, TideleaseError
+from common.errors import InvalidInput, NotFound, TideleaseError, Unavailable
 from common.kubeclient import KubeClient
 from common.objects import parse_gpu_node
 from extender.cluster.kubestore import KubeStore
@@ -152,7 +152,23 @@ async def _text(args: argparse.Namespace, colour: bool) -> str:
         await kube.close()
 
 
+# An API server that says "not now" (429 while its storage initialises, 5xx) is asked again, a
+# few times, before the command gives up with its answer.
+RETRY_DELAYS_S = (0.5, 1.0, 2.0, 4.0)
+
+
 async def _list(store: KubeStore, kind: Kind) -> list[dict[str, Any]]:
+    for delay in (*RETRY_DELAYS_S, None):
+        try:
+            return await _list_once(store, kind)
+        except Unavailable:
+            if delay is None:
+                raise
+            await asyncio.sleep(delay)
+    raise AssertionError("unreachable")
+
+
+async def _list_once(store: KubeStore, kind: Kind) -> list[dict[str, Any]]:
     try:
         return await store.list_objects(kind)
     except NotFound as e:

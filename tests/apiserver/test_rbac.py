@@ -5,6 +5,8 @@ what the component needs is allowed."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -242,3 +244,43 @@ async def test_metrics_readers_are_reviewed_with_the_extenders_own_token(
             cluster.kubectl("delete", "clusterrolebinding", "tidelease-rbac-prometheus")
     finally:
         await api.close()
+
+
+def test_the_viewer_roles_let_kubectl_tidelease_read_and_nothing_more(
+    cluster: Kubectl, tmp_path: Path
+) -> None:
+    """An admin binds the chart's tidelease-viewer ClusterRole and Role to someone: the plugin
+    then reads the cluster (status, explain); that someone writes nothing and reads no
+    Secret."""
+    cluster.kubectl("create", "serviceaccount", "viewer", "-n", NS)
+    cluster.kubectl(
+        "create", "clusterrolebinding", "rbac-viewer", "--clusterrole=tidelease-viewer",
+        f"--serviceaccount={NS}:viewer",
+    )  # fmt: skip
+    cluster.kubectl(
+        "create", "rolebinding", "rbac-viewer", "--role=tidelease-viewer", "-n", NS,
+        f"--serviceaccount={NS}:viewer",
+    )  # fmt: skip
+    try:
+        t = token(cluster, "viewer")
+        kubeconfig = write_kubeconfig(
+            tmp_path / "viewer", cluster.apiserver.server, t, cluster.apiserver.ca
+        )
+        plugin = Path(sys.executable).parent / "kubectl-tidelease"
+        for args in (["status"], ["nodes"], ["explain", "victim", "-n", "kube-system"]):
+            done = subprocess.run(
+                [str(plugin), "--kubeconfig", str(kubeconfig), "--agent-namespace", NS, *args],
+                capture_output=True, text=True, timeout=60, check=False,
+            )  # fmt: skip
+            assert done.returncode == 0, (args, done.stderr)
+        assert "node-a" in done.stdout or "Request" in done.stdout
+        for verb, resource, ns in (
+            ("patch", "gpunodes.tidelease.io", ""),
+            ("update", "gpuleases.tidelease.io/status", "ml"),
+            ("create", "pods/eviction", "ml"),
+            ("list", "secrets", NS),
+            ("list", "leases", "kube-system"),
+        ):
+            assert not cluster.can(t, verb, resource, ns), (verb, resource, ns)
+    finally:
+        cluster.kubectl("delete", "clusterrolebinding", "rbac-viewer", "--ignore-not-found")

@@ -94,3 +94,30 @@ async def test_missing_crds_and_permissions_are_named() -> None:
     # A missing built-in kind is not blamed on the CRDs.
     with pytest.raises(NotFound, match=r"^GET"):
         await _list(_Refusing(NotFound("GET ...: HTTP 404")), "Pod")  # type: ignore[arg-type]
+
+
+class _BusyThenFine:
+    """An API server that answers 429 twice (its storage initialising), then lists."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def list_objects(self, kind: str) -> list[dict[str, object]]:
+        from common.errors import TooManyRequests
+
+        self.calls += 1
+        if self.calls <= 2:
+            raise TooManyRequests("GET ...: HTTP 429: storage is (re)initializing")
+        return [{"kind": kind}]
+
+
+async def test_a_busy_api_server_is_asked_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    from extender.ctl import command
+
+    monkeypatch.setattr(command, "RETRY_DELAYS_S", (0.0, 0.0, 0.0))
+    store = _BusyThenFine()
+    assert await command._list(store, "GpuNode") == [{"kind": "GpuNode"}]  # type: ignore[arg-type]
+    assert store.calls == 3
+    never = _Refusing(command.Unavailable("GET ...: HTTP 503"))
+    with pytest.raises(command.Unavailable):
+        await command._list(never, "GpuNode")  # type: ignore[arg-type]
