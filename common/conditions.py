@@ -28,12 +28,13 @@ def set_condition(
     out: list[dict[str, Any]] = []
     found = False
     for old in previous or ():
-        if not isinstance(old, Mapping) or old.get("type") != type_:
-            if isinstance(old, Mapping):
-                out.append(dict(old))
+        if not isinstance(old, Mapping):
             continue
-        found = True
-        out.append(_condition(type_, status, reason, message, now, observed_generation, old))
+        if old.get("type") == type_:
+            found = True
+            out.append(_condition(type_, status, reason, message, now, observed_generation, old))
+        else:
+            out.append(dict(old))
     if not found:
         out.append(_condition(type_, status, reason, message, now, observed_generation, None))
     return out
@@ -59,12 +60,3 @@ def _condition(
     if observed_generation is not None:
         condition["observedGeneration"] = observed_generation
     return condition
-
-
-def condition_status(conditions: object, type_: str) -> str | None:
-    """The status of the condition ``type_`` in a list of conditions, if it is there."""
-    for c in conditions if isinstance(conditions, list) else ():
-        if isinstance(c, Mapping) and c.get("type") == type_:
-            status = c.get("status")
-            return status if isinstance(status, str) else None
-    return None

@@ -16,7 +16,6 @@ import yaml
 from extender.ctl.explain import Explanation
 from extender.ctl.view import ClusterSummary, DeviceView, LeaseView, NodeView
 
-FORMATS = ("table", "json", "yaml")
 _RED, _YELLOW, _GREEN = "31", "33", "32"
 _COLOURS = {
     "Unhealthy": _RED,

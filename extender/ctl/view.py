@@ -13,6 +13,7 @@ owner that lent it, who may take it back) and ``standby`` (kept to backfill recl
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -214,6 +215,10 @@ def lease_views(
 ) -> list[LeaseView]:
     holders = _holders(cluster)
     where = {d.uuid: str(d.node) for state in cluster for d in state.devices}
+    held_by: Counter[tuple[str, str | None]] = Counter()  # (namespace, owner) -> GPUs held
+    for a in _allocations(cluster):
+        if a.holder.priority is Priority.HIGH:
+            held_by[(a.holder.namespace, a.holder.owner)] += len(a.devices)
     out: list[LeaseView] = []
     for obj in gpu_leases:
         meta = obj.get("metadata") or {}
@@ -226,13 +231,6 @@ def lease_views(
             )
             continue
         spec, status = lease.spec, lease.status
-        held = sum(
-            len(a.devices)
-            for a in _allocations(cluster)
-            if a.holder.namespace == ns
-            and a.holder.owner == spec.owner
-            and a.holder.priority is Priority.HIGH
-        )
         lent = tuple(
             (
                 g.replica,
@@ -255,7 +253,7 @@ def lease_views(
                 owner=spec.owner,
                 phase=status.phase,
                 desired_gpus=target_gpus(spec.desired_gpus, spec.schedule, now),
-                held_gpus=held,
+                held_gpus=held_by[(ns, spec.owner)],
                 lent_gpus=len(status.lent),
                 target_replicas=status.target_replicas,
                 reclaims=status.reclaims,

@@ -44,17 +44,20 @@ async def events_of(kube: KubeClient, ns: str, name: str) -> list[str]:
     return [e["reason"] for e in listed.get("items") or [] if e["involvedObject"]["name"] == name]
 
 
-async def test_borrowers_are_evicted_and_a_refusing_budget_does_not_keep_them(
-    kube: KubeClient,
-) -> None:
+async def borrowers(kube: KubeClient, *, hold: bool = False) -> tuple[str, dict[str, Holder]]:
+    """A namespace of its own with two running borrowers, "free" and "budgeted", the second
+    under a PodDisruptionBudget that allows nothing (with no disruption controller, its budget
+    never allows one: the API server refuses every eviction of it with 429). ``hold``: a
+    finalizer keeps each pod readable after its end."""
     ns = f"evict-{uuid.uuid4().hex[:6]}"
     await kube.json("POST", "/api/v1/namespaces", body={"metadata": {"name": ns}})
-    world = KubeWorld(kube)
     holders = {}
     for name in ("free", "budgeted"):
-        created = await kube.json("POST", f"/api/v1/namespaces/{ns}/pods", body=pod(ns, name))
-        uid = PodUid(created["metadata"]["uid"])
-        holders[name] = Holder(uid, ns, name, Priority.LOW, 1000)
+        body = pod(ns, name)
+        if hold:
+            body["metadata"]["finalizers"] = [HOLD]
+        created = await kube.json("POST", f"/api/v1/namespaces/{ns}/pods", body=body)
+        holders[name] = Holder(PodUid(created["metadata"]["uid"]), ns, name, Priority.LOW, 1000)
         # Running, as a borrower is (a pending pod's eviction ignores budgets).
         await kube.json(
             "PATCH",
@@ -62,8 +65,6 @@ async def test_borrowers_are_evicted_and_a_refusing_budget_does_not_keep_them(
             body={"status": {"phase": "Running"}},
             content_type="application/merge-patch+json",
         )
-    # Nothing may disrupt "budgeted" (and with no disruption controller, its budget never
-    # allows one: the API server refuses every eviction of it with 429).
     await kube.json(
         "POST",
         f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets",
@@ -72,7 +73,14 @@ async def test_borrowers_are_evicted_and_a_refusing_budget_does_not_keep_them(
             "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "budgeted"}}},
         },
     )
+    return ns, holders
 
+
+async def test_borrowers_are_evicted_and_a_refusing_budget_does_not_keep_them(
+    kube: KubeClient,
+) -> None:
+    ns, holders = await borrowers(kube)
+    world = KubeWorld(kube)
     lease = parse_gpu_lease(builders.gpu_lease("recsys", ns, gpus_per_replica=4, desired_gpus=8))
     for holder in holders.values():
         await world.evict(holder, lease)
@@ -95,30 +103,9 @@ async def test_an_evicted_borrower_carries_the_condition_disruption_target(
     """What a Job's podFailurePolicy (onPodConditions: DisruptionTarget) reads: the condition
     is on the pod when it ends, evicted or deleted past its budget. A finalizer keeps each pod
     readable after its end."""
-    ns = f"evict-{uuid.uuid4().hex[:6]}"
-    await kube.json("POST", "/api/v1/namespaces", body={"metadata": {"name": ns}})
+    ns, holders = await borrowers(kube, hold=True)
     world = KubeWorld(kube)
     lease = parse_gpu_lease(builders.gpu_lease("recsys", ns, gpus_per_replica=4, desired_gpus=8))
-    holders = {}
-    for name in ("free", "budgeted"):
-        body = pod(ns, name)
-        body["metadata"]["finalizers"] = [HOLD]
-        created = await kube.json("POST", f"/api/v1/namespaces/{ns}/pods", body=body)
-        holders[name] = Holder(PodUid(created["metadata"]["uid"]), ns, name, Priority.LOW, 1000)
-        await kube.json(
-            "PATCH",
-            f"/api/v1/namespaces/{ns}/pods/{name}/status",
-            body={"status": {"phase": "Running"}},
-            content_type="application/merge-patch+json",
-        )
-    await kube.json(
-        "POST",
-        f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets",
-        body={
-            "metadata": {"name": "budgeted"},
-            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "budgeted"}}},
-        },
-    )
     try:
         for holder in holders.values():
             await world.evict(holder, lease)

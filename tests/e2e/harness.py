@@ -417,3 +417,34 @@ class NodeGroup:
         for name in self.nodes:
             self.cluster.kube.delete(contract.KIND_GPU_NODE, name)
             self.cluster.kube.delete("Node", name)
+
+
+_WORKLOAD_API = {"StatefulSet": "apps/v1", "Deployment": "apps/v1", "Job": "batch/v1"}
+
+
+def workload(
+    kind: str, name: str, namespace: str, pod: dict[str, Any], **spec: Any
+) -> dict[str, Any]:
+    """A StatefulSet, Deployment or Job whose pods are ``pod`` (its annotations and spec),
+    labelled ``app: <name>``; ``spec``: the controller's own fields (replicas, backoffLimit...).
+    A StatefulSet starts its pods in parallel; a Job picks its own selector."""
+    body: dict[str, Any] = {
+        **spec,
+        "template": {
+            "metadata": {
+                "labels": {"app": name},
+                "annotations": pod["metadata"].get("annotations") or {},
+            },
+            "spec": pod["spec"],
+        },
+    }
+    if kind != "Job":
+        body["selector"] = {"matchLabels": {"app": name}}
+    if kind == "StatefulSet":
+        body = {"serviceName": name, "podManagementPolicy": "Parallel", **body}
+    return {
+        "apiVersion": _WORKLOAD_API[kind],
+        "kind": kind,
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": body,
+    }

@@ -26,7 +26,7 @@ import pytest
 
 from common import builders, contract
 from common.model import Priority, Tier
-from tests.e2e.harness import BORROWER, ONLINE, Cluster, NodeGroup, devices_of
+from tests.e2e.harness import BORROWER, ONLINE, Cluster, NodeGroup, devices_of, workload
 from tests.e2e.kube import get_text, wait_for
 
 pytestmark = pytest.mark.cluster
@@ -59,26 +59,7 @@ class Job:
             tier=Tier.HA,
             priority_class=ONLINE,
         )
-        kube.create(
-            {
-                "apiVersion": "apps/v1",
-                "kind": "StatefulSet",
-                "metadata": {"name": "recsys", "namespace": namespace},
-                "spec": {
-                    "replicas": replicas,
-                    "serviceName": "recsys",
-                    "podManagementPolicy": "Parallel",
-                    "selector": {"matchLabels": {"app": "recsys"}},
-                    "template": {
-                        "metadata": {
-                            "labels": {"app": "recsys"},
-                            "annotations": template["metadata"]["annotations"],
-                        },
-                        "spec": template["spec"],
-                    },
-                },
-            }
-        )
+        kube.create(workload("StatefulSet", "recsys", namespace, template, replicas=replicas))
         kube.create(
             builders.gpu_lease(
                 "recsys",
@@ -232,24 +213,7 @@ def test_a_reclaim_ends_though_every_evicted_borrower_is_replaced(job: Job) -> N
     template = job.group.pod(
         job.ns, "template", REPLICA_GPUS, priority=Priority.LOW, priority_class=BORROWER
     )
-    job.cluster.kube.create(
-        {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": "finetune", "namespace": job.ns},
-            "spec": {
-                "replicas": 2,
-                "selector": {"matchLabels": {"app": "finetune"}},
-                "template": {
-                    "metadata": {
-                        "labels": {"app": "finetune"},
-                        "annotations": template["metadata"]["annotations"],
-                    },
-                    "spec": template["spec"],
-                },
-            },
-        }
-    )
+    job.cluster.kube.create(workload("Deployment", "finetune", job.ns, template, replicas=2))
 
     def two_placed() -> dict[str, list[str]] | None:
         placed = job.placed("finetune-")

@@ -21,6 +21,7 @@ from tests.e2e.harness import (
     RealNode,
     devices_of,
     unique,
+    workload,
 )
 from tests.e2e.kube import get_text, wait_for
 
@@ -124,26 +125,7 @@ def test_a_job_whose_borrower_a_reclaim_evicts_does_not_count_a_failure(
         annotations={contract.ANN_PRIORITY: "high", contract.ANN_OWNER: "recsys"},
     )
     owner_pod["spec"]["priorityClassName"] = ONLINE
-    kube.create(
-        {
-            "apiVersion": "apps/v1",
-            "kind": "StatefulSet",
-            "metadata": {"name": "recsys", "namespace": ns},
-            "spec": {
-                "replicas": 2,
-                "serviceName": "recsys",
-                "podManagementPolicy": "Parallel",
-                "selector": {"matchLabels": {"app": "recsys"}},
-                "template": {
-                    "metadata": {
-                        "labels": {"app": "recsys"},
-                        "annotations": owner_pod["metadata"]["annotations"],
-                    },
-                    "spec": owner_pod["spec"],
-                },
-            },
-        }
-    )
+    kube.create(workload("StatefulSet", "recsys", ns, owner_pod, replicas=2))
     lease = builders.gpu_lease("recsys", ns, gpus_per_replica=gpus, desired_gpus=2 * gpus)
     kube.create(lease)
     for i in range(2):
@@ -176,30 +158,11 @@ def test_a_job_whose_borrower_a_reclaim_evicts_does_not_count_a_failure(
             "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "finetune"}}},
         }
     )
+    ignore_reclaims = {
+        "rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]
+    }
     kube.create(
-        {
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "metadata": {"name": "finetune", "namespace": ns},
-            "spec": {
-                "backoffLimit": 0,
-                "podFailurePolicy": {
-                    "rules": [
-                        {
-                            "action": "Ignore",
-                            "onPodConditions": [{"type": "DisruptionTarget"}],
-                        }
-                    ]
-                },
-                "template": {
-                    "metadata": {
-                        "labels": {"app": "finetune"},
-                        "annotations": borrower["metadata"]["annotations"],
-                    },
-                    "spec": spec,
-                },
-            },
-        }
+        workload("Job", "finetune", ns, borrower, backoffLimit=0, podFailurePolicy=ignore_reclaims)
     )
 
     def running_borrower() -> dict[str, Any] | None:

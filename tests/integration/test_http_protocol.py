@@ -361,29 +361,16 @@ def test_the_extender_process_moves_what_it_holds_once_synced_out_of_the_collect
 
 async def test_a_verbs_log_lines_name_the_verb_and_the_pod(server: Server) -> None:
     """--log-format json: the bind's own line, and a refused bind's, say which verb and pod."""
-    import io
-    import logging
+    from tests.logcapture import json_log_lines
 
-    from common.logsetup import ContextFilter, JsonFormatter
-
-    out = io.StringIO()
-    handler = logging.StreamHandler(out)
-    handler.setFormatter(JsonFormatter())
-    handler.addFilter(ContextFilter())
-    root = logging.getLogger()
-    root.addHandler(handler)
-    old, root.level = root.level, logging.INFO
-    try:
+    with json_log_lines() as lines:
         for pod, uid, node in (
             ("hp-a", "uid-hp-a", "node-a"),
             ("borrower", "uid-borrower", "node-c"),
         ):
             body = {"PodName": pod, "PodNamespace": "default", "PodUID": uid, "Node": node}
             assert (await server.post("bind", body))[0] == 200
-    finally:
-        root.removeHandler(handler)
-        root.level = old
-    entries = [json.loads(line) for line in out.getvalue().splitlines()]
+    entries = lines.entries()
     about = {
         (e.get("verb"), e.get("namespace"), e.get("name"))
         for e in entries

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from common.conditions import condition_status, set_condition
+from common.conditions import set_condition
 from common.timefmt import rfc3339
 
 
@@ -29,6 +29,3 @@ def test_other_conditions_are_kept_in_place() -> None:
     both = set_condition(set_condition(None, "A", "True", "R", "", 1), "B", "False", "R", "", 2)
     again = set_condition(both, "A", "False", "R", "", 3)
     assert [(c["type"], c["status"]) for c in again] == [("A", "False"), ("B", "False")]
-    assert condition_status(again, "B") == "False"
-    assert condition_status(again, "C") is None
-    assert condition_status("not a list", "A") is None

@@ -85,7 +85,7 @@ class _Refusing:
 
 async def test_missing_crds_and_permissions_are_named() -> None:
     from common.errors import InvalidInput, NotFound
-    from extender.ctl.command import _list
+    from extender.ctl.reading import _list
 
     with pytest.raises(NotFound, match=r"does not serve gpunodes\.tidelease\.io: are tidelease's"):
         await _list(_Refusing(NotFound("GET ...: HTTP 404: not found")), "GpuNode")  # type: ignore[arg-type]
@@ -112,12 +112,12 @@ class _BusyThenFine:
 
 
 async def test_a_busy_api_server_is_asked_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    from extender.ctl import command
+    from extender.ctl import reading
 
-    monkeypatch.setattr(command, "RETRY_DELAYS_S", (0.0, 0.0, 0.0))
+    monkeypatch.setattr(reading, "RETRY_DELAYS_S", (0.0, 0.0, 0.0))
     store = _BusyThenFine()
-    assert await command._list(store, "GpuNode") == [{"kind": "GpuNode"}]  # type: ignore[arg-type]
+    assert await reading._list(store, "GpuNode") == [{"kind": "GpuNode"}]  # type: ignore[arg-type]
     assert store.calls == 3
-    never = _Refusing(command.Unavailable("GET ...: HTTP 503"))
-    with pytest.raises(command.Unavailable):
-        await command._list(never, "GpuNode")  # type: ignore[arg-type]
+    never = _Refusing(reading.Unavailable("GET ...: HTTP 503"))
+    with pytest.raises(reading.Unavailable):
+        await reading._list(never, "GpuNode")  # type: ignore[arg-type]

@@ -3,46 +3,26 @@
 from __future__ import annotations
 
 import asyncio
-import io
-import json
 import logging
 from collections.abc import Iterator
 
 import pytest
 
 from common.cli import parser
-from common.logsetup import (
-    ContextFilter,
-    JsonFormatter,
-    add_log_context,
-    log_context,
-    object_fields,
-)
+from common.logsetup import add_log_context, log_context, object_fields
 from common.reconcile import ReconcileLoop, ReconcileSettings
+from tests.logcapture import JsonLines, json_log_lines
 
 log = logging.getLogger("tests.logsetup")
 
 
 @pytest.fixture
-def lines() -> Iterator[io.StringIO]:
-    out = io.StringIO()
-    handler = logging.StreamHandler(out)
-    handler.setFormatter(JsonFormatter())
-    handler.addFilter(ContextFilter())
-    root = logging.getLogger()
-    root.addHandler(handler)
-    old = root.level
-    root.setLevel(logging.INFO)
-    yield out
-    root.removeHandler(handler)
-    root.setLevel(old)
+def lines() -> Iterator[JsonLines]:
+    with json_log_lines() as captured:
+        yield captured
 
 
-def parsed(out: io.StringIO) -> list[dict[str, str]]:
-    return [json.loads(line) for line in out.getvalue().splitlines()]
-
-
-def test_lines_carry_their_context_and_only_inside_it(lines: io.StringIO) -> None:
+def test_lines_carry_their_context_and_only_inside_it(lines: JsonLines) -> None:
     log.info("before")
     with log_context(verb="bind"):
         add_log_context(namespace="ml", name="p-0")
@@ -51,7 +31,7 @@ def test_lines_carry_their_context_and_only_inside_it(lines: io.StringIO) -> Non
             log.info("nested")
         log.info("back")
     log.info("after")
-    got = [(e["msg"], e.get("verb"), e.get("namespace"), e.get("name")) for e in parsed(lines)]
+    got = [(e["msg"], e.get("verb"), e.get("namespace"), e.get("name")) for e in lines.entries()]
     assert got == [
         ("before", None, None, None),
         ("inside", "bind", "ml", "p-0"),
@@ -67,7 +47,7 @@ def test_object_fields_of_namespaced_and_cluster_scoped_keys() -> None:
 
 
 async def test_a_controllers_lines_name_it_and_the_object_it_reconciles(
-    lines: io.StringIO,
+    lines: JsonLines,
 ) -> None:
     done = asyncio.Event()
 
@@ -83,7 +63,7 @@ async def test_a_controllers_lines_name_it_and_the_object_it_reconciles(
     finally:
         runner.cancel()
         await asyncio.gather(runner, return_exceptions=True)
-    (entry,) = [e for e in parsed(lines) if e["msg"] == "reconciling"]
+    (entry,) = [e for e in lines.entries() if e["msg"] == "reconciling"]
     assert (entry["controller"], entry["namespace"], entry["name"]) == ("leasing", "ml", "recsys")
 
 
