@@ -139,6 +139,7 @@ async def controllers(
             metrics=LeasingMetrics(registry),
             standby_targets=settings.standby_targets(),
             test_grace_s=settings.leasing_test_grace_s,
+            overdue_after_s=settings.reclaim_overdue_s,
         )
         if settings.leasing_test_grace_s is not None:
             log.warning(

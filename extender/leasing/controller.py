@@ -33,6 +33,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from common import contract
 from common.errors import Conflict, InvalidInput, NotFound, TideleaseError, TooManyRequests
@@ -41,11 +43,12 @@ from common.kubeclient import KubeClient
 from common.model import Device, GpuUuid, Holder, JobName, PodUid
 from common.objects import object_key
 from common.reconcile import ReconcileLoop, ReconcileSettings, Requeue, Result
-from common.timefmt import microtime, rfc3339
+from common.timefmt import epoch, microtime, rfc3339
 from extender.cluster.state import ClusterState
 from extender.cluster.store import Kind
 from extender.cluster.watching import ClusterView, PodCache
 from extender.leasing.decisions import (
+    RECLAIM_OVERDUE_S,
     Action,
     Evict,
     Notify,
@@ -57,10 +60,12 @@ from extender.leasing.decisions import (
     Wait,
     WriteStatus,
     decide,
+    overdue,
 )
 from extender.leasing.lease import (
     GpuLease,
     LeaseStatus,
+    Trouble,
     Workload,
     lease_conditions,
     parse_gpu_lease,
@@ -119,7 +124,9 @@ class World(Protocol):
 
     async def set_tags(self, changes: Iterable[TagChange]) -> None: ...
 
-    async def write_status(self, lease: GpuLease, status: LeaseStatus) -> None: ...
+    async def write_status(
+        self, lease: GpuLease, status: LeaseStatus, degraded: Trouble | None = None
+    ) -> None: ...
 
     async def notify(self, pod: Holder, lease: GpuLease, deadline: float) -> None: ...
 
@@ -174,7 +181,9 @@ class KubeWorld:
             else:
                 raise Conflict(f"GpuNode {node}: tags kept conflicting")
 
-    async def write_status(self, lease: GpuLease, status: LeaseStatus) -> None:
+    async def write_status(
+        self, lease: GpuLease, status: LeaseStatus, degraded: Trouble | None = None
+    ) -> None:
         path = (
             f"/apis/{contract.API_VERSION}/namespaces/{lease.namespace}/"
             f"{contract.PLURAL_GPU_LEASE}/{lease.name}"
@@ -187,7 +196,11 @@ class KubeWorld:
         generation = meta.get("generation")
         written = status.to_json()
         written["conditions"] = lease_conditions(
-            status, previous, generation if isinstance(generation, int) else None, time.time()
+            status,
+            previous,
+            generation if isinstance(generation, int) else None,
+            time.time(),
+            degraded,
         )
         obj["status"] = written
         await self._kube.json("PUT", f"{path}/status", body=obj)
@@ -298,9 +311,16 @@ class LeasingMetrics:
     latency: Histogram = field(init=False)
     backfills: Counter = field(init=False)
     evictions: Counter = field(init=False)
+    standby: Gauge = field(init=False)
+    standby_target: Gauge = field(init=False)
+    # (lease, seconds past its notice deadline) of each reclaim under way past it; read at
+    # every scrape (the controller points it at its lease cache).
+    overdue: Callable[[], Iterable[tuple[str, float]]] = field(init=False)
 
     def __post_init__(self) -> None:
         r = self.registry
+        self.overdue = lambda: ()
+        r.register(_OverdueCollector(self))
         self.lent = Gauge(
             "tidelease_leasing_lent_gpus", "GPUs lent, by lease.", ["lease"], registry=r
         )
@@ -326,6 +346,42 @@ class LeasingMetrics:
         )
         self.evictions = Counter(
             "tidelease_leasing_evictions", "Borrower pods evicted after their notice.", registry=r
+        )
+        self.standby = Gauge(
+            "tidelease_leasing_standby_gpus",
+            "Healthy GPUs in the standby pool (free or on loan), by type and tier, as of the "
+            "last top-up.",
+            ["gpu_type", "tier"],
+            registry=r,
+        )
+        self.standby_target = Gauge(
+            "tidelease_leasing_standby_target_gpus",
+            "The standby pool's target, by type and tier (the extender's standby setting).",
+            ["gpu_type", "tier"],
+            registry=r,
+        )
+
+
+class _OverdueCollector(Collector):
+    def __init__(self, metrics: LeasingMetrics) -> None:
+        self._metrics = metrics
+
+    def describe(self) -> Iterable[Metric]:
+        return [self._family()]
+
+    def collect(self) -> Iterable[Metric]:
+        family = self._family()
+        for lease, late in self._metrics.overdue():
+            family.add_metric([lease], late)
+        return [family]
+
+    @staticmethod
+    def _family() -> GaugeMetricFamily:
+        return GaugeMetricFamily(
+            "tidelease_leasing_reclaim_overdue_seconds",
+            "Seconds past the borrowers' notice of each reclaim still under way (only leases "
+            "whose reclaim is past it).",
+            labels=["lease"],
         )
 
 
@@ -396,6 +452,7 @@ class LeaseController:
         standby_targets: Mapping[TypeTier, int] | None = None,
         standby_interval_s: float = 60.0,
         test_grace_s: int | None = None,
+        overdue_after_s: float = RECLAIM_OVERDUE_S,
     ) -> None:
         self.view, self.leases = view, leases
         self.world, self.metrics, self.clock = world, metrics, clock
@@ -403,6 +460,7 @@ class LeaseController:
         self.standby_interval_s = standby_interval_s
         # extender.scheduler.settings' leasing_test_grace_s: every lease's notice, for test clusters
         self.test_grace_s = test_grace_s
+        self.overdue_after_s = overdue_after_s
         self._next_topup = 0.0  # on self.clock: when the standby pool is next topped up
         # The loop keeps its own monotonic clock: lease times (Wait.until) are wall time and
         # reach it only as "seconds from now".
@@ -417,6 +475,9 @@ class LeaseController:
         )
         leases.on_change = self._lease_changed
         metrics.view_active.set_function(lambda: float(view.active))
+        metrics.overdue = self._overdue
+        for (gpu_type, tier), count in self.standby_targets.items():
+            metrics.standby_target.labels(gpu_type, tier.name).set(count)
         self._want_view()
 
     def wants_view(self) -> tuple[bool, str]:
@@ -428,6 +489,15 @@ class LeaseController:
         if first is not None:
             return True, f"GpuLease {first} exists"
         return False, "no GpuLease and no standby targets"
+
+    def _overdue(self) -> list[tuple[str, float]]:
+        now, out = self.clock(), []
+        for key, raw in list(self.leases.raw.items()):
+            status = raw.get("status") or {}
+            deadline = epoch((status.get("reclaim") or {}).get("deadline"))
+            if status.get("phase") == "Reclaiming" and deadline is not None and now > deadline:
+                out.append((key, now - deadline))
+        return out
 
     def _want_view(self) -> None:
         self.view.want(*self.wants_view())
@@ -445,9 +515,10 @@ class LeaseController:
         now = self.clock()
         action = decide(lease, replicas, owner_pods, view, now)
         name = lease.key
+        trouble = overdue(lease, owner_pods, now, self.overdue_after_s)
         if isinstance(action, WriteStatus):
             log.info("lease %s: %s", name, action.why)
-            await self.world.write_status(lease, action.status)
+            await self.world.write_status(lease, action.status, trouble)
             self.metrics.lent.labels(name).set(len(action.status.lent))
             if action.status.phase == "Steady" and lease.status.phase == "Reclaiming":
                 self.metrics.reclaims.labels(name).inc()
@@ -470,12 +541,19 @@ class LeaseController:
                     microtime(action.deadline),
                 )
                 await self.world.notify(pod, lease, action.deadline)
-            await self.world.write_status(lease, action.then)
+            await self.world.write_status(lease, action.then, trouble)
         elif isinstance(action, Evict):
             for pod in action.pods:
                 log.info("lease %s: evicting borrower %s", name, pod.key)
                 await self.world.evict(pod, lease)
                 self.metrics.evictions.inc()
+        elif (trouble.reason if trouble else None) != lease.degraded:
+            # Waiting, and the lease's Degraded condition is not what it is: say so.
+            if trouble is not None:
+                log.warning("lease %s: degraded: %s", name, trouble.message)
+            else:
+                log.info("lease %s: no longer degraded", name)
+            await self.world.write_status(lease, lease.status, trouble)
         return action
 
     def keys(self) -> list[str]:
@@ -566,6 +644,11 @@ class LeaseController:
         if chosen:
             log.info("standby pool: adding %d device(s) to reach its targets", len(chosen))
             await self.world.set_tags(TagChange(d.node, d.uuid, None, True) for d in chosen)
+        now_pool = {key: 0 for key in self.standby_targets} | pool
+        for d, step in [(d, 1) for d in chosen] + [(d, -1) for d in extra]:
+            now_pool[(d.gpu_type, d.tier)] = now_pool.get((d.gpu_type, d.tier), 0) + step
+        for (gpu_type, tier), count in now_pool.items():
+            self.metrics.standby.labels(gpu_type, tier.name).set(count)
         return len(extra) + len(chosen)
 
     async def run(self, *, ready: asyncio.Event | None = None) -> None:

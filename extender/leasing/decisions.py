@@ -41,7 +41,7 @@ from dataclasses import dataclass, replace
 
 from common.model import Device, GpuUuid, Holder, JobName
 from common.replicas import incoming_replicas
-from extender.leasing.lease import GpuLease, LeaseStatus, LentGroup, Notice
+from extender.leasing.lease import GpuLease, LeaseStatus, LentGroup, Notice, Trouble
 from extender.leasing.rules import (
     devices_to_tag,
     group_can_return,
@@ -54,6 +54,9 @@ from extender.leasing.rules import (
 
 RESYNC_S = 30.0
 POD_WAIT_S = 1.0
+# A reclaim still under way this long after its borrowers' notice ended makes the lease
+# Degraded (the extender's reclaim_overdue_s setting).
+RECLAIM_OVERDUE_S = 120.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,6 +321,26 @@ def decide(
     if stale:
         return SetTags(stale, f"tag {len(stale)} lent device(s) with the replica that lent them")
     return Wait(now + RESYNC_S, "steady")
+
+
+def overdue(
+    lease: GpuLease, pods: Sequence[OwnerPod], now: float, after_s: float
+) -> Trouble | None:
+    """Why the lease is Degraded, or None: a reclaim ``after_s`` or more past its borrowers'
+    notice, with how many of the owner's pods are placed (what it is waiting for)."""
+    status = lease.status
+    if status.phase != "Reclaiming" or status.reclaim_deadline is None:
+        return None
+    late = now - status.reclaim_deadline
+    if late < after_s:
+        return None
+    target = status.target_replicas if status.target_replicas is not None else len(pods)
+    placed = sum(1 for p in pods if p.node and p.devices)
+    return Trouble(
+        "ReclaimOverdue",
+        f"the reclaim of {', '.join(status.reclaiming) or 'the lent GPUs'} is {late:.0f} s past "
+        f"the borrowers' notice; {placed} of {target} owner pod(s) placed",
+    )
 
 
 def _reclaim(

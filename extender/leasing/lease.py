@@ -21,6 +21,8 @@ from extender.leasing.rules import ScheduleEntry, parse_schedule_time
 
 Phase = Literal["Steady", "Lending", "Reclaiming"]
 PHASES: tuple[Phase, ...] = ("Steady", "Lending", "Reclaiming")
+# True while something keeps the lease from its promise (a reclaim past its deadline).
+CONDITION_DEGRADED = "Degraded"
 DEFAULT_GRACE_S = 45
 # The shortest notice a lease may give its borrowers: time to checkpoint (weflex 3.5 gives
 # 30-60 s). The chart's crds/gpuleases.yaml holds the same minimum; a test cluster shortens every
@@ -122,12 +124,22 @@ class LeaseStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class Trouble:
+    """Why a lease is Degraded: a condition's reason (CamelCase) and message."""
+
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
 class GpuLease:
     namespace: str
     name: str
     resource_version: str
     spec: LeaseSpec
     status: LeaseStatus = field(default_factory=LeaseStatus)
+    # The reason of the stored Degraded condition while it is True; None otherwise.
+    degraded: str | None = None
 
     @property
     def key(self) -> str:
@@ -232,7 +244,15 @@ def parse_gpu_lease(obj: Mapping[str, Any]) -> GpuLease:
             backfilled=int(status.get("backfilled") or 0),
             last_reclaim_s=status.get("lastReclaimSeconds"),
         ),
+        degraded=_true_reason(status.get("conditions"), CONDITION_DEGRADED),
     )
+
+
+def _true_reason(conditions: object, kind: str) -> str | None:
+    for c in conditions if isinstance(conditions, list) else ():
+        if isinstance(c, dict) and c.get("type") == kind and c.get("status") == "True":
+            return str(c.get("reason") or "")
+    return None
 
 
 def lease_conditions(
@@ -240,11 +260,13 @@ def lease_conditions(
     previous: object,
     generation: int | None,
     now: float,
+    degraded: Trouble | None = None,
 ) -> list[dict[str, Any]]:
     """The lease's conditions for ``status``: one per phase (``Steady``, ``Lending``,
-    ``Reclaiming``), True for the phase it is in, with ``observedGeneration`` the spec's
-    generation the controller acted on. ``previous``: the conditions as stored (their
-    transition times are kept while their status stays)."""
+    ``Reclaiming``), True for the phase it is in, and ``Degraded``, True with ``degraded``'s
+    reason and message while something keeps the lease from its promise; each with
+    ``observedGeneration`` the spec's generation the controller acted on. ``previous``: the
+    conditions as stored (their transition times are kept while their status stays)."""
     lent = len(status.lent)
     if status.phase == "Steady":
         reason, message = "Settled", f"nothing under way; {lent} GPU(s) lent"
@@ -271,4 +293,24 @@ def lease_conditions(
                 now,
                 generation,
             )
+    if degraded is not None:
+        conditions = set_condition(
+            conditions,
+            CONDITION_DEGRADED,
+            "True",
+            degraded.reason,
+            degraded.message,
+            now,
+            generation,
+        )
+    else:
+        conditions = set_condition(
+            conditions,
+            CONDITION_DEGRADED,
+            "False",
+            "AsExpected",
+            "nothing is overdue",
+            now,
+            generation,
+        )
     return conditions or []

@@ -72,6 +72,9 @@ class ExtenderSettings:
     # Test clusters only: every reclaim gives borrowers this many seconds of notice instead of
     # its lease's graceSeconds (which the CRD keeps at 30 or more). None: the leases' own.
     leasing_test_grace_s: int | None = None
+    # A reclaim still under way this long after its borrowers' notice makes its GpuLease
+    # Degraded (condition and log line; the alert TideleaseReclaimOverdue).
+    reclaim_overdue_s: float = 120.0
     # Standby pool targets: "TYPE/TIER" -> devices, e.g. {"H20/HA": 16}. File only.
     standby: dict[str, int] = field(default_factory=dict)
     snapshot: Path | None = None
@@ -122,6 +125,7 @@ class ExtenderSettings:
             "agent_timeout_s",
             "stale_after_s",
             "bind_timeout_s",
+            "reclaim_overdue_s",
         ):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be positive")
@@ -168,6 +172,7 @@ _FIELD_TYPES: dict[str, type] = {
     "prewarm_controller": bool,
     "planner": bool,
     "leasing_test_grace_s": int,
+    "reclaim_overdue_s": float,
     "snapshot": Path,
     "kubeconfig": Path,
 }

@@ -232,9 +232,10 @@ async def running_rig(
 
 
 @contextlib.asynccontextmanager
-async def extender(rig: Rig) -> AsyncIterator[Running]:
+async def extender(rig: Rig, *, overdue_s: float = 120.0) -> AsyncIterator[Running]:
     """The extender and the leasing controller, as the deployment runs them: each with its
-    own watched view (here in one process, each stopped with the block)."""
+    own watched view (here in one process, each stopped with the block). ``overdue_s``: the
+    setting reclaim_overdue_s."""
     from pathlib import Path
 
     store = await KubeStore.connect(Path(rig.kubeconfig))
@@ -246,6 +247,7 @@ async def extender(rig: Rig) -> AsyncIterator[Running]:
         reap_interval_s=0.5,
         missing_grace_s=0.5,
         leasing_test_grace_s=rig.grace_s,
+        reclaim_overdue_s=overdue_s,
     )
     try:
         async with (

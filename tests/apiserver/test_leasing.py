@@ -100,6 +100,7 @@ async def test_lend_borrow_reclaim_same_devices(rig: Rig) -> None:
             "Steady": "True",
             "Lending": "False",
             "Reclaiming": "False",
+            "Degraded": "False",
         }
         generation = lease["metadata"]["generation"]
         assert {c["observedGeneration"] for c in conditions.values()} == {generation}
@@ -148,3 +149,44 @@ async def test_failed_lent_device_is_backfilled_from_standby(rig: Rig) -> None:
         for u in new & standby:
             assert (spare[u].get("standby"), spare[u].get("owner")) == (True, "recsys"), spare[u]
         assert broken["uuid"] in lent_devices(status)
+
+
+async def test_a_reclaim_that_cannot_finish_makes_the_lease_degraded(apiserver: ApiServer) -> None:
+    """No standby: a lent device that failed keeps its replica from coming back. Past the
+    notice (1 s) and the threshold (2 s) the lease says so; the device repaired, it recovers."""
+
+    def condition(lease: dict[str, Any], kind: str) -> dict[str, Any]:
+        conditions = (lease.get("status") or {}).get("conditions") or []
+        return next((c for c in conditions if c["type"] == kind), {})
+
+    async with (
+        running_rig(str(apiserver.kubeconfig), standby=False) as rig,
+        extender(rig, overdue_s=2),
+    ):
+        lent = await lend(rig)
+        node = (await rig.gpu_node(rig.nodes[1]))["status"]["devices"]
+        broken = next(d for d in node if d["uuid"] in lent)
+        await rig.set_health(rig.nodes[1], broken["uuid"], "Unhealthy")
+        await rig.set_desired(16)
+
+        async def degraded() -> dict[str, Any] | None:
+            c = condition(await rig.lease(), "Degraded")
+            return c if c.get("status") == "True" else None
+
+        got = await eventually(degraded, within_s=30)
+        assert got["reason"] == "ReclaimOverdue"
+        assert "past the borrowers' notice; 3 of 4 owner pod(s) placed" in got["message"]
+        lease = await rig.lease()
+        assert condition(lease, "Reclaiming")["status"] == "True"
+        assert got["observedGeneration"] == lease["metadata"]["generation"]
+
+        await rig.set_health(rig.nodes[1], broken["uuid"], "Healthy")
+
+        async def recovered() -> dict[str, Any] | None:
+            lease = await rig.lease()
+            steady = condition(lease, "Steady").get("status") == "True"
+            return lease if steady else None
+
+        lease = await eventually(recovered, within_s=30)
+        assert condition(lease, "Degraded")["status"] == "False"
+        assert condition(lease, "Degraded")["reason"] == "AsExpected"

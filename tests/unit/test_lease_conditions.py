@@ -19,6 +19,7 @@ def test_one_condition_per_phase_true_for_the_current_one() -> None:
         "Steady": "False",
         "Lending": "True",
         "Reclaiming": "False",
+        "Degraded": "False",
     }
     assert got["Lending"]["reason"] == "ScalingDown"
     assert got["Lending"]["message"] == "scaling down to 2 replica(s); 2 GPU(s) lent"
