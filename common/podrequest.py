@@ -11,18 +11,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from common import contract
+from common.annotationrules import annotation_problems
 from common.checkpointref import parse_checkpoint_ref
 from common.errors import InvalidInput
-from common.jobclasses import class_problems
 from common.model import JobName, PodRequest, PodUid, Priority, Tier
 
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
-_GPU_TYPE = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_.]{0,62}$")
 _INTEGER = re.compile(r"^[0-9]{1,6}$")
 
 _PRIORITIES = {p.value: p for p in Priority}
 _TIERS = {t.name: t for t in Tier}
-_BOOLS = {"true": True, "false": False}
 
 
 def _str_map(value: object, where: str, problems: list[str]) -> Mapping[str, str]:
@@ -96,23 +93,6 @@ def gpu_count(spec: Mapping[str, Any], resource: str, problems: list[str]) -> in
     return max(total, init_max)
 
 
-def _enum_annotation(
-    annotations: Mapping[str, str],
-    key: str,
-    choices: Mapping[str, Any],
-    default: Any,
-    problems: list[str],
-) -> Any:
-    raw = annotations.get(key)
-    if raw is None:
-        return default
-    if raw not in choices:
-        allowed = " or ".join(sorted(choices))
-        problems.append(f"annotation {key}: invalid value {raw!r} (want {allowed})")
-        return default
-    return choices[raw]
-
-
 def parse_pod(pod: object, *, resource: str = contract.DEFAULT_GPU_RESOURCE) -> PodRequest:
     """Parse a pod object; raise :class:`InvalidInput` listing every problem found."""
     problems: list[str] = []
@@ -135,43 +115,7 @@ def parse_pod(pod: object, *, resource: str = contract.DEFAULT_GPU_RESOURCE) -> 
         pod_priority = 0
 
     gpus = gpu_count(spec, resource, problems)
-    priority: Priority = _enum_annotation(
-        annotations, contract.ANN_PRIORITY, _PRIORITIES, Priority.LOW, problems
-    )
-    min_tier: Tier = _enum_annotation(
-        annotations, contract.ANN_RELIABILITY, _TIERS, Tier.LA, problems
-    )
-    reclaim: bool = _enum_annotation(annotations, contract.ANN_RECLAIM, _BOOLS, False, problems)
-    problems += class_problems(annotations)
-
-    owner = annotations.get(contract.ANN_OWNER)
-    if owner is not None and not _DNS_SUBDOMAIN.match(owner):
-        problems.append(
-            f"annotation {contract.ANN_OWNER}: invalid job name {owner!r} "
-            "(want a DNS-1123 subdomain: lower-case letters, digits, '-' and '.')"
-        )
-        owner = None
-    gpu_type = annotations.get(contract.ANN_GPU_TYPE)
-    if gpu_type is not None and not _GPU_TYPE.match(gpu_type):
-        problems.append(
-            f"annotation {contract.ANN_GPU_TYPE}: invalid GPU type {gpu_type!r} "
-            "(want letters, digits, '-', '_' or '.', at most 63)"
-        )
-        gpu_type = None
-    checkpoint = annotations.get(contract.ANN_CHECKPOINT) or None
-    if checkpoint is not None:
-        ref = parse_checkpoint_ref(checkpoint)
-        if ref is None:
-            problems.append(
-                f"annotation {contract.ANN_CHECKPOINT}: {checkpoint!r} is not ID or "
-                "ID@sha256:<64 hex digits>"
-            )
-        checkpoint = ref.id if ref is not None else None  # what nodes' caches are keyed by
-    if reclaim and (priority is not Priority.HIGH or owner is None):
-        problems.append(
-            f'annotation {contract.ANN_RECLAIM}: "true" needs '
-            f"{contract.ANN_PRIORITY}: high and an {contract.ANN_OWNER}"
-        )
+    problems += annotation_problems(annotations)
 
     images: set[str] = set()
     for i, c in enumerate(_list(spec.get("containers"), "spec.containers", [])):
@@ -183,17 +127,21 @@ def parse_pod(pod: object, *, resource: str = contract.DEFAULT_GPU_RESOURCE) -> 
 
     if problems:
         raise InvalidInput(problems)
+    # Every annotation is valid from here on (annotation_problems found nothing).
+    owner = annotations.get(contract.ANN_OWNER)
+    checkpoint = parse_checkpoint_ref(annotations.get(contract.ANN_CHECKPOINT) or "")
     return PodRequest(
         namespace=str(namespace),
         name=str(name),
         uid=PodUid(str(uid)),
         gpus=gpus,
-        priority=priority,
+        priority=_PRIORITIES[annotations.get(contract.ANN_PRIORITY, Priority.LOW.value)],
         pod_priority=pod_priority,
         owner=JobName(owner) if owner else None,
-        min_tier=min_tier,
-        gpu_type=gpu_type,
-        reclaim=reclaim,
-        checkpoint=checkpoint,
+        min_tier=_TIERS[annotations.get(contract.ANN_RELIABILITY, Tier.LA.name)],
+        gpu_type=annotations.get(contract.ANN_GPU_TYPE),
+        reclaim=annotations.get(contract.ANN_RECLAIM) == "true",
+        # What nodes' caches are keyed by.
+        checkpoint=checkpoint.id if checkpoint is not None else None,
         images=frozenset(images),
     )

@@ -118,7 +118,10 @@ async def test_kubectl_get_shows_the_columns_an_admin_reads(apiserver: ApiServer
     kube = await KubeClient.connect(apiserver.kubeconfig)
     try:
         for path, want in (
-            (LEASES, ["Name", "Owner", "Phase", "Degraded", "Desired", "Replicas", "Reclaims", "Age"]),
+            (
+                LEASES,
+                ["Name", "Owner", "Phase", "Degraded", "Desired", "Replicas", "Reclaims", "Age"],
+            ),
             (LEDGERS, ["Name", "Pods", "Age"]),
         ):
             resp = await kube.raw("GET", path, accept=TABLE)

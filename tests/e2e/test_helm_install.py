@@ -380,6 +380,30 @@ def test_a_pod_on_the_node_cannot_reach_the_verbs_or_read_metrics(stack: Stack) 
     assert "tidelease_" not in log, log
 
 
+def test_a_pod_with_invalid_annotations_is_refused_at_creation(stack: Stack) -> None:
+    """The chart's ValidatingAdmissionPolicy, enforced by the cluster's API server: kubectl
+    create fails with the message the extender's filter would give; nothing is created."""
+    name = unique("bad")
+    pod = stack.node.pod(stack.workloads, name, gpus=1)
+    pod["spec"]["schedulerName"] = SCHEDULER
+    bad = {contract.ANN_PRIORITY: "urgent", contract.ANN_GPU_TYPE: "H20 SXM"}
+    pod["metadata"].setdefault("annotations", {}).update(bad)
+    want = (
+        f"annotation {contract.ANN_PRIORITY}: invalid value 'urgent' (want high or low); "
+        f"annotation {contract.ANN_GPU_TYPE}: invalid GPU type 'H20 SXM' "
+        "(want letters, digits, '-', '_' or '.', at most 63)"
+    )
+    with pytest.raises(AssertionError) as refused:
+        stack.cluster.kubectl("create", "-f", "-", input=json.dumps(pod))
+    assert f"denied request: {want}" in str(refused.value)
+    assert stack.cluster.kube.get("Pod", name, stack.workloads) is None
+    # The same pod with valid annotations is created (and placed).
+    pod["metadata"]["annotations"][contract.ANN_PRIORITY] = "low"
+    del pod["metadata"]["annotations"][contract.ANN_GPU_TYPE]
+    stack.cluster.kubectl("create", "-f", "-", input=json.dumps(pod))
+    stack.cluster.wait_running(stack.workloads, name, timeout=POD_TIMEOUT_S)
+
+
 def test_a_killed_extender_pod_is_replaced_and_no_device_is_given_twice(stack: Stack) -> None:
     # Kill the pod whose kube-scheduler leads (its identity starts with the pod's hostname).
     lease = stack.cluster.kubectl(
@@ -428,7 +452,8 @@ def test_helm_uninstall_leaves_only_the_crds_and_their_objects(stack: Stack) -> 
     stack.installed = False
     left = stack.cluster.kubectl(
         "get", "deployments,daemonsets,services,configmaps,secrets,serviceaccounts,roles,"
-        "rolebindings,clusterroles,clusterrolebindings", "-A", "-l",
+        "rolebindings,clusterroles,clusterrolebindings,validatingadmissionpolicies,"
+        "validatingadmissionpolicybindings", "-A", "-l",
         "app.kubernetes.io/part-of=tidelease", "-o", "name",
     )  # fmt: skip
     assert left.strip() == ""

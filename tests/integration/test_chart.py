@@ -397,3 +397,20 @@ def test_network_policies_admit_only_the_scheduler_to_the_verbs() -> None:
         }
     ]
     assert rule["ports"] == [{"port": 8477, "protocol": "TCP"}]
+
+
+def test_the_pod_annotation_policy_is_the_generated_one_and_can_be_switched_off() -> None:
+    """The chart's policy is common.admissionpolicy's, byte for byte in its spec (the template is
+    generated; tests/unit/test_admission_policy.py keeps it fresh), and its binding enforces it."""
+    from common import admissionpolicy
+
+    rendered = {
+        o["kind"]: o for o in render() if o["metadata"]["name"] == admissionpolicy.POLICY_NAME
+    }
+    want = {o["kind"]: o for o in admissionpolicy.objects()}
+    assert rendered.keys() == want.keys()
+    for kind, obj in want.items():
+        assert rendered[kind]["spec"] == obj["spec"], kind
+    assert rendered["ValidatingAdmissionPolicyBinding"]["spec"]["validationActions"] == ["Deny"]
+    left = render("admissionPolicy.enabled=false")
+    assert not [o for o in left if o["metadata"]["name"] == admissionpolicy.POLICY_NAME]
