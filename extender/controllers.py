@@ -1,5 +1,5 @@
 """The controllers' process, ``tidelease controllers``: leasing and reclaim, the hot-restart
-operator, prewarming and the live planner, each leader-elected among the replicas on a Lease of
+operator, the agents' AgentReady conditions, prewarming and the live planner, each leader-elected among the replicas on a Lease of
 its own. The extender's replicas serve the verbs only: a controller's step never waits in line
 with kube-scheduler's calls, nor they behind it.
 
@@ -35,6 +35,7 @@ from common.delegatedauth import DelegatedAuth, metrics_response
 from common.httpserving import listen, runner
 from common.leaderelection import LeaderElector
 from common.waiting import first_of
+from extender.agents.controller import LEADER_LEASE, AgentConditions
 from extender.cluster.store import Store
 from extender.cluster.watching import DemandView, follow_watch
 from extender.leasing.controller import (
@@ -64,6 +65,7 @@ class Enabled:
 
     leasing: bool = False
     hot_restart_operator: bool = False
+    agent_conditions: bool = False
     prewarm: PrewarmSettings | None = None
     planner: PlannerSettings | None = None
     planner_prometheus: str = ""
@@ -74,6 +76,7 @@ class Enabled:
             for name, on in (
                 ("leasing", self.leasing),
                 ("hot-restart-operator", self.hot_restart_operator),
+                ("agent-conditions", self.agent_conditions),
                 ("prewarm", self.prewarm is not None),
                 ("planner", self.planner is not None),
             )
@@ -172,6 +175,11 @@ async def controllers(
         synced.set()
     if enabled.hot_restart_operator:
         tasks.append(asyncio.create_task(_hot_restart_operator(kube, registry, led), name="hr"))
+    if enabled.agent_conditions:
+        agents = AgentConditions(
+            kube, namespace=settings.agent_namespace, timeout_s=settings.agent_timeout_s
+        )
+        tasks.append(asyncio.create_task(led(LEADER_LEASE, agents.run), name="agent-conditions"))
     if enabled.prewarm is not None:
         work = _prewarm_controller(kube, enabled.prewarm, registry, led)
         tasks.append(asyncio.create_task(work, name="prewarm"))

@@ -33,6 +33,8 @@ log = logging.getLogger("tidelease")
 CONTROLLERS = {
     "leasing_controller": "run the leasing controller (leader-elected among the replicas)",
     "hot_restart_operator": "run the hot-restart operator (leader-elected; docs/hot-restart.md)",
+    "agent_conditions": "write each GpuNode's AgentReady condition from its agent's heartbeat "
+    "(leader-elected; docs/reference.md, GpuNode)",
     "prewarm_controller": "run the prewarm controller: nodes fetch images and checkpoints "
     "ahead of GpuLease scale-ups (leader-elected; docs/hot-restart.md, Prewarming)",
     "planner": "run the live elastic planner: GpuLeases annotated tidelease.io/planner=true "
@@ -114,6 +116,7 @@ def _controllers(args: argparse.Namespace) -> int:
     enabled = Enabled(
         leasing=settings.leasing_controller,
         hot_restart_operator=settings.hot_restart_operator,
+        agent_conditions=settings.agent_conditions,
         prewarm=_prewarm_settings(args) if settings.prewarm_controller else None,
         planner=_planner_settings(args) if settings.planner else None,
         planner_prometheus=args.planner_prometheus,
@@ -121,7 +124,7 @@ def _controllers(args: argparse.Namespace) -> int:
     if not enabled.names():
         raise InvalidInput(
             "no controller enabled: give --leasing-controller, --hot-restart-operator, "
-            "--prewarm-controller or --planner (or their settings keys)"
+            "--agent-conditions, --prewarm-controller or --planner (or their settings keys)"
         )
 
     async def main() -> None:

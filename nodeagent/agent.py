@@ -101,8 +101,13 @@ class NodeView:
             if isinstance(dev, dict) and dev.get("tier") in _TIERS:
                 self.tiers[str(dev.get("uuid"))] = _TIERS[dev["tier"]]
         self.assessed_at = epoch(status.get("tierAssessedAt"))
+        # Its own conditions only (their transition times go on); others' are theirs to write.
         conditions = status.get("conditions")
-        self.conditions: list[dict[str, Any]] = conditions if isinstance(conditions, list) else []
+        self.conditions: list[dict[str, Any]] = [
+            c
+            for c in (conditions if isinstance(conditions, list) else [])
+            if isinstance(c, dict) and c.get("type") in AGENT_CONDITIONS
+        ]
 
     def on_samples(self, samples: list[Sample], now: float) -> bool:
         """Apply a health cycle's readings; whether any device's health changed."""
@@ -176,6 +181,9 @@ class NodeView:
         )
         status["conditions"] = self.conditions
         return status
+
+
+AGENT_CONDITIONS = frozenset({contract.CONDITION_DEVICES_HEALTHY})
 
 
 def devices_healthy(devices: list[dict[str, Any]]) -> tuple[Status, str, str]:

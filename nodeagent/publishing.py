@@ -84,7 +84,7 @@ class KubePublisher:
     async def publish(self, status: dict[str, Any]) -> None:
         for _ in range(5):
             obj = copy.deepcopy(await self._ensure())
-            obj["status"] = status
+            obj["status"] = keep_others_conditions(obj.get("status"), status)
             try:
                 await self._kube.json("PUT", f"{_GPU_NODES}/{self._node}/status", body=obj)
                 return
@@ -107,6 +107,19 @@ class KubePublisher:
             await self._kube.json("POST", path, body=lease)
 
 
+def keep_others_conditions(stored: object, status: dict[str, Any]) -> dict[str, Any]:
+    """``status`` with the stored conditions of other writers kept (the control plane's
+    AgentReady): the agent owns the condition types it writes, nothing else."""
+    mine = {c.get("type") for c in status.get("conditions") or []}
+    old = stored.get("conditions") if isinstance(stored, dict) else None
+    others = [
+        c for c in old if isinstance(c, dict) and c.get("type") not in mine
+    ] if isinstance(old, list) else []  # fmt: skip
+    if not others:
+        return status
+    return {**status, "conditions": [*(status.get("conditions") or []), *others]}
+
+
 class MemoryPublisher:
     """Keeps what would be published; for tests and for running without an API server."""
 
@@ -121,7 +134,10 @@ class MemoryPublisher:
     async def publish(self, status: dict[str, Any]) -> None:
         self.statuses.append(copy.deepcopy(status))
         base = self.stored or {"metadata": {}, "spec": {}}
-        self.stored = {**base, "status": copy.deepcopy(status)}
+        self.stored = {
+            **base,
+            "status": copy.deepcopy(keep_others_conditions(base.get("status"), status)),
+        }
 
     async def heartbeat(self, now: float) -> None:
         self.heartbeats.append(now)

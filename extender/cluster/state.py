@@ -22,8 +22,8 @@ from collections.abc import Hashable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from common import contract
 from common.errors import InvalidInput
+from common.heartbeat import heartbeat
 from common.model import (
     Allocation,
     Device,
@@ -39,7 +39,6 @@ from common.model import (
 )
 from common.objects import object_key, parse_gpu_allocation, parse_gpu_node, resource_version
 from common.replicas import names_replicas
-from common.timefmt import epoch
 
 log = logging.getLogger(__name__)
 
@@ -303,18 +302,13 @@ class ClusterState:
 
     def apply_lease(self, event: str, obj: Mapping[str, Any]) -> None:
         """A node agent's heartbeat Lease (``tidelease-agent-<node>``)."""
-        spec = obj.get("spec") or {}
-        name = str((obj.get("metadata") or {}).get("name", ""))
-        node = NodeName(
-            str(spec.get("holderIdentity") or name.removeprefix(contract.AGENT_LEASE_PREFIX))
-        )
+        node, renewed = heartbeat(obj)
         if event == "DELETED":
             state = self._nodes.get(node)
             if state is not None:
                 state.heartbeat = None
                 self._set_silent(state, False)
             return
-        renewed = epoch(spec.get("renewTime"))
         if renewed is not None:
             self._node(node).heartbeat = renewed
 

@@ -67,6 +67,7 @@ class ExtenderSettings:
     # a settings key or its flag (extender.main.CONTROLLERS).
     leasing_controller: bool = False
     hot_restart_operator: bool = False
+    agent_conditions: bool = False
     prewarm_controller: bool = False
     planner: bool = False
     # Test clusters only: every reclaim gives borrowers this many seconds of notice instead of
@@ -169,6 +170,7 @@ _FIELD_TYPES: dict[str, type] = {
     "agent_namespace": str,
     "leasing_controller": bool,
     "hot_restart_operator": bool,
+    "agent_conditions": bool,
     "prewarm_controller": bool,
     "planner": bool,
     "leasing_test_grace_s": int,

@@ -154,8 +154,8 @@ async def test_a_gpunode_keeps_its_devices_healthy_condition_and_shows_it(
         finally:
             resp.release()
         columns = [c["name"] for c in table["columnDefinitions"]]
-        assert columns == ["Name", "Healthy", "Reason", "Observed", "Age"]
-        assert table["rows"][0]["cells"][:3] == [name, "True", "AllHealthy"]
+        assert columns == ["Name", "Agent", "Healthy", "Reason", "Observed", "Age"]
+        assert table["rows"][0]["cells"][:4] == [name, None, "True", "AllHealthy"]
     finally:
         await kube.json("DELETE", f"{NODES}/{name}")
         await kube.close()

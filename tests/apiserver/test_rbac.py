@@ -140,6 +140,7 @@ def test_the_controllers_write_what_they_reconcile_and_cannot_bind(cluster: Kube
         ("create", "pods/eviction", "default"),
         ("update", "gpuleases.tidelease.io/status", "default"),
         ("patch", "gpunodes.tidelease.io", ""),
+        ("update", "gpunodes.tidelease.io/status", ""),
         ("watch", "statefulsets.apps", ""),
         ("update", "leases", NS),
     ):
@@ -284,3 +285,28 @@ def test_the_viewer_roles_let_kubectl_tidelease_read_and_nothing_more(
             assert not cluster.can(t, verb, resource, ns), (verb, resource, ns)
     finally:
         cluster.kubectl("delete", "clusterrolebinding", "rbac-viewer", "--ignore-not-found")
+
+
+async def test_the_controllers_write_agent_ready_with_their_own_token(
+    cluster: Kubectl, tmp_path: Path
+) -> None:
+    """A pass of the agent-conditions controller as the chart runs it: the controllers' token
+    lists the agents' Leases and the GpuNodes (metadata only after the first pass) and writes
+    each GpuNode's AgentReady; the agent's token may not write another node's."""
+    from extender.agents.controller import AgentConditions, stored_key
+
+    t = token(cluster, "tidelease-controllers")
+    assert cluster.can(t, "update", "gpunodes.tidelease.io/status", "")
+    kubeconfig = write_kubeconfig(
+        tmp_path / "kubeconfig", cluster.apiserver.server, t, cluster.apiserver.ca
+    )
+    api = await KubeClient.connect(kubeconfig)
+    try:
+        agents = AgentConditions(api, namespace=NS, timeout_s=60)
+        assert await agents.sync_once() >= 2  # node-a, node-b: no heartbeat yet
+        assert await agents.sync_once() == 0
+        for node in ("node-a", "node-b"):
+            obj = await api.json("GET", f"/apis/tidelease.io/v1alpha1/gpunodes/{node}")
+            assert stored_key(obj) == ("Unknown", "NoHeartbeat")
+    finally:
+        await api.close()

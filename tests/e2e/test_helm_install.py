@@ -312,6 +312,20 @@ def test_the_stack_installs_and_places_a_gpu_pod_on_the_devices_it_chose(stack: 
 
     assert stack.place(unique("gpu"), 2)
 
+    # The controllers' agent conditions: the node's agent heartbeats, and its GpuNode says so.
+    def agent_ready() -> str | None:
+        node = stack.cluster.kube.get(contract.KIND_GPU_NODE, NODE) or {}
+        conditions = (node.get("status") or {}).get("conditions") or []
+        return next((c["status"] for c in conditions if c.get("type") == "AgentReady"), None)
+
+    wait_for(
+        lambda: agent_ready() == "True",
+        what=f"{NODE}'s AgentReady condition",
+        timeout=POD_TIMEOUT_S,
+        interval=1,
+        describe=lambda: stack.describe("controllers"),
+    )
+
 
 # What it finds goes to the container's termination message as well as its log: the message
 # is in the pod's status, which a log the node has not yet (or no longer) kept cannot take away

@@ -269,6 +269,7 @@ def test_the_controllers_run_in_a_deployment_of_their_own() -> None:
     for flag in (
         "--leasing-controller",
         "--hot-restart-operator",
+        "--agent-conditions",
         "--prewarm-controller",
         "--planner",
     ):
@@ -278,8 +279,10 @@ def test_the_controllers_run_in_a_deployment_of_their_own() -> None:
     extender_verbs = {(r["resources"][0], v) for r in rules for v in r["verbs"]}
     for write in (("pods", "patch"), ("pods", "delete"), ("pods/eviction", "create")):
         assert write not in extender_verbs, write
-    # Off, all four: no Deployment, no ServiceAccount.
-    off = render(*(f"extender.controllers.{c}=false" for c in ("leasing", "prewarm")))
+    # Off, all of them: no Deployment, no ServiceAccount.
+    off = render(
+        *(f"extender.controllers.{c}=false" for c in ("leasing", "prewarm", "agentConditions"))
+    )
     assert not [o for o in off if "tidelease-controllers" in o["metadata"]["name"]]
 
 
