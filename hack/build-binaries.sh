@@ -25,7 +25,7 @@ skipping those already there.
 
 Components: ${TL_COMPONENTS[*]}
 Versions:   KUBE_VERSION=${KUBE_VERSION} ETCD_VERSION=${ETCD_VERSION} KWOK_VERSION=${KWOK_VERSION}
-            HELM_VERSION=${HELM_VERSION}
+            HELM_VERSION=${HELM_VERSION} PROMETHEUS_VERSION=${PROMETHEUS_VERSION} (promtool)
 
 Options:
   -f  rebuild even if cached (same as FORCE=true)
@@ -63,7 +63,28 @@ gomod_of() {
     etcd) printf '%s %s\n' "${GOMOD_DIR}/etcd" "go.etcd.io/etcd/server/v3" ;;
     kwok) printf '%s %s\n' "${GOMOD_DIR}/kwok" "sigs.k8s.io/kwok/cmd/kwok" ;;
     helm) printf '%s %s\n' "${GOMOD_DIR}/helm" "helm.sh/helm/v3/cmd/helm" ;;
+    promtool)
+      printf '%s %s\n' "${GOMOD_DIR}/promtool" "github.com/prometheus/prometheus/cmd/promtool"
+      ;;
     *) printf '%s %s\n' "${GOMOD_DIR}/kubernetes" "k8s.io/kubernetes/cmd/$1" ;;
+  esac
+}
+
+# prometheus_release VERSION - the Prometheus release of its Go module version: v0.316.0 is
+# 3.16.0 (Prometheus 3.x tags its module v0.3MM.P).
+prometheus_release() {
+  local minor="${1#v0.}" patch
+  patch="${minor#*.}"
+  minor="${minor%%.*}"
+  printf '%s.%s.%s\n' "${minor:0:1}" "$((10#${minor:1}))" "${patch}"
+}
+
+# reported_version NAME VERSION - what NAME's version command must print: VERSION without its
+# "v", except for promtool, which reports the Prometheus release.
+reported_version() {
+  case "$1" in
+    promtool) prometheus_release "$2" ;;
+    *) printf '%s\n' "${2#v}" ;;
   esac
 }
 
@@ -73,6 +94,10 @@ ldflags_of() {
   case "${name}" in
     etcd) ;; # etcd's version is a constant in go.etcd.io/etcd/api/v3/version.
     kwok) flags+=("-X sigs.k8s.io/kwok/pkg/consts.Version=${version}") ;;
+    promtool)
+      # As Prometheus's .promu.yml does (it also stamps the branch and revision, unknown here).
+      flags+=("-X github.com/prometheus/common/version.Version=$(prometheus_release "${version}")")
+      ;;
     helm)
       flags+=("-X helm.sh/helm/v3/internal/version.version=${version}")
       # As helm's Makefile does: the Kubernetes version that `helm template` and `helm lint`
@@ -118,7 +143,7 @@ check_pinned() {
 
 # build NAME - build one component into the cache (atomically).
 build() {
-  local name="$1" version dest dir pkg module tmp start ldflags out
+  local name="$1" version dest dir pkg module tmp start ldflags out reported
   local -a goflags=(-trimpath -mod=readonly)
   version="$(tl::component_version "${name}")"
   dest="$(tl::bin_path "${name}")"
@@ -127,6 +152,7 @@ build() {
     etcd) module=go.etcd.io/etcd/server/v3 ;;
     kwok) module=sigs.k8s.io/kwok ;;
     helm) module=helm.sh/helm/v3 ;;
+    promtool) module=github.com/prometheus/prometheus ;;
     *) module=k8s.io/kubernetes ;;
   esac
   check_pinned "${dir}" "${module}" "${version}"
@@ -153,8 +179,9 @@ build() {
   if ! out="$("${tmp}" $(version_args "${name}") 2>&1)"; then
     tl::die "${name}: '${name} $(version_args "${name}")' fails: ${out}"
   fi
-  [[ "${out}" == *"${version#v}"* ]] ||
-    tl::die "${name}: '${name} $(version_args "${name}")' does not report ${version}: ${out}"
+  reported="$(reported_version "${name}" "${version}")"
+  [[ "${out}" == *"${reported}"* ]] ||
+    tl::die "${name}: '${name} $(version_args "${name}")' does not report ${reported}: ${out}"
   mv -f -- "${tmp}" "${dest}"
   tl::log "built ${name} ${version} in $(tl::elapsed "${start}")s -> ${dest} ($(head -n1 <<<"${out}"))"
 }

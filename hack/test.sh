@@ -5,7 +5,8 @@
 # installed here when missing).
 #
 # usage: hack/test.sh [pytest args...]
-#   TIDELEASE_SKIP_BUILD=1   do not build the Kubernetes binaries; tests that need them fail
+#   TIDELEASE_SKIP_BUILD=1   do not build the Kubernetes binaries (and helm, promtool); tests that
+#                            need them fail
 set -o errexit -o nounset -o pipefail
 
 source "$(dirname "${BASH_SOURCE[0]}")/lib/python.sh"
@@ -19,7 +20,7 @@ tl::py::ensure
 
 if [[ "${TIDELEASE_SKIP_BUILD:-}" != "1" ]]; then
   "${TL_HACK}/build-binaries.sh" etcd kube-apiserver kubectl kube-scheduler kube-controller-manager kubelet kwok \
-    helm
+    helm promtool
 fi
 tl::ctrd::ensure_packages
 

@@ -20,11 +20,12 @@ KUBE_STAGING_MODULES=(
 
 usage() {
   cat <<EOF
-Usage: $(basename "$0") [-h]
+Usage: $(basename "$0") [-h] [module...]
 
-Rewrites ${GOMOD_DIR#"${TL_ROOT}/"}/{kubernetes,etcd,kwok,helm}/go.mod for
+Rewrites ${GOMOD_DIR#"${TL_ROOT}/"}/{etcd,kubernetes,kwok,helm,promtool}/go.mod (default: all;
+or only the modules named) for
 KUBE_VERSION=${KUBE_VERSION} ETCD_VERSION=${ETCD_VERSION} KWOK_VERSION=${KWOK_VERSION}
-HELM_VERSION=${HELM_VERSION}
+HELM_VERSION=${HELM_VERSION} PROMETHEUS_VERSION=${PROMETHEUS_VERSION}
 and runs 'go mod tidy' in each (needs the Go module proxy).
 EOF
 }
@@ -136,16 +137,35 @@ main() {
     esac
   done
   shift $((OPTIND - 1))
-  [[ $# -eq 0 ]] || { usage >&2; exit 2; }
+  local -a wanted=(etcd kubernetes kwok helm promtool)
+  local name
+  if [[ $# -gt 0 ]]; then
+    for name in "$@"; do
+      [[ " ${wanted[*]} " == *" ${name} "* ]] || { usage >&2; exit 2; }
+    done
+    wanted=("$@")
+  fi
 
   tl::require_cmd "${GO}"
   [[ "${KUBE_VERSION}" =~ ^v1\.[0-9]+\.[0-9]+$ ]] || tl::die "KUBE_VERSION must look like v1.X.Y: ${KUBE_VERSION}"
+  [[ "${PROMETHEUS_VERSION}" =~ ^v0\.[0-9]+\.[0-9]+$ ]] ||
+    tl::die "PROMETHEUS_VERSION must be the Go module version, v0.X.Y: ${PROMETHEUS_VERSION}"
 
-  write_wrapper etcd "the etcd server" go.etcd.io/etcd/server/v3 ETCD_VERSION 1.23.0 \
-    go.etcd.io/etcd/server/v3
-  write_kubernetes
-  write_wrapper kwok kwok sigs.k8s.io/kwok KWOK_VERSION 1.24.0 sigs.k8s.io/kwok/cmd/kwok
-  write_wrapper helm helm helm.sh/helm/v3 HELM_VERSION 1.24.0 helm.sh/helm/v3/cmd/helm
+  for name in "${wanted[@]}"; do
+    case "${name}" in
+      etcd)
+        write_wrapper etcd "the etcd server" go.etcd.io/etcd/server/v3 ETCD_VERSION 1.23.0 \
+          go.etcd.io/etcd/server/v3
+        ;;
+      kubernetes) write_kubernetes ;;
+      kwok) write_wrapper kwok kwok sigs.k8s.io/kwok KWOK_VERSION 1.24.0 sigs.k8s.io/kwok/cmd/kwok ;;
+      helm) write_wrapper helm helm helm.sh/helm/v3 HELM_VERSION 1.24.0 helm.sh/helm/v3/cmd/helm ;;
+      promtool)
+        write_wrapper promtool "Prometheus's promtool" github.com/prometheus/prometheus \
+          PROMETHEUS_VERSION 1.26.0 github.com/prometheus/prometheus/cmd/promtool
+        ;;
+    esac
+  done
 }
 
 main "$@"

@@ -20,6 +20,7 @@ from common.errors import InvalidInput
 from common.httpserving import GuardedSite, Limits, TLSContext, listen, raise_fd_limit
 from common.httpserving import runner as make_runner
 from common.waiting import first_of
+from extender.cluster import metrics as cluster_metrics
 from extender.cluster.state import ClusterState
 from extender.cluster.store import Store
 from extender.cluster.watching import PodCache, run_liveness, run_watch
@@ -44,6 +45,7 @@ def build_app(
     cluster = ClusterState()
     pods = PodCache(settings.gpu_resource)
     metrics = ExtenderMetrics(registry)
+    cluster_metrics.register(cluster, metrics.registry)
     binder = Binder(
         store=store, cluster=cluster, pods=pods, settings=settings, metrics=metrics, clock=clock
     )

@@ -31,9 +31,15 @@ KWOK_VERSION="${KWOK_VERSION:-v0.7.0}"
 # Helm renders and installs the chart (manifests/charts/tidelease); helm lint/template run in the
 # test command and the e2e suite installs the chart with it.
 HELM_VERSION="${HELM_VERSION:-v3.22.0}"
+# promtool checks and unit-tests the chart's alerting rules (manifests/charts/tidelease/monitoring)
+# in the test command. Prometheus 3.x publishes its Go module as v0.3MM.P for release 3.MM.P;
+# this is the module version (v0.316.0 is Prometheus 3.16.0, which promtool reports).
+PROMETHEUS_VERSION="${PROMETHEUS_VERSION:-v0.316.0}"
 
 # Components that hack/build-binaries.sh knows, in build priority order.
-TL_COMPONENTS=(etcd kube-apiserver kubectl kube-scheduler kube-controller-manager kubelet kwok helm)
+TL_COMPONENTS=(
+  etcd kube-apiserver kubectl kube-scheduler kube-controller-manager kubelet kwok helm promtool
+)
 
 # ---------------------------------------------------------------------------------------------
 # Logging (stderr, timestamped).
@@ -72,6 +78,7 @@ tl::component_version() {
     etcd) printf '%s\n' "${ETCD_VERSION}" ;;
     kwok) printf '%s\n' "${KWOK_VERSION}" ;;
     helm) printf '%s\n' "${HELM_VERSION}" ;;
+    promtool) printf '%s\n' "${PROMETHEUS_VERSION}" ;;
     kube-apiserver | kubectl | kube-scheduler | kube-controller-manager | kubelet)
       printf '%s\n' "${KUBE_VERSION}"
       ;;

@@ -1,0 +1,337 @@
+"""The chart's dashboards and alerts (manifests/charts/tidelease/dashboards, monitoring/): the
+rules pass `promtool check rules` and their unit tests (`promtool test rules`, synthetic series)
+with the promtool that hack/build-binaries.sh builds; every dashboard query parses as PromQL;
+the dashboards, the rules and the rule tests name only metrics that the code exports, as read
+from the real metrics classes' registries; the chart ships both, unchanged, when asked."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry
+
+from common.reconcile import ControllerMetrics
+from extender.cluster.store import MemoryStore
+from extender.leasing.controller import LeasingMetrics
+from extender.orchestration.metrics import OrchestratorMetrics
+from extender.planner.controller import PlannerMetrics
+from extender.prewarm.controller import PrewarmMetrics
+from extender.scheduler.serving import build_app
+from extender.scheduler.settings import ExtenderSettings
+from tests.chart import CHART, binary, find, helm, kube_version, render
+from tests.integration.conftest import Server
+
+DASHBOARDS = CHART / "dashboards"
+RULES = CHART / "monitoring" / "alerts.yaml"
+RULE_TESTS = Path(__file__).parent / "monitoring" / "alerts-test.yaml"
+
+# A metric name in PromQL: tidelease_... not preceded by a name character (label values and
+# names such as "tidelease-agent-x" do not match).
+METRIC = re.compile(r"(?<![A-Za-z0-9_:])tidelease_[A-Za-z0-9_:]*")
+# Grafana's variables, replaced by values PromQL parses.
+GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$gpu_type": ".*", "$tier": ".*"}
+SUFFIXES = {
+    "counter": ("_total", "_created"),
+    "histogram": ("_bucket", "_sum", "_count", "_created"),
+    "summary": ("", "_sum", "_count", "_created"),
+    "gaugehistogram": ("_bucket", "_gsum", "_gcount"),
+    "info": ("_info",),
+    "stateset": ("",),
+    "gauge": ("",),
+    "unknown": ("",),
+}
+
+
+def promtool(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [binary("promtool"), *args], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+# --- what the code exports ---
+
+
+def _registries() -> list[CollectorRegistry]:
+    """The registries of the processes: the extender's as serving builds it (its verbs'
+    metrics and the cluster's), the controllers' (leasing, prewarm, planner and their reconcile
+    loops) and the orchestrator's."""
+    extender = build_app(store=MemoryStore([]), settings=ExtenderSettings()).metrics.registry
+    controllers = CollectorRegistry()
+    LeasingMetrics(controllers)
+    PrewarmMetrics(controllers)
+    PlannerMetrics(controllers)
+    ControllerMetrics.on(controllers)
+    orchestrator = OrchestratorMetrics().registry
+    ControllerMetrics.on(orchestrator)
+    return [extender, controllers, orchestrator]
+
+
+def exported_metrics() -> set[str]:
+    """Every series name the processes expose (a counter's ``_total``, a histogram's
+    ``_bucket``, ``_sum`` and ``_count``, ...), whether or not it has a sample yet."""
+    out: set[str] = set()
+    for registry in _registries():
+        for family in registry.collect():
+            out.update(family.name + s for s in SUFFIXES[family.type])
+            out.update(s.name for s in family.samples)
+    return out
+
+
+def metric_families() -> set[str]:
+    """The metric families' names (a histogram's name alone): what prose may name."""
+    return {family.name for registry in _registries() for family in registry.collect()}
+
+
+# --- what the dashboards and rules query ---
+
+
+def _strings(node: object) -> Iterator[str]:
+    if isinstance(node, str):
+        yield node
+    elif isinstance(node, dict):
+        for value in node.values():
+            yield from _strings(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _strings(value)
+
+
+def dashboard_queries(model: dict[str, Any]) -> list[str]:
+    """The PromQL of a Grafana dashboard: its panels' targets and its query variables."""
+    exprs: list[str] = []
+
+    def panels(items: Iterable[dict[str, Any]]) -> None:
+        for panel in items:
+            exprs.extend(t["expr"] for t in panel.get("targets", []) if t.get("expr"))
+            panels(panel.get("panels", []))
+
+    panels(model["panels"])
+    for var in model.get("templating", {}).get("list", []):
+        if var.get("type") == "query":
+            query = var["query"]
+            exprs.append(query["query"] if isinstance(query, dict) else query)
+    return exprs
+
+
+def dashboards() -> dict[str, dict[str, Any]]:
+    return {p.name: json.loads(p.read_text()) for p in sorted(DASHBOARDS.glob("*.json"))}
+
+
+def rule_queries() -> list[str]:
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    return [rule["expr"] for group in groups for rule in group["rules"]]
+
+
+def rule_test_series() -> list[str]:
+    tests = yaml.safe_load(RULE_TESTS.read_text())["tests"]
+    return [series["series"] for t in tests for series in t["input_series"]]
+
+
+def unknown_metrics(texts: Iterable[str], exported: set[str]) -> set[str]:
+    """The tidelease metric names in ``texts`` that nothing exports."""
+    return {name for text in texts for name in METRIC.findall(text)} - exported
+
+
+# --- the tests ---
+
+
+def test_the_code_exports_what_the_dashboards_rely_on() -> None:
+    exported = exported_metrics()
+    # The names of every family the code defines, with their exposition suffixes; also the
+    # other engineer's leasing gauges and the cluster collector (families with no sample yet).
+    for name in (
+        "tidelease_extender_requests_total",
+        "tidelease_extender_request_duration_seconds_bucket",
+        "tidelease_controller_reconcile_errors_total",
+        "tidelease_leasing_reclaim_overdue_seconds",
+        "tidelease_leasing_standby_gpus",
+        "tidelease_leasing_standby_target_gpus",
+        "tidelease_cluster_gpus",
+        "tidelease_cluster_agent_silent",
+        "tidelease_cluster_node_unhealthy_gpus",
+        "tidelease_orchestrator_jobs",
+    ):
+        assert name in exported
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in DASHBOARDS.glob("*.json")))
+def test_a_dashboard_names_only_exported_metrics(name: str) -> None:
+    model = dashboards()[name]
+    queries = dashboard_queries(model)
+    assert queries, f"{name} has no query"
+    assert unknown_metrics(queries, exported_metrics()) == set()
+    # Titles and descriptions name metrics too (a histogram by its family's name): real ones.
+    assert unknown_metrics(_strings(model), exported_metrics() | metric_families()) == set()
+
+
+def test_the_rules_and_their_tests_name_only_exported_metrics() -> None:
+    exported = exported_metrics()
+    assert unknown_metrics(rule_queries(), exported) == set()
+    assert unknown_metrics(rule_test_series(), exported) == set()
+
+
+def test_a_renamed_metric_in_a_dashboard_is_caught() -> None:
+    """The check itself: a dashboard that names a metric the code does not export fails it."""
+    text = (DASHBOARDS / "tidelease-extender.json").read_text()
+    assert "tidelease_extender_ledger_conflicts_total" in text
+    renamed = json.loads(
+        text.replace("tidelease_extender_ledger_conflicts_total", "tidelease_extender_conflicts")
+    )
+    assert unknown_metrics(dashboard_queries(renamed), exported_metrics()) == {
+        "tidelease_extender_conflicts"
+    }
+    # Suffixes count: a counter's family name alone is not a series.
+    assert unknown_metrics(["rate(tidelease_extender_requests[5m])"], exported_metrics()) == {
+        "tidelease_extender_requests"
+    }
+
+
+def test_dashboards_are_grafana_models_over_a_datasource_variable() -> None:
+    uids = set()
+    for name, model in dashboards().items():
+        assert model["schemaVersion"] >= 39, name
+        uids.add(model["uid"])
+        variables = {v["name"]: v for v in model["templating"]["list"]}
+        assert variables["datasource"]["type"] == "datasource"
+        assert variables["datasource"]["query"] == "prometheus"
+        ids = [p["id"] for p in model["panels"]]
+        assert len(ids) == len(set(ids)), name
+        for panel in model["panels"]:
+            assert panel["type"] in {"row", "timeseries", "stat"}, (name, panel["title"])
+            if panel["type"] != "row":
+                assert panel["datasource"]["uid"] == "${datasource}", (name, panel["title"])
+                assert panel["gridPos"]["x"] + panel["gridPos"]["w"] <= 24
+    assert len(uids) == len(dashboards())
+
+
+def test_the_dashboards_queries_parse_as_promql(tmp_path: Path) -> None:
+    """promtool parses each query (Grafana's variables given values), as recording rules."""
+    rules = []
+    for name, model in dashboards().items():
+        for i, expr in enumerate(dashboard_queries(model)):
+            if expr.startswith("label_values("):  # Grafana's function, not PromQL
+                expr = re.sub(r"^label_values\((.*),\s*\w+\)$", r"\1", expr)
+            for var, value in GRAFANA_VARIABLES.items():
+                expr = expr.replace(var, value)
+            assert "$" not in expr, (name, expr)
+            record = f"check:{name.removesuffix('.json').replace('-', '_')}:{i}"
+            rules.append({"record": record, "expr": expr})
+    path = tmp_path / "dashboards-rules.yaml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboards", "rules": rules}]}))
+    done = promtool("check", "rules", str(path))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"SUCCESS: {len(rules)} rules found" in done.stdout
+
+
+def test_promtool_checks_the_rules() -> None:
+    done = promtool("check", "rules", str(RULES))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS" in done.stdout
+
+
+def test_promtool_rule_tests_pass() -> None:
+    done = promtool("test", "rules", str(RULE_TESTS))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS" in done.stdout
+
+
+def test_every_alert_is_tested_firing_and_silent() -> None:
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    alerts = {rule["alert"] for group in groups for rule in group["rules"] if "alert" in rule}
+    fired: set[str] = set()
+    silent: set[str] = set()
+    for t in yaml.safe_load(RULE_TESTS.read_text())["tests"]:
+        for case in t.get("alert_rule_test", []):
+            (fired if case.get("exp_alerts") else silent).add(case["alertname"])
+    assert fired == alerts
+    assert silent == alerts
+    for group in groups:
+        for rule in group["rules"]:
+            assert rule["labels"]["severity"] in {"warning", "critical"}, rule["alert"]
+            assert rule["for"], rule["alert"]
+            assert {"summary", "description"} <= rule["annotations"].keys(), rule["alert"]
+
+
+# --- the chart ---
+
+
+def test_the_chart_ships_nothing_of_it_by_default() -> None:
+    objs = render()
+    assert not [o for o in objs if o["kind"] == "PrometheusRule"]
+    assert not [o for o in objs if "grafana_dashboard" in o["metadata"].get("labels", {})]
+
+
+def test_the_chart_ships_the_dashboards_and_rules_unchanged() -> None:
+    objs = render(
+        "monitoring.dashboards.enabled=true",
+        "monitoring.prometheusRule.enabled=true",
+        "monitoring.prometheusRule.labels.release=kube-prometheus-stack",
+        "monitoring.dashboards.annotations.grafana_folder=tidelease",
+    )
+    for path in sorted(DASHBOARDS.glob("*.json")):
+        name = "tidelease-dashboard-" + path.stem.removeprefix("tidelease-")
+        cm = find(objs, "ConfigMap", name)
+        assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert cm["metadata"]["annotations"] == {"grafana_folder": "tidelease"}
+        assert cm["metadata"]["namespace"] == "tidelease-system"
+        assert cm["data"] == {path.name: path.read_text().rstrip("\n")}
+    rule = find(objs, "PrometheusRule", "tidelease")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert rule["spec"] == yaml.safe_load(RULES.read_text())
+
+
+def test_the_dashboards_go_where_the_sidecar_looks() -> None:
+    objs = render(
+        "monitoring.dashboards.enabled=true",
+        "monitoring.dashboards.namespace=monitoring",
+        "monitoring.dashboards.label=dashboards",
+        "monitoring.dashboards.labelValue=tidelease",
+    )
+    cm = find(objs, "ConfigMap", "tidelease-dashboard-gpus")
+    assert cm["metadata"]["namespace"] == "monitoring"
+    assert cm["metadata"]["labels"]["dashboards"] == "tidelease"
+    assert "grafana_dashboard" not in cm["metadata"]["labels"]
+
+
+def test_helm_lint_is_clean_with_monitoring_on() -> None:
+    done = helm(
+        "lint", "--strict", str(CHART), "--kube-version", kube_version(),
+        "--set", "monitoring.dashboards.enabled=true",
+        "--set", "monitoring.prometheusRule.enabled=true",
+    )  # fmt: skip
+    assert "0 chart(s) failed" in done.stdout, done.stdout
+
+
+def test_the_schema_refuses_unknown_monitoring_values() -> None:
+    done = helm(
+        "template", "tidelease", str(CHART), "--kube-version", kube_version(),
+        "--set", "monitoring.prometheusRule.typo=1",
+        check=False,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "typo" in done.stderr, done.stderr
+
+
+# --- the extender serves the cluster's metrics ---
+
+
+async def test_the_extender_serves_the_cluster_metrics(server: Server) -> None:
+    async with server.session.get(f"{server.url}/metrics") as r:
+        text = await r.text()
+    # tests/integration/conftest.py's small cluster: 28 healthy H20/HA GPUs on four nodes (one
+    # with four not healthy), eight LA, eight lent to job-b, eight standby; no agent's Lease.
+    assert 'tidelease_cluster_gpus{gpu_type="H20",health="healthy",tier="HA"} 28.0' in text
+    assert 'tidelease_cluster_gpus{gpu_type="H20",health="unhealthy",tier="HA"} 4.0' in text
+    assert 'tidelease_cluster_gpus{gpu_type="H20",health="healthy",tier="LA"} 8.0' in text
+    assert 'tidelease_cluster_gpus_lent{gpu_type="H20",tier="HA"} 8.0' in text
+    assert 'tidelease_cluster_gpus_standby{gpu_type="H20",health="healthy",tier="HA"} 8.0' in text
+    assert 'tidelease_cluster_node_unhealthy_gpus{node="node-c"} 4.0' in text
+    assert 'tidelease_cluster_nodes{agent="no_heartbeat"} 5.0' in text
