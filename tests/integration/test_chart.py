@@ -417,3 +417,14 @@ def test_the_pod_annotation_policy_is_the_generated_one_and_can_be_switched_off(
     assert rendered["ValidatingAdmissionPolicyBinding"]["spec"]["validationActions"] == ["Deny"]
     left = render("admissionPolicy.enabled=false")
     assert not [o for o in left if o["metadata"]["name"] == admissionpolicy.POLICY_NAME]
+
+
+def test_values_a_previous_release_lacks_take_their_defaults() -> None:
+    """`helm upgrade --reuse-values` from a release made before these values keeps its own
+    values, without the new keys: the chart renders, with the new parts as by default."""
+    from common import admissionpolicy
+
+    objs = render("admissionPolicy=null", "monitoring=null", "queues=null")
+    names = {(o["kind"], o["metadata"]["name"]) for o in objs}
+    assert ("ValidatingAdmissionPolicy", admissionpolicy.POLICY_NAME) in names
+    assert not [n for k, n in names if k in ("PrometheusRule", "MutatingAdmissionPolicy")]
