@@ -21,6 +21,11 @@ ANN_JOB_CLASS: Final = f"{PREFIX}/job-class"  # interactive | batch (default bat
 ANN_ELASTIC: Final = f"{PREFIX}/elastic"  # "false": fixed GPU count, preempted whole
 ANN_THROUGHPUT: Final = f"{PREFIX}/throughput"  # samples/s at 1, 2, ... GPUs: "100,190,270"
 
+# --- the shared queues live (docs/planner.md "Shared queues live") ---
+SCHEDULING_GATE: Final = f"{PREFIX}/queue"  # on class-declaring GPU pods until released
+ANN_QUEUE: Final = f"{PREFIX}/queue"  # by the queues controller: the job's MLFQ queue, 1-3
+ANN_QUEUE_REASON: Final = f"{PREFIX}/queue-reason"  # why the job is in that queue
+
 # --- pod annotations written by tidelease ---
 ANN_DEVICES: Final = f"{PREFIX}/devices"  # comma-separated GPU UUIDs chosen at bind time
 ANN_DEVICE_NODE: Final = f"{PREFIX}/devices-node"  # the node those devices are on

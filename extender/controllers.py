@@ -1,7 +1,8 @@
 """The controllers' process, ``tidelease controllers``: leasing and reclaim, the hot-restart
-operator, the agents' AgentReady conditions, prewarming and the live planner, each leader-elected among the replicas on a Lease of
-its own. The extender's replicas serve the verbs only: a controller's step never waits in line
-with kube-scheduler's calls, nor they behind it.
+operator, the agents' AgentReady conditions, the shared queues' admission, prewarming and the
+live planner, each leader-elected among the replicas on a Lease of its own. The extender's
+replicas serve the verbs only: a controller's step never waits in line with kube-scheduler's
+calls, nor they behind it.
 
 The leasing controller always watches GpuLeases, and keeps a watched view of the cluster of its
 own (pods, GpuNodes, ledgers, agents' Leases) only while a GpuLease exists or standby targets
@@ -45,6 +46,8 @@ from extender.leasing.controller import (
     LeasingMetrics,
     World,
 )
+from extender.queues.controller import LEADER_LEASE as QUEUES_LEASE
+from extender.queues.controller import QueueMetrics, QueuesController, QueueSettings
 from extender.scheduler.server import readiness
 from extender.scheduler.serving import PROBE_LIMITS, run_api_probe_at
 from extender.scheduler.settings import ExtenderSettings
@@ -66,6 +69,7 @@ class Enabled:
     leasing: bool = False
     hot_restart_operator: bool = False
     agent_conditions: bool = False
+    queues: QueueSettings | None = None
     prewarm: PrewarmSettings | None = None
     planner: PlannerSettings | None = None
     planner_prometheus: str = ""
@@ -77,6 +81,7 @@ class Enabled:
                 ("leasing", self.leasing),
                 ("hot-restart-operator", self.hot_restart_operator),
                 ("agent-conditions", self.agent_conditions),
+                ("queues", self.queues is not None),
                 ("prewarm", self.prewarm is not None),
                 ("planner", self.planner is not None),
             )
@@ -180,6 +185,19 @@ async def controllers(
             kube, namespace=settings.agent_namespace, timeout_s=settings.agent_timeout_s
         )
         tasks.append(asyncio.create_task(led(LEADER_LEASE, agents.run), name="agent-conditions"))
+    if enabled.queues is not None:
+        queues = QueuesController(
+            kube,
+            store,
+            namespace=settings.agent_namespace,
+            settings=enabled.queues,
+            metrics=QueueMetrics(registry),
+            resource=settings.gpu_resource,
+            agent_timeout_s=settings.agent_timeout_s,
+        )
+        tasks.append(
+            asyncio.create_task(led(QUEUES_LEASE, queues.run), name="queues"),
+        )
     if enabled.prewarm is not None:
         work = _prewarm_controller(kube, enabled.prewarm, registry, led)
         tasks.append(asyncio.create_task(work, name="prewarm"))

@@ -25,6 +25,7 @@ from common.errors import InvalidInput
 if TYPE_CHECKING:
     from extender.planner.stepping import PlannerSettings
     from extender.prewarm.policy import PrewarmSettings
+    from extender.queues.controller import QueueSettings
     from extender.scheduler.settings import ExtenderSettings
 
 log = logging.getLogger("tidelease")
@@ -33,6 +34,8 @@ log = logging.getLogger("tidelease")
 CONTROLLERS = {
     "leasing_controller": "run the leasing controller (leader-elected among the replicas)",
     "hot_restart_operator": "run the hot-restart operator (leader-elected; docs/hot-restart.md)",
+    "queues_controller": "release GPU pods gated at admission in cornucopia's MLFQ order "
+    "(leader-elected; docs/planner.md, Shared queues live)",
     "agent_conditions": "write each GpuNode's AgentReady condition from its agent's heartbeat "
     "(leader-elected; docs/reference.md, GpuNode)",
     "prewarm_controller": "run the prewarm controller: nodes fetch images and checkpoints "
@@ -40,6 +43,21 @@ CONTROLLERS = {
     "planner": "run the live elastic planner: GpuLeases annotated tidelease.io/planner=true "
     "get spec.desiredGPUs from their Prometheus metrics (leader-elected; docs/planner.md)",
 }
+
+
+def _queue_settings(settings: ExtenderSettings) -> QueueSettings:
+    from extender.queues.controller import QueueSettings
+    from extender.queues.mlfq import Thresholds
+
+    return QueueSettings(
+        thresholds=Thresholds(
+            settings.queue_demote_interactive_s,
+            settings.queue_demote_batch_s,
+            settings.queue_promote_s,
+        ),
+        adapt_every=settings.queue_adapt_every,
+        interval_s=settings.queue_interval_s,
+    )
 
 
 def _settings(args: argparse.Namespace, **more: object) -> ExtenderSettings:
@@ -117,6 +135,7 @@ def _controllers(args: argparse.Namespace) -> int:
         leasing=settings.leasing_controller,
         hot_restart_operator=settings.hot_restart_operator,
         agent_conditions=settings.agent_conditions,
+        queues=_queue_settings(settings) if settings.queues_controller else None,
         prewarm=_prewarm_settings(args) if settings.prewarm_controller else None,
         planner=_planner_settings(args) if settings.planner else None,
         planner_prometheus=args.planner_prometheus,
@@ -124,7 +143,8 @@ def _controllers(args: argparse.Namespace) -> int:
     if not enabled.names():
         raise InvalidInput(
             "no controller enabled: give --leasing-controller, --hot-restart-operator, "
-            "--agent-conditions, --prewarm-controller or --planner (or their settings keys)"
+            "--agent-conditions, --queues-controller, --prewarm-controller or --planner (or "
+            "their settings keys)"
         )
 
     async def main() -> None:

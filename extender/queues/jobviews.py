@@ -6,8 +6,10 @@ A job is the pods sharing a ``tidelease.io/owner`` (a pod without one is a job o
 class comes from ``tidelease.io/job-class`` and ``tidelease.io/elastic`` on its pods; its queue
 starts from the class (interactive: 1, batch: 2) and moves by the MLFQ rule on the time since
 its oldest pod started (a job running longer than the threshold is demoted; the extender knows
-no starvation history, so nothing is promoted). Its throughput profile, when the job publishes
-one, is ``tidelease.io/throughput``: samples/s at 1, 2, ... GPUs (``"100,190,270"``); without
+no starvation history, so nothing is promoted), unless the queues controller keeps the job's
+queue in ``tidelease.io/queue`` on its pods (extender.queues.admission): then that one. Its
+throughput profile, when the job publishes one, is ``tidelease.io/throughput``: samples/s at
+1, 2, ... GPUs (``"100,190,270"``); without
 it the job scales linearly (every GPU worth the same), and among such jobs the one holding most
 GPUs loses least by giving one up.
 """
@@ -71,7 +73,10 @@ def job_views(
         cls, _problems = job_class(annotations)
         starts = [s for s in (_started(p) for p in members) if s is not None]
         running_s = now - min(starts) if starts else 0.0
-        queue = requeue(initial_queue(cls), running_s, 0.0, thresholds).queue
+        queue = (
+            _annotated_queue(annotations)
+            or requeue(initial_queue(cls), running_s, 0.0, thresholds).queue
+        )
         request = sum(gpu_count(p.get("spec") or {}, resource, []) for p in members)
         views[JobName(key)] = JobView(
             key=key,
@@ -83,6 +88,14 @@ def job_views(
             profile=profile_of(annotations.get(contract.ANN_THROUGHPUT)),
         )
     return views
+
+
+def _annotated_queue(annotations: Mapping[str, str]) -> Queue | None:
+    """The queue the live queues controller keeps the job in (``tidelease.io/queue``)."""
+    try:
+        return Queue(int(annotations.get(contract.ANN_QUEUE, "")))
+    except ValueError:
+        return None
 
 
 def held_by_job(allocations: Iterable[Allocation]) -> dict[str, int]:

@@ -68,6 +68,14 @@ class ExtenderSettings:
     leasing_controller: bool = False
     hot_restart_operator: bool = False
     agent_conditions: bool = False
+    queues_controller: bool = False
+    # The shared queues (docs/planner.md "Shared queues live"): cornucopia's starting
+    # thresholds, adapted every queue_adapt_every completions; a pass at least this often.
+    queue_demote_interactive_s: float = 3600.0
+    queue_demote_batch_s: float = 86400.0
+    queue_promote_s: float = 43200.0
+    queue_adapt_every: int = 1000
+    queue_interval_s: float = 5.0
     prewarm_controller: bool = False
     planner: bool = False
     # Test clusters only: every reclaim gives borrowers this many seconds of notice instead of
@@ -127,6 +135,10 @@ class ExtenderSettings:
             "stale_after_s",
             "bind_timeout_s",
             "reclaim_overdue_s",
+            "queue_demote_interactive_s",
+            "queue_demote_batch_s",
+            "queue_promote_s",
+            "queue_interval_s",
         ):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be positive")
@@ -171,6 +183,12 @@ _FIELD_TYPES: dict[str, type] = {
     "leasing_controller": bool,
     "hot_restart_operator": bool,
     "agent_conditions": bool,
+    "queues_controller": bool,
+    "queue_demote_interactive_s": float,
+    "queue_demote_batch_s": float,
+    "queue_promote_s": float,
+    "queue_adapt_every": int,
+    "queue_interval_s": float,
     "prewarm_controller": bool,
     "planner": bool,
     "leasing_test_grace_s": int,

@@ -574,6 +574,9 @@ tl::cluster::start() {
   [[ "${TL_CLUSTER_REAL_NODE}" != true ]] || tl::cluster::kubelet_client_certs
   tl::cp::start_etcd
   tl::cluster::record_pid TL_CLUSTER_ETCD_PID "${TL_CP_ETCD_PID}"
+  # MutatingAdmissionPolicy (beta, off by default in this release): the chart's optional policy
+  # that gates class-declaring GPU pods for the queues controller (docs/planner.md).
+  TL_CP_APISERVER_EXTRA_ARGS="${TL_CP_APISERVER_EXTRA_ARGS:-} --feature-gates=MutatingAdmissionPolicy=true --runtime-config=admissionregistration.k8s.io/v1beta1=true"
   tl::cp::start_apiserver
   tl::cluster::record_pid TL_CLUSTER_APISERVER_PID "${TL_CP_APISERVER_PID}"
   tl::cp::wait_ready

@@ -134,6 +134,12 @@ def test_the_controllers_write_what_they_reconcile_and_cannot_bind(cluster: Kube
     assert not cluster.can(t, "update", "gpuallocations.tidelease.io", "")
     assert not cluster.can(t, "create", "pods/exec", "default")
     assert not cluster.can(t, "update", "pods/status", "default")  # patch, the condition only
+    # The shared queues' book only: no other ConfigMap of its namespace, none elsewhere.
+    for name, allowed in (("tidelease-queues", "yes"), ("tidelease-extender-settings", "no")):
+        done = cluster.run("auth", "can-i", "update", f"configmaps/{name}", "-n", NS, token=t)
+        assert done.stdout.strip() == allowed, (name, done.stdout, done.stderr)
+    assert not cluster.can(t, "get", "configmaps", NS)
+    assert not cluster.can(t, "get", "configmaps", "default")
     for verb, resource, ns in (
         ("patch", "pods", "default"),
         ("patch", "pods/status", "default"),
@@ -142,6 +148,7 @@ def test_the_controllers_write_what_they_reconcile_and_cannot_bind(cluster: Kube
         ("patch", "gpunodes.tidelease.io", ""),
         ("update", "gpunodes.tidelease.io/status", ""),
         ("watch", "statefulsets.apps", ""),
+        ("create", "configmaps", NS),  # the shared queues' book
         ("update", "leases", NS),
     ):
         assert cluster.can(t, verb, resource, ns), (verb, resource, ns)

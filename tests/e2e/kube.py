@@ -45,6 +45,16 @@ _KINDS: dict[str, tuple[str, str, bool]] = {
         contract.PLURAL_GPU_ALLOCATION,
         False,
     ),
+    "MutatingAdmissionPolicy": (
+        "/apis/admissionregistration.k8s.io/v1beta1",
+        "mutatingadmissionpolicies",
+        False,
+    ),
+    "MutatingAdmissionPolicyBinding": (
+        "/apis/admissionregistration.k8s.io/v1beta1",
+        "mutatingadmissionpolicybindings",
+        False,
+    ),
 }
 
 

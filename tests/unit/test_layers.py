@@ -27,7 +27,10 @@ LAYERS: dict[str, frozenset[str]] = {
         "common": (),
         # the control plane, bottom up
         "extender.cluster": ("common",),
-        "extender.queues": ("common",),
+        # the shared queues: pure policy, and the live admission controller over a watched view
+        "extender.queues": ("common", "extender.cluster"),
+        # the agents as the control plane sees them (AgentReady)
+        "extender.agents": ("common",),
         "extender.hotrestart": ("common",),
         "extender.orchestration": ("common",),
         "extender.leasing": ("common", "extender.cluster", "extender.queues"),
@@ -47,6 +50,7 @@ LAYERS: dict[str, frozenset[str]] = {
         # extender/main.py wires the processes; extender/demo.py drives a real server
         "extender": (
             "common",
+            "extender.agents",
             "extender.cluster",
             "extender.ctl",
             "extender.hotrestart",

@@ -1,0 +1,376 @@
+"""The queues controller: cornucopia's MLFQ as live admission (extender.queues.admission); one of
+``tidelease controllers``, leader-elected.
+
+It watches the GPU pods, the GpuNodes, their ledgers and the agents' Leases (the extender's own
+watch rules, extender.cluster.watching), and makes a pass on every change of a pod that
+declares its job class, and every ``interval_s`` to advance the jobs' counters:
+
+* the book advances (counters, moves between queues, completions, adapted thresholds); a move
+  is written on the job's pods (``tidelease.io/queue`` and ``tidelease.io/queue-reason``) with
+  an Event on each, so that ``kubectl describe`` tells it and the extender's partial preemption
+  ranks the job by it;
+* gated pods are released in the book's order (a JSON patch that removes the queue gate, and
+  only it, and writes the pod's queue);
+* the book is stored in the ConfigMap ``tidelease-queues`` (its namespace: the agents' and the
+  leader elections') after a move, a completion or a release, and at most every
+  ``save_every_s`` otherwise: a restart keeps it, losing at most that much counted time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from common import contract
+from common.errors import Conflict, InvalidInput, NotFound
+from common.events import Involved, post_event
+from common.kubeclient import KubeClient
+from common.reconcile import ReconcileLoop, ReconcileSettings, Requeue
+from extender.cluster.state import ClusterState
+from extender.cluster.store import Kind, Store
+from extender.cluster.watching import PodCache, follow_watch, run_liveness, view_applier
+from extender.queues.admission import (
+    Book,
+    JobObs,
+    Move,
+    Release,
+    advance,
+    book_from_json,
+    book_to_json,
+    observe,
+    release,
+)
+from extender.queues.jobviews import DEFAULT_THRESHOLDS
+from extender.queues.mlfq import Thresholds
+
+log = logging.getLogger(__name__)
+
+LEADER_LEASE = "tidelease-queues"
+CONFIGMAP = "tidelease-queues"
+KEY = "queues"
+KINDS: tuple[Kind, ...] = ("Pod", "GpuNode", "GpuAllocation", "Lease")
+COMPONENT = "tidelease-queues"
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSettings:
+    # Cornucopia's starting thresholds (twice the means an admin expects: interactive sessions
+    # of 30 min, a runtime to failure of 12 h, batch jobs of 6 h), adapted from completions.
+    thresholds: Thresholds = DEFAULT_THRESHOLDS
+    adapt_every: int = 1000  # completions between two adaptations (the paper's 1000)
+    interval_s: float = 5.0  # a pass at least this often (counters, promotions)
+    save_every_s: float = 30.0
+
+
+@dataclass
+class QueueMetrics:
+    registry: CollectorRegistry
+    gated: Gauge = field(init=False)
+    released: Counter = field(init=False)
+    moves: Counter = field(init=False)
+    wait: Histogram = field(init=False)
+    threshold: Gauge = field(init=False)
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        self.gated = Gauge(
+            "tidelease_queues_gated_pods", "Pods waiting at the queue gate, by queue.", ["queue"],
+            registry=r,
+        )  # fmt: skip
+        self.released = Counter(
+            "tidelease_queues_released_pods", "Pods released, by queue.", ["queue"], registry=r
+        )
+        self.moves = Counter(
+            "tidelease_queues_moves", "Jobs moved between queues.", ["old", "new"], registry=r
+        )
+        self.wait = Histogram(
+            "tidelease_queues_gate_seconds",
+            "From a pod's creation to its release, by queue.",
+            ["queue"],
+            buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600),
+            registry=r,
+        )
+        self.threshold = Gauge(
+            "tidelease_queues_threshold_seconds",
+            "The MLFQ thresholds in force (demote_1, demote_2, promote_3).",
+            ["threshold"],
+            registry=r,
+        )
+
+
+class QueuesController:
+    def __init__(
+        self,
+        kube: KubeClient,
+        store: Store,
+        *,
+        namespace: str,
+        settings: QueueSettings,
+        metrics: QueueMetrics,
+        resource: str = contract.DEFAULT_GPU_RESOURCE,
+        agent_timeout_s: float = 60.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.kube, self.store, self.namespace = kube, store, namespace
+        self.agent_timeout_s = agent_timeout_s
+        self.settings, self.metrics, self.resource, self.clock = settings, metrics, resource, clock
+        self.cluster, self.pods = ClusterState(), PodCache(resource)
+        self.synced = asyncio.Event()
+        self.book: Book | None = None
+        self._version = ""  # the stored ConfigMap's resourceVersion ("": none yet)
+        self._saved_at = 0.0
+        # Pods released whose watch event has not come back yet: (namespace, name) -> uid.
+        self._released: dict[tuple[str, str], str] = {}
+        self.loop = ReconcileLoop(
+            "queues",
+            self.reconcile,
+            keys=lambda: [KEY],
+            settings=ReconcileSettings(resync_s=settings.interval_s, retry_cap_s=30.0),
+            registry=metrics.registry,
+        )
+
+    # --- the stored book ---
+
+    async def load(self) -> Book:
+        path = f"/api/v1/namespaces/{self.namespace}/configmaps/{CONFIGMAP}"
+        try:
+            obj = await self.kube.json("GET", path)
+        except NotFound:
+            self._version = ""
+            return Book({}, self.settings.thresholds)
+        self._version = str((obj.get("metadata") or {}).get("resourceVersion", ""))
+        try:
+            data = json.loads((obj.get("data") or {}).get("book.json", "{}"))
+        except ValueError:
+            data = {}
+        book = book_from_json(data if isinstance(data, dict) else {}, self.settings.thresholds)
+        log.info("queues: book of %d job(s) read from ConfigMap %s", len(book.jobs), CONFIGMAP)
+        return book
+
+    async def save(self, book: Book) -> None:
+        base = f"/api/v1/namespaces/{self.namespace}/configmaps"
+        body: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": CONFIGMAP, "namespace": self.namespace},
+            "data": {"book.json": json.dumps(book_to_json(book), sort_keys=True)},
+        }
+        if self._version:
+            body["metadata"]["resourceVersion"] = self._version
+            written = await self.kube.json("PUT", f"{base}/{CONFIGMAP}", body=body)
+        else:
+            written = await self.kube.json("POST", base, body=body)
+        self._version = str(written["metadata"]["resourceVersion"])
+        self._saved_at = self.clock()
+
+    # --- a pass ---
+
+    def _observe(self) -> dict[str, JobObs]:
+        jobs = observe(self.pods.raw_pods(), self.resource)
+        seen: set[tuple[str, str]] = set()
+        out = {}
+        for key, job in jobs.items():
+            pods = []
+            for p in job.pods:
+                seen.add((p.namespace, p.name))
+                if p.gated and self._released.get((p.namespace, p.name)) == p.uid:
+                    p = replace(p, gated=False)  # released; its event is on its way
+                elif not p.gated:
+                    self._released.pop((p.namespace, p.name), None)
+                pods.append(p)
+            out[key] = JobObs(job.key, job.cls, tuple(pods))
+        for gone in set(self._released) - seen:
+            del self._released[gone]
+        return out
+
+    def free_gpus(self) -> int:
+        """Free healthy GPUs an ordinary pod may get: on nodes whose agent is alive, not in the
+        standby pool (any type, any tier: where they fit is the filter's to say)."""
+        return sum(
+            n
+            for state in self.cluster
+            if state.offering
+            for cls, n in state.free.items()
+            if cls.healthy and not cls.standby
+        )
+
+    async def reconcile(self, key: str) -> Requeue:
+        await self.synced.wait()
+        if self.book is None:
+            self.book = await self.load()
+        now = self.clock()
+        jobs = self._observe()
+        before = self.book
+        book, moves = advance(before, jobs, now, adapt_every=self.settings.adapt_every)
+        # Pods released whose GPUs the ledgers do not show yet (unplaced, or bound with the
+        # ledger's event still on its way: watches of two kinds are not ordered).
+        allocated = {uid for state in self.cluster for uid in state.allocations}
+        in_flight = sum(
+            p.gpus
+            for j in jobs.values()
+            for p in j.pods
+            if not p.gated and p.phase in ("Pending", "Running") and p.uid not in allocated
+        )
+        releases = release(jobs, book, self.free_gpus(), in_flight=in_flight)
+        for move in moves:
+            await self._announce(move, jobs[move.job])
+        released = 0
+        for r in releases:
+            released += await self._release(r, jobs[r.job], now)
+        self.book = book
+        self._gauges(jobs, book)
+        changed = (
+            moves
+            or released
+            or book.means != before.means
+            or book.thresholds != before.thresholds
+            or book.jobs.keys() != before.jobs.keys()
+            or any(
+                book.jobs[k].done != before.jobs[k].done
+                for k in book.jobs.keys() & before.jobs.keys()
+            )
+        )
+        if changed or now - self._saved_at >= self.settings.save_every_s:
+            try:
+                await self.save(book)
+            except Conflict:
+                # Written by another (a leader before this one): read it again next pass.
+                log.warning("queues: ConfigMap %s changed under us; reading it again", CONFIGMAP)
+                self.book = None
+        return Requeue(self.settings.interval_s)
+
+    async def _release(self, r: Release, job: JobObs, now: float) -> int:
+        pod = self.pods.get(r.namespace, r.name)
+        if pod is None:
+            return 0
+        gates = (pod.get("spec") or {}).get("schedulingGates") or []
+        index = next(
+            (i for i, g in enumerate(gates) if (g or {}).get("name") == contract.SCHEDULING_GATE),
+            None,
+        )
+        if index is None:
+            return 0
+        annotations = (pod.get("metadata") or {}).get("annotations")
+        queue = str(int(r.queue))
+        patch: list[dict[str, Any]] = [
+            {"op": "test", "path": f"/spec/schedulingGates/{index}/name",
+             "value": contract.SCHEDULING_GATE},
+            {"op": "remove", "path": f"/spec/schedulingGates/{index}"},
+        ]  # fmt: skip
+        if isinstance(annotations, dict):
+            patch.append(
+                {"op": "add", "path": f"/metadata/annotations/{_pointer(contract.ANN_QUEUE)}",
+                 "value": queue}
+            )  # fmt: skip
+        else:
+            patch.append(
+                {"op": "add", "path": "/metadata/annotations", "value": {contract.ANN_QUEUE: queue}}
+            )
+        try:
+            await self.kube.json(
+                "PATCH",
+                f"/api/v1/namespaces/{r.namespace}/pods/{r.name}",
+                body=patch,
+                content_type="application/json-patch+json",
+            )
+        except (NotFound, InvalidInput) as e:
+            # Gone, or its gate removed meanwhile (the test op failed): nothing to release.
+            log.info("queues: pod %s/%s not released: %s", r.namespace, r.name, e)
+            return 0
+        uid = str((pod.get("metadata") or {}).get("uid", ""))
+        self._released[(r.namespace, r.name)] = uid
+        created = next((p.created for p in job.pods if p.name == r.name), now)
+        self.metrics.released.labels(queue).inc()
+        self.metrics.wait.labels(queue).observe(max(0.0, now - created))
+        log.info(
+            "queues: released pod %s/%s of job %s (queue %s, %d GPU(s))",
+            r.namespace, r.name, r.job, queue, r.gpus,
+        )  # fmt: skip
+        return 1
+
+    async def _announce(self, move: Move, job: JobObs) -> None:
+        """The move on every pod of the job: its annotations and an Event."""
+        verb = "QueueDemoted" if move.new > move.old else "QueuePromoted"
+        message = f"job {move.job}: queue {int(move.old)} -> {int(move.new)}: {move.reason}"
+        log.info("queues: %s", message)
+        self.metrics.moves.labels(str(int(move.old)), str(int(move.new))).inc()
+        for p in job.pods:
+            if p.phase in ("Succeeded", "Failed"):
+                continue
+            with contextlib.suppress(NotFound):
+                await self.kube.json(
+                    "PATCH",
+                    f"/api/v1/namespaces/{p.namespace}/pods/{p.name}",
+                    body={"metadata": {"annotations": {
+                        contract.ANN_QUEUE: str(int(move.new)),
+                        contract.ANN_QUEUE_REASON: move.reason,
+                    }}},
+                    content_type="application/merge-patch+json",
+                )  # fmt: skip
+                await post_event(
+                    self.kube,
+                    Involved("Pod", p.namespace, p.name, p.uid),
+                    verb,
+                    message,
+                    warning=False,
+                    component=COMPONENT,
+                )
+
+    def _gauges(self, jobs: dict[str, JobObs], book: Book) -> None:
+        counts = {"1": 0, "2": 0, "3": 0}
+        for key, job in jobs.items():
+            q = str(int(book.queue_of(key, job.cls)))
+            counts[q] += sum(1 for p in job.pods if p.gated)
+        for q, n in counts.items():
+            self.metrics.gated.labels(q).set(n)
+        t = book.thresholds
+        for name, value in (
+            ("demote_1", t.demote_1_s), ("demote_2", t.demote_2_s), ("promote_3", t.promote_3_s)
+        ):  # fmt: skip
+            self.metrics.threshold.labels(name).set(value)
+
+    async def run(self) -> None:
+        """Watch and reconcile until cancelled (one leadership term: the book is read anew)."""
+        self.book = None
+        self.synced.clear()
+        self.cluster, self.pods = ClusterState(), PodCache(self.resource)
+        apply = view_applier(self.cluster, self.pods)
+
+        def on_event(kind: Kind, event: str, obj: dict[str, Any]) -> None:
+            apply(kind, event, obj)
+            if kind in ("Pod", "GpuAllocation"):
+                self.loop.add(KEY)
+
+        tasks: tuple[asyncio.Task[None], ...] = (
+            asyncio.create_task(
+                follow_watch(store=self.store, kinds=KINDS, apply=on_event, synced=self.synced.set),
+                name="queues-watch",
+            ),
+            asyncio.create_task(
+                run_liveness(cluster=self.cluster, timeout_s=self.agent_timeout_s),
+                name="queues-liveness",
+            ),
+        )
+        tasks += (asyncio.create_task(self.loop.run(), name="queues-loop"),)
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()  # re-raises its error
+                raise RuntimeError(f"{task.get_name()} ended unexpectedly")
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _pointer(key: str) -> str:
+    """A map key as a JSON pointer segment."""
+    return key.replace("~", "~0").replace("/", "~1")

@@ -1,0 +1,243 @@
+"""Cornucopia's MLFQ as live admission on the local cluster: the chart's MutatingAdmissionPolicy
+gates class-declaring GPU pods at creation, a real `tidelease controllers --queues-controller`
+releases them in the queues' order, and the real kube-scheduler places what is released through
+the extender (its preempt verb taking GPUs from the batch job worth least).
+
+* With the GPUs full of batch pods, each of 20 interactive arrivals is released first and
+  placed; the median from creation to placement is what cornucopia promises: under a second.
+* A batch job running past the demotion threshold goes to queue 3; stripped of its GPUs and
+  waiting past the promotion threshold, it comes back to queue 2: in its pods' annotations and
+  Events.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from common import builders, contract
+from common.model import Priority
+from tests.chart import ROOT, render
+from tests.e2e.harness import Cluster, NodeGroup, workload
+from tests.e2e.kube import wait_for
+
+pytestmark = pytest.mark.cluster
+
+BATCH = "e2e-q-batch"
+INTERACTIVE = "e2e-q-interactive"
+ARRIVALS = 20
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def gate(cluster: Cluster, namespace: str) -> Iterator[None]:
+    """The chart's gate policy, bound to this test's namespace only (other tests' pods that
+    declare a class are not gated)."""
+    policy = next(
+        o for o in render("queues.gatePolicy=true") if o["kind"] == "MutatingAdmissionPolicy"
+    )
+    name = policy["metadata"]["name"]
+    cluster.kube.create(policy)
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1beta1",
+        "kind": "MutatingAdmissionPolicyBinding",
+        "metadata": {"name": f"{name}-{namespace}"},
+        "spec": {
+            "policyName": name,
+            "matchResources": {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+            },
+        },
+    }
+    cluster.kube.create(binding)
+    # In force once a probe pod comes out gated (the API server loads policies in the background).
+    probe = builders.pod("probe", 1, namespace=namespace, extra_annotations={
+        contract.ANN_JOB_CLASS: "batch"})  # fmt: skip
+    probe["metadata"].pop("uid")
+    probe.pop("status")
+    probe["spec"]["nodeSelector"] = {"no-such-node": "x"}
+
+    def gated() -> bool:
+        cluster.kube.create(probe)
+        obj = cluster.kube.get("Pod", "probe", namespace) or {}
+        cluster.kube.delete("Pod", "probe", namespace)
+        wait_for(lambda: cluster.kube.get("Pod", "probe", namespace) is None, what="probe gone")
+        gates = (obj.get("spec") or {}).get("schedulingGates") or []
+        return any(g.get("name") == contract.SCHEDULING_GATE for g in gates)
+
+    wait_for(gated, what="the gate policy in force", timeout=30, interval=1)
+    try:
+        yield
+    finally:
+        cluster.kube.delete("MutatingAdmissionPolicyBinding", f"{name}-{namespace}")
+        cluster.kube.delete("MutatingAdmissionPolicy", name)
+
+
+@pytest.fixture
+def queues(cluster: Cluster, tmp_path: Path) -> Iterator[Path]:
+    """`tidelease controllers --queues-controller` with thresholds of seconds; its log."""
+    port = free_port()
+    log = tmp_path / "queues.log"
+    env = {
+        **os.environ,
+        "TIDELEASE_EXTENDER_QUEUE_DEMOTE_BATCH_S": "4",
+        "TIDELEASE_EXTENDER_QUEUE_PROMOTE_S": "4",
+        "TIDELEASE_EXTENDER_QUEUE_INTERVAL_S": "1",
+    }
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [str(ROOT / ".venv/bin/tidelease"), "controllers", "--queues-controller",
+             "--kubeconfig", str(cluster.kubeconfig), "--probe-host", "127.0.0.1",
+             "--probe-port", str(port)],
+            stdout=out, stderr=subprocess.STDOUT, env=env,
+        )  # fmt: skip
+
+    def ready() -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
+                return bool(r.status == 200)
+        except OSError:
+            assert proc.poll() is None, log.read_text()
+            return False
+
+    try:
+        wait_for(ready, what="the queues controller ready", timeout=60, interval=0.5)
+        yield log
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def batch_pod(group: NodeGroup, namespace: str, owner: str, gpus: int) -> dict[str, Any]:
+    return group.pod(
+        namespace,
+        owner,
+        gpus,
+        owner=owner,
+        priority=Priority.LOW,
+        priority_class=BATCH,
+        extra_annotations={contract.ANN_JOB_CLASS: "batch"},
+    )
+
+
+def placed(cluster: Cluster, namespace: str, prefix: str) -> list[dict[str, Any]]:
+    return [
+        p
+        for p in cluster.kube.list("Pod", namespace)
+        if p["metadata"]["name"].startswith(prefix)
+        and p["spec"].get("nodeName")
+        and not p["metadata"].get("deletionTimestamp")
+    ]
+
+
+def wait_placed(cluster: Cluster, namespace: str, name: str) -> list[dict[str, Any]]:
+    return wait_for(
+        lambda: placed(cluster, namespace, name) or None,
+        what=f"{name} placed",
+        timeout=30,
+        interval=0.02,
+    )
+
+
+def wait_whole(cluster: Cluster, namespace: str, gone: str) -> None:
+    """The batch job's evicted replica back (gated, then released into the freed GPUs)."""
+    wait_for(
+        lambda: (
+            len(placed(cluster, namespace, "train-")) == 4 and not placed(cluster, namespace, gone)
+        ),
+        what="the batch job whole again",
+        timeout=60,
+    )
+
+
+def test_interactive_arrivals_are_released_first_and_placed_within_a_second(
+    cluster: Cluster, namespace: str, group: NodeGroup, gate: None, queues: Path
+) -> None:
+    cluster.ensure_priority_class(BATCH, 20)
+    cluster.ensure_priority_class(INTERACTIVE, 5000, policy="PreemptLowerPriority")
+    group.add_node("q", lambda n: builders.devices(n, 8))
+    group.wait_ready()
+    train = batch_pod(group, namespace, "train", 2)
+    cluster.kube.create(workload("Deployment", "train", namespace, train, replicas=4))
+    wait_for(lambda: len(placed(cluster, namespace, "train-")) == 4, what="4 batch pods placed",
+             timeout=60)  # fmt: skip
+
+    latencies = []
+    for i in range(ARRIVALS):
+        name = f"chat-{i}"
+        pod = group.pod(
+            namespace, name, 2, owner=name, priority=Priority.LOW, priority_class=INTERACTIVE,
+            extra_annotations={contract.ANN_JOB_CLASS: "interactive"},
+        )  # fmt: skip
+        start = time.monotonic()
+        cluster.kube.create(pod)
+        got = wait_placed(cluster, namespace, name)
+        latencies.append(time.monotonic() - start)
+        annotations = got[0]["metadata"].get("annotations") or {}
+        assert annotations.get(contract.ANN_QUEUE) == "1"  # released by the controller
+        cluster.kube.delete("Pod", name, namespace)
+        wait_whole(cluster, namespace, name)
+    median = statistics.median(latencies)
+    print(f"interactive creation to placement over {ARRIVALS}: median {median:.3f} s, "
+          f"max {max(latencies):.3f} s, all {[round(x, 2) for x in latencies]}")  # fmt: skip
+    assert median <= 1.0, latencies
+
+
+def events_of(cluster: Cluster, namespace: str, reason: str) -> list[dict[str, Any]]:
+    return [e for e in cluster.kube.list("Event", namespace) if e.get("reason") == reason]
+
+
+def test_a_long_batch_job_is_demoted_and_promoted_back_once_starved(
+    cluster: Cluster, namespace: str, group: NodeGroup, gate: None, queues: Path
+) -> None:
+    cluster.ensure_priority_class(BATCH, 20)
+    group.add_node("q", lambda n: builders.devices(n, 8))
+    group.wait_ready()
+    long = batch_pod(group, namespace, "long", 8)
+    cluster.kube.create(workload("Deployment", "long", namespace, long, replicas=1))
+
+    def queue_of(prefix: str) -> str | None:
+        pods = placed(cluster, namespace, prefix)
+        return pods[0]["metadata"].get("annotations", {}).get(contract.ANN_QUEUE) if pods else None
+
+    # Running past 4 s of executed time in queue 2: demoted.
+    wait_for(lambda: queue_of("long-") == "3", what="long demoted to queue 3", timeout=30)
+    assert events_of(cluster, namespace, "QueueDemoted")
+
+    # Another batch job waits; long loses its pod. Queue 2 goes first: other is released into
+    # the freed GPUs, long's new pod waits at the gate, stripped of every GPU.
+    other = batch_pod(group, namespace, "other", 8)
+    cluster.kube.create(workload("Deployment", "other", namespace, other, replicas=1))
+    (old,) = placed(cluster, namespace, "long-")
+    cluster.kube.delete("Pod", old["metadata"]["name"], namespace)
+    wait_for(lambda: placed(cluster, namespace, "other-") or None, what="other placed",
+             timeout=30)  # fmt: skip
+
+    def promoted() -> list[dict[str, Any]] | None:
+        return [
+            e for e in events_of(cluster, namespace, "QueuePromoted")
+            if "job long: queue 3 -> 2" in e.get("message", "")
+        ] or None  # fmt: skip
+
+    got = wait_for(promoted, what="long promoted back to queue 2", timeout=30)
+    assert "starved" in got[0]["message"]
+    waiting = [
+        p for p in cluster.kube.list("Pod", namespace)
+        if p["metadata"]["name"].startswith("long-") and not p["spec"].get("nodeName")
+    ]  # fmt: skip
+    assert waiting
+    assert waiting[0]["metadata"]["annotations"].get(contract.ANN_QUEUE) == "2"
