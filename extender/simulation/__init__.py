@@ -23,10 +23,11 @@ the simulated world, and the standby pool is topped up by
 * :mod:`.executing` — several runs in worker processes;
 * :mod:`.reporting`, :mod:`.plotting`, :mod:`.cli` — the table, the PNGs, the command.
 
-The elastic planner's simulations (``tidelease plan-simulate``) live here too, on an embedded
-tidal trace: :mod:`.traces`, :mod:`.online` (one online job under the forecast planner and two
-baselines), :mod:`.queues` (the shared queues under cornucopia and two baselines),
-:mod:`.planner` (both, measured in one run), :mod:`.plannerplots` and :mod:`.plannercli`.
+The elastic planner's simulations (``tidelease plan-simulate``) live here too, on tidal traces
+(:mod:`.traces` embedded, :mod:`.surges` generated with kale's sharp rises): :mod:`.online` (one
+online job under the forecast planner and baselines, among them :mod:`.hpa`, Kubernetes' HPA
+rules), :mod:`.queues` (the shared queues under cornucopia and two baselines), :mod:`.planner`
+(all of it, measured in one run), :mod:`.plannerplots` and :mod:`.plannercli`.
 
 Only :mod:`.loading`, :mod:`.plotting`, :mod:`.executing`, :mod:`.cli` and the planner's
 :mod:`.planner`, :mod:`.plannerplots` and :mod:`.plannercli` do I/O (files, processes, plots);
