@@ -15,10 +15,18 @@ writes to a fresh cache each run. In the same run it measures:
   discarded; the same with sha256 of every byte off the event loop; and a whole pull (hash,
   write, fsync, publish) from that server.
 
+Then, in the model alone (no transfer), the shard-size choice over ``--shard-sets`` random link
+sets (issue 19): for the earlier scan over powers of two, chaos Algorithm 1 alone, and the
+search the puller uses (``choose_shard_size``), the predicted makespan of the chosen size over
+the best of every admissible size (brute force): median, p75, max, share exactly optimal, and
+the time per choice.
+
     python -m benchmarks.bench_peer_pull [--size-mib 1024] [--serve-gib 2] [--dir DIR] [--smoke]
+        [--shard-sets 500] [--model-only]
 
 ``--smoke``: the same runs at a tiny size (64 MiB checkpoint, 128 MiB sparse file, one run of
-each), in seconds: it checks that the benchmark still works, its figures mean little.
+each, 20 link sets), in seconds: it checks that the benchmark still works, its figures mean
+little. ``--model-only``: only the shard-size figures.
 
 Targets (issue 7): makespan within 10 % of the optimum, >= 80 % of the aggregate rate,
 >= 1 GB/s for one stream without hashing.
@@ -30,12 +38,15 @@ import argparse
 import asyncio
 import contextlib
 import hashlib
+import math
 import multiprocessing
 import os
+import random
 import shutil
+import statistics
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -51,9 +62,14 @@ from nodeagent.pulling.assignment import (
     LinkModel,
     Shard,
     assign,
+    bisect_shard_size,
+    choose_shard_size,
     cut_shards,
     lower_bound,
     makespan,
+    predicted_makespan,
+    scan_candidates,
+    shard_size_bounds,
 )
 from nodeagent.pulling.peers import Peer, StaticPeers
 from nodeagent.pulling.puller import PullResult, PullSettings, bearer, pull
@@ -323,7 +339,87 @@ async def measure(
     )
 
 
-SMOKE = {"size_mib": 64, "serve_gib": 0.125, "repeats": 1}
+def random_link_set(rng: random.Random) -> tuple[int, list[LinkModel], int]:
+    """(bytes, links, piece size): 1-6 links of 10-1000 MiB/s (log-uniform), 0 or 0.1-50 ms
+    per request, a quarter starting up to 0.5 s late; 16 MiB to 2 GiB, 1 or 4 MiB pieces (the
+    same distribution as tests/unit/test_shard_search.py)."""
+
+    def log_uniform(low: float, high: float) -> float:
+        return math.exp(rng.uniform(math.log(low), math.log(high)))
+
+    piece = rng.choice([MIB, 4 * MIB])
+    total = max(1, int(log_uniform(16, 2048) * MIB) - rng.randrange(piece))
+    links = [
+        LinkModel(
+            f"l{i}",
+            rate=log_uniform(10, 1000) * MIB,
+            latency_s=rng.choice([0.0, log_uniform(1e-4, 0.05)]),
+            start_s=rng.choice([0.0, 0.0, 0.0, rng.uniform(0.0, 0.5)]),
+        )
+        for i in range(rng.randint(1, 6))
+    ]
+    return total, links, piece
+
+
+def earlier_scan(total: int, links: Sequence[LinkModel], piece: int) -> float:
+    """The rule before issue 19: the best of the scan's sizes (powers of two, window ends)."""
+    return min(
+        predicted_makespan(total, links, piece_size=piece, shard_bytes=s)
+        for s in scan_candidates(total, links, piece_size=piece)
+    )
+
+
+def bisection_alone(total: int, links: Sequence[LinkModel], piece: int) -> float:
+    first, last = shard_size_bounds(total, links, piece_size=piece)
+    return bisect_shard_size(
+        first // piece,
+        last // piece,
+        lambda k: predicted_makespan(total, links, piece_size=piece, shard_bytes=k * piece),
+    )[1]
+
+
+def the_search(total: int, links: Sequence[LinkModel], piece: int) -> float:
+    return choose_shard_size(total, links, piece_size=piece).predicted_s
+
+
+def shard_size_figures(sets: int, seed: int = 19) -> None:
+    rng = random.Random(seed)
+    cases = [random_link_set(rng) for _ in range(sets)]
+    t = time.perf_counter()
+    best = []
+    for total, links, piece in cases:
+        first, last = shard_size_bounds(total, links, piece_size=piece)
+        best.append(
+            min(
+                predicted_makespan(total, links, piece_size=piece, shard_bytes=s)
+                for s in range(first, last + 1, piece)
+            )
+        )
+    brute_ms = 1000 * (time.perf_counter() - t) / sets
+    print()
+    print(
+        f"# shard size, {sets} random link sets: predicted makespan of the chosen size over the "
+        f"best of every admissible size (brute force, {brute_ms:.2f} ms per set)"
+    )
+    rules: list[tuple[str, Callable[[int, Sequence[LinkModel], int], float]]] = [
+        ("earlier scan", earlier_scan),
+        ("chaos Algorithm 1 alone", bisection_alone),
+        ("search (choose_shard_size)", the_search),
+    ]
+    for label, rule in rules:
+        t = time.perf_counter()
+        got = [rule(*case) for case in cases]
+        per_choice_ms = 1000 * (time.perf_counter() - t) / sets
+        ratios = sorted(g / b for g, b in zip(got, best, strict=True))
+        exact = sum(r <= 1 + 1e-9 for r in ratios) / sets
+        print(
+            f"shard size, {label}: median {statistics.median(ratios):.4f}, "
+            f"p75 {ratios[(3 * sets) // 4]:.4f}, max {ratios[-1]:.4f}, "
+            f"exact {exact:.0%}, {per_choice_ms:.2f} ms per choice"
+        )
+
+
+SMOKE = {"size_mib": 64, "serve_gib": 0.125, "repeats": 1, "shard_sets": 20}
 
 
 def main() -> None:
@@ -338,15 +434,19 @@ def main() -> None:
         help="where the caches live (default: tmpfs when there is one)",
     )
     p.add_argument("--smoke", action="store_true", help="tiny sizes, to check it still runs")
+    p.add_argument("--shard-sets", type=int, default=500, help="random link sets, shard size")
+    p.add_argument("--model-only", action="store_true", help="only the shard-size figures")
     args = p.parse_args()
     if args.smoke:  # the smoke sizes, unless given
         p.set_defaults(**SMOKE)
         args = p.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="bench-peer-", dir=args.dir))
-    try:
-        asyncio.run(run(args, root))
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    if not args.model_only:
+        root = Path(tempfile.mkdtemp(prefix="bench-peer-", dir=args.dir))
+        try:
+            asyncio.run(run(args, root))
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+    shard_size_figures(args.shard_sets)
 
 
 if __name__ == "__main__":

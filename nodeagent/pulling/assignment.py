@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -80,7 +80,7 @@ def cut_shards(
     return tuple(shards)
 
 
-def makespan(queues: dict[str, Sequence[Shard]], links: Sequence[LinkModel]) -> float:
+def makespan(queues: Mapping[str, Sequence[Shard]], links: Sequence[LinkModel]) -> float:
     """Latest finish over the links that send anything (0 for nothing to send)."""
     by_name = {link.name: link for link in links}
     finishes = [
@@ -179,11 +179,15 @@ def lower_bound(total: int, links: Sequence[LinkModel]) -> float:
     return math.inf
 
 
+DESCENT_STARTS = 5  # choose_shard_size descends from this many of the best sizes it evaluated
+
+
 @dataclass(frozen=True, slots=True)
 class ShardSizeChoice:
     shard_bytes: int
     predicted_s: float
     reason: str
+    evaluations: int = 0  # shard sizes whose assignment was computed to choose
 
 
 def shard_size_window(
@@ -210,24 +214,36 @@ def shard_size_window(
     return low, high
 
 
-def choose_shard_size(
+def shard_size_bounds(
     total: int,
     links: Sequence[LinkModel],
     *,
     piece_size: int,
     overhead: float = 0.05,
     shards_per_link: int = 4,
-) -> ShardSizeChoice:
-    """The shard size (a multiple of the piece size) for a pull of ``total`` bytes.
+) -> tuple[int, int]:
+    """The sizes :func:`choose_shard_size` chooses among, (smallest, largest) in bytes: every
+    multiple of the piece size in :func:`shard_size_window`, or, when that window is empty,
+    every one from one piece to the whole file (one shard)."""
+    low, high = shard_size_window(
+        total, links, piece_size=piece_size, overhead=overhead, shards_per_link=shards_per_link
+    )
+    if low <= high:
+        return low, high
+    return piece_size, max(piece_size, math.ceil(total / piece_size) * piece_size)
 
-    Candidates are the piece size times powers of two, plus the rule's window ends; within the
-    window of :func:`shard_size_window` (or among all candidates when the window is empty: a
-    small file or links with a large bandwidth-delay product), the one whose optimal assignment
-    (:func:`assign`) has the smallest predicted makespan wins, larger on ties. Each evaluation is
-    exact and cheap, so a scan replaces the paper's binary search over s.
-    """
-    if total <= 0:
-        return ShardSizeChoice(piece_size, 0.0, "empty")
+
+def scan_candidates(
+    total: int,
+    links: Sequence[LinkModel],
+    *,
+    piece_size: int,
+    overhead: float = 0.05,
+    shards_per_link: int = 4,
+) -> tuple[int, ...]:
+    """The earlier rule's sizes (it scanned only these): the piece size times powers of two, plus
+    the window's ends and the whole file, those inside the window (all of them when it is
+    empty). :func:`choose_shard_size` still evaluates them, so it is never worse than the scan."""
     low, high = shard_size_window(
         total, links, piece_size=piece_size, overhead=overhead, shards_per_link=shards_per_link
     )
@@ -238,17 +254,108 @@ def choose_shard_size(
         grid.add(s)
         s *= 2
     inside = sorted(s for s in grid if low <= s <= high)
-    reason = "window" if inside else "no size meets both rules; best predicted"
-    candidates = inside or sorted(grid)
+    return tuple(inside or sorted(grid))
+
+
+def predicted_makespan(
+    total: int, links: Sequence[LinkModel], *, piece_size: int, shard_bytes: int
+) -> float:
+    """The puller's latency model for one shard size: the makespan of the optimal assignment
+    (:func:`assign`) of ``total`` bytes cut into shards of ``shard_bytes`` (whole pieces)."""
     pieces = range(-(-total // piece_size))
-    best: ShardSizeChoice | None = None
-    for s in candidates:
-        shards = cut_shards(pieces, size=total, piece_size=piece_size, shard_pieces=s // piece_size)
-        predicted = assign(shards, links).makespan_s
-        if best is None or predicted <= best.predicted_s * (1 + 1e-9):
-            best = ShardSizeChoice(s, predicted, reason)
-    assert best is not None
-    return best
+    shards = cut_shards(
+        pieces, size=total, piece_size=piece_size, shard_pieces=max(1, shard_bytes // piece_size)
+    )
+    return assign(shards, links).makespan_s
+
+
+def bisect_shard_size(
+    low: int, high: int, predict: Callable[[int], float]
+) -> tuple[int, float, tuple[int, ...]]:
+    """Chaos Algorithm 1, as written, over the integers ``[low, high]`` (shard sizes in pieces):
+    probe the midpoint ``s = (low + high) // 2``; if its objective beats the best so far, keep
+    it and go on among the smaller sizes (``high = s - 1``), otherwise among the larger ones
+    (``low = s + 1``); stop when ``low > high``. Returns (best size, its objective, the sizes
+    probed in order): at most ``floor(log2(high - low + 1)) + 1`` probes.
+
+    It finds the best size when the objective increases with the size (the paper's eq. 13 for a
+    fixed assignment); the makespan of a pull is not monotone in the size (see
+    :func:`choose_shard_size`), so on its own the search can stop far from the best size."""
+    if low > high:
+        raise ValueError(f"empty range [{low}, {high}]")
+    best_s, best = low, math.inf
+    probes: list[int] = []
+    while low <= high:
+        s = (low + high) // 2
+        theta = predict(s)
+        probes.append(s)
+        if theta < best:
+            best_s, best = s, theta
+            high = s - 1
+        else:
+            low = s + 1
+    return best_s, best, tuple(probes)
+
+
+def choose_shard_size(
+    total: int,
+    links: Sequence[LinkModel],
+    *,
+    piece_size: int,
+    overhead: float = 0.05,
+    shards_per_link: int = 4,
+) -> ShardSizeChoice:
+    """The shard size (a multiple of the piece size) for a pull of ``total`` bytes: the one
+    among :func:`shard_size_bounds` whose optimal assignment predicts the smallest makespan
+    (:func:`predicted_makespan`), as near as three cheap steps find it:
+
+    1. chaos Algorithm 1 (:func:`bisect_shard_size`) over the bounds, in whole pieces;
+    2. the earlier scan's sizes (:func:`scan_candidates`): the result is never worse than it;
+    3. from each of the ``DESCENT_STARTS`` best sizes so far, a descent one piece at a time
+       while a neighbouring size predicts better.
+
+    The makespan is not unimodal in the size (the shard count jumps, and which link takes the
+    short last shard changes), so neither the bisection nor the scan alone reaches the best size
+    often; together, with the descents, they reach it in most cases and stay within a few per
+    cent in the rest (docs/peer-cache.md, "Shard size", has the figures). Ties (within 1e-9) go
+    to the larger size: fewer requests.
+    """
+    if total <= 0:
+        return ShardSizeChoice(piece_size, 0.0, "empty")
+    low, high = shard_size_window(
+        total, links, piece_size=piece_size, overhead=overhead, shards_per_link=shards_per_link
+    )
+    reason = "window" if low <= high else "no size meets both rules; best predicted"
+    first, last = shard_size_bounds(
+        total, links, piece_size=piece_size, overhead=overhead, shards_per_link=shards_per_link
+    )
+    known: dict[int, float] = {}  # pieces per shard -> predicted makespan
+
+    def predict(k: int) -> float:
+        if k not in known:
+            known[k] = predicted_makespan(
+                total, links, piece_size=piece_size, shard_bytes=k * piece_size
+            )
+        return known[k]
+
+    def order(k: int) -> tuple[float, int]:
+        return (predict(k), -k)
+
+    lo, hi = first // piece_size, last // piece_size
+    bisect_shard_size(lo, hi, predict)  # 1
+    for s in scan_candidates(  # 2
+        total, links, piece_size=piece_size, overhead=overhead, shards_per_link=shards_per_link
+    ):
+        predict(s // piece_size)
+    for k in sorted(known, key=order)[:DESCENT_STARTS]:  # 3
+        while True:
+            better = [j for j in (k - 1, k + 1) if lo <= j <= hi and predict(j) < predict(k)]
+            if not better:
+                break
+            k = min(better, key=order)
+    least = min(known.values())
+    best = max(k for k, t in known.items() if t <= least * (1 + 1e-9))  # ties: the larger
+    return ShardSizeChoice(best * piece_size, predict(best), reason, len(known))
 
 
 def steal(
