@@ -94,6 +94,19 @@ RULES: tuple[Rule, ...] = (
         "invalid GPU type ",
         " (want letters, digits, '-', '_' or '.', at most 63)",
     ),
+    # An elastic batch job's workload and its ceiling (extender.queues.growth).
+    Pattern(
+        contract.ANN_WORKLOAD,
+        "(Deployment|StatefulSet)/[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?",
+        "invalid value ",
+        " (want Deployment/NAME or StatefulSet/NAME)",
+    ),
+    Pattern(
+        contract.ANN_MAX_REPLICAS,
+        "[1-9][0-9]{0,3}|10000",
+        "invalid value ",
+        " (want 1 to 10000)",
+    ),
     # Empty means none. The id names the entry in the nodes' caches; the pin, when there is
     # one, is what a node checks the bytes against (common.checkpointref).
     Pattern(

@@ -22,9 +22,13 @@ ANN_ELASTIC: Final = f"{PREFIX}/elastic"  # "false": fixed GPU count, preempted 
 ANN_THROUGHPUT: Final = f"{PREFIX}/throughput"  # samples/s at 1, 2, ... GPUs: "100,190,270"
 
 # --- the shared queues live (docs/planner.md "Shared queues live") ---
+ANN_WORKLOAD: Final = f"{PREFIX}/workload"  # Deployment/NAME: what the queues scale
+ANN_MAX_REPLICAS: Final = f"{PREFIX}/max-replicas"  # the most replicas that workload grows to
 SCHEDULING_GATE: Final = f"{PREFIX}/queue"  # on class-declaring GPU pods until released
 ANN_QUEUE: Final = f"{PREFIX}/queue"  # by the queues controller: the job's MLFQ queue, 1-3
 ANN_QUEUE_REASON: Final = f"{PREFIX}/queue-reason"  # why the job is in that queue
+ANN_THROUGHPUT_QUERY: Final = f"{PREFIX}/throughput-query"  # PromQL: job's samples/s; on pods
+ANN_THROUGHPUT_MEASURED: Final = f"{PREFIX}/throughput-measured"  # by the queues, on workload
 
 # --- pod annotations written by tidelease ---
 ANN_DEVICES: Final = f"{PREFIX}/devices"  # comma-separated GPU UUIDs chosen at bind time

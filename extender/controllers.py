@@ -46,8 +46,10 @@ from extender.leasing.controller import (
     LeasingMetrics,
     World,
 )
+from extender.planner.sources import PrometheusSource
 from extender.queues.controller import LEADER_LEASE as QUEUES_LEASE
 from extender.queues.controller import QueueMetrics, QueuesController, QueueSettings
+from extender.queues.profiler import NullReader, Profiler
 from extender.scheduler.server import readiness
 from extender.scheduler.serving import PROBE_LIMITS, run_api_probe_at
 from extender.scheduler.settings import ExtenderSettings
@@ -186,6 +188,13 @@ async def controllers(
         )
         tasks.append(asyncio.create_task(led(LEADER_LEASE, agents.run), name="agent-conditions"))
     if enabled.queues is not None:
+        # Ramp-up profiling reads the planner's Prometheus; without one, jobs scale by their
+        # tidelease.io/throughput annotation, else linearly.
+        reader = (
+            PrometheusSource(enabled.planner_prometheus)
+            if enabled.planner_prometheus
+            else NullReader()
+        )
         queues = QueuesController(
             kube,
             store,
@@ -194,10 +203,17 @@ async def controllers(
             metrics=QueueMetrics(registry),
             resource=settings.gpu_resource,
             agent_timeout_s=settings.agent_timeout_s,
+            profiler=Profiler(reader, registry=registry),
         )
-        tasks.append(
-            asyncio.create_task(led(QUEUES_LEASE, queues.run), name="queues"),
-        )
+
+        async def run_queues() -> None:
+            try:
+                await led(QUEUES_LEASE, queues.run)
+            finally:
+                if isinstance(reader, PrometheusSource):
+                    await reader.close()
+
+        tasks.append(asyncio.create_task(run_queues(), name="queues"))
     if enabled.prewarm is not None:
         work = _prewarm_controller(kube, enabled.prewarm, registry, led)
         tasks.append(asyncio.create_task(work, name="prewarm"))

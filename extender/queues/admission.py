@@ -20,10 +20,11 @@ seen (:class:`Book`, stored in a ConfigMap so that a restart keeps it):
 Release order (:func:`release`): queue 1, 2, 3; within a queue, the job that entered it first,
 then the pod created first. Interactive pods are released at once: when they do not fit,
 kube-scheduler's preemption through the extender's preempt verb takes GPUs from the batch job
-worth least (cornucopia Algorithm 3). Pods of queues 2 and 3 are released only while the free
-GPUs (less those of pods released and not yet placed) hold them, in order; the first that does
-not fit stops every later one, so a large job at the head is not overtaken by smaller ones
-forever: starvation is bounded by the head of line and by the promotion from queue 3.
+worth least (cornucopia Algorithm 3). Pods of queues 2 and 3 are released only when they fit
+(extender.queues.fitting: one node they may use with their GPUs free, less those of pods
+released and not yet placed), in order; one that does not fit keeps the nodes it may use from
+every later pod, so a large job at the head is not overtaken by smaller ones forever:
+starvation is bounded by the head of line and by the promotion from queue 3.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from common import contract
 from common.jobclasses import JobClass, JobKind, job_class
 from common.podrequest import gpu_count
 from common.timefmt import epoch
+from extender.queues.fitting import Capacity, Constraints, constraints
 from extender.queues.jobviews import job_key
 from extender.queues.mlfq import Means, Queue, Thresholds, adapt, initial_queue, requeue
 
@@ -80,6 +82,7 @@ class PodObs:
     phase: str  # Pending | Running | Succeeded | Failed
     started: float | None = None
     finished: float | None = None
+    constraints: Constraints = field(default_factory=Constraints)
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,12 +171,12 @@ class Release:
     gpus: int
 
 
-def release(
-    jobs: Mapping[str, JobObs], book: Book, free: int, *, in_flight: int = 0
-) -> list[Release]:
+def release(jobs: Mapping[str, JobObs], book: Book, capacity: Capacity) -> list[Release]:
     """The gated pods to release now, in order (module docstring): every interactive one;
-    then those of queues 2 and 3 while ``free`` less ``in_flight`` (GPUs of released pods not
-    yet placed) holds them, stopping at the first that does not fit."""
+    then those of queues 2 and 3 that fit in ``capacity`` (extender.queues.fitting: GPUs of
+    released pods not yet in the ledgers already taken), each taking its GPUs. One that does not
+    fit keeps the nodes it may use for itself: no later pod is fitted there (so a large pod at
+    the head is not overtaken forever), while pods held to other nodes go on."""
     waiting = [
         (book.queue_of(key, job.cls), entry_since(book, key, pod), pod, key)
         for key, job in jobs.items()
@@ -181,17 +184,16 @@ def release(
         if pod.gated
     ]
     waiting.sort(key=lambda w: (int(w[0]), w[1], w[2].created, w[2].namespace, w[2].name))
-    left = free - in_flight
     out = []
-    blocked = False
+    reserved: set[str] = set()
     for queue, _, pod, key in waiting:
         if queue is Queue.INTERACTIVE:
+            capacity.fit(pod.constraints, pod.gpus)
             out.append(Release(pod.namespace, pod.name, key, queue, pod.gpus))
             continue
-        if blocked or pod.gpus > left:
-            blocked = True
+        if capacity.fit(pod.constraints, pod.gpus, excluded=reserved) is None:
+            reserved |= capacity.eligible_nodes(pod.constraints)
             continue
-        left -= pod.gpus
         out.append(Release(pod.namespace, pod.name, key, queue, pod.gpus))
     return out
 
@@ -320,6 +322,7 @@ def observe(pods: Iterable[Mapping[str, Any]], resource: str) -> dict[str, JobOb
                 phase=str(status.get("phase") or "Pending"),
                 started=_time(status.get("startTime")),
                 finished=max((e for e in ends if e is not None), default=None),
+                constraints=constraints(spec),
             )
         )
     return {k: JobObs(k, classes[k], tuple(v)) for k, v in grouped.items()}

@@ -48,8 +48,12 @@ from extender.queues.admission import (
     observe,
     release,
 )
-from extender.queues.jobviews import DEFAULT_THRESHOLDS
-from extender.queues.mlfq import Thresholds
+from extender.queues.allocation import JobView
+from extender.queues.fitting import Capacity, Constraints, NodeFacts, node_facts
+from extender.queues.growth import Elastic, declared, grow, shrink
+from extender.queues.jobviews import DEFAULT_THRESHOLDS, held_by_job, job_key, job_views
+from extender.queues.mlfq import Queue, Thresholds
+from extender.queues.profiler import Profiler
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +62,8 @@ CONFIGMAP = "tidelease-queues"
 KEY = "queues"
 KINDS: tuple[Kind, ...] = ("Pod", "GpuNode", "GpuAllocation", "Lease")
 COMPONENT = "tidelease-queues"
+# How long a scale write waits for the workload's pods to follow before the job counts again.
+SCALE_WAIT_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +84,7 @@ class QueueMetrics:
     moves: Counter = field(init=False)
     wait: Histogram = field(init=False)
     threshold: Gauge = field(init=False)
+    scaled: Counter = field(init=False)
 
     def __post_init__(self) -> None:
         r = self.registry
@@ -98,6 +105,10 @@ class QueueMetrics:
             buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600),
             registry=r,
         )
+        self.scaled = Counter(
+            "tidelease_queues_scaled", "Elastic workloads scaled, by direction.", ["direction"],
+            registry=r,
+        )  # fmt: skip
         self.threshold = Gauge(
             "tidelease_queues_threshold_seconds",
             "The MLFQ thresholds in force (demote_1, demote_2, promote_3).",
@@ -117,18 +128,28 @@ class QueuesController:
         metrics: QueueMetrics,
         resource: str = contract.DEFAULT_GPU_RESOURCE,
         agent_timeout_s: float = 60.0,
+        profiler: Profiler | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        # Ramp-up profiling of elastic jobs that name a throughput query (None: not measured).
+        self.profiler = profiler
         self.kube, self.store, self.namespace = kube, store, namespace
         self.agent_timeout_s = agent_timeout_s
         self.settings, self.metrics, self.resource, self.clock = settings, metrics, resource, clock
         self.cluster, self.pods = ClusterState(), PodCache(resource)
         self.synced = asyncio.Event()
+        # The nodes' labels, taints and cordons (where a pod may go), from a watch of Nodes.
+        self.nodes: dict[str, NodeFacts] = {}
+        self.nodes_synced = asyncio.Event()
         self.book: Book | None = None
         self._version = ""  # the stored ConfigMap's resourceVersion ("": none yet)
         self._saved_at = 0.0
         # Pods released whose watch event has not come back yet: (namespace, name) -> uid.
         self._released: dict[tuple[str, str], str] = {}
+        # Elastic jobs scaled, their pods yet to follow: job -> (replicas written, when).
+        self.scaling: dict[str, tuple[int, float]] = {}
+        # Interactive pods held while elastic jobs shrink for them: (namespace, name) -> since.
+        self.holding: dict[tuple[str, str], float] = {}
         self.loop = ReconcileLoop(
             "queues",
             self.reconcile,
@@ -191,40 +212,55 @@ class QueuesController:
             del self._released[gone]
         return out
 
-    def free_gpus(self) -> int:
-        """Free healthy GPUs an ordinary pod may get: on nodes whose agent is alive, not in the
-        standby pool (any type, any tier: where they fit is the filter's to say)."""
-        return sum(
-            n
+    def capacity(self, jobs: dict[str, JobObs]) -> tuple[Capacity, int]:
+        """Free healthy GPUs an ordinary pod may get, per node: on nodes whose agent is alive,
+        not in the standby pool (any type, any tier: where they fit is the filter's to say); less
+        those of released pods the ledgers do not show yet (unplaced, or bound with the ledger's
+        event still on its way: watches of two kinds are not ordered), whose GPUs in all are
+        the second answer."""
+        free = {
+            str(state.node): sum(
+                n for cls, n in state.free.items() if cls.healthy and not cls.standby
+            )
             for state in self.cluster
             if state.offering
-            for cls, n in state.free.items()
-            if cls.healthy and not cls.standby
-        )
+        }
+        cap = Capacity(self.nodes, free)
+        allocated = {uid for state in self.cluster for uid in state.allocations}
+        in_flight = 0
+        for job in jobs.values():
+            for p in job.pods:
+                if p.gated or p.phase not in ("Pending", "Running") or p.uid in allocated:
+                    continue
+                in_flight += p.gpus
+                if p.bound:
+                    cap.take(p.constraints.node_name, p.gpus)
+                else:
+                    cap.fit(p.constraints, p.gpus)
+        return cap, in_flight
 
     async def reconcile(self, key: str) -> Requeue:
         await self.synced.wait()
+        await self.nodes_synced.wait()
         if self.book is None:
             self.book = await self.load()
         now = self.clock()
         jobs = self._observe()
         before = self.book
         book, moves = advance(before, jobs, now, adapt_every=self.settings.adapt_every)
-        # Pods released whose GPUs the ledgers do not show yet (unplaced, or bound with the
-        # ledger's event still on its way: watches of two kinds are not ordered).
-        allocated = {uid for state in self.cluster for uid in state.allocations}
-        in_flight = sum(
-            p.gpus
-            for j in jobs.values()
-            for p in j.pods
-            if not p.gated and p.phase in ("Pending", "Running") and p.uid not in allocated
-        )
-        releases = release(jobs, book, self.free_gpus(), in_flight=in_flight)
+        cap, in_flight = self.capacity(jobs)
+        releases = release(jobs, book, cap.copy())
         for move in moves:
             await self._announce(move, jobs[move.job])
+        elastic = Elastics(self, jobs, now)
+        await elastic.profile()
+        releases = await elastic.shrink_for(releases, cap.copy())
         released = 0
         for r in releases:
             released += await self._release(r, jobs[r.job], now)
+        waiting = any(p.gated for j in jobs.values() for p in j.pods)
+        if not releases and in_flight == 0 and not waiting:
+            await elastic.grow(cap)
         self.book = book
         self._gauges(jobs, book)
         changed = (
@@ -337,10 +373,27 @@ class QueuesController:
         ):  # fmt: skip
             self.metrics.threshold.labels(name).set(value)
 
+    async def _watch_nodes(self) -> None:
+        async for event, obj in self.kube.list_watch("/api/v1/nodes"):
+            if event == "SYNCED":
+                self.nodes_synced.set()
+                continue
+            name = str((obj.get("metadata") or {}).get("name", ""))
+            facts = None if event == "DELETED" else node_facts(obj)
+            if self.nodes.get(name) == facts:
+                continue  # a status update: nothing a pod's placement reads
+            if facts is None:
+                self.nodes.pop(name, None)
+            else:
+                self.nodes[name] = facts
+            self.loop.add(KEY)
+
     async def run(self) -> None:
         """Watch and reconcile until cancelled (one leadership term: the book is read anew)."""
         self.book = None
         self.synced.clear()
+        self.nodes_synced.clear()
+        self.nodes = {}
         self.cluster, self.pods = ClusterState(), PodCache(self.resource)
         apply = view_applier(self.cluster, self.pods)
 
@@ -358,6 +411,7 @@ class QueuesController:
                 run_liveness(cluster=self.cluster, timeout_s=self.agent_timeout_s),
                 name="queues-liveness",
             ),
+            asyncio.create_task(self._watch_nodes(), name="queues-nodes"),
         )
         tasks += (asyncio.create_task(self.loop.run(), name="queues-loop"),)
         try:
@@ -369,6 +423,149 @@ class QueuesController:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class Elastics:
+    """One pass's elastic jobs (extender.queues.growth): their views, declared workloads and
+    replica counts (their pods not yet ended), and the scale writes."""
+
+    def __init__(self, ctl: QueuesController, jobs: dict[str, JobObs], now: float) -> None:
+        self.ctl, self.now = ctl, now
+        held = held_by_job(a for state in ctl.cluster for a in state.allocations.values())
+        raw = [
+            p for p in ctl.pods.raw_pods() if job_key(p) in jobs and not _ended(p)
+        ]  # fmt: skip
+        self.views: dict[str, JobView] = {
+            str(k): v for k, v in job_views(raw, held, now=now, resource=ctl.resource).items()
+        }
+        self.declared: dict[str, Elastic] = {}
+        self.replicas: dict[str, int] = {}
+        self.constraints: dict[str, Constraints] = {}
+        self.queries: dict[str, str] = {}
+        self.running: dict[str, bool] = {}
+        self.pod_constraints = {
+            (p.namespace, p.name): p.constraints for j in jobs.values() for p in j.pods
+        }
+        for key, job in jobs.items():
+            live = [p for p in job.pods if p.phase not in ("Succeeded", "Failed")]
+            first = next((p for p in raw if job_key(p) == key), None)
+            if first is None or not live:
+                continue
+            meta = first.get("metadata") or {}
+            if contract.ANN_OWNER not in (meta.get("annotations") or {}):
+                if contract.ANN_WORKLOAD in (meta.get("annotations") or {}):
+                    log.warning("queues: %s declares a workload but no %s", key, contract.ANN_OWNER)
+                continue
+            e, problems = declared(
+                meta.get("annotations") or {}, str(meta.get("namespace", "")), live[0].gpus
+            )
+            if problems:
+                log.warning("queues: job %s: %s", key, "; ".join(problems))
+            if e is not None:
+                self.declared[str(key)] = e
+                self.replicas[str(key)] = len(live)
+                # Where another replica may go: its pods' say, not the node one is bound to.
+                self.constraints[str(key)] = replace(live[0].constraints, node_name="")
+                query = (meta.get("annotations") or {}).get(contract.ANN_THROUGHPUT_QUERY)
+                if query:
+                    self.queries[str(key)] = str(query)
+                self.running[str(key)] = all(p.bound and p.phase == "Running" for p in live)
+
+    async def profile(self) -> None:
+        """Cornucopia's ramp-up profiler (extender.queues.profiler) on each elastic job that
+        names its throughput query: a reading at the GPUs it holds while every pod of it runs,
+        the measurements kept on its workload; its view then scales by what was measured."""
+        prof = self.ctl.profiler
+        if prof is None:
+            return
+        for key, e in self.declared.items():
+            query = self.queries.get(key)
+            view = self.views.get(key)
+            if not query or view is None:
+                continue
+            await prof.load(self.ctl.kube, key, e.path)
+            if self.running.get(key):
+                await prof.observe(key, query, view.held, self.now)
+                await prof.save(self.ctl.kube, key, e.path)
+            self.views[key] = replace(view, profile=prof.profile(key, view.profile, view.request))
+
+    def _settled(self) -> dict[str, Elastic]:
+        """The declared jobs not being scaled now (their pods caught up with the last write, or
+        it is older than SCALE_WAIT_S), every pod of them placed."""
+        out = {}
+        for key, e in self.declared.items():
+            target = self.ctl.scaling.get(key)
+            if target is not None:
+                if self.replicas[key] != target[0] and self.now - target[1] < SCALE_WAIT_S:
+                    continue
+                del self.ctl.scaling[key]
+            out[key] = e
+        return out
+
+    async def _scale(self, key: str, replicas: int, why: str) -> bool:
+        e = self.declared[key]
+        try:
+            await self.ctl.kube.json(
+                "PATCH", e.path, body={"spec": {"replicas": replicas}},
+                content_type="application/merge-patch+json",
+            )  # fmt: skip
+        except (NotFound, InvalidInput) as err:
+            log.warning("queues: job %s: cannot scale %s/%s: %s", key, e.kind, e.name, err)
+            return False
+        log.info(
+            "queues: job %s: %s/%s %d -> %d replicas: %s",
+            key, e.kind, e.name, self.replicas[key], replicas, why,
+        )  # fmt: skip
+        self.ctl.scaling[key] = (replicas, self.now)
+        self.ctl.metrics.scaled.labels("up" if replicas > self.replicas[key] else "down").inc()
+        return True
+
+    async def grow(self, cap: Capacity) -> None:
+        """One replica more for the job Algorithm 2 picks among those whose next replica fits,
+        while no scale write of any job is still under way."""
+        settled = self._settled()
+        if self.ctl.scaling:
+            return
+        fits = {k: cap.fits(self.constraints[k], e.replica_gpus) for k, e in settled.items()}
+        step = grow(self.views, {k: e for k, e in settled.items() if fits[k]}, self.replicas)
+        if step is not None:
+            await self._scale(step.job, step.replicas, step.reason)
+
+    async def shrink_for(self, releases: list[Release], cap: Capacity) -> list[Release]:
+        """The releases, less interactive pods that wait for elastic jobs to shrink for them
+        (Algorithm 3 by whole replicas, on GPU counts) rather than preempt."""
+        out = []
+        shrinking = any(
+            k in self.ctl.scaling and self.ctl.scaling[k][0] < n for k, n in self.replicas.items()
+        )
+        for r in releases:
+            c = self.pod_constraints.get((r.namespace, r.name), Constraints())
+            if r.queue is not Queue.INTERACTIVE:
+                out.append(r)
+                continue
+            if cap.fit(c, r.gpus) is not None:
+                out.append(r)
+                continue
+            avail = cap.most_free(c)
+            waited = self.now - self.ctl.holding.setdefault((r.namespace, r.name), self.now)
+            if shrinking and waited < SCALE_WAIT_S:
+                continue  # the GPUs of a shrink under way are coming
+            plan = None if shrinking else shrink(
+                r.gpus - avail, self.views, self._settled(), self.replicas
+            )  # fmt: skip
+            if plan:
+                for key, replicas in plan.items():
+                    await self._scale(key, replicas, f"interactive pod {r.namespace}/{r.name}")
+                shrinking = True
+                continue
+            out.append(r)  # kube-scheduler's preemption, through the extender
+        for r in out:
+            self.ctl.holding.pop((r.namespace, r.name), None)
+        return out
+
+
+def _ended(pod: dict[str, Any]) -> bool:
+    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
 
 
 def _pointer(key: str) -> str:

@@ -28,6 +28,7 @@ PIN = "sha256:" + "0123456789abcdef" * 4
 PRI, REL, RCL = contract.ANN_PRIORITY, contract.ANN_RELIABILITY, contract.ANN_RECLAIM
 JOB, ELA, TPT = contract.ANN_JOB_CLASS, contract.ANN_ELASTIC, contract.ANN_THROUGHPUT
 OWN, GPU, CKP = contract.ANN_OWNER, contract.ANN_GPU_TYPE, contract.ANN_CHECKPOINT
+WKL, MAX = contract.ANN_WORKLOAD, contract.ANN_MAX_REPLICAS
 
 TABLE: list[dict[str, str]] = [
     {PRI: "high", OWN: "recsys"},
@@ -83,6 +84,12 @@ TABLE: list[dict[str, str]] = [
     {CKP: "it's"},
     {PRI: "x", REL: "y", RCL: "z", JOB: "w", ELA: "v", TPT: "u", OWN: "T", GPU: " ", CKP: "@"},
     {"tidelease.io/hot-restart": "true"},
+    {WKL: "Deployment/train", MAX: "6"},
+    {WKL: "StatefulSet/db.v2", MAX: "10000"},
+    {WKL: "Job/train", MAX: "0"},
+    {WKL: "Deployment/Train", MAX: "10001"},
+    {WKL: "Deployment/", MAX: "06"},
+    {MAX: "12"},
 ]
 
 

@@ -241,3 +241,50 @@ def test_a_long_batch_job_is_demoted_and_promoted_back_once_starved(
     ]  # fmt: skip
     assert waiting
     assert waiting[0]["metadata"]["annotations"].get(contract.ANN_QUEUE) == "2"
+
+
+def test_free_gpus_go_to_the_job_that_scales_best_and_an_interactive_arrival_shrinks_it(
+    cluster: Cluster, namespace: str, group: NodeGroup, gate: None, queues: Path
+) -> None:
+    """Two elastic batch Deployments of 1-GPU replicas, 2 each, on 8 GPUs. a scales linearly to
+    5 GPUs (its 6th is worth half), b sub-linearly from its 2nd (a third): the 4 free GPUs go to
+    a, one replica at a time, up to its maximum of 6. An interactive pod of 1 GPU then shrinks a
+    by one replica (its 6th GPU is the one worth least), not b, and is placed."""
+    cluster.ensure_priority_class(BATCH, 20)
+    cluster.ensure_priority_class(INTERACTIVE, 5000, policy="PreemptLowerPriority")
+    group.add_node("q", lambda n: builders.devices(n, 8))
+    group.wait_ready()
+    for name, profile in (("a", "100,200,300,400,500,550,560"), ("b", "100,130,140,145")):
+        pod = batch_pod(group, namespace, name, 1)
+        pod["metadata"]["annotations"].update(
+            {
+                contract.ANN_WORKLOAD: f"Deployment/{name}",
+                contract.ANN_MAX_REPLICAS: "6",
+                contract.ANN_THROUGHPUT: profile,
+            }
+        )
+        cluster.kube.create(workload("Deployment", name, namespace, pod, replicas=2))
+
+    def replicas(name: str) -> int:
+        obj = cluster.kube.get("Deployment", name, namespace) or {}
+        return int((obj.get("spec") or {}).get("replicas", 0))
+
+    wait_for(
+        lambda: len(placed(cluster, namespace, "a-")) == 6 and replicas("a") == 6,
+        what="a grown to its 6 replicas",
+        timeout=90,
+    )
+    assert replicas("b") == 2
+    b_pods = {p["metadata"]["name"] for p in placed(cluster, namespace, "b-")}
+    assert len(b_pods) == 2
+
+    chat = group.pod(
+        namespace, "chat", 1, owner="chat", priority=Priority.LOW, priority_class=INTERACTIVE,
+        extra_annotations={contract.ANN_JOB_CLASS: "interactive"},
+    )  # fmt: skip
+    cluster.kube.create(chat)
+    wait_placed(cluster, namespace, "chat")
+    assert replicas("a") == 5
+    assert replicas("b") == 2
+    wait_for(lambda: len(placed(cluster, namespace, "a-")) == 5, what="a at 5 pods", timeout=30)
+    assert {p["metadata"]["name"] for p in placed(cluster, namespace, "b-")} == b_pods

@@ -35,6 +35,8 @@ def test_every_pod_author_annotation_the_filter_reads_has_a_rule() -> None:
         contract.ANN_OWNER,
         contract.ANN_GPU_TYPE,
         contract.ANN_CHECKPOINT,
+        contract.ANN_WORKLOAD,
+        contract.ANN_MAX_REPLICAS,
     }
 
 

@@ -3,6 +3,7 @@ counters and moves, completions adapting the thresholds, the book as stored, the
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from common import builders, contract
@@ -20,6 +21,7 @@ from extender.queues.admission import (
     observe,
     release,
 )
+from extender.queues.fitting import Capacity, Constraints, NodeFacts
 from extender.queues.mlfq import Queue, Thresholds
 
 T = Thresholds(demote_1_s=100.0, demote_2_s=200.0, promote_3_s=50.0)
@@ -39,6 +41,11 @@ def job(key: str, cls: JobClass, *pods: PodObs) -> JobObs:
     return JobObs(key, cls, pods)
 
 
+def room(free: int) -> Capacity:
+    """One node, ``free`` GPUs free on it."""
+    return Capacity({"n1": NodeFacts("n1")}, {"n1": free})
+
+
 def names(releases: list[Any]) -> list[str]:
     return [r.name for r in releases]
 
@@ -51,11 +58,13 @@ def test_interactive_pods_go_first_and_always_batch_ones_only_while_they_fit() -
     }
     book = Book({}, T)
     # Nothing free: the interactive pod is released all the same (it preempts), no batch one.
-    assert names(release(jobs, book, free=0)) == ["chat-0"]
+    assert names(release(jobs, book, room(0))) == ["chat-0"]
     # First come, first served within queue 2 (b2's pod was created first).
-    assert names(release(jobs, book, free=3)) == ["chat-0", "b2-0", "b1-0"]
+    assert names(release(jobs, book, room(7))) == ["chat-0", "b2-0", "b1-0"]
     # GPUs of pods released but not yet placed are not free.
-    assert names(release(jobs, book, free=3, in_flight=1)) == ["chat-0", "b2-0"]
+    taken = room(7)
+    taken.take("n1", 1)
+    assert names(release(jobs, book, taken)) == ["chat-0", "b2-0"]
 
 
 def test_the_first_pod_that_does_not_fit_stops_every_later_one() -> None:
@@ -73,8 +82,22 @@ def test_the_first_pod_that_does_not_fit_stops_every_later_one() -> None:
         "long": job("long", BATCH, pod("long-0", 1)),
     }
     # 2 free: big (head of queue 2) does not fit; small and the queue-3 job wait behind it.
-    assert release(jobs, book, free=2) == []
-    assert names(release(jobs, book, free=9)) == ["big-0", "small-0"]  # long: no GPU left
+    assert release(jobs, book, room(2)) == []
+    assert names(release(jobs, book, room(9))) == ["big-0", "small-0"]  # long: no GPU left
+
+
+def test_a_pod_that_does_not_fit_keeps_only_the_nodes_it_may_use() -> None:
+    """Head of line per node: big waits for n1 and keeps it; small, held to nothing, goes to
+    n2; pinned, held to n1 only, waits behind big."""
+    nodes = {"n1": NodeFacts("n1", {"pool": "a"}), "n2": NodeFacts("n2", {"pool": "b"})}
+    on_a = Constraints(selector=(("pool", "a"),))
+    jobs = {
+        "big": job("big", BATCH, replace(pod("big-0", 8, created=0), constraints=on_a)),
+        "pinned": job("pinned", BATCH, replace(pod("pinned-0", 1, created=1), constraints=on_a)),
+        "small": job("small", BATCH, pod("small-0", 1, created=2)),
+    }
+    got = release(jobs, Book({}, T), Capacity(nodes, {"n1": 4, "n2": 1}))
+    assert names(got) == ["small-0"]
 
 
 def test_executed_time_demotes_and_starved_time_promotes_with_fresh_counters() -> None:
@@ -108,7 +131,7 @@ def test_a_job_between_two_pods_keeps_its_queue_until_forgotten() -> None:
     back = {"b": job("b", BATCH, pod("b-1", gated=True))}
     again, _ = advance(book, back, 120.0, adapt_every=10)
     assert again.jobs["b"].queue is Queue.LONG
-    assert names(release(back, again, free=0)) == []
+    assert names(release(back, again, room(0))) == []
     gone, _ = advance(book, {}, 100.0 + FORGET_AFTER_S, adapt_every=10)
     assert "b" not in gone.jobs
 
