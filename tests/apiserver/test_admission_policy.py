@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from common import admissionpolicy, builders, contract
-from common.errors import Conflict, InvalidInput
+from common.errors import Conflict, InvalidInput, NotFound
 from common.kubeclient import KubeClient
 from common.podrequest import parse_pod
 from tests.apiserver.conftest import ApiServer
@@ -135,10 +135,15 @@ async def admission_says(kube: KubeClient, ns: str, annotations: dict[str, str])
 
 @pytest.fixture
 async def kube(apiserver: ApiServer) -> AsyncIterator[KubeClient]:
+    """A client; the policy and binding the test installs are removed after it (the chart's
+    install in other tests makes its own, and no other test's pods are judged by it)."""
     kube = await KubeClient.connect(apiserver.kubeconfig)
     try:
         yield kube
     finally:
+        for path in (BINDINGS, VAP):
+            with contextlib.suppress(NotFound):
+                await kube.json("DELETE", f"{path}/{admissionpolicy.POLICY_NAME}")
         await kube.close()
 
 
