@@ -561,6 +561,8 @@ class Elastics:
             out.append(r)  # kube-scheduler's preemption, through the extender
         for r in out:
             self.ctl.holding.pop((r.namespace, r.name), None)
+        for gone in self.ctl.holding.keys() - self.pod_constraints.keys():
+            del self.ctl.holding[gone]
         return out
 
 
