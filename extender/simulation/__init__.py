@@ -20,6 +20,7 @@ the simulated world, and the standby pool is topped up by
 * :mod:`.controlling` — the online jobs' StatefulSets and GpuLeases, under each policy;
 * :mod:`.simulating` — the loop that runs one policy over a scenario;
 * :mod:`.metrics`, :mod:`.sizing` — what is measured, and the standby-pool sweep;
+* :mod:`.estimating` — figures over several seeds: means and their confidence intervals;
 * :mod:`.executing` — several runs in worker processes;
 * :mod:`.reporting`, :mod:`.plotting`, :mod:`.cli` — the table, the PNGs, the command.
 

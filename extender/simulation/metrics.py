@@ -24,6 +24,9 @@
 * **GPU hours lent**: GPU-hours the online jobs held below their peak (released to the
   platform); **on lent**: borrower GPU-hours on devices tagged by an online job.
 * **Utilisation**: GPUs held by any pod over all GPUs.
+
+Over several seeds each figure of a :class:`Summary` is the mean of its per-seed values with
+a t interval (:func:`over_seeds`, :mod:`~extender.simulation.estimating`).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from extender.simulation.controlling import ReclaimRecord
+from extender.simulation.estimating import LEVEL, Estimate, estimate, share
 from extender.simulation.scenario import MINUTES_PER_DAY
 
 
@@ -184,3 +188,26 @@ def summarize(
         elapsed_s=elapsed_s,
         cpu_s=cpu_s,
     )
+
+
+# Summary fields (and properties) that are shares, clipped to [0, 1] over the seeds.
+SHARES = frozenset(
+    {
+        "ha_start",
+        "ha_end",
+        "ha_min",
+        "ha_max",
+        "cluster_ha",
+        "fulfilment_trough",
+        "fulfilment_peak",
+        "fulfilment_mean",
+        "utilisation",
+        "reclaims_full_ratio",
+    }
+)
+
+
+def over_seeds(summaries: Sequence[Summary], name: str, level: float = LEVEL) -> Estimate:
+    """One figure of a policy's summaries (one per seed): its mean and t interval."""
+    values = [float(getattr(s, name)) for s in summaries]
+    return share(values, level) if name in SHARES else estimate(values, level)

@@ -10,12 +10,16 @@ devices on loan, so the pool must hold whole nodes, of tiers as good as the grou
 in for. The pool's size is split over GPU types and tiers in proportion to the devices the
 online jobs hold at the start (:func:`~extender.simulation.controlling.standby_targets`).
 
-The sweep runs the right-of-return policy once per size, in ascending order, ``batch`` sizes
-at a time (they may run in parallel). Whether a reclaim is full depends on which failures hit
-which lent groups at which peaks, so the ratio is not strictly monotone in the size; the
-answer is the smallest size from which ``confirm`` consecutive swept sizes all meet the target,
-and the sweep stops there. Only sizes up to the last one confirming are reported, so the
-report does not depend on ``batch``.
+The sweep runs the right-of-return policy once per size and seed, in ascending order of size,
+``batch`` sizes at a time (they may run in parallel). Over several seeds each size's share of
+full reclaims is the mean of the per-seed shares with its t interval
+(:mod:`~extender.simulation.estimating`), and a size *meets* the target when the interval's
+lower bound does; with one seed the bound is the seed's share itself. Whether a reclaim is full
+depends on which failures hit which lent groups at which peaks, so the share is not strictly
+monotone in the size; the answer is the smallest size from which ``confirm`` consecutive swept
+sizes all meet the target, and the sweep stops there. The answer is therefore non-decreasing in
+the target (a size that meets a higher target meets a lower one). Only sizes up to the last one
+confirming are reported, so the report does not depend on ``batch``.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from extender.simulation.estimating import LEVEL, Estimate, estimate, share
 
 if TYPE_CHECKING:
     from extender.simulation.simulating import RunResult
@@ -60,17 +66,54 @@ class SizingPoint:
 
 
 @dataclass(frozen=True, slots=True)
+class SizeEstimate:
+    """One standby size over the seeds: the per-seed points and the share of full reclaims."""
+
+    size: int
+    points: tuple[SizingPoint, ...]  # one per seed, in the order of the seeds
+    full: Estimate  # share of reclaims full: mean over the seeds, t interval
+    level: float = LEVEL
+
+    def of(self, name: str) -> Estimate:
+        """The mean and interval of one of :class:`SizingPoint`'s counts (e.g. ``shortfall``)."""
+        return estimate([float(getattr(p, name)) for p in self.points], self.level)
+
+
+def by_size(points: Sequence[SizingPoint], level: float = LEVEL) -> list[SizeEstimate]:
+    """The points grouped by size (ascending), each size's share of full reclaims estimated."""
+    grouped: dict[int, list[SizingPoint]] = {}
+    for p in points:
+        grouped.setdefault(p.size, []).append(p)
+    return [
+        SizeEstimate(size, tuple(ps), share([p.ratio for p in ps], level), level)
+        for size, ps in sorted(grouped.items())
+    ]
+
+
+@dataclass(frozen=True, slots=True)
 class Sizing:
     target: float
-    points: tuple[SizingPoint, ...]
+    points: tuple[SizingPoint, ...]  # one per size and seed, by size then seed
     answer: int | None  # smallest size meeting the target (confirmed); None if none swept does
     results: tuple[RunResult, ...]  # the runs behind the points, same order
+    level: float = LEVEL
+
+    @property
+    def sizes(self) -> tuple[SizeEstimate, ...]:
+        return tuple(by_size(self.points, self.level))
+
+    @property
+    def seeds(self) -> int:
+        """How many seeds each size was run with."""
+        return max((len(s.points) for s in self.sizes), default=0)
+
+    def results_for(self, size: int) -> list[RunResult]:
+        """The runs of ``size``, one per seed."""
+        return [r for p, r in zip(self.points, self.results, strict=True) if p.size == size]
 
     def result_for(self, size: int) -> RunResult | None:
-        for p, r in zip(self.points, self.results, strict=True):
-            if p.size == size:
-                return r
-        return None
+        found = self.results_for(size)
+        return found[0] if found else None
 
 
 def point(result: RunResult) -> SizingPoint:
@@ -89,14 +132,20 @@ def point(result: RunResult) -> SizingPoint:
     )
 
 
-def answer_of(points: Sequence[SizingPoint], target: float, confirm: int = CONFIRM) -> int | None:
-    """The smallest size from which ``confirm`` consecutive points (by size) meet the target;
-    the largest point alone counts when it meets it and no larger size was swept."""
-    ordered = sorted(points, key=lambda p: p.size)
+def answer_of(
+    points: Sequence[SizingPoint],
+    target: float,
+    confirm: int = CONFIRM,
+    level: float = LEVEL,
+) -> int | None:
+    """The smallest size from which ``confirm`` consecutive sizes meet the target (the lower
+    bound of their share of full reclaims over the seeds, the share itself with one seed); the
+    largest size alone counts when it meets it and no larger size was swept."""
+    ordered = by_size(points, level)
     need = max(1, confirm)
     for i, p in enumerate(ordered):
         run = ordered[i : i + need]
-        if all(q.ratio >= target for q in run) and (
+        if all(q.full.low >= target for q in run) and (
             len(run) == need or i + len(run) == len(ordered)
         ):
             return p.size
@@ -110,27 +159,31 @@ def sweep(
     target: float = TARGET,
     batch: int = 1,
     confirm: int = CONFIRM,
+    level: float = LEVEL,
 ) -> Sizing:
-    """``run(sizes)``: the right-of-return runs for those standby sizes, in the same order."""
+    """``run(sizes)``: the right-of-return runs for those standby sizes, every seed's (in any
+    order: the runs are grouped by their settings' size and seed)."""
     ordered = sorted(set(sizes))
     need = max(1, confirm)
     done: list[RunResult] = []
     for i in range(0, len(ordered), max(1, batch)):
         done.extend(run(ordered[i : i + max(1, batch)]))
         points = [point(r) for r in done]
-        found = answer_of(points, target, need)
-        # confirmed by `need` points, not merely by being the largest swept so far
-        if found is not None and sum(1 for p in points if p.size >= found) >= need:
+        found = answer_of(points, target, need, level)
+        # confirmed by `need` sizes, not merely by being the largest swept so far
+        if found is not None and len({p.size for p in points if p.size >= found}) >= need:
             break
+    done.sort(key=lambda r: (r.settings.standby_gpus, r.settings.seed))
     points = [point(r) for r in done]
-    answer = answer_of(points, target, need)
+    answer = answer_of(points, target, need, level)
     kept = list(done)
     if answer is not None:
-        last = sorted(p.size for p in points if p.size >= answer)[:need][-1]
+        last = sorted({p.size for p in points if p.size >= answer})[:need][-1]
         kept = [r for r in done if r.settings.standby_gpus <= last]
     return Sizing(
         target=target,
         points=tuple(point(r) for r in kept),
         answer=answer,
         results=tuple(kept),
+        level=level,
     )
