@@ -515,10 +515,16 @@ class LeaseController:
         now = self.clock()
         action = decide(lease, replicas, owner_pods, view, now)
         name = lease.key
-        trouble = overdue(lease, owner_pods, now, self.overdue_after_s)
+
+        def trouble_of(status: LeaseStatus) -> Trouble | None:
+            """Degraded or not, as the status about to be stored says (a reclaim just done is
+            not overdue, whatever the one it ends was)."""
+            return overdue(replace(lease, status=status), owner_pods, now, self.overdue_after_s)
+
+        trouble = trouble_of(lease.status)
         if isinstance(action, WriteStatus):
             log.info("lease %s: %s", name, action.why)
-            await self.world.write_status(lease, action.status, trouble)
+            await self.world.write_status(lease, action.status, trouble_of(action.status))
             self.metrics.lent.labels(name).set(len(action.status.lent))
             if action.status.phase == "Steady" and lease.status.phase == "Reclaiming":
                 self.metrics.reclaims.labels(name).inc()
@@ -541,7 +547,7 @@ class LeaseController:
                     microtime(action.deadline),
                 )
                 await self.world.notify(pod, lease, action.deadline)
-            await self.world.write_status(lease, action.then, trouble)
+            await self.world.write_status(lease, action.then, trouble_of(action.then))
         elif isinstance(action, Evict):
             for pod in action.pods:
                 log.info("lease %s: evicting borrower %s", name, pod.key)

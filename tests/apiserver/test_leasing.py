@@ -4,6 +4,7 @@ and tier."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -175,7 +176,9 @@ async def test_a_reclaim_that_cannot_finish_makes_the_lease_degraded(apiserver: 
 
         got = await eventually(degraded, within_s=30)
         assert got["reason"] == "ReclaimOverdue"
-        assert "past the borrowers' notice; 3 of 4 owner pod(s) placed" in got["message"]
+        # How many are placed when it is written depends on the pace (the 4th never is).
+        assert re.search(r"past the borrowers' notice; [0-3] of 4 owner pod\(s\) placed$",
+                         got["message"]), got["message"]  # fmt: skip
         lease = await rig.lease()
         assert condition(lease, "Reclaiming")["status"] == "True"
         assert got["observedGeneration"] == lease["metadata"]["generation"]

@@ -165,3 +165,17 @@ async def test_the_standby_gauges_show_the_pool_after_a_top_up_and_its_target() 
     short = {"gpu_type": "A100", "tier": "MA"}
     assert registry.get_sample_value("tidelease_leasing_standby_gpus", short) == 0
     assert registry.get_sample_value("tidelease_leasing_standby_target_gpus", short) == 1
+
+
+async def test_the_write_that_ends_an_overdue_reclaim_clears_degraded() -> None:
+    """The status written is judged, not the one it replaces: a reclaim done late is Steady and
+    no longer Degraded in the same write."""
+    world, leases, registry = Recorder(), LeaseCache(), CollectorRegistry()
+    ctl = controller(world, leases, registry)
+    raw = reclaiming(NOW - 300)
+    raw["status"]["reclaim"]["finalizing"] = True  # every pod placed; the tags are clear
+    leases.apply("ADDED", raw)
+    await ctl.step(parse_gpu_lease(leases.raw["ns/recsys"]))
+    ((status, trouble),) = world.written
+    assert status.phase == "Steady"
+    assert trouble is None
