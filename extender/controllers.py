@@ -46,7 +46,6 @@ from extender.leasing.controller import (
     LeasingMetrics,
     World,
 )
-from extender.planner.sources import PrometheusSource
 from extender.queues.controller import LEADER_LEASE as QUEUES_LEASE
 from extender.queues.controller import QueueMetrics, QueuesController, QueueSettings
 from extender.queues.profiler import NullReader, Profiler
@@ -189,8 +188,11 @@ async def controllers(
         tasks.append(asyncio.create_task(led(LEADER_LEASE, agents.run), name="agent-conditions"))
     if enabled.queues is not None:
         # Ramp-up profiling reads the planner's Prometheus; without one, jobs scale by their
-        # tidelease.io/throughput annotation, else linearly.
-        reader = (
+        # tidelease.io/throughput annotation, else linearly. (Imported here: the planner's
+        # modules bring numpy and scipy, a third of a second, to no other controller.)
+        from extender.planner.sources import PrometheusSource
+
+        reader: PrometheusSource | NullReader = (
             PrometheusSource(enabled.planner_prometheus)
             if enabled.planner_prometheus
             else NullReader()

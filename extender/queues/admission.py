@@ -287,9 +287,21 @@ def _time(raw: object) -> float | None:
     return epoch(raw) if isinstance(raw, str) else None
 
 
-def gated(pod: Mapping[str, Any]) -> bool:
+def gate_index(pod: Mapping[str, Any]) -> int | None:
+    """Where the queue gate is in the pod's scheduling gates, or None."""
     gates = (pod.get("spec") or {}).get("schedulingGates") or []
-    return any(isinstance(g, dict) and g.get("name") == contract.SCHEDULING_GATE for g in gates)
+    return next(
+        (
+            i
+            for i, g in enumerate(gates)
+            if isinstance(g, dict) and g.get("name") == contract.SCHEDULING_GATE
+        ),
+        None,
+    )
+
+
+def gated(pod: Mapping[str, Any]) -> bool:
+    return gate_index(pod) is not None
 
 
 def observe(pods: Iterable[Mapping[str, Any]], resource: str) -> dict[str, JobObs]:

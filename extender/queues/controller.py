@@ -45,6 +45,7 @@ from extender.queues.admission import (
     advance,
     book_from_json,
     book_to_json,
+    gate_index,
     observe,
     release,
 )
@@ -287,11 +288,7 @@ class QueuesController:
         pod = self.pods.get(r.namespace, r.name)
         if pod is None:
             return 0
-        gates = (pod.get("spec") or {}).get("schedulingGates") or []
-        index = next(
-            (i for i, g in enumerate(gates) if (g or {}).get("name") == contract.SCHEDULING_GATE),
-            None,
-        )
+        index = gate_index(pod)
         if index is None:
             return 0
         annotations = (pod.get("metadata") or {}).get("annotations")
@@ -431,13 +428,12 @@ class Elastics:
 
     def __init__(self, ctl: QueuesController, jobs: dict[str, JobObs], now: float) -> None:
         self.ctl, self.now = ctl, now
-        held = held_by_job(a for state in ctl.cluster for a in state.allocations.values())
-        raw = [
-            p for p in ctl.pods.raw_pods() if job_key(p) in jobs and not _ended(p)
-        ]  # fmt: skip
-        self.views: dict[str, JobView] = {
-            str(k): v for k, v in job_views(raw, held, now=now, resource=ctl.resource).items()
-        }
+        by_job: dict[str, list[dict[str, Any]]] = {}
+        for raw in ctl.pods.raw_pods():
+            k = job_key(raw)
+            if k in jobs and not _ended(raw):
+                by_job.setdefault(k, []).append(raw)
+        self.views: dict[str, JobView] = {}
         self.declared: dict[str, Elastic] = {}
         self.replicas: dict[str, int] = {}
         self.constraints: dict[str, Constraints] = {}
@@ -448,7 +444,7 @@ class Elastics:
         }
         for key, job in jobs.items():
             live = [p for p in job.pods if p.phase not in ("Succeeded", "Failed")]
-            first = next((p for p in raw if job_key(p) == key), None)
+            first = next(iter(by_job.get(key, ())), None)
             if first is None or not live:
                 continue
             meta = first.get("metadata") or {}
@@ -470,6 +466,11 @@ class Elastics:
                 if query:
                     self.queries[str(key)] = str(query)
                 self.running[str(key)] = all(p.bound and p.phase == "Running" for p in live)
+        if self.declared:  # the views only the elastic jobs need, and only then
+            held = held_by_job(a for state in ctl.cluster for a in state.allocations.values())
+            pods = [raw for key in self.declared for raw in by_job[key]]
+            views = job_views(pods, held, now=now, resource=ctl.resource)
+            self.views = {str(k): v for k, v in views.items()}
 
     async def profile(self) -> None:
         """Cornucopia's ramp-up profiler (extender.queues.profiler) on each elastic job that

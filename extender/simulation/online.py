@@ -176,15 +176,22 @@ def run_threshold(
     return _simulate("threshold (HPA-like)", trace, settings, initial, decide)
 
 
-def run_forecast(
-    trace: Trace, settings: OnlineSettings, model: ThroughputModel
-) -> tuple[OnlineResult, dict[str, int]]:
+def warmed_forecaster(trace: Trace, settings: OnlineSettings) -> tuple[Seasonal, SeasonalState]:
+    """The forecaster and its state after the trace's history, one planning step at a time."""
     forecaster = Seasonal()
     step_min = int(settings.step_s // 60)
     state: SeasonalState = forecaster.initial()
     history = trace.rate[: trace.eval_start]
     for b in range(0, history.size, step_min):
         state = forecaster.observe(state, b * 60.0, float(history[b : b + step_min].mean()))
+    return forecaster, state
+
+
+def run_forecast(
+    trace: Trace, settings: OnlineSettings, model: ThroughputModel
+) -> tuple[OnlineResult, dict[str, int]]:
+    forecaster, state = warmed_forecaster(trace, settings)
+    step_min = int(settings.step_s // 60)
     base = trace.eval_start
     eval_rate = trace.rate[base:]
     reasons: dict[str, int] = {r.value: 0 for r in Reason}
@@ -429,12 +436,8 @@ def kale_forecast(
     trace: Trace, s: KaleSettings, settings: OnlineSettings, model: ThroughputModel
 ) -> tuple[KaleResult, dict[str, int]]:
     """The forecast planner (kale 3.4) deciding every planning step, its lead ``lead_s``."""
-    forecaster = Seasonal()
+    forecaster, state = warmed_forecaster(trace, settings)
     step_min = int(settings.step_s // 60)
-    state: SeasonalState = forecaster.initial()
-    history = trace.rate[: trace.eval_start]
-    for b in range(0, history.size, step_min):
-        state = forecaster.observe(state, b * 60.0, float(history[b : b + step_min].mean()))
     base = trace.eval_start
     eval_rate = trace.rate[base:]
     reasons: dict[str, int] = {r.value: 0 for r in Reason}

@@ -23,33 +23,29 @@ except ModuleNotFoundError as e:
 
 
 def plot_online(trace: Trace, results: Sequence[OnlineResult], path: Path) -> Path:
-    fig = Figure(figsize=(12, 8), layout="constrained")
-    FigureCanvasAgg(fig)
-    rate = trace.rate[trace.eval_start :]
-    days = np.arange(rate.size) / 1440.0
-    ax1, ax2, ax3 = fig.subplots(3, 1, sharex=True)
-    ax1.plot(days, rate / 1000, color="0.3", lw=0.6, label="traffic")
-    ax1.set_ylabel("samples/s (k)")
-    ax1.set_title("Evaluated week of the embedded tidal trace (Mon-Sun, UTC)")
-    for r in results:
-        capacity = np.array([TRUE_MODEL.predict(int(w)) for w in r.workers]) / 1000
-        if r.policy.startswith("forecast planner") or r.policy.startswith("threshold"):
-            ax1.plot(days, capacity, lw=0.8, label=f"capacity: {r.policy}")
-        ax2.plot(days, r.workers, lw=0.8, label=r.policy)
-        ax3.plot(days, r.lag_min, lw=0.8, label=r.policy)
-    ax1.legend(loc="upper left", fontsize=8)
-    ax2.set_ylabel("GPUs held")
-    ax2.legend(loc="upper left", fontsize=8, ncol=2)
-    ax3.axhline(20, color="red", ls="--", lw=0.8, label="SLO: 20 min")
-    ax3.set_ylabel("lag (min)")
-    ax3.set_xlabel("day of the week")
-    ax3.legend(loc="upper left", fontsize=8, ncol=2)
-    fig.savefig(path, dpi=110)
-    return path
+    shown = [
+        r for r in results
+        if r.policy.startswith("forecast planner") or r.policy.startswith("threshold")
+    ]  # fmt: skip
+    title = "Evaluated week of the embedded tidal trace (Mon-Sun, UTC)"
+    return _week(trace, title, results, shown, "capacity", path)
 
 
 def plot_kale(trace: Trace, results: Sequence[KaleResult], path: Path) -> Path:
     """The kale comparison: traffic and capacity, GPUs held, lag against the 20-minute SLO."""
+    title = "Kale comparison: the evaluated week (Mon-Sun, UTC)"
+    return _week(trace, title, results, results[:2], "capacity held", path)
+
+
+def _week(
+    trace: Trace,
+    title: str,
+    results: Sequence[OnlineResult | KaleResult],
+    capacity_of: Sequence[OnlineResult | KaleResult],
+    capacity_label: str,
+    path: Path,
+) -> Path:
+    """The evaluated week: traffic with the capacity of ``capacity_of``, GPUs held, lag."""
     fig = Figure(figsize=(12, 8), layout="constrained")
     FigureCanvasAgg(fig)
     rate = trace.rate[trace.eval_start :]
@@ -57,10 +53,10 @@ def plot_kale(trace: Trace, results: Sequence[KaleResult], path: Path) -> Path:
     ax1, ax2, ax3 = fig.subplots(3, 1, sharex=True)
     ax1.plot(days, rate / 1000, color="0.3", lw=0.6, label="traffic")
     ax1.set_ylabel("samples/s (k)")
-    ax1.set_title("Kale comparison: the evaluated week (Mon-Sun, UTC)")
-    for r in results[:2]:
+    ax1.set_title(title)
+    for r in capacity_of:
         capacity = np.array([TRUE_MODEL.predict(int(w)) for w in r.workers]) / 1000
-        ax1.plot(days, capacity, lw=0.8, label=f"capacity held: {r.policy}")
+        ax1.plot(days, capacity, lw=0.8, label=f"{capacity_label}: {r.policy}")
     for r in results:
         ax2.plot(days, r.workers, lw=0.8, label=r.policy)
         ax3.plot(days, r.lag_min, lw=0.8, label=r.policy)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from extender.simulation.traces import MINUTES_PER_DAY, MINUTES_PER_WEEK, Spike, Trace
+from extender.simulation.traces import MINUTES_PER_DAY, Trace, add_spikes, ar_noise
 
 # (minute of the day, fraction of the weekday peak); a rise is two knots a few minutes apart.
 DAY_KNOTS = (
@@ -76,22 +76,6 @@ def surge_trace(seed: int = 7, *, weeks: int = 3, model: SurgeModel | None = Non
     rng = np.random.default_rng(seed)
     days = [_day(rng, m, d % 7 >= 5) for d in range(7 * weeks)]
     rate = np.concatenate(days)
-    n = rate.size
-    eps = rng.normal(0.0, m.noise * np.sqrt(1 - 0.95**2), n)
-    ar = np.empty(n)
-    acc = 0.0
-    for i in range(n):
-        acc = 0.95 * acc + float(eps[i])
-        ar[i] = acc
-    rate = rate * np.exp(ar)
-    spikes: list[Spike] = []
-    for week in range(weeks):
-        for _ in range(m.spikes_per_week):
-            start = week * MINUTES_PER_WEEK + int(rng.integers(0, MINUTES_PER_WEEK - 90))
-            length = int(rng.integers(20, 61))
-            height = float(rng.uniform(0.3, 0.7))
-            spikes.append(Spike(start, length, height))
-            t = np.arange(length)
-            shape = np.minimum(1.0, np.minimum(t + 1, length - t) / 5.0)  # 5-minute ramps
-            rate[start : start + length] *= 1.0 + height * shape
-    return Trace(rate=rate, spikes=tuple(spikes), history_weeks=weeks - 1)
+    rate = rate * np.exp(ar_noise(rng, rate.size, m.noise))
+    spikes = add_spikes(rate, rng, weeks, m.spikes_per_week, (0.3, 0.7), ramp_min=5)
+    return Trace(rate=rate, spikes=spikes, history_weeks=weeks - 1)

@@ -64,22 +64,43 @@ def tidal_trace(
     weekday, weekend = _profile(WEEKDAY), _profile(WEEKEND)
     days = [weekend if d % 7 >= 5 else weekday for d in range(7 * weeks)]
     base = np.concatenate(days) * peak
-    n = base.size
+    rate = base * np.exp(ar_noise(rng, base.size, noise))
+    spikes = add_spikes(rate, rng, weeks, spikes_per_week, (0.4, 0.9), ramp_min=8)
+    return Trace(rate=rate, spikes=spikes, history_weeks=weeks - 1)
+
+
+def ar_noise(rng: np.random.Generator, n: int, noise: float) -> npt.NDArray[np.float64]:
+    """``n`` minutes of AR(1) noise (phi 0.95) whose stationary deviation is ``noise``: the
+    log of the traffic's multiplicative noise."""
     eps = rng.normal(0.0, noise * np.sqrt(1 - 0.95**2), n)
     ar = np.empty(n)
     acc = 0.0
     for i in range(n):
-        acc = 0.95 * acc + eps[i]
+        acc = 0.95 * acc + float(eps[i])
         ar[i] = acc
-    rate = base * np.exp(ar)
+    return ar
+
+
+def add_spikes(
+    rate: npt.NDArray[np.float64],
+    rng: np.random.Generator,
+    weeks: int,
+    per_week: int,
+    heights: tuple[float, float],
+    *,
+    ramp_min: int,
+) -> tuple[Spike, ...]:
+    """Unannounced spikes, ``per_week`` a week, of 20-60 minutes and a height drawn from
+    ``heights`` (a share of the traffic), ramping up and down over ``ramp_min`` minutes:
+    multiplied into ``rate`` in place; the spikes."""
     spikes: list[Spike] = []
     for week in range(weeks):
-        for _ in range(spikes_per_week):
+        for _ in range(per_week):
             start = week * MINUTES_PER_WEEK + int(rng.integers(0, MINUTES_PER_WEEK - 90))
             length = int(rng.integers(20, 61))
-            height = float(rng.uniform(0.4, 0.9))
+            height = float(rng.uniform(*heights))
             spikes.append(Spike(start, length, height))
             t = np.arange(length)
-            shape = np.minimum(1.0, np.minimum(t + 1, length - t) / 8.0)  # 8-minute ramps
+            shape = np.minimum(1.0, np.minimum(t + 1, length - t) / float(ramp_min))
             rate[start : start + length] *= 1.0 + height * shape
-    return Trace(rate=rate, spikes=tuple(spikes), history_weeks=weeks - 1)
+    return tuple(spikes)

@@ -162,12 +162,18 @@ async def install_policy(kube: KubeClient, ns: str) -> None:
     await eventually(enforced, within_s=30)
 
 
-async def test_the_api_server_refuses_what_the_filter_refuses_with_its_message(
-    kube: KubeClient,
-) -> None:
+async def with_policy(kube: KubeClient) -> str:
+    """A namespace of the test's own, once the policy is enforced in it."""
     ns = f"vap-{uuid.uuid4().hex[:6]}"
     await kube.json("POST", "/api/v1/namespaces", body={"metadata": {"name": ns}})
     await install_policy(kube, ns)
+    return ns
+
+
+async def test_the_api_server_refuses_what_the_filter_refuses_with_its_message(
+    kube: KubeClient,
+) -> None:
+    ns = await with_policy(kube)
     refused = 0
     for values in TABLE:
         want = filter_says(ns, values)
@@ -182,8 +188,6 @@ async def test_a_value_with_a_line_break_is_refused_with_the_fallback_message(
     kube: KubeClient,
 ) -> None:
     """The API server drops a message with a line break; the pod is refused all the same."""
-    ns = f"vap-{uuid.uuid4().hex[:6]}"
-    await kube.json("POST", "/api/v1/namespaces", body={"metadata": {"name": ns}})
-    await install_policy(kube, ns)
+    ns = await with_policy(kube)
     assert filter_says(ns, {OWN: "recsys\n"}) is not None
     assert await admission_says(kube, ns, {OWN: "recsys\n"}) == admissionpolicy.FALLBACK_MESSAGE

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from common import contract
@@ -27,6 +26,7 @@ from extender.planner.controller import (
 from extender.planner.sources import FakePrometheus, PrometheusSource, TidalJob
 from extender.simulation.online import TRUE_MODEL
 from tests.apiserver.conftest import ApiServer
+from tests.fakeprometheus import served
 from tests.integration.test_planning_live import MONDAY, SETTINGS, lease_object
 from tests.polling import eventually
 
@@ -54,24 +54,16 @@ class World:
 
 @contextlib.asynccontextmanager
 async def world(apiserver: ApiServer) -> AsyncIterator[World]:
-    prometheus = FakePrometheus(TidalJob(TRUE_MODEL).series())
-    runner = web.AppRunner(prometheus.app())
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    source = PrometheusSource(f"http://127.0.0.1:{port}", timeout_s=10.0)
-    kube = await KubeClient.connect(apiserver.kubeconfig)
-    ns = f"planner-{uuid.uuid4().hex[:6]}"
-    await kube.json("POST", "/api/v1/namespaces", body={"metadata": {"name": ns}})
-    try:
-        yield World(kube, ns, source, CollectorRegistry())
-    finally:
-        with contextlib.suppress(Exception):
-            await kube.json("DELETE", f"/api/v1/namespaces/{ns}")
-        await kube.close()
-        await source.close()
-        await runner.cleanup()
+    async with served(FakePrometheus(TidalJob(TRUE_MODEL).series())) as fake:
+        kube = await KubeClient.connect(apiserver.kubeconfig)
+        ns = f"planner-{uuid.uuid4().hex[:6]}"
+        await kube.json("POST", "/api/v1/namespaces", body={"metadata": {"name": ns}})
+        try:
+            yield World(kube, ns, fake.source, CollectorRegistry())
+        finally:
+            with contextlib.suppress(Exception):
+                await kube.json("DELETE", f"/api/v1/namespaces/{ns}")
+            await kube.close()
 
 
 async def create(w: World, name: str, *, opted_in: bool = True) -> dict[str, Any]:

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from common import contract
@@ -21,6 +20,7 @@ from extender.planner.sources import FakePrometheus, PrometheusSource
 from extender.queues.profiler import Profiler, ThroughputReader
 from extender.queues.profiling import Profile
 from tests.apiserver.conftest import ApiServer
+from tests.fakeprometheus import served
 from tests.unit.test_queue_profiler import EVERY, QUERY, Ramp, true_throughput
 
 pytestmark = pytest.mark.apiserver
@@ -73,24 +73,16 @@ def deployment(name: str, annotations: dict[str, str] | None = None) -> dict[str
 
 @contextlib.asynccontextmanager
 async def world(apiserver: ApiServer, ramp: Ramp) -> AsyncIterator[World]:
-    prometheus = FakePrometheus({QUERY: ramp.metric})
-    runner = web.AppRunner(prometheus.app())
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    source = PrometheusSource(f"http://127.0.0.1:{port}", timeout_s=10.0)
-    kube = await KubeClient.connect(apiserver.kubeconfig)
-    ns = f"profiler-{uuid.uuid4().hex[:6]}"
-    await kube.json("POST", "/api/v1/namespaces", body={"metadata": {"name": ns}})
-    try:
-        yield World(kube, ns, source)
-    finally:
-        with contextlib.suppress(Exception):
-            await kube.json("DELETE", f"/api/v1/namespaces/{ns}")
-        await kube.close()
-        await source.close()
-        await runner.cleanup()
+    async with served(FakePrometheus({QUERY: ramp.metric})) as fake:
+        kube = await KubeClient.connect(apiserver.kubeconfig)
+        ns = f"profiler-{uuid.uuid4().hex[:6]}"
+        await kube.json("POST", "/api/v1/namespaces", body={"metadata": {"name": ns}})
+        try:
+            yield World(kube, ns, fake.source)
+        finally:
+            with contextlib.suppress(Exception):
+                await kube.json("DELETE", f"/api/v1/namespaces/{ns}")
+            await kube.close()
 
 
 async def test_measured_on_prometheus_saved_on_the_deployment_and_read_after_a_restart(

@@ -12,7 +12,6 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from common import builders, contract
@@ -22,6 +21,7 @@ from extender.planner.sources import FakePrometheus, PrometheusSource, TidalJob
 from extender.planner.stepping import DAY_S, PlannerSettings
 from extender.planner.throughput import min_workers
 from extender.simulation.online import TRUE_MODEL
+from tests.fakeprometheus import served
 
 GPUS_PER_REPLICA = 2
 LEAD_S = 1800.0
@@ -67,19 +67,8 @@ class Rig:
 
 @pytest.fixture
 async def rig() -> AsyncIterator[Rig]:
-    prometheus = FakePrometheus(TidalJob(TRUE_MODEL).series())
-    runner = web.AppRunner(prometheus.app())
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    url = f"http://127.0.0.1:{port}"
-    source = PrometheusSource(url, timeout_s=10.0)
-    try:
-        yield Rig(prometheus, source, url)
-    finally:
-        await source.close()
-        await runner.cleanup()
+    async with served(FakePrometheus(TidalJob(TRUE_MODEL).series())) as s:
+        yield Rig(s.prometheus, s.source, s.url)
 
 
 def needed_gpus(job: TidalJob, t: float) -> int:

@@ -22,7 +22,7 @@ from extender.simulation.sizing import (
 from extender.simulation.tides import default_cluster, default_trace
 
 
-def fake(size: int, full: int, reclaims: int = 1000) -> RunResult:
+def fake(size: int, full: int, reclaims: int = 1000, *, seed: int = 1) -> RunResult:
     summary = summarize(
         policy="right-of-return",
         standby_gpus=size,
@@ -39,7 +39,7 @@ def fake(size: int, full: int, reclaims: int = 1000) -> RunResult:
         elapsed_s=0.0,
     )
     summary = replace(summary, reclaims=reclaims, reclaims_full=full)
-    settings = SimSettings(Policy.RIGHT_OF_RETURN, standby_gpus=size)
+    settings = SimSettings(Policy.RIGHT_OF_RETURN, seed=seed, standby_gpus=size)
     return RunResult(settings, summary, Series(), [], {}, {}, {})
 
 

@@ -12,32 +12,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from extender.simulation.controlling import Policy
-from extender.simulation.metrics import Series, summarize
 from extender.simulation.scenario import Scenario, draw_failures
 from extender.simulation.simulating import RunResult, SimSettings, simulate
 from extender.simulation.sizing import SizingPoint, answer_of, point, sweep
 from extender.simulation.tides import default_cluster, default_trace
-
-
-def fake(size: int, full: int, seed: int = 1, reclaims: int = 1000) -> RunResult:
-    summary = summarize(
-        policy="right-of-return",
-        standby_gpus=size,
-        series=Series(),
-        ha_start=0.74,
-        cluster_ha=0.7,
-        reclaims=[],
-        peak_gpus=0,
-        total_gpus=100,
-        step=5,
-        evictions=0,
-        finished=0,
-        gave_up=0,
-        elapsed_s=0.0,
-    )
-    summary = replace(summary, reclaims=reclaims, reclaims_full=full)
-    settings = SimSettings(Policy.RIGHT_OF_RETURN, seed=seed, standby_gpus=size)
-    return RunResult(settings, summary, Series(), [], {}, {}, {})
+from tests.unit.test_simulation_sizing import fake
 
 
 def old_answer_of(points: Sequence[SizingPoint], target: float, confirm: int = 2) -> int | None:
