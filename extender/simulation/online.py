@@ -54,6 +54,21 @@ class OnlineResult:
     lag_min: npt.NDArray[np.float64]
 
 
+def consumed_up_to(
+    arrivals: npt.NDArray[np.float64], consumed: float, p: int, now: int
+) -> tuple[int, float | None]:
+    """How far the job has consumed its arrivals (cumulative, per step) by step ``now``: the
+    last step fully consumed (from ``p`` on), and the (fractional) step whose sample is being
+    consumed, or None when nothing is waiting. The lag is ``now`` less that step."""
+    while p + 1 < arrivals.size and arrivals[p + 1] <= consumed:
+        p += 1
+    if arrivals[now] - consumed <= 1e-6:
+        return p, None
+    span = arrivals[p + 1] - arrivals[p]
+    frac = (consumed - arrivals[p]) / span if span > 0 else 0.0
+    return p, p + frac
+
+
 def measure_throughput(rng: np.random.Generator, counts: list[int]) -> list[Observation]:
     """Noisy (workers, samples/s) pairs, as a job's metrics would give them (3 % noise)."""
     return [
@@ -101,15 +116,9 @@ def _simulate(
         downtime += paused_frac
         capacity = (1.0 - paused_frac) * TRUE_MODEL.predict(serving) * 60.0
         consumed = min(arrivals[k + 1], consumed + capacity)
-        while p + 1 < arrivals.size and arrivals[p + 1] <= consumed:
-            p += 1
         backlog = arrivals[k + 1] - consumed
-        if backlog <= 1e-6:
-            lag_min = 0.0
-        else:
-            span = arrivals[p + 1] - arrivals[p]
-            frac = (consumed - arrivals[p]) / span if span > 0 else 0.0
-            lag_min = (k + 1) - (p + frac)
+        p, served = consumed_up_to(arrivals, consumed, p, k + 1)
+        lag_min = 0.0 if served is None else (k + 1) - served
         lag[k] = lag_min
         workers[k] = leased
         recent.append(float(rate[k]))
@@ -344,15 +353,9 @@ def simulate_ticks(
         consumed = min(arrivals[k + 1], consumed + (1.0 - paused) * full)
         metered = s.tick_s if s.paused_reads_idle else (1.0 - paused) * s.tick_s
         busy.append(((consumed - before) / full * s.tick_s if full > 0 else 0.0, metered))
-        while p + 1 < arrivals.size and arrivals[p + 1] <= consumed:
-            p += 1
         backlog = arrivals[k + 1] - consumed
-        if backlog <= 1e-6:
-            lag_s = 0.0
-        else:
-            span = arrivals[p + 1] - arrivals[p]
-            frac = (consumed - arrivals[p]) / span if span > 0 else 0.0
-            lag_s = t1 - (p + frac) * s.tick_s
+        p, served = consumed_up_to(arrivals, consumed, p, k + 1)
+        lag_s = 0.0 if served is None else t1 - served * s.tick_s
         lag[k] = lag_s
         pending = sum(c for _, c in starting)
         held[k] = ready + pending
