@@ -53,6 +53,8 @@ from extender.leasing.rules import (
 )
 
 RESYNC_S = 30.0
+# Why a lease in balance waits: nothing to do until its inputs change or RESYNC_S passes.
+STEADY = "steady"
 POD_WAIT_S = 1.0
 # A reclaim still under way this long after its borrowers' notice ended makes the lease
 # Degraded (the extender's reclaim_overdue_s setting).
@@ -139,13 +141,16 @@ def _retag(
     """The tags that do not yet say what the status says: every lent device tagged with the
     owner and the replica whose group it is in (``skip``: devices whose tags are cleared)."""
     out = []
+    get = view.devices.get  # the leasing controller's hottest loop: every lent device, each pass
     for g in groups:
+        replica = g.replica
         for u in g.devices:
-            d = view.devices.get(u)
-            if d is None or (skip and u in skip):
+            d = get(u)
+            if d is None:
                 continue
-            if d.cls.owner != owner or d.cls.replica != g.replica:
-                out.append(_tag(d, owner, False, g.replica))
+            cls = d.cls
+            if (cls.owner != owner or cls.replica != replica) and not (skip and u in skip):
+                out.append(_tag(d, owner, False, replica))
     return tuple(out)
 
 
@@ -320,7 +325,7 @@ def decide(
     stale = _retag(status.groups, view, spec.owner)
     if stale:
         return SetTags(stale, f"tag {len(stale)} lent device(s) with the replica that lent them")
-    return Wait(now + RESYNC_S, "steady")
+    return Wait(now + RESYNC_S, STEADY)
 
 
 def overdue(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any, Literal
 
 from common.conditions import set_condition
@@ -96,7 +97,7 @@ class LeaseStatus:
     @property
     def lent(self) -> tuple[GpuUuid, ...]:
         """Every lent device."""
-        return tuple(u for g in self.groups for u in g.devices)
+        return tuple(chain.from_iterable(g.devices for g in self.groups))
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {

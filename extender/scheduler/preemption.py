@@ -93,9 +93,11 @@ def choose_victims(
         return ()
     by_uuid, candidates = _candidates(devices, allocations, req)
     chosen: list[Allocation] = []
+    counts = Counter(base)  # free once the chosen are gone, kept as they are added
     for alloc in candidates:
         chosen.append(alloc)
-        if _fits(base, chosen, by_uuid, req):
+        counts.update(_classes(alloc, by_uuid))
+        if plan_node(counts, req).fits:
             break
     else:
         return None

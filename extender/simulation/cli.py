@@ -119,7 +119,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--sweep-sizes",
         help="standby sizes (GPUs) the sweep tries, comma-separated (default: 0 to 5%% of the "
-        "cluster's GPUs in whole nodes)",
+        "cluster's GPUs in whole nodes, by whole percents with several seeds, finer below 2%% "
+        "with one)",
     )
     parser.add_argument(
         "--standby",
@@ -235,7 +236,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     total = sum(n.gpus for n in scenario.nodes)
     node_gpus = max((n.gpus for n in scenario.nodes), default=8)
     if sizes is None:
-        sizes = list(default_sizes(total, node_gpus))
+        sizes = list(default_sizes(total, node_gpus, len(seeds)))
     print(describe(list(scenarios.values()), seeds), file=stream, flush=True)
     base = SimSettings(Policy.RIGHT_OF_RETURN, seed=args.seed)
 

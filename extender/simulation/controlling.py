@@ -46,6 +46,8 @@ from common.model import (
     Tier,
 )
 from extender.leasing.decisions import (
+    RESYNC_S,
+    STEADY,
     Action,
     Evict,
     Notify,
@@ -168,6 +170,8 @@ class JobState:
     observed: tuple[int, list[OwnerPod]] | None = None  # its pods as last seen, at a version
     reclaim: ReclaimStart | None = None  # the reclaim under way, for its record
     lent_tiers: Counter[Tier] = field(default_factory=Counter)  # of the lease's lent devices
+    # The inputs of the last decision that found the lease steady (see OnlineJobs._decide).
+    steady: tuple[GpuLease, int, int] | None = None
 
     def name_of(self, o: int) -> str:
         return f"{self.spec.name}-{o}"  # the StatefulSet's pod names
@@ -390,7 +394,7 @@ class OnlineJobs:
         now = job.clock = max(start, job.clock)
         last: tuple[str, int] | None = None
         for _ in range(MAX_ACTIONS):
-            action = decide(job.lease, job.replicas, self._owner_pods(job), self._view(), now)
+            action = self._decide(job, now)
             if isinstance(action, Wait):
                 if action.until > end:
                     return
@@ -402,6 +406,21 @@ class OnlineJobs:
                 continue
             self._execute(job, action, now)
         raise AssertionError(f"lease {job.lease.key}: no wait after {MAX_ACTIONS} actions")
+
+    def _decide(self, job: JobState, now: float) -> Action:
+        """:func:`decide`, but a lease found steady is not judged again while what that
+        judgement read stays the same: the lease object, the replicas and the devices' classes
+        (``world.class_changes``; a steady lease's pods do not enter it). Without a schedule a
+        steady answer does not depend on the time either (only its wake-up does), so the answer
+        is the one ``decide`` would give, at a fraction of the cost."""
+        lease, world = job.lease, self.world
+        memo, tagged = job.steady, world.tag_changes[lease.spec.owner]
+        if memo is not None and memo[0] is lease and memo[1:] == (job.replicas, tagged):
+            return Wait(now + RESYNC_S, STEADY)
+        action = decide(lease, job.replicas, self._owner_pods(job), self._view(), now)
+        steady = isinstance(action, Wait) and action.why == STEADY and not lease.spec.schedule
+        job.steady = (lease, job.replicas, tagged) if steady else None
+        return action
 
     def _view(self) -> View:
         world = self.world

@@ -49,6 +49,8 @@ class SimCluster:
         self.unhealthy = 0
         self.total = 0
         self.changes = 0  # bumped on every change of any node
+        # per owner tag: bumped whenever a device tagged with it, before or after, changes class
+        self.tag_changes: Counter[str] = Counter()
         self.offering: dict[str, bool] = {}
         self._types: dict[str, list[NodeName]] = {ANY_TYPE: self.names}
         self._free: dict[NodeName, int] = {}
@@ -147,6 +149,8 @@ class SimCluster:
             else:
                 self.standby.discard(uuid)
             touched[old.node] = None
+            for owner in {old.cls.owner, cls.owner} - {None}:
+                self.tag_changes[owner] += 1
         for node in touched:
             self.state.set_inventory(NodeInventory(node, tuple(self.by_node[node])))
             self._changed(node)

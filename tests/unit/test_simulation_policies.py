@@ -15,12 +15,16 @@ takes untagged ``d`` (all MA; with right of return it also scores higher there t
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
 from common.model import JobName, NodeName, Tier
+from extender.leasing.decisions import RESYNC_S, STEADY, SetTags, Wait
+from extender.simulation import controlling
 from extender.simulation.controlling import Policy, standby_targets
 from extender.simulation.scenario import (
     BorrowerJob,
@@ -32,8 +36,10 @@ from extender.simulation.scenario import (
     Trace,
     draw_failures,
 )
+from extender.simulation.scheduling import Scheduler, SchedulerSettings
 from extender.simulation.simulating import RunResult, SimSettings, simulate
 from extender.simulation.tides import default_cluster, default_trace
+from extender.simulation.world import SimCluster
 
 HA, MA, LA = Tier.HA, Tier.MA, Tier.LA
 
@@ -236,3 +242,60 @@ def test_fig10_borrowers_get_more_in_the_troughs(figures: dict[Policy, RunResult
     assert ror.fulfilment_trough >= ror.fulfilment_peak + 0.15
     assert ror.fulfilment_trough >= nos.fulfilment_trough + 0.15
     assert abs(nos.fulfilment_trough - nos.fulfilment_peak) < 0.05  # nothing is lent
+
+
+def test_steady_leases_are_not_judged_again_and_nothing_else_changes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The simulator skips :func:`decide` for a steady lease whose inputs did not change; the
+    results must be those of judging every lease at every turn."""
+    calls = Counter[str]()
+    real = controlling.decide
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls[mode] += 1
+        return real(*args, **kwargs)
+
+    def every_time(self: controlling.OnlineJobs, job: controlling.JobState, now: float) -> Any:
+        return counted(job.lease, job.replicas, self._owner_pods(job), self._view(), now)
+
+    monkeypatch.setattr(controlling, "decide", counted)
+    settings = SimSettings(Policy.RIGHT_OF_RETURN, seed=3, standby_gpus=16)
+    mode = "memo"
+    memo = simulate(small_generated(), settings)
+    monkeypatch.setattr(controlling.OnlineJobs, "_decide", every_time)
+    mode = "plain"
+    plain = simulate(small_generated(), settings)
+    assert memo.series == plain.series
+    assert memo.reclaims == plain.reclaims
+    assert memo.reclaims
+    assert memo.holdings == plain.holdings
+    assert memo.stats == plain.stats
+    assert calls["memo"] < 0.8 * calls["plain"]
+
+
+def test_a_steady_lease_is_judged_again_when_its_lent_devices_lose_their_tags() -> None:
+    world = SimCluster(tuple(drift_cluster()))
+    sc = scenario(drift_cluster())
+    online = controlling.OnlineJobs(
+        sc.trace.online,
+        sc.nodes,
+        world,
+        Scheduler(world, SchedulerSettings(), random.Random(0)),
+        policy=Policy.RIGHT_OF_RETURN,
+        pod_priority=1000,
+        evict=lambda holder: False,
+    )
+    online.start()
+    for minute in range(0, 80, 5):  # demand halves at 01:00: replica 1 is lent
+        online.step(minute, 60.0 * minute, 300.0)
+    job = online.jobs[0]
+    assert job.lease.status.phase == "Steady"
+    assert job.lease.status.lent
+    now = 60.0 * 80
+    assert online._decide(job, now) == Wait(now + RESYNC_S, STEADY)
+    lent = world.devices[job.lease.status.lent[0]]
+    world.set_classes({lent.uuid: lent.cls._replace(owner=None, replica=None)})
+    action = online._decide(job, now)
+    assert isinstance(action, SetTags)
+    assert [(c.uuid, c.owner) for c in action.changes] == [(lent.uuid, "recsys")]

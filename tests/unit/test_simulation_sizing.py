@@ -105,6 +105,11 @@ def test_default_sizes_are_whole_nodes_up_to_five_percent() -> None:
     assert all(s % 4 == 0 for s in default_sizes(1_000, node_gpus=4))
 
 
+def test_several_seeds_sweep_whole_percents() -> None:
+    assert default_sizes(10_000, seeds=3) == (0, 104, 200, 304, 400, 504)
+    assert default_sizes(10_000, seeds=1) == default_sizes(10_000)
+
+
 def small() -> Scenario:
     spec = default_cluster(0.05)  # 63 nodes, 504 GPUs
     nodes = spec.expand(2)
