@@ -1,21 +1,26 @@
 #!/usr/bin/env bash
-# Generate the Python modules of the kubelet device plugin API (deviceplugin v1beta1) from
-# nodeagent/deviceplugin/api.proto, and of the CRI subset (runtime.v1) from nodeagent/cri/api.proto,
-# with grpcio-tools: api_pb2.py, api_pb2.pyi, api_pb2_grpc.py next to each proto.
+# Generate the Python modules of the kubelet device plugin API (deviceplugin v1beta1), the CRI
+# subset (runtime.v1), the DRA kubelet plugin API (dra v1) and plugin registration from the
+# protos below, with grpcio-tools: NAME_pb2.py, NAME_pb2.pyi, NAME_pb2_grpc.py next to NAME.proto.
 # The generated files are committed; tests/unit/test_deviceplugin_proto.py fails when stale.
 #
 # usage: hack/gen-proto.sh [OUT_ROOT]
-#   OUT_ROOT   root the modules are written under (default: the checkout), as
-#              OUT_ROOT/nodeagent/{deviceplugin,cri}/api_pb2*.py
+#   OUT_ROOT   root the modules are written under (default: the checkout), at the protos' own
+#              paths, e.g. OUT_ROOT/nodeagent/dra/registration_pb2.py
 #   PYTHON     interpreter with grpcio-tools (default: .venv/bin/python of the checkout)
 set -o errexit -o nounset -o pipefail
 
 source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 
 PYTHON="${PYTHON:-${TL_ROOT}/.venv/bin/python}"
-PROTOS=(nodeagent/deviceplugin/api.proto nodeagent/cri/api.proto)
+PROTOS=(
+  nodeagent/deviceplugin/api.proto
+  nodeagent/cri/api.proto
+  nodeagent/dra/api.proto
+  nodeagent/dra/registration.proto
+)
 
-usage() { sed -n '2,9p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then usage; exit 0; fi
 if [[ $# -gt 1 ]]; then usage >&2; exit 2; fi
 

@@ -149,8 +149,9 @@ class SimCluster:
             else:
                 self.standby.discard(uuid)
             touched[old.node] = None
-            for owner in {old.cls.owner, cls.owner} - {None}:
-                self.tag_changes[owner] += 1
+            for owner in {old.cls.owner, cls.owner}:
+                if owner is not None:
+                    self.tag_changes[owner] += 1
         for node in touched:
             self.state.set_inventory(NodeInventory(node, tuple(self.by_node[node])))
             self._changed(node)

@@ -36,6 +36,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         "TL_CLUSTER_NODES": str(NODES),
         "TL_CLUSTER_PARENT_PID": str(os.getpid()),
         "TL_CLUSTER_KEEP_DIR": "true",
+        # A second kube-scheduler without extenders (schedulerName tidelease-plain): the DRA
+        # tests (test_dra.py) schedule through it, so that no extender plays a part.
+        "TL_CLUSTER_PLAIN_SCHEDULER": "true",
         # A real kubelet node beside the kwok ones (hack/realnode.sh; needs root).
         "TL_CLUSTER_REAL_NODE": os.environ.get("TIDELEASE_E2E_REAL_NODE", "true"),
     }

@@ -1,9 +1,10 @@
-"""The deviceplugin v1beta1 and CRI runtime.v1 protos: committed generated code is current, and
-it is the kubelet's and the runtime's.
+"""The deviceplugin v1beta1, CRI runtime.v1, DRA v1 and plugin registration protos: committed
+generated code is current, and it is the kubelet's and the runtime's.
 
-Field numbers and names below are those of k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1 and
-k8s.io/cri-api/pkg/apis/runtime/v1 (the subset tidelease uses); a change to any of them breaks
-the wire format against a real kubelet or container runtime.
+Field numbers and names below are those of k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1,
+k8s.io/cri-api/pkg/apis/runtime/v1 (the subset tidelease uses), k8s.io/kubelet/pkg/apis/dra/v1
+and k8s.io/kubelet/pkg/apis/pluginregistration/v1; a change to any of them breaks the wire
+format against a real kubelet or container runtime.
 """
 
 from __future__ import annotations
@@ -12,15 +13,24 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from nodeagent.cri import api_pb2 as cri_pb2
 from nodeagent.deviceplugin import api_pb2
+from nodeagent.dra import api_pb2 as dra_pb2
+from nodeagent.dra import registration_pb2
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = [Path("nodeagent/deviceplugin"), Path("nodeagent/cri")]
-GENERATED = ["api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py"]
+# Every proto hack/gen-proto.sh compiles, and the modules it writes for each.
+PROTOS = [
+    Path("nodeagent/deviceplugin/api.proto"),
+    Path("nodeagent/cri/api.proto"),
+    Path("nodeagent/dra/api.proto"),
+    Path("nodeagent/dra/registration.proto"),
+]
+GENERATED = ["_pb2.py", "_pb2.pyi", "_pb2_grpc.py"]
 
 
 def test_committed_code_is_what_gen_proto_writes(tmp_path: Path) -> None:
@@ -34,13 +44,15 @@ def test_committed_code_is_what_gen_proto_writes(tmp_path: Path) -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr
+    modules = [proto.with_name(proto.stem + suffix) for proto in PROTOS for suffix in GENERATED]
     stale = [
-        str(package / name)
-        for package in PACKAGES
-        for name in GENERATED
-        if (tmp_path / package / name).read_bytes() != (ROOT / package / name).read_bytes()
+        str(module)
+        for module in modules
+        if (tmp_path / module).read_bytes() != (ROOT / module).read_bytes()
     ]
-    assert not stale, f"{stale} out of date with api.proto: run hack/gen-proto.sh"
+    assert not stale, f"{stale} out of date with their protos: run hack/gen-proto.sh"
+    written = {p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file()}
+    assert written == set(modules), "hack/gen-proto.sh compiles other protos than PROTOS lists"
 
 
 UPSTREAM_FIELDS = {
@@ -312,3 +324,106 @@ def test_cri_services_are_upstreams(service: str, methods: list[str]) -> None:
     got = {m.name: (m.input_type.name, m.output_type.name) for m in descriptor.methods}
     assert got == {m: (f"{m}Request", f"{m}Response") for m in methods}
     assert not any(m.server_streaming for m in descriptor.methods)
+
+
+# --- DRA v1 (the DRA kubelet plugin) and pluginregistration (its registration) ---
+
+DRA_FIELDS = {
+    "NodePrepareResourcesRequest": {"claims": 1},
+    "NodePrepareResourcesResponse": {"claims": 1},
+    "NodePrepareResourceResponse": {"devices": 1, "error": 2},
+    "Device": {
+        "request_names": 1,
+        "pool_name": 2,
+        "device_name": 3,
+        "cdi_device_ids": 4,
+        "share_id": 5,
+    },
+    "NodeUnprepareResourcesRequest": {"claims": 1},
+    "NodeUnprepareResourcesResponse": {"claims": 1},
+    "NodeUnprepareResourceResponse": {"error": 1},
+    "Claim": {"namespace": 1, "uid": 2, "name": 3},
+}
+
+REGISTRATION_FIELDS = {
+    "PluginInfo": {"type": 1, "name": 2, "endpoint": 3, "supported_versions": 4},
+    "RegistrationStatus": {"plugin_registered": 1, "error": 2},
+    "RegistrationStatusResponse": {},
+    "InfoRequest": {},
+}
+
+
+@pytest.mark.parametrize(
+    ("module", "package", "message", "fields"),
+    [
+        *(
+            pytest.param(dra_pb2, "k8s.io.kubelet.pkg.apis.dra.v1", m, f, id=f"dra-{m}")
+            for m, f in DRA_FIELDS.items()
+        ),
+        *(
+            pytest.param(registration_pb2, "pluginregistration", m, f, id=f"registration-{m}")
+            for m, f in REGISTRATION_FIELDS.items()
+        ),
+    ],
+)
+def test_dra_message_fields_are_upstreams(
+    module: Any, package: str, message: str, fields: dict[str, int]
+) -> None:
+    descriptor = module.DESCRIPTOR.message_types_by_name[message]
+    assert descriptor.full_name == f"{package}.{message}"
+    assert {f.name: f.number for f in descriptor.fields} == fields
+    assert set(module.DESCRIPTOR.message_types_by_name) == set(
+        DRA_FIELDS if module is dra_pb2 else REGISTRATION_FIELDS
+    )
+
+
+def test_dra_maps_and_optional_fields_are_upstreams() -> None:
+    prepare = dra_pb2.NodePrepareResourcesResponse.DESCRIPTOR.fields_by_name["claims"]
+    assert prepare.message_type.GetOptions().map_entry
+    assert prepare.message_type.fields_by_name["value"].message_type.name == (
+        "NodePrepareResourceResponse"
+    )
+    unprepare = dra_pb2.NodeUnprepareResourcesResponse.DESCRIPTOR.fields_by_name["claims"]
+    assert unprepare.message_type.fields_by_name["value"].message_type.name == (
+        "NodeUnprepareResourceResponse"
+    )
+    assert dra_pb2.Device.DESCRIPTOR.fields_by_name["share_id"].has_presence
+
+
+@pytest.mark.parametrize(
+    ("module", "service", "methods"),
+    [
+        pytest.param(
+            dra_pb2,
+            "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin",
+            {
+                "NodePrepareResources": (
+                    "NodePrepareResourcesRequest",
+                    "NodePrepareResourcesResponse",
+                ),
+                "NodeUnprepareResources": (
+                    "NodeUnprepareResourcesRequest",
+                    "NodeUnprepareResourcesResponse",
+                ),
+            },
+            id="dra",
+        ),
+        pytest.param(
+            registration_pb2,
+            "pluginregistration.Registration",
+            {
+                "GetInfo": ("InfoRequest", "PluginInfo"),
+                "NotifyRegistrationStatus": ("RegistrationStatus", "RegistrationStatusResponse"),
+            },
+            id="registration",
+        ),
+    ],
+)
+def test_dra_services_are_upstreams(
+    module: Any, service: str, methods: dict[str, tuple[str, str]]
+) -> None:
+    (descriptor,) = module.DESCRIPTOR.services_by_name.values()
+    assert descriptor.full_name == service
+    got = {m.name: (m.input_type.name, m.output_type.name) for m in descriptor.methods}
+    assert got == methods
+    assert not any(m.server_streaming or m.client_streaming for m in descriptor.methods)
