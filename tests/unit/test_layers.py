@@ -66,6 +66,7 @@ LAYERS: dict[str, frozenset[str]] = {
         "nodeagent.cache": ("common",),
         "nodeagent.cri": ("common",),
         "nodeagent.deviceplugin": ("common",),
+        "nodeagent.dra": ("common", "nodeagent.deviceplugin"),
         "nodeagent.pulling": ("common", "nodeagent.cache"),
         "nodeagent.restarting": ("common", "nodeagent.cri"),
         "nodeagent": (
@@ -73,6 +74,7 @@ LAYERS: dict[str, frozenset[str]] = {
             "nodeagent.cache",
             "nodeagent.cri",
             "nodeagent.deviceplugin",
+            "nodeagent.dra",
             "nodeagent.pulling",
             "nodeagent.restarting",
         ),
