@@ -73,6 +73,18 @@ def _agent(args: argparse.Namespace) -> int:
         # A missing node is reported above, as the flag.
         named = dataclasses.replace(plugin_settings, node_name=node or "unset")
         problems += [f"device plugin: {p}" for p in named.validate()]
+    from nodeagent.dra.settings import DraPluginSettings
+
+    dra_settings = DraPluginSettings(
+        node_name=node,
+        registry_dir=args.kubelet_registry_dir,
+        plugins_dir=args.kubelet_plugins_dir,
+        cdi_dir=args.cdi_dir,
+        host_device_root=args.host_device_root,
+    )
+    if args.dra:
+        dra_named = dataclasses.replace(dra_settings, node_name=node or "unset")
+        problems += [f"DRA plugin: {p}" for p in dra_named.validate()]
     if problems:
         raise InvalidInput(problems)
     settings = AgentSettings(
@@ -147,6 +159,21 @@ def _agent(args: argparse.Namespace) -> int:
                     run_device_plugin(source=source, lookup=lookup, settings=plugin_settings)
                 )
             )
+        if args.dra:
+            from nodeagent.dra.claims import KubeClaimReader
+            from nodeagent.dra.kubeletplugin import run_kubelet_plugin
+            from nodeagent.dra.slices import run_slice_mirror
+
+            tasks.append(asyncio.create_task(run_slice_mirror(client=kube, node=node)))
+            tasks.append(
+                asyncio.create_task(
+                    run_kubelet_plugin(
+                        source=source,
+                        claims=KubeClaimReader(kube, timeout_s=dra_settings.api_timeout_s),
+                        settings=dra_settings,
+                    )
+                )
+            )
         if runtime is not None:
             from common.hotrestartkube import KubePods
             from nodeagent.restarting.podwatch import (
@@ -183,6 +210,8 @@ def _agent(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the node agent's commands to ``tidelease``."""
+    from nodeagent.dra import settings as dra_defaults
+
     agent = sub.add_parser("agent", help="run the node agent (DaemonSet on GPU nodes)")
     agent.add_argument("--node", help="this node's name (default: $NODE_NAME)")
     agent.add_argument(
@@ -225,6 +254,30 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--no-device-plugin",
         action="store_true",
         help="do not serve the kubelet device plugin (nodes without a kubelet, e.g. kwok)",
+    )
+    agent.add_argument(
+        "--dra",
+        action="store_true",
+        help="DRA mode (docs/dra.md): publish this node's GPUs as a ResourceSlice and serve the "
+        "kubelet's DRA plugin (driver gpu.tidelease.io); add --no-device-plugin to serve DRA only",
+    )
+    agent.add_argument(
+        "--kubelet-registry-dir",
+        type=Path,
+        default=dra_defaults.DEFAULT_REGISTRY_DIR,
+        help="the kubelet's plugin registration directory (DRA mode)",
+    )
+    agent.add_argument(
+        "--kubelet-plugins-dir",
+        type=Path,
+        default=dra_defaults.DEFAULT_PLUGINS_DIR,
+        help="the kubelet's plugins directory: the DRA socket and prepared claims (DRA mode)",
+    )
+    agent.add_argument(
+        "--cdi-dir",
+        type=Path,
+        default=dra_defaults.DEFAULT_CDI_DIR,
+        help="where the container runtime reads CDI specs (DRA mode)",
     )
     agent.add_argument(
         "--cri-endpoint",

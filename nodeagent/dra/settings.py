@@ -11,7 +11,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-DRIVER = "gpu.tidelease.io"  # the DRA driver name: ResourceSlices, DeviceClasses, allocations
+from common.dra import DRIVER  # the driver name of slices, classes and allocations
+
 # The gRPC service the plugin serves, as the registration names it: "<last element of the proto
 # package>.<service>". The v1.35 kubelet accepts "v1.DRAPlugin" and "v1beta1.DRAPlugin".
 DRA_SERVICE = "v1.DRAPlugin"

@@ -85,3 +85,91 @@ async def test_agent_process_publishes_and_stops_cleanly(
             proc.kill()
             await proc.wait()
         await kube.close()
+
+
+async def test_agent_in_dra_mode_publishes_its_slice_and_registers_with_the_kubelet(
+    apiserver: ApiServer, tmp_path: Path
+) -> None:
+    """`tidelease agent --dra`: the node's GPUs as a ResourceSlice (from the GpuNode it
+    publishes), the registration socket answering as the kubelet asks, sockets gone on SIGTERM."""
+    import grpc
+
+    from common import dra
+    from nodeagent.dra import registration_pb2, registration_pb2_grpc
+
+    node = f"node-{uuid.uuid4().hex[:6]}"
+    registry, plugins = tmp_path / "registry", tmp_path / "plugins"
+    kube = await KubeClient.connect(apiserver.kubeconfig)
+    with contextlib.suppress(Conflict):
+        await kube.json(
+            "POST", "/api/v1/namespaces", body={"metadata": {"name": "tidelease-system"}}
+        )
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "common.cli",
+        "agent",
+        "--node",
+        node,
+        "--backend",
+        "fake",
+        "--fake-gpus",
+        "2",
+        "--kubeconfig",
+        str(apiserver.kubeconfig),
+        "--cycle",
+        "0.5",
+        "--no-device-plugin",
+        "--dra",
+        "--kubelet-registry-dir",
+        str(registry),
+        "--kubelet-plugins-dir",
+        str(plugins),
+        "--cdi-dir",
+        str(tmp_path / "cdi"),
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    reg_socket = registry / f"{dra.DRIVER}-reg.sock"
+    dra_socket = plugins / dra.DRIVER / "dra.sock"
+
+    async def published() -> dict[str, Any] | None:
+        try:
+            obj = await kube.json("GET", f"{dra.SLICES_PATH}/{dra.slice_name(node)}")
+        except NotFound:
+            return None
+        return obj if len(obj["spec"].get("devices") or []) == 2 else None
+
+    try:
+        stored = await eventually(published, within_s=30)
+        gpunode = parse_gpu_node(
+            await kube.json(
+                "GET", f"/apis/{contract.API_VERSION}/{contract.PLURAL_GPU_NODE}/{node}"
+            )
+        )
+        assert stored["spec"]["nodeName"] == node
+        assert stored["spec"]["driver"] == dra.DRIVER
+        assert {
+            d["name"]: d["attributes"][f"{contract.PREFIX}/uuid"]["string"]
+            for d in stored["spec"]["devices"]
+        } == {f"gpu-{d.index}": d.uuid for d in gpunode.devices}
+
+        async def registered() -> bool:
+            return reg_socket.exists() and dra_socket.exists()
+
+        await eventually(registered, within_s=10)
+        async with grpc.aio.insecure_channel(f"unix://{reg_socket}") as channel:
+            stub = registration_pb2_grpc.RegistrationStub(channel)  # type: ignore[no-untyped-call]
+            info = await stub.GetInfo(registration_pb2.InfoRequest(), timeout=5)
+        assert (info.type, info.name, info.endpoint) == ("DRAPlugin", dra.DRIVER, str(dra_socket))
+        assert "v1.DRAPlugin" in info.supported_versions
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 15) == 0
+        assert not reg_socket.exists()
+        assert not dra_socket.exists()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        with contextlib.suppress(NotFound):
+            await kube.json("DELETE", f"{dra.SLICES_PATH}/{dra.slice_name(node)}")
+        await kube.close()

@@ -5,6 +5,7 @@ what the component needs is allowed."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import uuid
@@ -47,6 +48,7 @@ def cluster(apiserver: ApiServer) -> Iterator[Kubectl]:
     helm(
         "install", "tidelease", str(CHART), "--create-namespace", *kube,
         "--set", "orchestrator.namespaces={ml}", "--set", "extender.leaseNamespaces={ml}",
+        "--set", "dra.enabled=true",
         timeout=180,
     )  # fmt: skip
     # The objects an attacker would go for, and a node with a pod for each agent token.
@@ -183,6 +185,43 @@ def test_an_agent_writes_only_its_own_node(cluster: Kubectl) -> None:
         unbound, "patch", "pod", "agent-node-a", "-n", NS, *patch
     )
     assert not cluster.can(t, "update", "leases", "kube-system")
+
+
+def test_an_agent_in_dra_mode_publishes_only_its_own_nodes_slice(cluster: Kubectl) -> None:
+    """The agent's own token: its node's ResourceSlice (as `tidelease agent --dra` writes it)
+    may be created and updated, another node's may not; claims are read, never written."""
+    from common import dra
+
+    t = token(cluster, "tidelease-agent", pod="agent-node-a")
+
+    def slice_of(node: str) -> dict[str, Any]:
+        gpunode = {"metadata": {"name": node}, "status": {"devices": [
+            {"index": 0, "uuid": f"GPU-{node}", "type": "H20", "health": "Healthy", "tier": "HA"},
+        ]}}  # fmt: skip
+        return dra.resource_slice(node, None, gpunode, 1)
+
+    mine, theirs = slice_of("node-a"), slice_of("node-b")
+    try:
+        cluster.kubectl("create", "-f", "-", stdin=json.dumps(mine), token=t)
+        assert "only its own node" in cluster.refused(
+            t, "create", "-f", "-", stdin=json.dumps(theirs)
+        )
+        # Its own: updated (the mirror's writes) and deleted (a GpuNode without devices).
+        stored = json.loads(
+            cluster.kubectl("get", "resourceslice", dra.slice_name("node-a"), "-o", "json")
+        )
+        stored["metadata"].setdefault("labels", {})["x"] = "y"
+        cluster.kubectl("replace", "-f", "-", stdin=json.dumps(stored), token=t)
+        assert cluster.can(t, "get", "resourceclaims", "ml")
+        assert not cluster.can(t, "update", "resourceclaims/status", "ml")
+        assert not cluster.can(t, "create", "resourceclaims", "ml")
+        assert not cluster.can(t, "delete", "deviceclasses", "")
+        cluster.kubectl("delete", "resourceslice", dra.slice_name("node-a"), token=t)
+    finally:
+        cluster.kubectl(
+            "delete", "resourceslice", dra.slice_name("node-a"), dra.slice_name("node-b"),
+            "--ignore-not-found",
+        )  # fmt: skip
 
 
 def test_the_orchestrator_cannot_exec_or_write_outside_the_namespaces_that_opt_in(
