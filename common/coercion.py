@@ -19,6 +19,11 @@ from typing import Any
 _INTEGER = re.compile(r"[+-]?[0-9]+")
 
 
+def finite(value: object) -> bool:
+    """A real number, not NaN or infinite (nor a bool passed for one)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def as_bool(name: str, value: Any, problems: list[str]) -> bool | None:
     if isinstance(value, bool):
         return value

@@ -16,7 +16,7 @@ from pathlib import Path
 import grpc
 
 from common.errors import InvalidInput
-from nodeagent.deviceplugin import api_pb2_grpc
+from nodeagent.deviceplugin import api_pb2_grpc, sockets
 from nodeagent.deviceplugin.allocating import Allocator
 from nodeagent.deviceplugin.devices import DeviceSource
 from nodeagent.deviceplugin.pods import PodLookup
@@ -26,59 +26,16 @@ from nodeagent.deviceplugin.settings import DevicePluginSettings
 
 log = logging.getLogger(__name__)
 
-FileId = tuple[int, int]  # (st_dev, st_ino): which socket file is ours
 
-
-def _file_id(path: Path) -> FileId | None:
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
-
-
-def _is_ours(path: Path, ours: FileId) -> bool:
-    return _file_id(path) == ours
-
-
-def _clear_stale(path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.unlink(missing_ok=True)  # a socket left by an earlier run
-
-
-def _remove_if_ours(path: Path, ours: FileId | None) -> None:
-    if ours is not None and _file_id(path) == ours:
-        try:
-            path.unlink()
-        except OSError as e:
-            log.warning("could not remove plugin socket %s: %s", path, e)
-
-
-async def _start_server(
-    servicer: DevicePluginServicer, path: Path
-) -> tuple[grpc.aio.Server, FileId]:
-    """A started gRPC server on ``path``. Raises OSError or RuntimeError when it cannot bind."""
-    _clear_stale(path)
-    server = grpc.aio.server()
+def _add(servicer: DevicePluginServicer, server: grpc.aio.Server) -> None:
     api_pb2_grpc.add_DevicePluginServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
-    try:
-        server.add_insecure_port(f"unix://{path}")
-        await server.start()
-        ours = _file_id(path)
-        if ours is None:
-            raise RuntimeError(f"the server is up but {path} does not exist")
-    except BaseException:
-        await server.stop(None)
-        raise
-    log.info("device plugin serving on %s", path)
-    return server, ours
 
 
-async def _until_removed(path: Path, ours: FileId, poll_s: float) -> None:
+async def _until_removed(path: Path, ours: sockets.FileId, poll_s: float) -> None:
     """Return once the socket file at ``path`` is gone or is another one (polled)."""
     while True:
         await asyncio.sleep(poll_s)
-        if not _is_ours(path, ours):
+        if not sockets.is_ours(path, ours):
             return
 
 
@@ -103,7 +60,7 @@ async def run_device_plugin(
     while True:
         servicer = DevicePluginServicer(source=source, allocator=allocator)
         try:
-            server, ours = await _start_server(servicer, path)
+            server, ours = await sockets.start_unix_server(path, functools.partial(_add, servicer))
         except (OSError, RuntimeError) as e:
             log.error("cannot serve on %s, trying again in %.1f s: %s", path, delay, e)
             await asyncio.sleep(delay)
@@ -111,7 +68,9 @@ async def run_device_plugin(
             continue
         delay = settings.register_backoff_s
         try:
-            if await register(settings, still_serving=functools.partial(_is_ours, path, ours)):
+            if await register(
+                settings, still_serving=functools.partial(sockets.is_ours, path, ours)
+            ):
                 if ready is not None:
                     ready.set()
                 await _until_removed(path, ours, settings.socket_poll_s)
@@ -119,4 +78,4 @@ async def run_device_plugin(
         finally:
             servicer.close()
             await server.stop(settings.stop_grace_s)
-            _remove_if_ours(path, ours)
+            sockets.remove_if_ours(path, ours)

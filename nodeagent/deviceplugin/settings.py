@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from common import contract
+from common.coercion import finite
 
 API_VERSION = "v1beta1"  # deviceplugin API version sent in RegisterRequest
 DEFAULT_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
@@ -77,13 +77,8 @@ class DevicePluginSettings:
             "register_backoff_max_s",
             "socket_poll_s",
         ):
-            if not _finite(getattr(self, name)) or getattr(self, name) <= 0:
+            if not finite(getattr(self, name)) or getattr(self, name) <= 0:
                 problems.append(f"{name} must be a positive finite number")
-        if not _finite(self.stop_grace_s) or self.stop_grace_s < 0:
+        if not finite(self.stop_grace_s) or self.stop_grace_s < 0:
             problems.append("stop_grace_s must be a finite number, not negative")
         return problems
-
-
-def _finite(value: object) -> bool:
-    """A real number, not NaN or infinite (nor a bool passed for one)."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)

@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,9 @@ from typing import Any
 import grpc
 
 from common.errors import InvalidInput, NotFound, TideleaseError
+from nodeagent.deviceplugin import sockets
 from nodeagent.deviceplugin.devices import DeviceSource
+from nodeagent.deviceplugin.sockets import FileId
 from nodeagent.dra import api_pb2 as pb
 from nodeagent.dra import api_pb2_grpc, registration_pb2, registration_pb2_grpc
 from nodeagent.dra.cdi import Checkpointed, ClaimFiles, spec_document
@@ -52,7 +53,6 @@ log = logging.getLogger(__name__)
 
 SOCKET_MODE = 0o600
 PLUGIN_DIR_MODE = 0o750
-FileId = tuple[int, int]  # (st_dev, st_ino): which socket file is ours
 
 
 class ClaimPreparer:
@@ -329,48 +329,21 @@ class RegistrationServicer:
         return registration_pb2.RegistrationStatusResponse()
 
 
-def _file_id(path: Path) -> FileId | None:
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
-
-
-def _remove_if_ours(path: Path, ours: FileId) -> None:
-    if _file_id(path) == ours:
-        try:
-            path.unlink()
-        except OSError as e:
-            log.warning("could not remove socket %s: %s", path, e)
-
-
 async def _start_server(
     path: Path, add: Callable[[grpc.aio.Server], None], settings: DraPluginSettings
 ) -> tuple[grpc.aio.Server, FileId]:
-    """A started gRPC server on ``path`` (a stale socket there is removed first). Raises OSError
-    or RuntimeError when it cannot bind."""
-    await asyncio.to_thread(path.unlink, missing_ok=True)
-    server = grpc.aio.server(
+    """A started gRPC server on ``path``, bounded as the settings say (a stale socket there is
+    removed first). Raises OSError or RuntimeError when it cannot bind."""
+    return await sockets.start_unix_server(
+        path,
+        add,
         options=[
             ("grpc.max_receive_message_length", settings.max_message_bytes),
             ("grpc.max_send_message_length", settings.max_message_bytes),
         ],
         maximum_concurrent_rpcs=settings.max_concurrent_rpcs,
+        mode=SOCKET_MODE,
     )
-    add(server)
-    try:
-        server.add_insecure_port(f"unix://{path}")
-        await server.start()
-        os.chmod(path, SOCKET_MODE)
-        ours = _file_id(path)
-        if ours is None:
-            raise RuntimeError(f"the server is up but {path} does not exist")
-    except BaseException:
-        await server.stop(None)
-        raise
-    log.info("serving on %s", path)
-    return server, ours
 
 
 def _add_dra(servicer: DraServicer, server: grpc.aio.Server) -> None:
@@ -428,6 +401,6 @@ async def run_kubelet_plugin(
             for server, path, ours in reversed(started):
                 with contextlib.suppress(Exception):
                     await server.stop(settings.stop_grace_s)
-                _remove_if_ours(path, ours)
+                sockets.remove_if_ours(path, ours)
         await asyncio.sleep(delay)
         delay = min(delay * 2, settings.serve_backoff_max_s)

@@ -6,11 +6,11 @@ agent must see the kubelet's dirs at the same paths (hostPath mounts at the same
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.coercion import finite
 from common.dra import DRIVER  # the driver name of slices, classes and allocations
 
 # The gRPC service the plugin serves, as the registration names it: "<last element of the proto
@@ -100,13 +100,8 @@ class DraPluginSettings:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 problems.append(f"{name} must be a positive integer")
         for name in ("api_timeout_s", "serve_backoff_s", "serve_backoff_max_s"):
-            if not _finite(getattr(self, name)) or getattr(self, name) <= 0:
+            if not finite(getattr(self, name)) or getattr(self, name) <= 0:
                 problems.append(f"{name} must be a positive finite number")
-        if not _finite(self.stop_grace_s) or self.stop_grace_s < 0:
+        if not finite(self.stop_grace_s) or self.stop_grace_s < 0:
             problems.append("stop_grace_s must be a finite number, not negative")
         return problems
-
-
-def _finite(value: object) -> bool:
-    """A real number, not NaN or infinite (nor a bool passed for one)."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)

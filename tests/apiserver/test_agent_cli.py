@@ -22,6 +22,15 @@ from tests.polling import eventually
 pytestmark = pytest.mark.apiserver
 
 
+async def _agent(apiserver: ApiServer, node: str, *flags: str) -> asyncio.subprocess.Process:
+    """`tidelease agent` with two fake GPUs, a half-second cycle and ``flags``."""
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "common.cli", "agent", "--node", node, "--backend", "fake",
+        "--fake-gpus", "2", "--kubeconfig", str(apiserver.kubeconfig), "--cycle", "0.5", *flags,
+        stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+
+
 async def test_agent_process_publishes_and_stops_cleanly(
     apiserver: ApiServer, tmp_path: Path
 ) -> None:
@@ -31,25 +40,7 @@ async def test_agent_process_publishes_and_stops_cleanly(
         await kube.json(
             "POST", "/api/v1/namespaces", body={"metadata": {"name": "tidelease-system"}}
         )
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "common.cli",
-        "agent",
-        "--node",
-        node,
-        "--backend",
-        "fake",
-        "--fake-gpus",
-        "2",
-        "--kubeconfig",
-        str(apiserver.kubeconfig),
-        "--cycle",
-        "0.5",
-        "--device-plugin-dir",
-        str(tmp_path),
-        stderr=asyncio.subprocess.DEVNULL,
-    )
+    proc = await _agent(apiserver, node, "--device-plugin-dir", str(tmp_path))
     path = f"/apis/{contract.API_VERSION}/{contract.PLURAL_GPU_NODE}/{node}"
     lease_path = (
         "/apis/coordination.k8s.io/v1/namespaces/tidelease-system/leases/"
@@ -104,21 +95,9 @@ async def test_agent_in_dra_mode_publishes_its_slice_and_registers_with_the_kube
         await kube.json(
             "POST", "/api/v1/namespaces", body={"metadata": {"name": "tidelease-system"}}
         )
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "common.cli",
-        "agent",
-        "--node",
+    proc = await _agent(
+        apiserver,
         node,
-        "--backend",
-        "fake",
-        "--fake-gpus",
-        "2",
-        "--kubeconfig",
-        str(apiserver.kubeconfig),
-        "--cycle",
-        "0.5",
         "--no-device-plugin",
         "--dra",
         "--kubelet-registry-dir",
@@ -127,7 +106,6 @@ async def test_agent_in_dra_mode_publishes_its_slice_and_registers_with_the_kube
         str(plugins),
         "--cdi-dir",
         str(tmp_path / "cdi"),
-        stderr=asyncio.subprocess.DEVNULL,
     )
     reg_socket = registry / f"{dra.DRIVER}-reg.sock"
     dra_socket = plugins / dra.DRIVER / "dra.sock"
