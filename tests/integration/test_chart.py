@@ -302,8 +302,8 @@ def test_the_settings_file_is_valid_and_names_the_release_namespace(tmp_path: Pa
 @pytest.mark.parametrize(
     "values",
     [(), ("scheduling.mode=clusterScheduler", "extender.controllers.planner=true"),
-     ("agent.backend=fake", "agent.hostDeviceRoot=/srv/fake")],
-    ids=["defaults", "cluster-scheduler-with-planner", "fake-gpus"],
+     ("agent.backend=fake", "agent.hostDeviceRoot=/srv/fake"), ("dra.enabled=true",)],
+    ids=["defaults", "cluster-scheduler-with-planner", "fake-gpus", "dra"],
 )  # fmt: skip
 def test_every_tidelease_command_line_is_one_tidelease_accepts(values: tuple[str, ...]) -> None:
     """Every flag the chart ships exists, with a value of the right form (a renamed or
@@ -424,7 +424,50 @@ def test_values_a_previous_release_lacks_take_their_defaults() -> None:
     values, without the new keys: the chart renders, with the new parts as by default."""
     from common import admissionpolicy
 
-    objs = render("admissionPolicy=null", "monitoring=null", "queues=null")
+    objs = render("admissionPolicy=null", "monitoring=null", "queues=null", "dra=null")
     names = {(o["kind"], o["metadata"]["name"]) for o in objs}
     assert ("ValidatingAdmissionPolicy", admissionpolicy.POLICY_NAME) in names
-    assert not [n for k, n in names if k in ("PrometheusRule", "MutatingAdmissionPolicy")]
+    assert not [
+        n for k, n in names if k in ("PrometheusRule", "MutatingAdmissionPolicy", "DeviceClass")
+    ]
+
+
+def test_dra_mode_installs_the_classes_and_turns_the_agents_into_dra_drivers() -> None:
+    """dra.enabled: common.dra's DeviceClasses; agents that serve DRA and no device plugin
+    (the kubelet would offer the GPUs twice), with the kubelet's plugin dirs and the CDI dir
+    mounted at the host's paths, and RBAC for their slices and claims; nothing of it by default."""
+    from common import dra
+
+    objs = render("dra.enabled=true")
+    classes = {o["metadata"]["name"]: o["spec"] for o in objs if o["kind"] == "DeviceClass"}
+    assert classes == {c["metadata"]["name"]: c["spec"] for c in dra.device_classes()}
+    pod = agent_pod("dra.enabled=true")
+    args = pod["containers"][0]["args"]
+    assert "--dra" in args
+    assert "--no-device-plugin" in args
+    mounts = _mounts(pod)
+    paths = _host_paths(pod)
+    for path in ("/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins", "/var/run/cdi"):
+        name, read_only = mounts[path]
+        assert not read_only
+        assert paths[name][0] == path  # the kubelet dials the path the plugin registers
+    assert "/var/lib/kubelet/device-plugins" not in mounts
+    _least_privilege(pod)
+    role = find(objs, "ClusterRole", "tidelease-agent")
+    granted = {
+        (g, r): set(rule["verbs"])
+        for rule in role["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+    }
+    assert granted[("resource.k8s.io", "resourceslices")] == {
+        "get", "list", "watch", "create", "update", "delete"
+    }  # fmt: skip
+    assert granted[("resource.k8s.io", "resourceclaims")] == {"get"}
+    assert ("resource.k8s.io", "resourceclaims/status") not in granted
+
+    default = render()
+    assert not [o for o in default if o["kind"] == "DeviceClass"]
+    assert "--dra" not in agent_pod()["containers"][0]["args"]
+    default_role = find(default, "ClusterRole", "tidelease-agent")
+    assert not [r for r in default_role["rules"] if "resource.k8s.io" in r["apiGroups"]]
