@@ -171,7 +171,7 @@ class JobState:
     reclaim: ReclaimStart | None = None  # the reclaim under way, for its record
     lent_tiers: Counter[Tier] = field(default_factory=Counter)  # of the lease's lent devices
     # The inputs of the last decision that found the lease steady (see OnlineJobs._decide).
-    steady: tuple[GpuLease, int, int] | None = None
+    steady: tuple[LeaseStatus, int, int, int] | None = None
 
     def name_of(self, o: int) -> str:
         return f"{self.spec.name}-{o}"  # the StatefulSet's pod names
@@ -409,17 +409,23 @@ class OnlineJobs:
 
     def _decide(self, job: JobState, now: float) -> Action:
         """:func:`decide`, but a lease found steady is not judged again while what that
-        judgement read stays the same: the lease object, the replicas and the devices' classes
-        (``world.class_changes``; a steady lease's pods do not enter it). Without a schedule a
-        steady answer does not depend on the time either (only its wake-up does), so the answer
-        is the one ``decide`` would give, at a fraction of the cost."""
+        judgement read stays the same. Without a schedule, a steady judgement reads the status
+        (the same object: statuses are replaced, never changed), the target (the spec's
+        desired GPUs in whole replicas), the replicas and the tags of the lent devices (their
+        owner's ``world.tag_changes``), not the pods nor the time (but for its wake-up), so the
+        answer is the one ``decide`` would give, at a fraction of the cost."""
         lease, world = job.lease, self.world
-        memo, tagged = job.steady, world.tag_changes[lease.spec.owner]
-        if memo is not None and memo[0] is lease and memo[1:] == (job.replicas, tagged):
-            return Wait(now + RESYNC_S, STEADY)
+        spec = lease.spec
+        key = None
+        if not spec.schedule:
+            target = replicas_for(spec.desired_gpus, spec.gpus_per_replica)
+            key = (target, job.replicas, world.tag_changes[spec.owner])
+            memo = job.steady
+            if memo is not None and memo[0] is lease.status and memo[1:] == key:
+                return Wait(now + RESYNC_S, STEADY)
         action = decide(lease, job.replicas, self._owner_pods(job), self._view(), now)
-        steady = isinstance(action, Wait) and action.why == STEADY and not lease.spec.schedule
-        job.steady = (lease, job.replicas, tagged) if steady else None
+        steady = key is not None and isinstance(action, Wait) and action.why == STEADY
+        job.steady = (lease.status, *key) if steady and key is not None else None
         return action
 
     def _view(self) -> View:
