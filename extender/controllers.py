@@ -5,7 +5,7 @@ replicas serve the verbs only: a controller's step never waits in line with kube
 calls, nor they behind it.
 
 The leasing controller always watches GpuLeases, and keeps a watched view of the cluster of its
-own (pods, GpuNodes, ledgers, agents' Leases) only while a GpuLease exists or standby targets
+own (pods, GpuNodes, ledgers, agents' Leases; ResourceClaims too in DRA mode) only while a GpuLease exists or standby targets
 are set (extender.cluster.watching.DemandView): with neither there is nothing to act on, and a
 cluster scheduling GPU pods costs this process nothing. The others watch what they need
 themselves. /healthz, /readyz and /metrics (for allowed tokens, common/delegatedauth.py) on the
@@ -40,6 +40,7 @@ from extender.agents.controller import LEADER_LEASE, AgentConditions
 from extender.cluster.store import Store
 from extender.cluster.watching import DemandView, follow_watch
 from extender.leasing.controller import (
+    DRA_VIEW_KINDS,
     VIEW_KINDS,
     LeaseCache,
     LeaseController,
@@ -135,7 +136,7 @@ async def controllers(
     if enabled.leasing:
         view = DemandView(
             store,
-            kinds=VIEW_KINDS,
+            kinds=DRA_VIEW_KINDS if settings.dra else VIEW_KINDS,
             resource=settings.gpu_resource,
             agent_timeout_s=settings.agent_timeout_s,
             name="leasing view",
@@ -149,6 +150,7 @@ async def controllers(
             standby_targets=settings.standby_targets(),
             test_grace_s=settings.leasing_test_grace_s,
             overdue_after_s=settings.reclaim_overdue_s,
+            dra_mode=settings.dra,
         )
         if settings.leasing_test_grace_s is not None:
             log.warning(

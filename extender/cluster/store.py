@@ -20,8 +20,11 @@ from common.errors import Conflict, InvalidInput, NotFound
 from common.model import Allocation, NodeName
 from common.objects import allocation_spec, parse_gpu_allocation, resource_version
 
-Kind = Literal["Pod", "GpuNode", "GpuAllocation", "Lease", "GpuLease"]
+Kind = Literal["Pod", "GpuNode", "GpuAllocation", "Lease", "GpuLease", "ResourceClaim"]
+# What the extender watches. ResourceClaims (resource.k8s.io) only the leasing controller
+# watches, and only in DRA mode (extender/leasing/controller.py).
 KINDS: tuple[Kind, ...] = ("Pod", "GpuNode", "GpuAllocation", "Lease", "GpuLease")
+EVERY_KIND: tuple[Kind, ...] = (*KINDS, "ResourceClaim")
 EventType = Literal["ADDED", "MODIFIED", "DELETED", "SYNCED"]
 """SYNCED (with an empty object) follows the initial ADDED events of each kind."""
 WatchEvent = tuple[Kind, EventType, dict[str, Any]]
@@ -78,7 +81,9 @@ class MemoryStore:
     """
 
     def __init__(self, objects: Iterable[dict[str, Any]] = ()) -> None:
-        self._objects: dict[Kind, dict[tuple[str, str], dict[str, Any]]] = {k: {} for k in KINDS}
+        self._objects: dict[Kind, dict[tuple[str, str], dict[str, Any]]] = {
+            k: {} for k in EVERY_KIND
+        }
         self._rv = itertools.count(1)
         # every open watch: the kinds it follows, and its queue
         self._subscribers: list[tuple[frozenset[Kind], asyncio.Queue[WatchEvent]]] = []
@@ -92,9 +97,7 @@ class MemoryStore:
     def put(self, obj: dict[str, Any]) -> dict[str, Any]:
         kind = obj.get("kind")
         if kind not in self._objects:
-            raise InvalidInput(
-                f"unsupported kind {kind!r} (want Pod, GpuNode, GpuAllocation, Lease, GpuLease)"
-            )
+            raise InvalidInput(f"unsupported kind {kind!r} (want one of {', '.join(EVERY_KIND)})")
         obj = copy.deepcopy(obj)
         obj.setdefault("metadata", {})["resourceVersion"] = str(next(self._rv))
         table = self._objects[kind]
@@ -202,7 +205,7 @@ class MemoryStore:
     async def watch(self, kinds: Iterable[Kind] = KINDS) -> AsyncIterator[WatchEvent]:
         followed = frozenset(kinds)
         queue: asyncio.Queue[WatchEvent] = asyncio.Queue()
-        for kind in (k for k in KINDS if k in followed):
+        for kind in (k for k in EVERY_KIND if k in followed):
             for obj in self._objects[kind].values():
                 queue.put_nowait((kind, "ADDED", copy.deepcopy(obj)))
             queue.put_nowait((kind, "SYNCED", {}))

@@ -51,10 +51,11 @@ def _status(pod: Mapping[str, Any]) -> PodStatus:
 
 
 class PodCache:
-    """The pods that use GPUs: raw objects by namespace/name (for bind), status by UID (for GC)."""
+    """The pods that use GPUs: raw objects by namespace/name (for bind), status by UID (for GC).
+    With ``claims`` (the leasing controller in DRA mode), pods with ResourceClaims too."""
 
-    def __init__(self, resource: str = contract.DEFAULT_GPU_RESOURCE) -> None:
-        self._resource = resource
+    def __init__(self, resource: str = contract.DEFAULT_GPU_RESOURCE, claims: bool = False) -> None:
+        self._resource, self._claims = resource, claims
         self._raw: dict[tuple[str, str], dict[str, Any]] = {}
         self.by_uid: dict[PodUid, PodStatus] = {}
 
@@ -69,7 +70,11 @@ class PodCache:
         if isinstance(annotations, dict) and contract.ANN_DEVICES in annotations:
             return True
         spec = pod.get("spec")
-        return isinstance(spec, dict) and gpu_count(spec, self._resource, []) > 0
+        if not isinstance(spec, dict):
+            return False
+        return gpu_count(spec, self._resource, []) > 0 or bool(
+            self._claims and spec.get("resourceClaims")
+        )
 
     def apply(self, event: str, pod: dict[str, Any]) -> None:
         st = _status(pod)
@@ -84,6 +89,31 @@ class PodCache:
             return
         self._raw[key] = pod
         self.by_uid[st.uid] = st
+
+
+class ClaimCache:
+    """ResourceClaims from the watch, raw, by namespace/name (the leasing controller's, in DRA
+    mode: who holds which device, extender.leasing.dra)."""
+
+    def __init__(self) -> None:
+        self._raw: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._raw.get((namespace, name))
+
+    def raw_claims(self) -> list[dict[str, Any]]:
+        return list(self._raw.values())
+
+    def apply(self, event: str, claim: dict[str, Any]) -> None:
+        meta = claim.get("metadata") or {}
+        key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        if event == "DELETED":
+            self._raw.pop(key, None)
+        else:
+            self._raw[key] = claim
+
+    def __len__(self) -> int:
+        return len(self._raw)
 
 
 class LeaseSink(Protocol):
@@ -119,6 +149,8 @@ def view_applier(
     *,
     leases: LeaseSink | None = None,
     pod_gone: Callable[[], None] | None = None,
+    claims: ClaimCache | None = None,
+    on_pod: Callable[[dict[str, Any]], None] | None = None,
 ) -> Apply:
     """What a watched view does with each event: the extender's rules for its cluster state,
     kept in one place for every reader (the watch below, ``tidelease ctl explain``)."""
@@ -126,6 +158,8 @@ def view_applier(
     def apply(kind: Kind, event: str, obj: dict[str, Any]) -> None:
         if kind == "Pod":
             pods.apply(event, obj)
+            if on_pod is not None and event != "DELETED":
+                on_pod(obj)
             meta = obj.get("metadata") or {}
             # A terminating pod's devices count as free: kube-scheduler itself keeps counting
             # them until the pod is deleted, and retries its pods on that deletion, by which
@@ -148,6 +182,8 @@ def view_applier(
             cluster.apply_gpu_lease(event, obj)
             if leases is not None:
                 leases.apply(event, obj)
+        elif kind == "ResourceClaim" and claims is not None:
+            claims.apply(event, obj)
 
     return apply
 
@@ -161,10 +197,14 @@ async def run_watch(
     leases: LeaseSink | None = None,
     pod_gone: Callable[[], None] | None = None,
     kinds: tuple[Kind, ...] = KINDS,
+    claims: ClaimCache | None = None,
+    on_pod: Callable[[dict[str, Any]], None] | None = None,
 ) -> None:
     """Apply watch events of ``kinds`` until cancelled; set ``ready`` once every kind has
-    synced."""
-    apply = view_applier(cluster, pods, leases=leases, pod_gone=pod_gone)
+    synced. ``on_pod`` is told of every pod added or changed, after the caches."""
+    apply = view_applier(
+        cluster, pods, leases=leases, pod_gone=pod_gone, claims=claims, on_pod=on_pod
+    )
 
     def synced() -> None:
         log.info("initial sync done: %d nodes, %d GPU pods", len(cluster), len(pods.by_uid))
@@ -199,6 +239,15 @@ class ClusterView(Protocol):
     def pods(self) -> PodCache: ...
 
     @property
+    def claims(self) -> ClaimCache:
+        """ResourceClaims: empty unless the view watches them (DRA mode)."""
+        ...
+
+    # Told of every pod the watch adds or changes (the leasing controller in DRA mode: a gated
+    # pod of an owner steps its lease); None: nobody.
+    on_pod: Callable[[dict[str, Any]], None] | None
+
+    @property
     def synced(self) -> asyncio.Event: ...
 
     @property
@@ -222,6 +271,8 @@ class FixedView:
 
     cluster: ClusterState
     pods: PodCache = field(default_factory=PodCache)
+    claims: ClaimCache = field(default_factory=ClaimCache)
+    on_pod: Callable[[dict[str, Any]], None] | None = None
     synced: asyncio.Event = field(default_factory=_set_event)
     active: bool = True
 
@@ -234,6 +285,7 @@ class DemandView:
 
     Each time it is wanted it starts afresh: a new cluster state and pod cache, a watch of
     ``kinds`` and the agents' liveness sweep; ``synced`` is set once the watch has listed.
+    With ``"ResourceClaim"`` among ``kinds`` it keeps the claims, and the pods that have any.
     When it is no longer wanted the watch stops and the state is dropped, its memory with it;
     ``synced`` is cleared. Each start and stop is logged once, with the reason given to
     :meth:`want`.
@@ -250,12 +302,17 @@ class DemandView:
     ) -> None:
         self._store, self._kinds, self._resource = store, kinds, resource
         self._agent_timeout_s, self._name = agent_timeout_s, name
-        self.cluster, self.pods = ClusterState(), PodCache(resource)
+        self._claims = "ResourceClaim" in kinds
+        self.cluster, self.pods, self.claims = self._empty()
+        self.on_pod: Callable[[dict[str, Any]], None] | None = None
         self.synced = asyncio.Event()
         self.active = False
         self._why = {True: "", False: ""}  # the reason last given to start, and to stop
         self._on, self._off = asyncio.Event(), asyncio.Event()
         self._off.set()
+
+    def _empty(self) -> tuple[ClusterState, PodCache, ClaimCache]:
+        return ClusterState(), PodCache(self._resource, claims=self._claims), ClaimCache()
 
     def want(self, wanted: bool, why: str) -> None:
         """Watch (``wanted``) or stop; ``why`` is logged when :meth:`run` acts on it."""
@@ -280,7 +337,7 @@ class DemandView:
                 # Dropped: nothing refers to the old state any more, and the next start
                 # begins with these empty ones.
                 self.synced.clear()
-                self.cluster, self.pods = ClusterState(), PodCache(self._resource)
+                self.cluster, self.pods, self.claims = self._empty()
                 self.active = False
             log.info("%s: stopped watching: %s", self._name, self._why[False])
 
@@ -294,6 +351,8 @@ class DemandView:
                     pods=self.pods,
                     ready=self.synced,
                     kinds=self._kinds,
+                    claims=self.claims,
+                    on_pod=self.on_pod,
                 ),
                 name=f"{self._name}-watch",
             ),

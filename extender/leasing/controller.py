@@ -37,16 +37,19 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from common import contract
+from common.dra import API_VERSION as DRA_API_VERSION
 from common.errors import Conflict, InvalidInput, NotFound, TideleaseError, TooManyRequests
 from common.events import Involved, post_event
 from common.kubeclient import KubeClient
-from common.model import Device, GpuUuid, Holder, JobName, PodUid
+from common.model import Device, GpuUuid, Holder, JobName, PodUid, Priority
 from common.objects import object_key
+from common.podrequest import parse_pod
 from common.reconcile import ReconcileLoop, ReconcileSettings, Requeue, Result
 from common.timefmt import epoch, microtime, rfc3339
 from extender.cluster.state import ClusterState
 from extender.cluster.store import Kind
 from extender.cluster.watching import ClusterView, PodCache
+from extender.leasing import dra
 from extender.leasing.decisions import (
     RECLAIM_OVERDUE_S,
     Action,
@@ -92,6 +95,8 @@ RETRY_BASE_S = 2.0
 # What a step reads besides the GpuLease itself: the owner's and borrowers' pods, devices and
 # tags (GpuNodes), holders (ledgers), which nodes offer devices (agents' Leases).
 VIEW_KINDS: tuple[Kind, ...] = ("Pod", "GpuNode", "GpuAllocation", "Lease")
+# In DRA mode (docs/dra.md) the devices pods hold are in their ResourceClaims too.
+DRA_VIEW_KINDS: tuple[Kind, ...] = (*VIEW_KINDS, "ResourceClaim")
 
 
 class LeaseCache:
@@ -131,6 +136,10 @@ class World(Protocol):
     async def notify(self, pod: Holder, lease: GpuLease, deadline: float) -> None: ...
 
     async def evict(self, pod: Holder, lease: GpuLease) -> None: ...
+
+    async def pin(self, step: dra.Pin, lease: GpuLease) -> None: ...
+
+    async def ungate(self, step: dra.Ungate, lease: GpuLease) -> None: ...
 
 
 class KubeWorld:
@@ -277,6 +286,76 @@ class KubeWorld:
                 content_type="application/strategic-merge-patch+json",
             )
 
+    async def pin(self, step: dra.Pin, lease: GpuLease) -> None:
+        """Write the pinned allocation of the pod's claim (after kube-scheduler's finalizer,
+        each write on the resourceVersion it read: a claim changed meanwhile is a Conflict),
+        then lift the pod's gate. A step cut short is taken again: the finalizer is not added
+        twice, and an allocated claim only has its pod let go (:func:`dra.next_claim_step`)."""
+        claim, meta = step.claim, step.claim.get("metadata") or {}
+        path = (
+            f"/apis/{DRA_API_VERSION}/namespaces/{meta.get('namespace')}/resourceclaims/"
+            f"{meta.get('name')}"
+        )
+        version = meta.get("resourceVersion")
+        patch = dra.finalizer_patch(claim)
+        if patch is not None:
+            written = await self._kube.json(
+                "PATCH", path, body=patch, content_type="application/merge-patch+json"
+            )
+            version = (written.get("metadata") or {}).get("resourceVersion")
+        await self._kube.json(
+            "PATCH",
+            f"{path}/status",
+            body={"metadata": {"resourceVersion": version}, "status": step.status},
+            content_type="application/merge-patch+json",
+        )
+        devices = ", ".join(d.uuid for d in step.devices)
+        what = (
+            f"standby devices ({devices}) in place of those its replica {step.group} lent, "
+            "which cannot come back whole,"
+            if step.standby
+            else f"the devices its replica {step.group} lent ({devices}),"
+        )
+        await post_event(
+            self._kube,
+            Involved("Pod", step.pod.namespace, step.pod.name, step.pod.uid),
+            "ReclaimPinned",
+            f"its claim {meta.get('name')} is allocated {what} as GpuLease {lease.key} "
+            "takes them back",
+            warning=False,
+            component="tidelease-leasing",
+        )
+        await self._ungate(step.pod)
+
+    async def ungate(self, step: dra.Ungate, lease: GpuLease) -> None:
+        if step.warning:
+            await post_event(
+                self._kube,
+                Involved("Pod", step.pod.namespace, step.pod.name, step.pod.uid),
+                "ReclaimNotPinned",
+                f"GpuLease {lease.key} lets it go without its lent devices: {step.why}",
+                warning=True,
+                component="tidelease-leasing",
+            )
+        await self._ungate(step.pod)
+
+    async def _ungate(self, pod: dra.GatedPod) -> None:
+        """Lift the reclaim gate (a pod deleted or replaced meanwhile is left alone: the UID is
+        a precondition)."""
+        path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}"
+        with contextlib.suppress(NotFound, Conflict):
+            current = await self._kube.json("GET", path)
+            patch = dra.ungated(current)
+            if patch is None:
+                return
+            patch["metadata"] = {
+                "uid": pod.uid,
+                "resourceVersion": (current.get("metadata") or {}).get("resourceVersion"),
+            }
+            await self._kube.json(
+                "PATCH", path, body=patch, content_type="application/merge-patch+json"
+            )
+
 
 def disruption_target(pod: Holder, lease: GpuLease, now: float) -> dict[str, Any]:
     """A strategic merge patch of the pod's status: the condition Kubernetes' own disruptions
@@ -385,8 +464,15 @@ class _OverdueCollector(Collector):
         )
 
 
-def observe(cluster: ClusterState, pods: PodCache, lease: GpuLease) -> tuple[list[OwnerPod], View]:
-    """The owner's pods and the device view, from the extender's watched state."""
+def observe(
+    cluster: ClusterState,
+    pods: PodCache,
+    lease: GpuLease,
+    holdings: Sequence[dra.ClaimHolding] = (),
+) -> tuple[list[OwnerPod], View]:
+    """The owner's pods and the device view, from the extender's watched state; in DRA mode
+    also from the ResourceClaims (``holdings``, :func:`dra.claim_holdings`): a device a claim
+    holds is held by the first known pod the claim is reserved for."""
     devices = {}
     holders: dict[GpuUuid, Holder] = {}
     offering: dict[str, bool] = {}
@@ -399,6 +485,12 @@ def observe(cluster: ClusterState, pods: PodCache, lease: GpuLease) -> tuple[lis
             where[a.holder.pod_uid] = (state.node, a.devices)
             for u in a.devices:
                 holders[u] = a.holder
+    if holdings:
+        for pod_uid, held in dra.pod_devices(holdings).items():
+            where.setdefault(pod_uid, held)
+        by_uid = {h.pod_uid: h for h in (_holder(raw) for raw in pods.raw_pods()) if h}
+        for uuid, holder in dra.device_holders(holdings, by_uid).items():
+            holders.setdefault(uuid, holder)
     owner_pods = []
     for raw in pods.raw_pods():
         meta = raw.get("metadata") or {}
@@ -411,6 +503,31 @@ def observe(cluster: ClusterState, pods: PodCache, lease: GpuLease) -> tuple[lis
         node, devs = where.get(uid, ("", ()))
         owner_pods.append(OwnerPod(str(meta.get("name")), uid, bound and node, devs))
     return owner_pods, View(devices, holders, offering, _eviction_cost(cluster, pods))
+
+
+def _allocated(claim: Mapping[str, Any] | None) -> bool:
+    """Whether the view shows ``claim`` allocated (or gone: nothing left to wait for)."""
+    return claim is None or (claim.get("status") or {}).get("allocation") is not None
+
+
+def _keyed(claims: Iterable[Mapping[str, Any]]) -> Iterable[tuple[str, str, Mapping[str, Any]]]:
+    for c in claims:
+        meta = c.get("metadata") or {}
+        yield str(meta.get("namespace", "")), str(meta.get("name", "")), c
+
+
+def _holder(raw: Mapping[str, Any]) -> Holder | None:
+    """A pod as the holder of its claims' devices: its annotations' priority and owner; a pod
+    whose annotations do not parse is a low-priority pod of no job (evicted, if it borrowed,
+    as every borrower is)."""
+    try:
+        return parse_pod(raw).holder()
+    except InvalidInput:
+        meta = raw.get("metadata") or {}
+        uid, name = meta.get("uid"), meta.get("name")
+        if not (isinstance(uid, str) and uid and isinstance(name, str) and name):
+            return None
+        return Holder(PodUid(uid), str(meta.get("namespace", "")), name, Priority.LOW, 0)
 
 
 def _eviction_cost(
@@ -453,8 +570,15 @@ class LeaseController:
         standby_interval_s: float = 60.0,
         test_grace_s: int | None = None,
         overdue_after_s: float = RECLAIM_OVERDUE_S,
+        dra_mode: bool = False,
     ) -> None:
         self.view, self.leases = view, leases
+        # DRA mode (docs/dra.md): devices held through ResourceClaims, owners' gated pods
+        # pinned to their lent devices (the view must watch DRA_VIEW_KINDS).
+        self.dra_mode = dra_mode
+        # Claims pinned by this process that the view has not shown allocated yet, with their
+        # devices: no other pod is pinned to those meanwhile.
+        self._pins: dict[tuple[str, str], tuple[GpuUuid, ...]] = {}
         self.world, self.metrics, self.clock = world, metrics, clock
         self.standby_targets = dict(standby_targets or {})
         self.standby_interval_s = standby_interval_s
@@ -474,6 +598,8 @@ class LeaseController:
             registry=metrics.registry,
         )
         leases.on_change = self._lease_changed
+        if dra_mode:
+            view.on_pod = self._pod_changed
         metrics.view_active.set_function(lambda: float(view.active))
         metrics.overdue = self._overdue
         for (gpu_type, tier), count in self.standby_targets.items():
@@ -506,12 +632,33 @@ class LeaseController:
         self._want_view()
         self.loop.add(key)
 
-    async def step(self, lease: GpuLease) -> Action:
-        """Decide and execute one action for one lease."""
+    def _pod_changed(self, pod: dict[str, Any]) -> None:
+        """A gated pod (or its claim's name) appeared: step its owner's leases now, not at
+        their next resync."""
+        meta = pod.get("metadata") or {}
+        owner = (meta.get("annotations") or {}).get(contract.ANN_OWNER)
+        if not owner or dra.gated_pod(pod) is None:
+            return
+        prefix = f"{meta.get('namespace')}/"
+        for key, raw in self.leases.raw.items():
+            if key.startswith(prefix) and (raw.get("spec") or {}).get("owner") == owner:
+                self.loop.add(key)
+
+    async def step(self, lease: GpuLease) -> Action | dra.ClaimStep:
+        """Decide and execute one action for one lease (in DRA mode, first the next pin or
+        gate lift of its gated pods, if any: :meth:`_claim_step`)."""
         if self.test_grace_s is not None:
             lease = replace(lease, spec=replace(lease.spec, grace_s=self.test_grace_s))
+        holdings: tuple[dra.ClaimHolding, ...] = ()
+        if self.dra_mode:
+            every = (d for state in self.view.cluster for d in state.devices)
+            holdings = dra.claim_holdings(self.view.claims.raw_claims(), every)
+        owner_pods, view = observe(self.view.cluster, self.view.pods, lease, holdings)
+        if self.dra_mode:
+            claim_step = await self._claim_step(lease, owner_pods, view, holdings)
+            if claim_step is not None:
+                return claim_step
         replicas = await self.world.replicas(lease.namespace, lease.spec.workload)
-        owner_pods, view = observe(self.view.cluster, self.view.pods, lease)
         now = self.clock()
         action = decide(lease, replicas, owner_pods, view, now)
         name = lease.key
@@ -561,6 +708,61 @@ class LeaseController:
                 log.info("lease %s: no longer degraded", name)
             await self.world.write_status(lease, lease.status, trouble)
         return action
+
+    async def _claim_step(
+        self,
+        lease: GpuLease,
+        owner_pods: Sequence[OwnerPod],
+        view: View,
+        holdings: Sequence[dra.ClaimHolding],
+    ) -> dra.ClaimStep | None:
+        """Pin the claim of an owner's gated pod to its lent group, or let the pod go
+        (:func:`dra.next_claim_step`), and say which; None when no gated pod can go yet."""
+        claims = self.view.claims
+        for key in [k for k in self._pins if _allocated(claims.get(*k))]:
+            del self._pins[key]  # the view shows it now
+        gated = []
+        for raw in self.view.pods.raw_pods():
+            meta = raw.get("metadata") or {}
+            if meta.get("namespace") != lease.namespace:
+                continue
+            if (meta.get("annotations") or {}).get(contract.ANN_OWNER) != lease.spec.owner:
+                continue
+            pod = dra.gated_pod(raw)
+            if pod is not None:
+                gated.append(pod)
+        if not gated:
+            return None
+        pinned = {u for devices in self._pins.values() for u in devices}
+        taken = {u for h in holdings for u in h.devices} | pinned
+        owned = {u for p in owner_pods for u in p.devices} | pinned
+        by_key = {(c_ns, c_name): c for c_ns, c_name, c in _keyed(claims.raw_claims())}
+        step = dra.next_claim_step(lease, gated, by_key, view.devices, view.offering, taken, owned)
+        if isinstance(step, dra.Pin):
+            meta = step.claim.get("metadata") or {}
+            log.info(
+                "lease %s: pin claim %s of %s to %s (%s)",
+                lease.key,
+                meta.get("name"),
+                step.pod.key,
+                f"standby devices for the group {step.group} lent"
+                if step.standby
+                else f"the devices {step.group} lent",
+                ", ".join(d.uuid for d in step.devices),
+            )
+            key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+            self._pins[key] = tuple(d.uuid for d in step.devices)
+            try:
+                await self.world.pin(step, lease)
+            except BaseException:
+                self._pins.pop(key, None)  # not written, or not known to be
+                raise
+        elif isinstance(step, dra.Ungate):
+            (log.warning if step.warning else log.info)(
+                "lease %s: let %s go: %s", lease.key, step.pod.key, step.why
+            )
+            await self.world.ungate(step, lease)
+        return step
 
     def keys(self) -> list[str]:
         """Every lease in the cache, and the standby key when there are targets to keep: what

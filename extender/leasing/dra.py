@@ -1,6 +1,6 @@
 """Right of return with Dynamic Resource Allocation: who holds which device through a
-ResourceClaim, and the allocation that pins a returning replica's claim to its own lent devices.
-Pure.
+ResourceClaim, the allocation that pins a returning replica's claim to its own lent devices, and
+which gated pod to pin or let go next (:func:`next_claim_step`). Pure.
 
 In DRA mode kube-scheduler allocates claims, and nothing tells it which replica lent which
 device. An owner's pods therefore carry the scheduling gate :data:`RECLAIM_GATE`; for a
@@ -24,13 +24,16 @@ claim of :func:`claim_holdings` holds.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any, Final
 
 from common import dra
 from common.errors import InvalidInput
 from common.model import Device, GpuUuid, Holder, NodeName, PodUid
+from common.replicas import names_replicas
+from extender.leasing.lease import GpuLease, LentGroup
+from extender.leasing.rules import ordinal
 
 # The scheduling gate an owner's pod template carries in DRA mode; the controller lifts it.
 RECLAIM_GATE: Final = "tidelease.io/reclaim"
@@ -312,3 +315,199 @@ def ungated(pod: Mapping[str, Any]) -> dict[str, Any] | None:
     if len(kept) == len(gates):
         return None
     return {"spec": {"schedulingGates": kept or None}}
+
+
+# --- which gated pod to pin, or to let go ---
+
+
+@dataclass(frozen=True, slots=True)
+class GatedPod:
+    """An owner's pod held back by :data:`RECLAIM_GATE`."""
+
+    namespace: str
+    name: str
+    uid: PodUid
+    # Its ResourceClaims by name, in the order of spec.resourceClaims; "" for one not created
+    # yet (a template's claim is named in status.resourceClaimStatuses once it exists).
+    claims: tuple[str, ...]
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def gated_pod(pod: Mapping[str, Any]) -> GatedPod | None:
+    """``pod`` as a :class:`GatedPod` while it carries :data:`RECLAIM_GATE` and is not being
+    deleted; None otherwise."""
+    meta, spec = _mapping(pod.get("metadata")), _mapping(pod.get("spec"))
+    if meta.get("deletionTimestamp"):
+        return None
+    gates = _list(spec.get("schedulingGates"))
+    if not any(_mapping(g).get("name") == RECLAIM_GATE for g in gates):
+        return None
+    created = {
+        _str(_mapping(s).get("name")): _str(_mapping(s).get("resourceClaimName"))
+        for s in _list(_mapping(pod.get("status")).get("resourceClaimStatuses"))
+    }
+    claims = []
+    for ref in _list(spec.get("resourceClaims")):
+        r = _mapping(ref)
+        direct = _str(r.get("resourceClaimName"))
+        claims.append(direct or created.get(_str(r.get("name")), ""))
+    return GatedPod(
+        _str(meta.get("namespace")),
+        _str(meta.get("name")),
+        PodUid(_str(meta.get("uid"))),
+        tuple(claims),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Pin:
+    """Allocate ``claim`` the devices of lent group ``group`` (``status``, from
+    :func:`pinned_allocation`), then lift ``pod``'s gate."""
+
+    pod: GatedPod
+    claim: Mapping[str, Any]
+    status: dict[str, Any]
+    devices: tuple[Device, ...]
+    group: str
+    standby: bool = False  # the devices are standby devices standing in for the group's
+
+
+@dataclass(frozen=True, slots=True)
+class Ungate:
+    """Lift ``pod``'s gate without pinning: kube-scheduler allocates its claims as for any pod
+    (or it holds its pinned claim already)."""
+
+    pod: GatedPod
+    why: str
+    warning: bool = False  # a pod that should have been pinned and cannot be
+
+
+ClaimStep = Pin | Ungate
+
+
+def _returning_group(
+    lease: GpuLease, pod: GatedPod, owned: Set[GpuUuid], skip: Set[str]
+) -> LentGroup | None:
+    """The lent group ``pod`` takes back, if its lease reclaims one for it: a StatefulSet's
+    replica its own group (by name, :func:`common.replicas.names_replicas`); another
+    workload's pod the first reclaimed group that is not back yet (not all its devices
+    ``owned``: held by the owner's pods, or pinned for them) and that no pod before it in this
+    pass took (``skip``)."""
+    status = lease.status
+    if status.phase != "Reclaiming" or status.finalizing:
+        return None
+    back = [g for g in status.groups if g.replica in status.reclaiming]
+    if names_replicas(lease.spec.workload.kind):
+        return next((g for g in back if g.replica == pod.name), None)
+    return next(
+        (g for g in back if g.replica not in skip and not all(u in owned for u in g.devices)),
+        None,
+    )
+
+
+def next_claim_step(
+    lease: GpuLease,
+    gated: Sequence[GatedPod],
+    claims: Mapping[tuple[str, str], Mapping[str, Any]],
+    devices: Mapping[GpuUuid, Device],
+    offering: Mapping[str, bool],
+    taken: Set[GpuUuid],
+    owned: Set[GpuUuid] = frozenset(),
+) -> ClaimStep | None:
+    """The next write for the lease's gated pods (``gated``, in the lease's namespace, the
+    owner's), or None while none can go yet.
+
+    A pod that takes back a lent group (:func:`_returning_group`) is pinned to the group's
+    devices once its one claim exists and none of the devices is ``taken`` (held by an
+    allocated claim: a borrower's, until the claim controller deallocates it; or pinned a
+    moment ago, not yet seen by the watch), then let go; ``owned`` (the devices the owner's
+    pods hold or were pinned) tells a Deployment's reclaimed groups that are back from those
+    still to pin. A pod whose claim is allocated already (pinned by a step that ended before
+    the gate was lifted) is let go. A group that cannot come back whole (a device gone,
+    unhealthy, on a node that does not offer it) is stood in for by standby devices
+    (:func:`standby_stand_ins`), as the extender backfills a reclaim; without enough of them,
+    or for a claim that cannot be pinned (not one request for as many devices as the group
+    has), the pod goes unpinned, with a warning: kube-scheduler allocates it from its class. Every other gated pod is let go at once: it
+    returns from no loan."""
+    pinned: set[str] = set()
+    for pod in sorted(gated, key=lambda p: (ordinal(p.name), p.name)):
+        group = _returning_group(lease, pod, owned, pinned)
+        if group is None:
+            return Ungate(pod, "it takes back no lent group")
+        pinned.add(group.replica)
+        if len(pod.claims) != 1:
+            return Ungate(
+                pod,
+                f"it has {len(pod.claims)} ResourceClaims: only a pod with one claim is pinned "
+                f"to its lent group {group.replica}",
+                warning=True,
+            )
+        claim = claims.get((pod.namespace, pod.claims[0])) if pod.claims[0] else None
+        if claim is None:
+            continue  # the claim controller has not made it yet, or the watch lags
+        if _mapping(claim.get("status")).get("allocation") is not None:
+            return Ungate(pod, f"its claim {pod.claims[0]} is allocated")
+        wanted = [devices.get(u) for u in group.devices]
+        lost = [
+            u
+            for u, d in zip(group.devices, wanted, strict=True)
+            if d is None or not d.cls.healthy or not offering.get(d.node, False)
+        ]
+        if lost:
+            stand_ins = standby_stand_ins(
+                [d for d in wanted if d is not None], len(group.devices), devices, offering, taken
+            )
+            if not stand_ins:
+                return Ungate(
+                    pod,
+                    f"its lent group {group.replica} cannot come back whole ({', '.join(lost)} "
+                    "gone, unhealthy or on a node that offers none), and no node has as many "
+                    "free standby devices of its type and tier: kube-scheduler allocates its "
+                    "claim from its class",
+                    warning=True,
+                )
+            found, standby = stand_ins, True
+        elif any(u in taken for u in group.devices):
+            continue  # a borrower's claim still holds a device: the reclaim evicts it first
+        else:
+            found, standby = tuple(d for d in wanted if d is not None), False
+        try:
+            status = pinned_allocation(claim, found)
+        except InvalidInput as e:
+            return Ungate(pod, f"its claim cannot be pinned: {e}", warning=True)
+        return Pin(pod, claim, status, found, group.replica, standby)
+    return None
+
+
+def standby_stand_ins(
+    known: Sequence[Device],
+    count: int,
+    devices: Mapping[GpuUuid, Device],
+    offering: Mapping[str, bool],
+    taken: Set[GpuUuid],
+) -> tuple[Device, ...]:
+    """``count`` free standby devices on one node to stand in for a lent group that cannot
+    come back whole, as the extender backfills a reclaim: healthy, in the pool (no owner
+    holds them on loan), on a node that offers them, held by no claim (``taken``), of the
+    type and tier of the group's devices still known (``known``; none known, none found).
+    The node with the fewest such devices that has enough (whole standby nodes are kept for
+    whole replicas), then by name; its lowest indexes. Empty when no node has enough."""
+    kinds = {(d.gpu_type, d.tier) for d in known}
+    if len(kinds) != 1 or count < 1:
+        return ()
+    ((gpu_type, tier),) = kinds
+    by_node: dict[NodeName, list[Device]] = {}
+    for d in devices.values():
+        c = d.cls
+        if not (c.standby and c.healthy and c.owner is None and c.gpu_type == gpu_type):
+            continue
+        if c.tier is tier and offering.get(d.node, False) and d.uuid not in taken:
+            by_node.setdefault(d.node, []).append(d)
+    fits = sorted((len(v), n) for n, v in by_node.items() if len(v) >= count)
+    if not fits:
+        return ()
+    _, node = fits[0]
+    return tuple(sorted(by_node[node], key=lambda d: d.index)[:count])

@@ -84,6 +84,11 @@ class ExtenderSettings:
     # A reclaim still under way this long after its borrowers' notice makes its GpuLease
     # Degraded (condition and log line; the alert TideleaseReclaimOverdue).
     reclaim_overdue_s: float = 120.0
+    # DRA mode (docs/dra.md): the cluster allocates tidelease's GPUs through ResourceClaims.
+    # The leasing controller then also reads which pod holds which device from the claims,
+    # and pins the claim of an owner's returning replica (its pods carry the scheduling gate
+    # tidelease.io/reclaim) to the devices the replica lent. The chart sets it with dra.enabled.
+    dra: bool = False
     # Standby pool targets: "TYPE/TIER" -> devices, e.g. {"H20/HA": 16}. File only.
     standby: dict[str, int] = field(default_factory=dict)
     snapshot: Path | None = None
@@ -193,6 +198,7 @@ _FIELD_TYPES: dict[str, type] = {
     "planner": bool,
     "leasing_test_grace_s": int,
     "reclaim_overdue_s": float,
+    "dra": bool,
     "snapshot": Path,
     "kubeconfig": Path,
 }

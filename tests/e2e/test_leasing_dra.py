@@ -1,0 +1,341 @@
+"""Right of return in DRA mode: test_leasing.py's per-replica scenario with ResourceClaims, the
+unmodified kube-scheduler (``tidelease-plain``, no extender) and the leasing controller of the
+cluster's controllers process in DRA mode (settings ``dra: true``).
+
+The owner ``recsys`` is a StatefulSet of 3 replicas whose pods ask for 4 ``tidelease-ha``
+devices through a ResourceClaimTemplate and carry the scheduling gate ``tidelease.io/reclaim``.
+Its GpuLease lends replicas 1 and 2: the controller reads each replica's devices from its
+claim, tags them (the SliceMirrors republish them as lent), and scales down; borrowers'
+``tidelease-borrow`` claims get exactly the lent devices. The lease asks for all 3 again: the
+borrowers get their notice and are evicted, and each returning replica's claim is pinned to
+the devices that replica lent before its gate is lifted. Every cycle, each replica is back on
+exactly the UUIDs it lent, in its group's order (compared per replica, per device). With a
+device of recsys-1's group made unhealthy, recsys-1 alone is pinned to standby devices of the
+same type and tier, and its own group stays lent: test_leasing.py's outcomes, device for device.
+
+As in test_dra.py (whose helpers these tests use): kwok nodes whose GpuNodes a SliceMirror per
+node (in this process) publishes as ResourceSlices, common.dra's DeviceClasses.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from common import builders, contract, dra
+from common.model import Device, Priority, Tier
+from extender.leasing import dra as pinning
+from tests.e2e.harness import BORROWER, GROUP_LABEL, ONLINE, Cluster, NodeGroup, workload
+from tests.e2e.kube import wait_for
+from tests.e2e.test_dra import (  # noqa: F401  (fixtures)
+    RESOURCE,
+    claim_of,
+    claim_template,
+    device_classes,
+    mirrored,
+    plain_scheduler,
+    wait_nodes_ready,
+    wait_published,
+)
+
+pytestmark = pytest.mark.cluster
+
+b = builders
+OWNER = "recsys"
+REPLICA_GPUS = 4
+REPLICAS = 3
+CYCLES = 3
+TIMEOUT_S = 90
+
+
+def ha(count: int, *, standby: bool = False) -> Any:
+    def layout(node: str) -> list[Device]:
+        return b.devices(node, count, tier=Tier.HA, standby=standby)
+
+    return layout
+
+
+class DraJob:
+    """The owner's StatefulSet (gated pods with a claim each) and GpuLease in one namespace."""
+
+    def __init__(self, cluster: Cluster, group: NodeGroup, namespace: str, scheduler: str) -> None:
+        self.cluster, self.group, self.ns, self.scheduler = cluster, group, namespace, scheduler
+        template = claim_template(namespace, OWNER, dra.CLASS_HA)
+        template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"] = REPLICA_GPUS
+        self._create_template(template)
+        annotations = {contract.ANN_PRIORITY: Priority.HIGH.value, contract.ANN_OWNER: OWNER}
+        pod = {
+            "metadata": {"annotations": annotations},
+            "spec": {
+                "schedulerName": scheduler,
+                "priorityClassName": ONLINE,
+                "nodeSelector": {GROUP_LABEL: group.id},
+                "tolerations": [{"key": GROUP_LABEL, "operator": "Exists", "effect": "NoSchedule"}],
+                "terminationGracePeriodSeconds": 0,
+                "schedulingGates": [{"name": pinning.RECLAIM_GATE}],
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "registry.example/serve:v1",
+                        "resources": {"claims": [{"name": "gpu"}]},
+                    }
+                ],
+                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": OWNER}],
+            },
+        }
+        cluster.kube.create(workload("StatefulSet", OWNER, namespace, pod, replicas=REPLICAS))
+        cluster.kube.create(
+            b.gpu_lease(
+                OWNER,
+                namespace,
+                gpus_per_replica=REPLICA_GPUS,
+                desired_gpus=REPLICAS * REPLICA_GPUS,
+                grace_s=30,
+            )
+        )
+
+    def _create_template(self, template: dict[str, Any]) -> None:
+        self.cluster.kube.request(
+            "POST", f"{RESOURCE}/namespaces/{self.ns}/resourceclaimtemplates", template
+        )
+
+    def lease(self) -> dict[str, Any]:
+        lease = self.cluster.kube.get(contract.KIND_GPU_LEASE, OWNER, self.ns)
+        assert lease is not None
+        return lease
+
+    def set_desired(self, gpus: int) -> None:
+        self.cluster.kube.patch(
+            contract.KIND_GPU_LEASE, OWNER, {"spec": {"desiredGPUs": gpus}}, self.ns
+        )
+
+    def held(self, pod: str) -> list[str] | None:
+        """The UUIDs of the devices the pod's claim is allocated, in the allocation's order,
+        once the pod is bound and reserves it; None before (or for a pod going away)."""
+        obj = self.cluster.kube.get("Pod", pod, self.ns)
+        if obj is None or obj["metadata"].get("deletionTimestamp"):
+            return None
+        node = obj["spec"].get("nodeName")
+        claim = claim_of(self.cluster, self.ns, pod)
+        status = (claim or {}).get("status") or {}
+        reserved = [r.get("uid") for r in status.get("reservedFor") or []]
+        if not node or obj["metadata"]["uid"] not in reserved or "allocation" not in status:
+            return None
+        out = []
+        for result in status["allocation"]["devices"]["results"]:
+            assert (result["driver"], result["pool"]) == (dra.DRIVER, node), result
+            index = pinning.device_index(result["device"])
+            assert index is not None, result
+            out.append(b.device_uuid(node, index))
+        return out
+
+    def placed(self, pods: list[str]) -> dict[str, list[str]]:
+        def all_held() -> dict[str, list[str]] | None:
+            found = {p: self.held(p) for p in pods}
+            return (
+                {p: h for p, h in found.items() if h is not None}
+                if all(h is not None for h in found.values())
+                else None
+            )
+
+        return wait_for(
+            all_held,
+            what=f"pods {pods} bound with their claims",
+            timeout=TIMEOUT_S,
+            describe=self.describe,
+        )
+
+    def describe(self) -> str:
+        pods = self.cluster.kube.list("Pod", self.ns)
+        lines = [f"lease status: {self.lease().get('status')}"]
+        for p in pods:
+            name = p["metadata"]["name"]
+            claim = claim_of(self.cluster, self.ns, name) or {}
+            lines.append(
+                f"pod {name}: node={p['spec'].get('nodeName')!r} "
+                f"gates={p['spec'].get('schedulingGates')} claim={claim.get('status')}"
+            )
+        lines.append(self.cluster.log_tail("controllers.log", 20))
+        return "\n".join(lines)
+
+    def wait_steady(self, what: str, check: Any) -> dict[str, Any]:
+        def steady() -> dict[str, Any] | None:
+            status = self.lease().get("status") or {}
+            return status if status.get("phase") == "Steady" and check(status) else None
+
+        return wait_for(steady, what=what, timeout=TIMEOUT_S, describe=self.describe)
+
+    def gone(self, pods: list[str]) -> None:
+        wait_for(
+            lambda: all(self.cluster.kube.get("Pod", p, self.ns) is None for p in pods),
+            what=f"pods {pods} gone",
+            timeout=TIMEOUT_S,
+            describe=self.describe,
+        )
+
+
+@pytest.fixture
+def dra_job(
+    cluster: Cluster,
+    group: NodeGroup,
+    namespace: str,
+    plain_scheduler: str,  # noqa: F811
+    device_classes: list[str],  # noqa: F811
+) -> Any:
+    """3 x 4 HA GPUs on a 4-GPU and an 8-GPU node (no free HA device beside the job's), and a
+    4-GPU standby node; their slices mirrored while the test runs."""
+    cluster.ensure_priority_class(BORROWER, 10)
+    group.add_node("n1", ha(4))
+    group.add_node("n2", ha(8))
+    group.add_node("s1", ha(4, standby=True))
+    wait_nodes_ready(cluster, group)
+    with mirrored(cluster, group.nodes):
+        for node, count in zip(group.nodes, (4, 8, 4), strict=True):
+            wait_published(cluster, node, {f"gpu-{i}" for i in range(count)})
+        yield DraJob(cluster, group, namespace, plain_scheduler)
+
+
+def test_each_replica_gets_back_exactly_its_own_devices_every_cycle_in_dra_mode(
+    dra_job: DraJob,
+) -> None:
+    job = dra_job
+    names = [f"{OWNER}-{i}" for i in range(REPLICAS)]
+    # The controller lets the first pods go at once (they return from no loan).
+    first = job.placed(names)
+    every = [u for devices in first.values() for u in devices]
+    assert len(every) == len(set(every)) == REPLICAS * REPLICA_GPUS
+    for cycle in range(CYCLES):
+        job.set_desired(REPLICA_GPUS)
+        status = job.wait_steady(
+            f"cycle {cycle}: 8 devices lent",
+            lambda s: sum(len(g["devices"]) for g in s.get("lent") or []) == 8,
+        )
+        job.gone(names[1:])
+        groups = {g["replica"]: g["devices"] for g in status["lent"]}
+        assert set(groups) == {f"{OWNER}-1", f"{OWNER}-2"}, groups
+        if cycle == 0:  # each group is what its replica's claim held, device by device
+            assert groups == {r: first[r] for r in groups}
+
+        borrowers = []
+        for i in range(2):
+            name = f"borrow-{cycle}-{i}"
+            _borrower(job, name)
+            borrowers.append(name)
+        borrowed = job.placed(borrowers)
+        lent = {u for devices in groups.values() for u in devices}
+        assert {u for devices in borrowed.values() for u in devices} == lent, borrowed
+
+        job.set_desired(REPLICAS * REPLICA_GPUS)
+        done = cycle + 1
+        status = job.wait_steady(
+            f"cycle {cycle}: the reclaim to finish", lambda s, n=done: s.get("reclaims") == n
+        )
+        placed = job.placed(names)
+        got = {r: placed[r] for r in groups}
+        assert got == groups, f"cycle {cycle}: replicas back on {got}, lent {groups}"
+        assert placed[names[0]] == first[names[0]]
+        assert (status["returned"], status["backfilled"]) == (8 * (cycle + 1), 0)
+        assert not status.get("lent"), status
+        job.gone(borrowers)
+        # The borrowers were told first, and each returning replica's claim pinned.
+        noticed = {
+            e["involvedObject"]["name"]
+            for e in job.cluster.kube.list("Event", job.ns)
+            if e.get("reason") == "ReclaimNotice"
+        }
+        assert noticed >= set(borrowers), noticed
+        # The reclaim pinned each returning replica's claim, and said so on the pod.
+        pinned = {
+            e["involvedObject"]["name"]
+            for e in job.cluster.kube.list("Event", job.ns)
+            if e.get("reason") == "ReclaimPinned"
+        }
+        assert pinned >= set(groups), pinned
+    # No device is tagged any more: the slices offer them to anyone's claims again.
+    for node in job.group.nodes[:2]:
+        tagged = [d for d in job.cluster.gpu_node_uuids(node).values() if d.get("owner")]
+        assert not tagged, f"{node} still has devices tagged after the reclaims: {tagged}"
+
+
+def _borrower(job: DraJob, name: str) -> None:
+    """A low-priority pod of the plain scheduler on any of the group's nodes, with a claim for
+    4 devices of ``tidelease-borrow``."""
+    template = claim_template(job.ns, name, dra.CLASS_BORROW)
+    template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"] = REPLICA_GPUS
+    job._create_template(template)
+    job.cluster.kube.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": job.ns,
+                "annotations": {contract.ANN_PRIORITY: Priority.LOW.value},
+            },
+            "spec": {
+                "schedulerName": job.scheduler,
+                "priorityClassName": BORROWER,
+                "nodeSelector": {GROUP_LABEL: job.group.id},
+                "tolerations": [{"key": GROUP_LABEL, "operator": "Exists", "effect": "NoSchedule"}],
+                "terminationGracePeriodSeconds": 0,
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "registry.example/train:v1",
+                        "resources": {"claims": [{"name": "gpu"}]},
+                    }
+                ],
+                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}],
+            },
+        }
+    )
+
+
+def test_only_the_replica_whose_device_failed_falls_back_to_standby_in_dra_mode(
+    dra_job: DraJob,
+) -> None:
+    job = dra_job
+    names = [f"{OWNER}-{i}" for i in range(REPLICAS)]
+    job.placed(names)
+    job.set_desired(REPLICA_GPUS)
+    status = job.wait_steady(
+        "8 devices lent", lambda s: sum(len(g["devices"]) for g in s.get("lent") or []) == 8
+    )
+    job.gone(names[1:])
+    groups = {g["replica"]: g["devices"] for g in status["lent"]}
+    borrowers = [f"borrow-{i}" for i in range(2)]
+    for name in borrowers:
+        _borrower(job, name)
+    job.placed(borrowers)
+
+    broken = groups[f"{OWNER}-1"][0]
+    node = next(n for n in job.group.nodes if broken in job.cluster.gpu_node_uuids(n))
+    break_device(job.cluster, node, broken)
+    job.set_desired(REPLICAS * REPLICA_GPUS)
+    status = job.wait_steady("the reclaim to finish", lambda s: s.get("reclaims") == 1)
+    placed = job.placed(names)
+    assert placed[f"{OWNER}-2"] == groups[f"{OWNER}-2"]  # untouched by the failure
+    standby = job.cluster.gpu_node_uuids(job.group.nodes[2])
+    assert set(placed[f"{OWNER}-1"]) <= set(standby), placed[f"{OWNER}-1"]
+    assert (status["returned"], status["backfilled"]) == (4, 4)
+    # recsys-1's own devices stay lent, whole (they come back once repaired), named after a
+    # replica that is down now that recsys-1 runs on stand-ins; the stand-ins are on loan.
+    assert [(g["replica"], g["devices"]) for g in status["lent"]] == [
+        (f"{OWNER}-3", groups[f"{OWNER}-1"])
+    ]
+    for u in placed[f"{OWNER}-1"]:
+        assert (standby[u].get("owner"), standby[u].get("standby")) == (OWNER, True), standby[u]
+
+
+def break_device(cluster: Cluster, node: str, uuid: str) -> None:
+    """Mark one device Unhealthy in its GpuNode's status, as its node agent would (the mirror
+    then withdraws it from the node's slice)."""
+    gpu_node = cluster.kube.get(contract.KIND_GPU_NODE, node)
+    assert gpu_node is not None
+    for d in gpu_node["status"]["devices"]:
+        if d["uuid"] == uuid:
+            d["health"] = "Unhealthy"
+    cluster.kube.patch(
+        contract.KIND_GPU_NODE, node, {"status": gpu_node["status"]}, subresource="status"
+    )

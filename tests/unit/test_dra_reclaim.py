@@ -1,0 +1,440 @@
+"""Reclaim in DRA mode: which gated pod of an owner the leasing controller pins to its lent
+devices, or lets go (extender.leasing.dra.next_claim_step), and the controller doing it over a
+MemoryStore (the claims watched, a gated pod stepping its lease at once)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from common import builders as b
+from common import dra
+from common.model import Device, GpuUuid, Holder, NodeName, Priority, Tier
+from extender.cluster.store import MemoryStore
+from extender.controllers import Enabled, controllers
+from extender.leasing import dra as pinning
+from extender.leasing.controller import DRA_VIEW_KINDS
+from extender.leasing.decisions import TagChange
+from extender.leasing.lease import GpuLease, LeaseStatus, LentGroup, Workload, parse_gpu_lease
+from extender.scheduler.settings import ExtenderSettings
+
+NS = "ns"
+NODE = NodeName("node-a")
+OTHER = NodeName("node-b")
+DEVICES: list[Device] = b.devices(NODE, 4, tier=Tier.HA) + b.devices(OTHER, 4, tier=Tier.HA)
+BY_UUID = {d.uuid: d for d in DEVICES}
+OFFERING = {NODE: True, OTHER: True}
+
+
+def uuid(node: str, index: int) -> GpuUuid:
+    return b.device_uuid(node, index)
+
+
+# job-1 lent node-a's gpu-2 and gpu-3 (in that order), job-2 node-b's gpu-1 and gpu-0.
+GROUPS = (
+    LentGroup("job-1", (uuid(NODE, 2), uuid(NODE, 3))),
+    LentGroup("job-2", (uuid(OTHER, 1), uuid(OTHER, 0))),
+)
+
+
+def lease(
+    *, phase: str = "Reclaiming", kind: str = "StatefulSet", finalizing: bool = False
+) -> GpuLease:
+    obj = b.gpu_lease("job", NS, gpus_per_replica=2, desired_gpus=6)
+    obj["spec"]["workload"]["kind"] = kind
+    obj["metadata"]["resourceVersion"] = "1"
+    status = LeaseStatus(
+        phase=phase,  # type: ignore[arg-type]
+        target_replicas=3,
+        groups=GROUPS,
+        reclaiming=("job-1", "job-2") if phase == "Reclaiming" else (),
+        reclaim_started=1.0e9 if phase == "Reclaiming" else None,
+        finalizing=finalizing,
+    )
+    obj["status"] = status.to_json()
+    return parse_gpu_lease(obj)
+
+
+def claim_obj(name: str, *, count: int = 2, allocated: bool = False) -> dict[str, Any]:
+    obj: dict[str, Any] = {
+        "apiVersion": dra.API_VERSION,
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": NS, "resourceVersion": "5"},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {"name": "gpu", "exactly": {"deviceClassName": dra.CLASS_HA, "count": count}}
+                ]
+            }
+        },
+        "status": {},
+    }
+    if allocated:
+        obj["status"]["allocation"] = {"devices": {"results": []}}
+    return obj
+
+
+def gated(name: str, *claims: str) -> pinning.GatedPod:
+    return pinning.GatedPod(NS, name, b.pod(name, namespace=NS)["metadata"]["uid"], claims)
+
+
+def claims_of(*objs: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(NS, o["metadata"]["name"]): o for o in objs}
+
+
+def step(
+    the_lease: GpuLease,
+    pods: list[pinning.GatedPod],
+    claims: dict[tuple[str, str], dict[str, Any]],
+    *,
+    devices: dict[GpuUuid, Device] | None = None,
+    offering: dict[NodeName, bool] | None = None,
+    taken: Iterable[GpuUuid] = (),
+    owned: Iterable[GpuUuid] = (),
+) -> pinning.ClaimStep | None:
+    return pinning.next_claim_step(
+        the_lease,
+        pods,
+        claims,
+        BY_UUID if devices is None else devices,
+        OFFERING if offering is None else offering,  # type: ignore[arg-type]
+        set(taken),
+        set(owned),
+    )
+
+
+def pinned_names(found: pinning.ClaimStep | None) -> tuple[str, str, list[tuple[str, str]]]:
+    """(pod, group, [(pool, device)] of the allocation) of a Pin."""
+    assert isinstance(found, pinning.Pin), found
+    results = found.status["allocation"]["devices"]["results"]
+    return found.pod.name, found.group, [(r["pool"], r["device"]) for r in results]
+
+
+# --- the decision ---
+
+
+def test_a_returning_replica_is_pinned_to_exactly_its_own_group_in_order() -> None:
+    found = step(lease(), [gated("job-1", "job-1-gpu")], claims_of(claim_obj("job-1-gpu")))
+    assert pinned_names(found) == ("job-1", "job-1", [(NODE, "gpu-2"), (NODE, "gpu-3")])
+    assert isinstance(found, pinning.Pin)
+    assert [d.uuid for d in found.devices] == list(GROUPS[0].devices)
+    # job-2 gets job-2's group, not job-1's, whichever comes first.
+    found = step(lease(), [gated("job-2", "job-2-gpu")], claims_of(claim_obj("job-2-gpu")))
+    assert pinned_names(found) == ("job-2", "job-2", [(OTHER, "gpu-1"), (OTHER, "gpu-0")])
+
+
+def test_a_device_a_claim_still_holds_keeps_that_replica_waiting_not_the_others() -> None:
+    pods = [gated("job-1", "c1"), gated("job-2", "c2")]
+    claims = claims_of(claim_obj("c1"), claim_obj("c2"))
+    assert step(lease(), pods, claims, taken=[uuid(NODE, 3), uuid(OTHER, 0)]) is None
+    found = step(lease(), pods, claims, taken=[uuid(NODE, 3)])
+    assert pinned_names(found)[:2] == ("job-2", "job-2")
+
+
+def test_a_claim_not_made_yet_waits_and_an_allocated_one_lets_its_pod_go() -> None:
+    assert step(lease(), [gated("job-1", "")], {}) is None  # no name in the pod's status yet
+    assert step(lease(), [gated("job-1", "c1")], {}) is None  # named, not in the view yet
+    found = step(lease(), [gated("job-1", "c1")], claims_of(claim_obj("c1", allocated=True)))
+    assert isinstance(found, pinning.Ungate), found
+    assert not found.warning
+
+
+@pytest.mark.parametrize(
+    ("change", "what"),
+    [
+        (lambda d: {**d, uuid(NODE, 3): _unhealthy(d[uuid(NODE, 3)])}, "unhealthy"),
+        (lambda d: {k: v for k, v in d.items() if k != uuid(NODE, 2)}, "gone"),
+    ],
+    ids=["unhealthy", "gone"],
+)
+def test_a_group_that_cannot_come_back_whole_lets_its_pod_go_with_a_warning(
+    change: Callable[[dict[GpuUuid, Device]], dict[GpuUuid, Device]], what: str
+) -> None:
+    found = step(
+        lease(), [gated("job-1", "c1")], claims_of(claim_obj("c1")), devices=change(BY_UUID)
+    )
+    assert isinstance(found, pinning.Ungate), found
+    assert found.warning
+    assert "cannot come back whole" in found.why
+
+
+STANDBY = NodeName("standby-a")
+SMALL = NodeName("standby-b")
+
+
+def with_standby(*, tier: Tier = Tier.HA, gpu_type: str = "H20") -> dict[GpuUuid, Device]:
+    """Node-a's gpu-3 unhealthy; standby nodes: standby-a with 4 devices (gpu-1 on loan to
+    another job), standby-b with 1 (too few for a group of 2)."""
+    out = {**BY_UUID, uuid(NODE, 3): _unhealthy(BY_UUID[uuid(NODE, 3)])}
+    pool = b.devices(STANDBY, 4, tier=tier, gpu_type=gpu_type, standby=True)
+    pool[1] = dataclasses.replace(pool[1], cls=pool[1].cls._replace(owner="other"))
+    pool += b.devices(SMALL, 1, tier=tier, gpu_type=gpu_type, standby=True)
+    return out | {d.uuid: d for d in pool}
+
+
+def test_a_group_that_cannot_come_back_is_stood_in_for_by_standby_devices_on_one_node() -> None:
+    offering = {**OFFERING, STANDBY: True, SMALL: True}
+    found = step(
+        lease(),
+        [gated("job-1", "c1")],
+        claims_of(claim_obj("c1")),
+        devices=with_standby(),
+        offering=offering,
+    )
+    # standby-b has one free device, standby-a three (gpu-1 is on loan): gpu-0 and gpu-2.
+    assert pinned_names(found) == ("job-1", "job-1", [(STANDBY, "gpu-0"), (STANDBY, "gpu-2")])
+    assert isinstance(found, pinning.Pin)
+    assert found.standby
+    # Two of them held by claims: too few left anywhere.
+    found = step(
+        lease(),
+        [gated("job-1", "c1")],
+        claims_of(claim_obj("c1")),
+        devices=with_standby(),
+        offering=offering,
+        taken=[b.device_uuid(STANDBY, 0), b.device_uuid(STANDBY, 2)],
+    )
+    assert isinstance(found, pinning.Ungate), found
+    assert found.warning
+
+
+@pytest.mark.parametrize(
+    "pool", [{"tier": Tier.MA}, {"gpu_type": "A100"}], ids=["other-tier", "other-type"]
+)
+def test_standby_devices_of_another_type_or_tier_do_not_stand_in(pool: dict[str, Any]) -> None:
+    found = step(
+        lease(),
+        [gated("job-1", "c1")],
+        claims_of(claim_obj("c1")),
+        devices=with_standby(**pool),
+        offering={**OFFERING, STANDBY: True, SMALL: True},
+    )
+    assert isinstance(found, pinning.Ungate), found
+    assert found.warning
+
+
+def test_a_silent_node_lets_its_pod_go_unpinned() -> None:
+    found = step(
+        lease(), [gated("job-1", "c1")], claims_of(claim_obj("c1")), offering={NODE: False}
+    )
+    assert isinstance(found, pinning.Ungate), found
+    assert found.warning
+
+
+def _unhealthy(d: Device) -> Device:
+    return dataclasses.replace(d, cls=d.cls._replace(healthy=False))
+
+
+@pytest.mark.parametrize(
+    ("pod", "the_lease"),
+    [
+        (gated("job-0", "c0"), lease()),  # not a reclaimed replica
+        (gated("job-1", "c1"), lease(phase="Steady")),
+        (gated("job-1", "c1"), lease(finalizing=True)),
+    ],
+    ids=["not-reclaimed", "steady", "finalizing"],
+)
+def test_a_pod_that_takes_back_no_group_goes_at_once(
+    pod: pinning.GatedPod, the_lease: GpuLease
+) -> None:
+    found = step(the_lease, [pod], claims_of(claim_obj(pod.claims[0])))
+    assert found == pinning.Ungate(pod, "it takes back no lent group")
+
+
+@pytest.mark.parametrize(
+    ("claims", "count"), [(("a", "b"), 2), (("c1",), 1)], ids=["two-claims", "one-device"]
+)
+def test_a_claim_that_cannot_be_pinned_lets_its_pod_go_with_a_warning(
+    claims: tuple[str, ...], count: int
+) -> None:
+    objs = claims_of(*(claim_obj(c, count=count) for c in claims))
+    found = step(lease(), [gated("job-1", *claims)], objs)
+    assert isinstance(found, pinning.Ungate), found
+    assert found.warning
+
+
+def test_a_deployments_pods_take_the_groups_not_back_yet_one_each() -> None:
+    dep = lease(kind="Deployment")
+    pods = [gated("web-x", "cx"), gated("web-y", "cy")]
+    claims = claims_of(claim_obj("cx"), claim_obj("cy"))
+    assert pinned_names(step(dep, pods, claims))[:2] == ("web-x", "job-1")
+    # job-1's group is back (its devices held by an owner's pod): web-x takes job-2's.
+    assert pinned_names(step(dep, pods, claims, owned=GROUPS[0].devices))[:2] == ("web-x", "job-2")
+    # job-1's devices still held by a borrower: web-x waits for them, web-y takes job-2's.
+    found = step(dep, pods, claims, taken=GROUPS[0].devices[:1])
+    assert pinned_names(found)[:2] == ("web-y", "job-2")
+    # Both back: a third pod returns from no loan.
+    found = step(dep, pods[:1], claims, owned=GROUPS[0].devices + GROUPS[1].devices)
+    assert isinstance(found, pinning.Ungate), found
+    assert not found.warning
+
+
+def test_gated_pod_reads_the_gate_and_the_claims_names() -> None:
+    pod = b.pod("job-1", 0, namespace=NS)
+    assert pinning.gated_pod(pod) is None
+    pod["spec"]["schedulingGates"] = [{"name": "other"}, {"name": pinning.RECLAIM_GATE}]
+    pod["spec"]["resourceClaims"] = [
+        {"name": "gpu", "resourceClaimTemplateName": "tpl"},
+        {"name": "shared", "resourceClaimName": "shared-claim"},
+        {"name": "later", "resourceClaimTemplateName": "tpl2"},
+    ]
+    pod["status"]["resourceClaimStatuses"] = [{"name": "gpu", "resourceClaimName": "job-1-gpu-x"}]
+    found = pinning.gated_pod(pod)
+    assert found == pinning.GatedPod(
+        NS, "job-1", pod["metadata"]["uid"], ("job-1-gpu-x", "shared-claim", "")
+    )
+    pod["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    assert pinning.gated_pod(pod) is None
+
+
+# --- the controller ---
+
+
+class World:
+    """Records the pins and gate lifts; the workload has its 3 replicas."""
+
+    def __init__(self) -> None:
+        self.pins: list[tuple[str, str, tuple[GpuUuid, ...]]] = []
+        self.ungated: list[tuple[str, bool]] = []
+        self.event = asyncio.Event()
+
+    async def replicas(self, namespace: str, workload: Workload) -> int:
+        return 3
+
+    async def set_tags(self, changes: Iterable[TagChange]) -> None:
+        pass
+
+    async def write_status(self, *args: Any) -> None:
+        pass
+
+    async def notify(self, pod: Holder, lease: GpuLease, deadline: float) -> None:
+        pass
+
+    async def evict(self, pod: Holder, lease: GpuLease) -> None:
+        pass
+
+    async def scale(self, namespace: str, workload: Workload, replicas: int) -> None:
+        pass
+
+    async def pin(self, found: pinning.Pin, lease: GpuLease) -> None:
+        meta = found.claim["metadata"]
+        self.pins.append((found.pod.name, meta["name"], tuple(d.uuid for d in found.devices)))
+        self.event.set()
+
+    async def ungate(self, found: pinning.Ungate, lease: GpuLease) -> None:
+        self.ungated.append((found.pod.name, found.warning))
+        self.event.set()
+
+
+def owner_pod(name: str, claim: str, *, gate: bool = True) -> dict[str, Any]:
+    pod = b.pod(name, 0, namespace=NS, owner="job", priority=Priority.HIGH)
+    pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "tpl"}]
+    pod["status"]["resourceClaimStatuses"] = [{"name": "gpu", "resourceClaimName": claim}]
+    if gate:
+        pod["spec"]["schedulingGates"] = [{"name": pinning.RECLAIM_GATE}]
+    return pod
+
+
+def lease_obj(phase: str) -> dict[str, Any]:
+    obj = b.gpu_lease("job", NS, gpus_per_replica=2, desired_gpus=6)
+    reclaiming = ("job-1",) if phase == "Reclaiming" else ()
+    started = time.time() if reclaiming else None
+    status = LeaseStatus(
+        phase=phase,  # type: ignore[arg-type]
+        groups=GROUPS[:1],
+        reclaiming=reclaiming,
+        reclaim_started=started,
+        reclaim_deadline=started,
+    )
+    obj["status"] = status.to_json()
+    return obj
+
+
+def borrowers_claim(name: str, device: int) -> dict[str, Any]:
+    """An allocated claim holding node-a's device ``device``, reserved for a borrower pod."""
+    obj = claim_obj(name, count=1)
+    obj["status"] = {
+        "allocation": {
+            "devices": {
+                "results": [
+                    {
+                        "request": "gpu",
+                        "driver": dra.DRIVER,
+                        "pool": NODE,
+                        "device": f"gpu-{device}",
+                    }
+                ]
+            }
+        },
+        "reservedFor": [{"resource": "pods", "name": "borrower", "uid": "b-uid"}],
+    }
+    return obj
+
+
+async def wait_for(world: World, check: Callable[[], bool]) -> None:
+    async with asyncio.timeout(5):
+        while not check():
+            world.event.clear()
+            await world.event.wait()
+
+
+async def test_the_controller_pins_a_returning_replica_once_the_borrowers_claim_is_gone() -> None:
+    store = MemoryStore([b.gpu_node(NODE, b.devices(NODE, 4, tier=Tier.HA))])
+    store.put(borrowers_claim("borrowed", 3))
+    store.put(claim_obj("job-1-gpu"))
+    store.put(owner_pod("job-1", "job-1-gpu"))
+    store.put(lease_obj("Reclaiming"))
+    world = World()
+    settings = ExtenderSettings(dra=True)
+    async with controllers(
+        store=store,
+        world=world,  # type: ignore[arg-type]
+        kube=None,  # type: ignore[arg-type]
+        settings=settings,
+        enabled=Enabled(leasing=True),
+        registry=CollectorRegistry(),
+    ) as running:
+        assert running.view is not None
+        await store.settle()
+        assert {k for k in DRA_VIEW_KINDS if store.watchers(k)} == set(DRA_VIEW_KINDS)
+        await asyncio.sleep(0.3)  # steps come and go: the borrower's claim holds gpu-3
+        assert world.pins == []
+        assert world.ungated == []
+
+        store.delete("ResourceClaim", NS, "borrowed")
+        await wait_for(world, lambda: bool(world.pins))
+        assert world.pins == [("job-1", "job-1-gpu", GROUPS[0].devices)]
+
+        # A Steady lease's gated pod (a replica recreated, not returning from a loan) is let go
+        # as soon as it appears, not at the lease's next resync (30 s).
+        store.put({**lease_obj("Steady"), "metadata": {"name": "job", "namespace": NS}})
+        await store.settle()
+        store.put(owner_pod("job-0", "job-0-gpu"))
+        await wait_for(world, lambda: ("job-0", False) in world.ungated)
+
+
+async def test_without_dra_mode_claims_are_not_watched_and_gated_pods_left_alone() -> None:
+    store = MemoryStore([b.gpu_node(NODE, b.devices(NODE, 4, tier=Tier.HA))])
+    store.put(claim_obj("job-1-gpu"))
+    store.put(owner_pod("job-1", "job-1-gpu"))
+    store.put(lease_obj("Reclaiming"))
+    world = World()
+    async with controllers(
+        store=store,
+        world=world,  # type: ignore[arg-type]
+        kube=None,  # type: ignore[arg-type]
+        settings=ExtenderSettings(),
+        enabled=Enabled(leasing=True),
+        registry=CollectorRegistry(),
+    ):
+        await store.settle()
+        await asyncio.sleep(0.3)
+        assert store.watchers("ResourceClaim") == 0
+        assert world.pins == []
+        assert world.ungated == []
