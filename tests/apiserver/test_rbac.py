@@ -224,6 +224,89 @@ def test_an_agent_in_dra_mode_publishes_only_its_own_nodes_slice(cluster: Kubect
         )  # fmt: skip
 
 
+async def test_the_controllers_in_dra_mode_pin_claims_and_write_nothing_else_of_dra(
+    cluster: Kubectl, tmp_path: Path
+) -> None:
+    """The leasing controller's own pin (KubeWorld.pin: kube-scheduler's finalizer, the
+    allocation through the status, an Event, the gate lifted), run with the controllers'
+    token; that token can neither make nor delete claims, nor touch slices or classes."""
+    from common import dra
+    from common.model import Device, DeviceClass, GpuUuid, NodeName, Tier
+    from extender.leasing import dra as pinning
+    from extender.leasing.controller import KubeWorld
+    from extender.leasing.lease import parse_gpu_lease
+
+    t = token(cluster, "tidelease-controllers")
+    claim = {
+        "apiVersion": dra.API_VERSION, "kind": "ResourceClaim",
+        "metadata": {"name": "job-1-gpu", "namespace": "ml"},
+        "spec": {"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": dra.CLASS_HA, "count": 1}},
+        ]}},
+    }  # fmt: skip
+    pod = {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "job-1", "namespace": "ml"},
+        "spec": {
+            "schedulingGates": [{"name": pinning.RECLAIM_GATE}],
+            "containers": [{"name": "c", "image": "local/app:v1"}],
+        },
+    }  # fmt: skip
+    cluster.apply(claim)
+    cluster.apply(pod)
+    kubeconfig = write_kubeconfig(
+        tmp_path / "kubeconfig", cluster.apiserver.server, t, cluster.apiserver.ca
+    )
+    api = await KubeClient.connect(kubeconfig)
+    try:
+        stored = await api.json(
+            "GET", f"/apis/{dra.API_VERSION}/namespaces/ml/resourceclaims/job-1-gpu"
+        )
+        uid = json.loads(cluster.kubectl("get", "pod", "job-1", "-n", "ml", "-o", "json"))[
+            "metadata"
+        ]["uid"]
+        gated = pinning.GatedPod("ml", "job-1", uid, ("job-1-gpu",))
+        device = Device(NodeName("node-a"), 0, GpuUuid("GPU-a"), DeviceClass("H20", Tier.HA, True))
+        status = pinning.pinned_allocation(stored, [device])
+        lease = parse_gpu_lease(
+            {
+                "metadata": {"name": "job", "namespace": "ml", "resourceVersion": "1"},
+                "spec": {
+                    "owner": "job",
+                    "gpusPerReplica": 1,
+                    "workload": {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "job"},
+                },
+            }
+        )
+        step = pinning.Pin(gated, stored, status, (device,), "job-1")
+        await KubeWorld(api).pin(step, lease)
+
+        written = json.loads(
+            cluster.kubectl("get", "resourceclaim", "job-1-gpu", "-n", "ml", "-o", "json")
+        )
+        assert written["status"]["allocation"] == status["allocation"]
+        assert pinning.FINALIZER in written["metadata"]["finalizers"]
+        after = json.loads(cluster.kubectl("get", "pod", "job-1", "-n", "ml", "-o", "json"))
+        assert not after["spec"].get("schedulingGates"), after["spec"]
+        for verb, resource in (
+            ("create", "resourceclaims"),
+            ("delete", "resourceclaims"),
+            ("update", "resourceclaims"),
+            ("get", "resourceclaims/status"),
+            ("create", "resourceslices"),
+            ("update", "resourceslices"),
+            ("patch", "deviceclasses"),
+        ):
+            assert not cluster.can(t, verb, resource, "ml"), (verb, resource)
+    finally:
+        await api.close()
+        cluster.kubectl(
+            "patch", "resourceclaim", "job-1-gpu", "-n", "ml", "--type=merge", "-p",
+            '{"metadata":{"finalizers":null}}',
+        )  # fmt: skip
+        cluster.kubectl("delete", "resourceclaim", "job-1-gpu", "-n", "ml", "--ignore-not-found")
+        cluster.kubectl("delete", "pod", "job-1", "-n", "ml", "--ignore-not-found", "--wait=false")
+
+
 def test_the_orchestrator_cannot_exec_or_write_outside_the_namespaces_that_opt_in(
     cluster: Kubectl,
 ) -> None:

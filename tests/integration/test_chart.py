@@ -471,3 +471,33 @@ def test_dra_mode_installs_the_classes_and_turns_the_agents_into_dra_drivers() -
     assert "--dra" not in agent_pod()["containers"][0]["args"]
     default_role = find(default, "ClusterRole", "tidelease-agent")
     assert not [r for r in default_role["rules"] if "resource.k8s.io" in r["apiGroups"]]
+
+
+def test_dra_mode_has_the_leasing_controller_pin_claims() -> None:
+    """dra.enabled: the controllers' settings say dra, and their role lets them read claims
+    and write a returning replica's (finalizer, allocation); nothing of it by default."""
+
+    def granted(objs: list[dict[str, Any]]) -> dict[tuple[str, str], set[str]]:
+        role = find(objs, "ClusterRole", "tidelease-controllers")
+        return {
+            (g, r): set(rule["verbs"])
+            for rule in role["rules"]
+            for g in rule["apiGroups"]
+            for r in rule["resources"]
+        }
+
+    def settings(objs: list[dict[str, Any]]) -> dict[str, Any]:
+        config = find(objs, "ConfigMap", "tidelease-extender-settings")
+        loaded: dict[str, Any] = yaml.safe_load(config["data"]["settings.yaml"])
+        return loaded
+
+    objs = render("dra.enabled=true")
+    assert settings(objs)["dra"] is True
+    dra_rules = {k: v for k, v in granted(objs).items() if k[0] == "resource.k8s.io"}
+    assert dra_rules == {
+        ("resource.k8s.io", "resourceclaims"): {"get", "list", "watch", "patch"},
+        ("resource.k8s.io", "resourceclaims/status"): {"patch"},
+    }
+    default = render()
+    assert "dra" not in settings(default)
+    assert not [k for k in granted(default) if k[0] == "resource.k8s.io"]
