@@ -488,7 +488,12 @@ def observe(
     if holdings:
         for pod_uid, held in dra.pod_devices(holdings).items():
             where.setdefault(pod_uid, held)
-        by_uid = {h.pod_uid: h for h in (_holder(raw) for raw in pods.raw_pods()) if h}
+        by_uid: dict[PodUid, Holder] = {}
+        for reserved in {p for h in holdings if h.devices for p in h.pods}:
+            raw = pods.get(reserved.namespace, reserved.name)
+            holder = _holder(raw) if raw is not None else None
+            if holder is not None and holder.pod_uid == reserved.uid:
+                by_uid[reserved.uid] = holder
         for uuid, holder in dra.device_holders(holdings, by_uid).items():
             holders.setdefault(uuid, holder)
     owner_pods = []

@@ -438,3 +438,50 @@ async def test_without_dra_mode_claims_are_not_watched_and_gated_pods_left_alone
         assert store.watchers("ResourceClaim") == 0
         assert world.pins == []
         assert world.ungated == []
+
+
+def test_observe_reads_holders_and_the_owners_devices_from_the_claims() -> None:
+    """In DRA mode: the owner's pod holds what its claim is allocated, a borrower's claim makes
+    the borrower (low priority) the holder of its device; a claim reserved for a pod whose UID
+    the cache does not know (a pod replaced under the same name) makes no holder."""
+    from extender.cluster.state import ClusterState
+    from extender.cluster.watching import PodCache
+    from extender.leasing.controller import observe
+
+    cluster = ClusterState()
+    cluster.apply_gpu_node("ADDED", b.gpu_node(NODE, b.devices(NODE, 4, tier=Tier.HA)))
+    pods = PodCache(claims=True)
+    owner = owner_pod("job-0", "job-0-gpu", gate=False)
+    owner["spec"]["nodeName"] = NODE
+    borrower = b.pod("borrower", 0, namespace=NS, uid="b-uid", priority=Priority.LOW)
+    borrower["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "borrowed"}]
+    stale = b.pod("stale", 0, namespace=NS, uid="new-uid")
+    stale["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "old"}]
+    for pod in (owner, borrower, stale):
+        pods.apply("ADDED", pod)
+    owned = claim_obj("job-0-gpu", count=2)
+    owned["status"] = {
+        "allocation": {
+            "devices": {
+                "results": [
+                    {"request": "gpu", "driver": dra.DRIVER, "pool": NODE, "device": f"gpu-{i}"}
+                    for i in (1, 0)
+                ]
+            }
+        },
+        "reservedFor": [{"resource": "pods", "name": "job-0", "uid": owner["metadata"]["uid"]}],
+    }
+    old = borrowers_claim("old", 2)
+    old["status"]["reservedFor"] = [{"resource": "pods", "name": "stale", "uid": "old-uid"}]
+    claims = [owned, borrowers_claim("borrowed", 3), old]
+    holdings = pinning.claim_holdings(claims, b.devices(NODE, 4, tier=Tier.HA))
+    owner_pods, view = observe(cluster, pods, lease(), holdings)
+
+    (mine,) = owner_pods
+    assert (mine.name, mine.node, mine.devices) == ("job-0", NODE, (uuid(NODE, 1), uuid(NODE, 0)))
+    held = {u: (h.name, h.priority) for u, h in view.holders.items()}
+    assert held == {
+        uuid(NODE, 1): ("job-0", Priority.HIGH),
+        uuid(NODE, 0): ("job-0", Priority.HIGH),
+        uuid(NODE, 3): ("borrower", Priority.LOW),
+    }
