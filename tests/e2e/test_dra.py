@@ -33,6 +33,7 @@ import yaml
 from common import builders, contract, dra
 from common.kubeclient import KubeClient
 from common.model import Device, Priority, Tier
+from extender.leasing.dra import RECLAIM_GATE
 from nodeagent.dra.slices import SliceMirror
 from tests.background import read_state
 from tests.e2e.harness import BORROWER, GROUP_LABEL, ONLINE, Cluster, NodeGroup
@@ -241,9 +242,10 @@ def claim_template(
     *,
     all_devices: bool = False,
     selectors: Sequence[str] = (),
+    count: int = 1,
 ) -> dict[str, Any]:
     exactly: dict[str, Any] = {"deviceClassName": device_class}
-    exactly.update({"allocationMode": "All"} if all_devices else {"count": 1})
+    exactly.update({"allocationMode": "All"} if all_devices else {"count": count})
     if selectors:
         exactly["selectors"] = [{"cel": {"expression": s}} for s in selectors]
     return {
@@ -254,53 +256,79 @@ def claim_template(
     }
 
 
+def create_claim_template(cluster: Cluster, template: dict[str, Any]) -> None:
+    namespace = template["metadata"]["namespace"]
+    cluster.kube.request(
+        "POST", f"{RESOURCE}/namespaces/{namespace}/resourceclaimtemplates", template
+    )
+
+
+def claim_pod(
+    group: NodeGroup,
+    scheduler: str,
+    template: str,
+    *,
+    node: str | None = None,
+    priority: Priority = Priority.LOW,
+    owner: str | None = None,
+    gated: bool = False,
+) -> dict[str, Any]:
+    """A pod (metadata and spec, no name) of ``scheduler`` on ``node`` (else any node of the
+    group) whose one container uses a claim from ``template``; tidelease's PriorityClass for
+    ``priority``; carrying the reclaim gate when ``gated``."""
+    annotations = {contract.ANN_PRIORITY: priority.value}
+    if owner is not None:
+        annotations[contract.ANN_OWNER] = owner
+    selector = {GROUP_LABEL: group.id}
+    if node is not None:
+        selector["kubernetes.io/hostname"] = node
+    spec: dict[str, Any] = {
+        "schedulerName": scheduler,
+        "priorityClassName": ONLINE if priority is Priority.HIGH else BORROWER,
+        "nodeSelector": selector,
+        "tolerations": [{"key": GROUP_LABEL, "operator": "Exists", "effect": "NoSchedule"}],
+        "terminationGracePeriodSeconds": 0,
+        "containers": [
+            {
+                "name": "main",
+                "image": "registry.example/train:v1",
+                "resources": {"claims": [{"name": "gpu"}]},
+            }
+        ],
+        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
+    }
+    if gated:
+        spec["schedulingGates"] = [{"name": RECLAIM_GATE}]
+    return {"metadata": {"annotations": annotations}, "spec": spec}
+
+
 def create_claim_pod(
     cluster: Cluster,
     group: NodeGroup,
     scheduler: str,
     namespace: str,
     name: str,
-    node: str,
+    node: str | None,
     device_class: str,
     *,
     all_devices: bool = False,
     selectors: Sequence[str] = (),
     priority: Priority = Priority.LOW,
     owner: str | None = None,
+    count: int = 1,
+    gated: bool = False,
 ) -> str:
-    """A pod of ``scheduler`` on ``node`` whose one container uses a claim of ``device_class``
-    (made from a template of its own); tidelease's PriorityClass for ``priority``."""
-    template = claim_template(
-        namespace, name, device_class, all_devices=all_devices, selectors=selectors
+    """A :func:`claim_pod` named ``name`` with a template of its own for ``count`` devices of
+    ``device_class`` (or all it selects), created; its name."""
+    create_claim_template(
+        cluster,
+        claim_template(
+            namespace, name, device_class, all_devices=all_devices, selectors=selectors, count=count
+        ),
     )
-    cluster.kube.request(
-        "POST", f"{RESOURCE}/namespaces/{namespace}/resourceclaimtemplates", template
-    )
-    annotations = {contract.ANN_PRIORITY: priority.value}
-    if owner is not None:
-        annotations[contract.ANN_OWNER] = owner
-    cluster.kube.create(
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "namespace": namespace, "annotations": annotations},
-            "spec": {
-                "schedulerName": scheduler,
-                "priorityClassName": ONLINE if priority is Priority.HIGH else BORROWER,
-                "nodeSelector": {GROUP_LABEL: group.id, "kubernetes.io/hostname": node},
-                "tolerations": [{"key": GROUP_LABEL, "operator": "Exists", "effect": "NoSchedule"}],
-                "terminationGracePeriodSeconds": 0,
-                "containers": [
-                    {
-                        "name": "main",
-                        "image": "registry.example/train:v1",
-                        "resources": {"claims": [{"name": "gpu"}]},
-                    }
-                ],
-                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}],
-            },
-        }
-    )
+    pod = claim_pod(group, scheduler, name, node=node, priority=priority, owner=owner, gated=gated)
+    pod["metadata"].update(name=name, namespace=namespace)
+    cluster.kube.create({"apiVersion": "v1", "kind": "Pod", **pod})
     return name
 
 

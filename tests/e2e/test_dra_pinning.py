@@ -21,11 +21,11 @@ from typing import Any
 
 import pytest
 
-from common import builders, contract, dra
+from common import builders, dra
 from common.errors import InvalidInput
 from common.model import Device, Priority, Tier
 from extender.leasing import dra as pinning
-from tests.e2e.harness import GROUP_LABEL, ONLINE, Cluster, NodeGroup
+from tests.e2e.harness import Cluster, NodeGroup
 from tests.e2e.kube import ApiError, wait_for
 from tests.e2e.test_dra import (  # noqa: F401  (fixtures)
     RESOURCE,
@@ -68,36 +68,11 @@ def create_gated_pod(
     """Job A's returning replica: a high-priority pod of ``scheduler`` on any node of the group,
     whose container uses a ``tidelease-ha`` claim from a template of its own; carrying the
     reclaim gate when ``gated``."""
-    template = claim_template(namespace, name, dra.CLASS_HA)
-    cluster.kube.request(
-        "POST", f"{RESOURCE}/namespaces/{namespace}/resourceclaimtemplates", template
-    )
-    spec: dict[str, Any] = {
-        "schedulerName": scheduler,
-        "priorityClassName": ONLINE,
-        "nodeSelector": {GROUP_LABEL: group.id},
-        "tolerations": [{"key": GROUP_LABEL, "operator": "Exists", "effect": "NoSchedule"}],
-        "terminationGracePeriodSeconds": 0,
-        "containers": [
-            {
-                "name": "main",
-                "image": "registry.example/serve:v1",
-                "resources": {"claims": [{"name": "gpu"}]},
-            }
-        ],
-        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}],
-    }
-    if gated:
-        spec["schedulingGates"] = [{"name": pinning.RECLAIM_GATE}]
-    annotations = {contract.ANN_PRIORITY: Priority.HIGH.value, contract.ANN_OWNER: OWNER}
-    return cluster.kube.create(
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "namespace": namespace, "annotations": annotations},
-            "spec": spec,
-        }
-    )
+    create_claim_pod(
+        cluster, group, scheduler, namespace, name, None, dra.CLASS_HA,
+        priority=Priority.HIGH, owner=OWNER, gated=gated,
+    )  # fmt: skip
+    return cluster.pod(namespace, name)
 
 
 def wait_claim(cluster: Cluster, namespace: str, pod: str) -> dict[str, Any]:

@@ -26,12 +26,14 @@ import pytest
 from common import builders, contract, dra
 from common.model import Device, Priority, Tier
 from extender.leasing import dra as pinning
-from tests.e2e.harness import BORROWER, GROUP_LABEL, ONLINE, Cluster, NodeGroup, workload
+from tests.e2e.harness import BORROWER, Cluster, NodeGroup, workload
 from tests.e2e.kube import wait_for
 from tests.e2e.test_dra import (  # noqa: F401  (fixtures)
-    RESOURCE,
     claim_of,
+    claim_pod,
     claim_template,
+    create_claim_pod,
+    create_claim_template,
     device_classes,
     mirrored,
     plain_scheduler,
@@ -61,29 +63,10 @@ class DraJob:
 
     def __init__(self, cluster: Cluster, group: NodeGroup, namespace: str, scheduler: str) -> None:
         self.cluster, self.group, self.ns, self.scheduler = cluster, group, namespace, scheduler
-        template = claim_template(namespace, OWNER, dra.CLASS_HA)
-        template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"] = REPLICA_GPUS
-        self._create_template(template)
-        annotations = {contract.ANN_PRIORITY: Priority.HIGH.value, contract.ANN_OWNER: OWNER}
-        pod = {
-            "metadata": {"annotations": annotations},
-            "spec": {
-                "schedulerName": scheduler,
-                "priorityClassName": ONLINE,
-                "nodeSelector": {GROUP_LABEL: group.id},
-                "tolerations": [{"key": GROUP_LABEL, "operator": "Exists", "effect": "NoSchedule"}],
-                "terminationGracePeriodSeconds": 0,
-                "schedulingGates": [{"name": pinning.RECLAIM_GATE}],
-                "containers": [
-                    {
-                        "name": "main",
-                        "image": "registry.example/serve:v1",
-                        "resources": {"claims": [{"name": "gpu"}]},
-                    }
-                ],
-                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": OWNER}],
-            },
-        }
+        create_claim_template(
+            cluster, claim_template(namespace, OWNER, dra.CLASS_HA, count=REPLICA_GPUS)
+        )
+        pod = claim_pod(group, scheduler, OWNER, priority=Priority.HIGH, owner=OWNER, gated=True)
         cluster.kube.create(workload("StatefulSet", OWNER, namespace, pod, replicas=REPLICAS))
         cluster.kube.create(
             b.gpu_lease(
@@ -93,11 +76,6 @@ class DraJob:
                 desired_gpus=REPLICAS * REPLICA_GPUS,
                 grace_s=30,
             )
-        )
-
-    def _create_template(self, template: dict[str, Any]) -> None:
-        self.cluster.kube.request(
-            "POST", f"{RESOURCE}/namespaces/{self.ns}/resourceclaimtemplates", template
         )
 
     def lease(self) -> dict[str, Any]:
@@ -261,35 +239,10 @@ def test_each_replica_gets_back_exactly_its_own_devices_every_cycle_in_dra_mode(
 def _borrower(job: DraJob, name: str) -> None:
     """A low-priority pod of the plain scheduler on any of the group's nodes, with a claim for
     4 devices of ``tidelease-borrow``."""
-    template = claim_template(job.ns, name, dra.CLASS_BORROW)
-    template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"] = REPLICA_GPUS
-    job._create_template(template)
-    job.cluster.kube.create(
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": name,
-                "namespace": job.ns,
-                "annotations": {contract.ANN_PRIORITY: Priority.LOW.value},
-            },
-            "spec": {
-                "schedulerName": job.scheduler,
-                "priorityClassName": BORROWER,
-                "nodeSelector": {GROUP_LABEL: job.group.id},
-                "tolerations": [{"key": GROUP_LABEL, "operator": "Exists", "effect": "NoSchedule"}],
-                "terminationGracePeriodSeconds": 0,
-                "containers": [
-                    {
-                        "name": "main",
-                        "image": "registry.example/train:v1",
-                        "resources": {"claims": [{"name": "gpu"}]},
-                    }
-                ],
-                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}],
-            },
-        }
-    )
+    create_claim_pod(
+        job.cluster, job.group, job.scheduler, job.ns, name, None, dra.CLASS_BORROW,
+        count=REPLICA_GPUS,
+    )  # fmt: skip
 
 
 def test_only_the_replica_whose_device_failed_falls_back_to_standby_in_dra_mode(
