@@ -5,6 +5,8 @@
 set -o errexit -o nounset -o pipefail
 
 source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
+# containerd 2.x (TL_CONTAINERD_VERSION, TL_CTRD2_COMPONENTS): the real node's DRA mode.
+source "${TL_HACK}/lib/containerd.sh"
 
 GO="${GO:-go}"
 # Niceness of the builds; 19 keeps a 2-core machine usable for other work.
@@ -23,9 +25,10 @@ Builds the named components (default: all, in this order) into
   $(tl::cache_dir)/bin/<version>/<name>
 skipping those already there.
 
-Components: ${TL_COMPONENTS[*]}
+Components: ${ALL_COMPONENTS[*]}
 Versions:   KUBE_VERSION=${KUBE_VERSION} ETCD_VERSION=${ETCD_VERSION} KWOK_VERSION=${KWOK_VERSION}
             HELM_VERSION=${HELM_VERSION} PROMETHEUS_VERSION=${PROMETHEUS_VERSION} (promtool)
+            TL_CONTAINERD_VERSION=${TL_CONTAINERD_VERSION} (${TL_CTRD2_COMPONENTS[*]})
 
 Options:
   -f  rebuild even if cached (same as FORCE=true)
@@ -57,9 +60,29 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM HUP
 
+# Every component: common.sh's, then containerd 2.x's (pinned in hack/lib/containerd.sh).
+ALL_COMPONENTS=("${TL_COMPONENTS[@]}" "${TL_CTRD2_COMPONENTS[@]}")
+
+is_containerd() {
+  case "$1" in containerd | containerd-shim-runc-v2 | ctr) return 0 ;; *) return 1 ;; esac
+}
+
+# version_of NAME - the version NAME is built at (dies on unknown names).
+version_of() {
+  if is_containerd "$1"; then printf '%s\n' "${TL_CONTAINERD_VERSION}"; else tl::component_version "$1"; fi
+}
+
+# dest_of NAME - where NAME's binary is cached: $(tl::cache_dir)/bin/<version>/<name>.
+dest_of() {
+  if is_containerd "$1"; then tl::ctrd::bin2_path "$1"; else tl::bin_path "$1"; fi
+}
+
 # gomod_of NAME - wrapper module directory and Go package for a component.
 gomod_of() {
   case "$1" in
+    containerd | containerd-shim-runc-v2 | ctr)
+      printf '%s %s\n' "${GOMOD_DIR}/containerd" "github.com/containerd/containerd/v2/cmd/$1"
+      ;;
     etcd) printf '%s %s\n' "${GOMOD_DIR}/etcd" "go.etcd.io/etcd/server/v3" ;;
     kwok) printf '%s %s\n' "${GOMOD_DIR}/kwok" "sigs.k8s.io/kwok/cmd/kwok" ;;
     helm) printf '%s %s\n' "${GOMOD_DIR}/helm" "helm.sh/helm/v3/cmd/helm" ;;
@@ -93,6 +116,10 @@ ldflags_of() {
   local name="$1" version="$2" flags=(-s -w) minor key pkg
   case "${name}" in
     etcd) ;; # etcd's version is a constant in go.etcd.io/etcd/api/v3/version.
+    containerd | containerd-shim-runc-v2 | ctr)
+      # As containerd's Makefile does (it also stamps the git revision, unknown here).
+      flags+=("-X github.com/containerd/containerd/v2/version.Version=${version}")
+      ;;
     kwok) flags+=("-X sigs.k8s.io/kwok/pkg/consts.Version=${version}") ;;
     promtool)
       # As Prometheus's .promu.yml does (it also stamps the branch and revision, unknown here).
@@ -128,6 +155,7 @@ version_args() {
   case "$1" in
     kubectl) printf '%s\n' "version --client" ;;
     helm) printf '%s\n' "version --short" ;;
+    containerd-shim-runc-v2) printf '%s\n' "-v" ;;
     *) printf '%s\n' "--version" ;;
   esac
 }
@@ -145,14 +173,15 @@ check_pinned() {
 build() {
   local name="$1" version dest dir pkg module tmp start ldflags out reported
   local -a goflags=(-trimpath -mod=readonly)
-  version="$(tl::component_version "${name}")"
-  dest="$(tl::bin_path "${name}")"
+  version="$(version_of "${name}")"
+  dest="$(dest_of "${name}")"
   read -r dir pkg < <(gomod_of "${name}")
   case "${name}" in
     etcd) module=go.etcd.io/etcd/server/v3 ;;
     kwok) module=sigs.k8s.io/kwok ;;
     helm) module=helm.sh/helm/v3 ;;
     promtool) module=github.com/prometheus/prometheus ;;
+    containerd | containerd-shim-runc-v2 | ctr) module=github.com/containerd/containerd/v2 ;;
     *) module=k8s.io/kubernetes ;;
   esac
   check_pinned "${dir}" "${module}" "${version}"
@@ -183,7 +212,7 @@ build() {
   [[ "${out}" == *"${reported}"* ]] ||
     tl::die "${name}: '${name} $(version_args "${name}")' does not report ${reported}: ${out}"
   mv -f -- "${tmp}" "${dest}"
-  tl::log "built ${name} ${version} in $(tl::elapsed "${start}")s -> ${dest} ($(head -n1 <<<"${out}"))"
+  tl::log "built ${name} ${version} in $(tl::elapsed "${start}")s -> ${dest} ($(grep -m1 -F -- "${reported}" <<<"${out}" | sed 's/^[[:space:]]*//'))"
 }
 
 main() {
@@ -201,21 +230,21 @@ main() {
   if [[ $# -gt 0 ]]; then
     wanted=("$@")
   else
-    wanted=("${TL_COMPONENTS[@]}")
+    wanted=("${ALL_COMPONENTS[@]}")
   fi
   for name in "${wanted[@]}"; do
-    tl::component_version "${name}" >/dev/null # dies on unknown names
+    version_of "${name}" >/dev/null # dies on unknown names
   done
 
   if [[ "${list}" == true ]]; then
     for name in "${wanted[@]}"; do
-      dest="$(tl::bin_path "${name}")"
+      dest="$(dest_of "${name}")"
       if [[ -x "${dest}" ]]; then printf '%-24s %s\n' "${name}" "${dest}"; else printf '%-24s %s (missing)\n' "${name}" "${dest}"; fi
     done
     return 0
   fi
 
-  missing() { [[ "${FORCE}" == true || ! -x "$(tl::bin_path "$1")" ]]; }
+  missing() { [[ "${FORCE}" == true || ! -x "$(dest_of "$1")" ]]; }
 
   local -a todo=()
   for name in "${wanted[@]}"; do
@@ -242,7 +271,7 @@ main() {
 
   start="$(tl::now_s)"
   for name in "${todo[@]}"; do
-    if [[ "${FORCE}" != true && -x "$(tl::bin_path "${name}")" ]]; then
+    if [[ "${FORCE}" != true && -x "$(dest_of "${name}")" ]]; then
       tl::log "${name}: built meanwhile by another run"
       continue
     fi

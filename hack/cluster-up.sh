@@ -4,7 +4,7 @@
 # TL_CLUSTER_NODES fake GPU nodes (nvidia.com/gpu: 8, a GpuNode object each), tidelease's CRDs
 # and PriorityClasses, and the tidelease extender. Ports are free loopback ports.
 #
-# usage: hack/cluster-up.sh [-f | -d] [-n NODES] [-D DIR] [-p] [-r]
+# usage: hack/cluster-up.sh [-f | -d] [-n NODES] [-D DIR] [-p] [-r] [-R]
 #   -f  foreground (default): run until SIGINT/SIGTERM (or until TL_CLUSTER_PARENT_PID exits),
 #       then stop everything and clean up
 #   -d  detach: start in the background, return once ready; stop with hack/cluster-down.sh
@@ -15,6 +15,8 @@
 #   -p  also run a kube-scheduler without extenders for pods with schedulerName tidelease-plain
 #   -r  also join a real node (hack/realnode.sh: containerd + kubelet + the tidelease agent with
 #       fake GPUs; needs root): TL_CLUSTER_REAL_NODE=true
+#   -R  also join a real node in DRA mode (hack/realnode.sh -d: containerd 2.x with CDI, the
+#       agent's ResourceSlice and kubelet DRA plugin; needs root): TL_CLUSTER_REAL_DRA_NODE=true
 #
 # When ready it writes DIR/cluster.env (KUBECONFIG, TL_CLUSTER_SERVER, TL_CLUSTER_TOKEN,
 # TL_CLUSTER_CA, TL_CLUSTER_EXTENDER_URL, the pids, ...; `source` it). Idempotent: with -d, a
@@ -33,7 +35,7 @@ MODE="${TL_CLUSTER_MODE:-foreground}"
 # Foreground mode also exits when this process does (the test fixture's pytest).
 TL_CLUSTER_PARENT_PID="${TL_CLUSTER_PARENT_PID:-}"
 
-usage() { sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,28p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 cleanup() {
   local rc=$?
@@ -109,7 +111,7 @@ run_detached() {
 
 main() {
   local opt
-  while getopts ":fdn:D:prh" opt; do
+  while getopts ":fdn:D:prRh" opt; do
     case "${opt}" in
       f) MODE=foreground ;;
       d) MODE=detach ;;
@@ -117,6 +119,7 @@ main() {
       D) TL_CLUSTER_DIR="${OPTARG}" ;;
       p) TL_CLUSTER_PLAIN_SCHEDULER=true ;;
       r) TL_CLUSTER_REAL_NODE=true ;;
+      R) TL_CLUSTER_REAL_DRA_NODE=true ;;
       h) usage; exit 0 ;;
       *) usage >&2; exit 2 ;;
     esac
@@ -124,7 +127,8 @@ main() {
   shift $((OPTIND - 1))
   [[ $# -eq 0 ]] || { usage >&2; exit 2; }
   TL_CLUSTER_DIR="$(realpath -m -- "${TL_CLUSTER_DIR}")"
-  export TL_CLUSTER_NODES TL_CLUSTER_DIR TL_CLUSTER_PLAIN_SCHEDULER TL_CLUSTER_REAL_NODE
+  export TL_CLUSTER_NODES TL_CLUSTER_DIR TL_CLUSTER_PLAIN_SCHEDULER TL_CLUSTER_REAL_NODE \
+    TL_CLUSTER_REAL_DRA_NODE
 
   tl::require_cmd curl openssl python3 setsid
   tl::cluster::check_settings

@@ -9,13 +9,23 @@
 # nodes are made, and the pod network's bridge is up with its gateway address, so that a
 # forwarder on that address can bring the pods to the API server).
 #
-# usage: hack/realnode.sh -D DIR -k KUBECONFIG -n NAME [-g GPUS [-a]] [-c KUBELET_CLIENT_CA] [-L LOGS]
+# With -d (and -g), the node runs in DRA mode (docs/dra.md): containerd 2.x (built by
+# hack/build-binaries.sh; Debian's 1.6 ignores CDI) reading CDI specs from DIR/cdi, and the agent
+# with --dra --no-device-plugin: it publishes the node's ResourceSlice and serves the kubelet's
+# DRA plugin in the kubelet's plugin dirs (under its --root-dir), so the node offers no
+# nvidia.com/gpu, and containers get the devices of their claims through CDI. -t TIERS (HA, MA or
+# LA per GPU, comma-separated) gives the fake GPUs those tiers: before the agent starts, its
+# GpuNode gets an availability history from which the agent assesses them.
+#
+# usage: hack/realnode.sh -D DIR -k KUBECONFIG -n NAME [-g GPUS [-a | -d [-t TIERS]]]
+#                         [-c KUBELET_CLIENT_CA] [-L LOGS]
 #
 # Runs in the foreground until SIGINT/SIGTERM or until TL_REALNODE_PARENT_PID exits; then it
 # deletes the node's pods, stops the agent, the kubelet and containerd, and removes everything
 # (containers, mounts, bridge, cgroups, DIR; the logs stay when -L puts them elsewhere). Once the node is Ready (and with -g, offers its GPUs)
 # it writes DIR/realnode.env (KEY=VALUE lines: TL_REALNODE_NAME, TL_REALNODE_IP,
-# TL_REALNODE_CTRD_SOCK, ...).
+# TL_REALNODE_CTRD_SOCK, TL_REALNODE_MODE (extender or dra), ...); in DRA mode "offers its GPUs"
+# is: its ResourceSlice lists GPUS devices and the kubelet registered the DRA plugin.
 #
 # The node carries the taint tidelease.io/real-node=true:NoSchedule, so only pods that tolerate
 # it land here. Everything runs in a private mount namespace: the kubelet insists on
@@ -30,10 +40,10 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 source "${TL_HACK}/lib/containerd.sh"
 source "${TL_HACK}/lib/python.sh"
 
-usage() { sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,36p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
-DIR="" KUBECONFIG_PATH="" NAME="" GPUS=0 CLIENT_CA="" LOGS="" AGENT_IN_POD=false
-while getopts ":D:k:n:g:c:L:ah" opt; do
+DIR="" KUBECONFIG_PATH="" NAME="" GPUS=0 CLIENT_CA="" LOGS="" AGENT_IN_POD=false DRA=false TIERS=""
+while getopts ":D:k:n:g:c:L:adt:h" opt; do
   case "${opt}" in
     D) DIR="$(realpath -m -- "${OPTARG}")" ;;
     k) KUBECONFIG_PATH="$(realpath -- "${OPTARG}")" ;;
@@ -42,6 +52,8 @@ while getopts ":D:k:n:g:c:L:ah" opt; do
     c) CLIENT_CA="$(realpath -- "${OPTARG}")" ;;
     L) LOGS="$(realpath -m -- "${OPTARG}")" ;;
     a) AGENT_IN_POD=true ;;
+    d) DRA=true ;;
+    t) TIERS="${OPTARG}" ;;
     h) usage; exit 0 ;;
     *) usage >&2; exit 2 ;;
   esac
@@ -49,6 +61,19 @@ done
 [[ -n "${DIR}" && -n "${KUBECONFIG_PATH}" && -n "${NAME}" ]] || { usage >&2; exit 2; }
 [[ "${GPUS}" =~ ^[0-9]+$ ]] || tl::die "-g wants a number of GPUs"
 [[ "${NAME}" =~ ^[a-z0-9]([-a-z0-9]*[a-z0-9])?$ ]] || tl::die "-n ${NAME}: not a node name"
+MODE=extender
+if [[ "${DRA}" == true ]]; then
+  MODE=dra
+  ((GPUS > 0)) || tl::die "-d (DRA mode) wants fake GPUs (-g)"
+  [[ "${AGENT_IN_POD}" != true ]] || tl::die "-d and -a do not go together"
+fi
+if [[ -n "${TIERS}" ]]; then
+  [[ "${DRA}" == true ]] || tl::die "-t (tiers) goes with -d"
+  [[ "${TIERS}" =~ ^(HA|MA|LA)(,(HA|MA|LA))*$ ]] ||
+    tl::die "-t ${TIERS}: want HA, MA or LA per GPU, comma-separated"
+  IFS=, read -r -a tier_list <<<"${TIERS}"
+  ((${#tier_list[@]} == GPUS)) || tl::die "-t ${TIERS}: ${#tier_list[@]} tiers for ${GPUS} GPUs"
+fi
 
 PLUGIN_DIR_IN_NS=/var/lib/kubelet/device-plugins
 TAINT_KEY=tidelease.io/real-node
@@ -65,6 +90,20 @@ fi
 LOGS="${LOGS:-${DIR}/logs}"
 mkdir -p "${LOGS}" "${DIR}/device-plugins" "${DIR}/kubelet"
 TL_CTRD_LOG_DIR="${LOGS}"
+# DRA mode: the kubelet's plugin dirs, which it derives from its --root-dir (upstream's
+# getPluginsRegistrationDir and getPluginsDir), and the CDI specs' dir.
+REGISTRY_DIR="${DIR}/kubelet/plugins_registry"
+PLUGINS_DIR="${DIR}/kubelet/plugins"
+CDI_DIR=""
+# DRA mode: the fake GPUs' UUIDs are the node's own (an extender-mode real node has GPU-fake-...).
+FAKE_UUID_PREFIX="GPU-${NAME}"
+if [[ "${DRA}" == true ]]; then
+  CDI_DIR="${DIR}/cdi"
+  mkdir -p "${CDI_DIR}"
+  # A unix socket path holds at most 107 bytes: the DRA socket is the longest one here.
+  sock="${PLUGINS_DIR}/gpu.tidelease.io/dra.sock"
+  ((${#sock} <= 107)) || tl::die "-D ${DIR} is too long for the DRA plugin's socket ${sock}"
+fi
 KUBELET="$(tl::bin kubelet)"
 KUBECTL="$(tl::bin kubectl)"
 KUBELET_PID="" AGENT_PID=""
@@ -128,8 +167,15 @@ NODE_IP="$(host_ip)"
 mkdir -p "${PLUGIN_DIR_IN_NS}"
 mount --bind "${DIR}/device-plugins" "${PLUGIN_DIR_IN_NS}"
 
-tl::ctrd::init "${DIR}/containerd"
+if [[ "${DRA}" == true ]]; then
+  tl::ctrd::use_v2
+fi
+tl::ctrd::init "${DIR}/containerd" "${CDI_DIR}"
 tl::ctrd::start
+CTRD_VERSION="$(tl::ctrd::server_version)"
+if [[ "${DRA}" == true && "${CTRD_VERSION}" != v2.* ]]; then
+  tl::die "DRA mode needs containerd 2.x (CDI), but containerd ${CTRD_VERSION:-of unknown version} answers on ${TL_CTRD_SOCK}"
+fi
 tl::ctrd::import_images
 
 PORT="$(tl::free_port)"
@@ -207,6 +253,46 @@ node_offers_gpus() {
   [[ "$(kubectl get node "${NAME}" -o jsonpath='{.status.allocatable.nvidia\.com/gpu}')" == "${GPUS}" ]]
 }
 
+# DRA mode: the agent's ResourceSlice lists every GPU, and the kubelet took its DRA plugin.
+node_publishes_gpus() {
+  local names
+  names="$(kubectl get resourceslices.resource.k8s.io "tidelease-${NAME}" \
+    -o jsonpath='{.spec.devices[*].name}')" || return 1
+  [[ "$(wc -w <<<"${names}")" -eq "${GPUS}" ]] &&
+    grep -q "kubelet registered DRA driver" "${LOGS}/agent.log"
+}
+
+# seed_tiers - DRA mode with -t: the GpuNode's availability history (as the agent publishes it)
+# from which the agent assesses each fake GPU the tier asked: HA never unhealthy, MA 98 %, LA
+# 50 % of the time observed. The agent reads it back when it starts and assesses at once (no
+# tierAssessedAt).
+seed_tiers() {
+  local patch
+  patch="$("${TL_VENV}/bin/python" - "${FAKE_UUID_PREFIX}" "${TIERS}" <<'PY'
+import json
+import sys
+import time
+
+from nodeagent.main import fake_uuid
+
+prefix, tiers = sys.argv[1], sys.argv[2].split(",")
+now = int(time.time()) - 60
+healthy = {"MA": 9800, "LA": 5000}  # of 10000 s observed; the rest unhealthy
+history = {}
+for index, tier in enumerate(tiers):
+    if tier in healthy:
+        start = now - 10000
+        mid = start + healthy[tier]
+        history[fake_uuid(index, prefix)] = [[start, mid, 1], [mid, now, 0]]
+print(json.dumps({"status": {"availability": history}}))
+PY
+)"
+  printf '{"apiVersion": "tidelease.io/v1alpha1", "kind": "GpuNode", "metadata": {"name": "%s"}, "spec": {}}\n' \
+    "${NAME}" | kubectl apply -f - >/dev/null
+  kubectl patch gpunodes.tidelease.io "${NAME}" --subresource=status --type=merge -p "${patch}" >/dev/null
+  tl::log "GpuNode ${NAME}: availability history for tiers ${TIERS}"
+}
+
 wait_for "node ${NAME} Ready" node_ready
 
 GATEWAY="${TL_CTRD_SUBNET%.0/24}.1"
@@ -223,20 +309,35 @@ if [[ "${AGENT_IN_POD}" == true ]]; then
   ip link set "${TL_CTRD_BRIDGE}" up
 elif ((GPUS > 0)); then
   kubectl create namespace tidelease-system >/dev/null 2>&1 || true
+  agent_flags=(--device-plugin-dir "${DIR}/device-plugins")
+  if [[ "${DRA}" == true ]]; then
+    [[ -z "${TIERS}" ]] || seed_tiers
+    agent_flags=(--dra --no-device-plugin --fake-uuid-prefix "${FAKE_UUID_PREFIX}"
+      --kubelet-registry-dir "${REGISTRY_DIR}" --kubelet-plugins-dir "${PLUGINS_DIR}"
+      --cdi-dir "${CDI_DIR}")
+  fi
   "${TL_VENV}/bin/tidelease" agent --node "${NAME}" --kubeconfig "${KUBECONFIG_PATH}" \
     --backend fake --fake-gpus "${GPUS}" --cycle 1 --quiet-period 3 \
-    --device-plugin-dir "${DIR}/device-plugins" --host-device-root "${DIR}/fakedev" \
+    --host-device-root "${DIR}/fakedev" "${agent_flags[@]}" \
     --cri-endpoint "unix://${TL_CTRD_SOCK}" \
     >"${LOGS}/agent.log" 2>&1 &
   AGENT_PID=$!
-  tl::log "started tidelease agent with ${GPUS} fake GPUs (pid ${AGENT_PID})"
-  wait_for "nvidia.com/gpu: ${GPUS} on node ${NAME}" node_offers_gpus
+  tl::log "started tidelease agent (${MODE} mode) with ${GPUS} fake GPUs (pid ${AGENT_PID})"
+  if [[ "${DRA}" == true ]]; then
+    wait_for "ResourceSlice tidelease-${NAME} with ${GPUS} devices, DRA plugin registered" \
+      node_publishes_gpus
+  else
+    wait_for "nvidia.com/gpu: ${GPUS} on node ${NAME}" node_offers_gpus
+  fi
 fi
 
 cat >"${DIR}/realnode.env.tmp" <<EOF
 TL_REALNODE_NAME=${NAME}
 TL_REALNODE_IP=${NODE_IP}
 TL_REALNODE_GPUS=${GPUS}
+TL_REALNODE_MODE=${MODE}
+TL_REALNODE_CONTAINERD_VERSION=${CTRD_VERSION}
+TL_REALNODE_CDI_DIR=${CDI_DIR}
 TL_REALNODE_TAINT=${TAINT_KEY}
 TL_REALNODE_CTRD_SOCK=${TL_CTRD_SOCK}
 TL_REALNODE_SUBNET=${TL_CTRD_SUBNET}

@@ -2,7 +2,8 @@
 # The whole test suite, as CI runs it: lint (ruff), types (mypy --strict), then every test,
 # including those that need a real kube-apiserver, the local cluster and its real kubelet node
 # (binaries built here on first use, then cached) and a real containerd (Debian's packages,
-# installed here when missing).
+# installed here when missing; containerd 2.x for the real node in DRA mode, built and cached
+# like the Kubernetes binaries).
 #
 # usage: hack/test.sh [pytest args...]
 #   TIDELEASE_SKIP_BUILD=1   do not build the Kubernetes binaries (and helm, promtool); tests that
@@ -12,7 +13,7 @@ set -o errexit -o nounset -o pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib/python.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/lib/containerd.sh"
 
-usage() { sed -n '2,9p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then usage; exit 0; fi
 
 cd "${TL_ROOT}"
@@ -20,7 +21,7 @@ tl::py::ensure
 
 if [[ "${TIDELEASE_SKIP_BUILD:-}" != "1" ]]; then
   "${TL_HACK}/build-binaries.sh" etcd kube-apiserver kubectl kube-scheduler kube-controller-manager kubelet kwok \
-    helm promtool
+    helm promtool containerd containerd-shim-runc-v2 ctr
 fi
 tl::ctrd::ensure_packages
 

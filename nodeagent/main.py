@@ -25,6 +25,16 @@ def _xids(text: str, problems: list[str]) -> frozenset[int]:
     return frozenset(x for x in xids if x is not None)
 
 
+# The UUIDs of the fake backend's GPUs: "<prefix>-<index, 4 digits>-0000-0000-000000000000".
+FAKE_UUID_PREFIX = "GPU-fake"
+
+
+def fake_uuid(index: int, prefix: str = FAKE_UUID_PREFIX) -> str:
+    """The UUID of the fake backend's GPU ``index`` (``--fake-uuid-prefix``): two nodes with
+    fake GPUs in one cluster tell their devices apart by giving different prefixes."""
+    return f"{prefix}-{index:04d}-0000-0000-000000000000"
+
+
 def flag_problems(args: argparse.Namespace) -> list[str]:
     """Every problem with the agent's own flags and its cache's (the device plugin's settings
     validate themselves): numbers finite, whole numbers whole, ports in range."""
@@ -33,6 +43,12 @@ def flag_problems(args: argparse.Namespace) -> list[str]:
         problems.append("--node (or NODE_NAME) is required")
     _xids(args.ignored_xids, problems)
     as_count("--fake-gpus", args.fake_gpus, problems)
+    if not args.fake_uuid_prefix or not all(
+        c.isascii() and (c.isalnum() or c == "-") for c in args.fake_uuid_prefix
+    ):
+        problems.append(
+            f"--fake-uuid-prefix: want letters, digits and dashes, got {args.fake_uuid_prefix!r}"
+        )
     for flag, value in (
         ("--quiet-period", args.quiet_period),
         ("--cycle", args.cycle),
@@ -98,7 +114,10 @@ def _agent(args: argparse.Namespace) -> int:
     if args.backend == "fake":
         from nodeagent.nvmlfake import FakeNvml, full_gpu
 
-        reader = NvmlReader(FakeNvml([full_gpu(i) for i in range(int(args.fake_gpus))]))
+        gpus = [full_gpu(i) for i in range(int(args.fake_gpus))]
+        for gpu in gpus:
+            gpu.uuid = fake_uuid(gpu.minor, args.fake_uuid_prefix)
+        reader = NvmlReader(FakeNvml(gpus))
     else:
         reader = open_reader(args.backend)
 
@@ -223,6 +242,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     # Numbers are read as text and checked together (flag_problems): argparse's own types would
     # stop at the first bad one, and float() takes nan and inf.
     agent.add_argument("--fake-gpus", default=8, help="GPUs of the fake backend")
+    agent.add_argument(
+        "--fake-uuid-prefix",
+        default=FAKE_UUID_PREFIX,
+        help="the fake backend's GPU UUIDs are <prefix>-<index>-0000-0000-000000000000"
+        " (distinct prefixes for two fake nodes of one cluster)",
+    )
     agent.add_argument("--kubeconfig", type=Path, help="kubeconfig (default: in-cluster)")
     agent.add_argument(
         "--namespace", default="tidelease-system", help="namespace of the heartbeat Lease"

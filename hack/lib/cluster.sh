@@ -27,6 +27,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 source "${TL_HACK}/lib/controlplane.sh"
 # shellcheck source=python.sh
 source "${TL_HACK}/lib/python.sh"
+# shellcheck source=containerd.sh
+source "${TL_HACK}/lib/containerd.sh"
 
 # Settings (override from the environment).
 TL_CLUSTER_DIR="${TL_CLUSTER_DIR:-${TMPDIR:-/tmp}/tidelease-cluster-${UID}}"
@@ -58,12 +60,23 @@ TL_CLUSTER_EXTENDER_LOG_LEVEL="${TL_CLUSTER_EXTENDER_LOG_LEVEL:-INFO}"
 # graceSeconds (the CRD keeps those at 30 or more): the extender's leasing_test_grace_s, so that
 # tests do not wait half a minute per reclaim. Empty: the leases' own notice, as in production.
 TL_CLUSTER_LEASING_GRACE_S="${TL_CLUSTER_LEASING_GRACE_S-2}"
+# true: the controllers' leasing in DRA mode (the setting dra, docs/dra.md#reclaim-in-dra-mode):
+# it also reads ResourceClaims and pins returning replicas' claims. Pods without claims are
+# leased as in extender mode either way.
+TL_CLUSTER_LEASING_DRA="${TL_CLUSTER_LEASING_DRA:-false}"
 # true: also join a real node (hack/realnode.sh: Debian's containerd and a real kubelet, root
 # only) named TL_CLUSTER_REAL_NODE_NAME, with TL_CLUSTER_REAL_NODE_GPUS fake GPUs served by the
 # tidelease agent's device plugin. It is tainted tidelease.io/real-node=true:NoSchedule.
 TL_CLUSTER_REAL_NODE="${TL_CLUSTER_REAL_NODE:-false}"
 TL_CLUSTER_REAL_NODE_NAME="${TL_CLUSTER_REAL_NODE_NAME:-real-0}"
 TL_CLUSTER_REAL_NODE_GPUS="${TL_CLUSTER_REAL_NODE_GPUS:-8}"
+# true: also join a second real node in DRA mode (hack/realnode.sh -d: containerd 2.x, built by
+# hack/build-binaries.sh, with CDI; the agent publishes a ResourceSlice and serves the kubelet's
+# DRA plugin, no device plugin), named TL_CLUSTER_REAL_DRA_NODE_NAME, with one fake GPU per tier
+# of TL_CLUSTER_REAL_DRA_NODE_TIERS (by index). Same taint and client CA as the first.
+TL_CLUSTER_REAL_DRA_NODE="${TL_CLUSTER_REAL_DRA_NODE:-false}"
+TL_CLUSTER_REAL_DRA_NODE_NAME="${TL_CLUSTER_REAL_DRA_NODE_NAME:-real-dra-0}"
+TL_CLUSTER_REAL_DRA_NODE_TIERS="${TL_CLUSTER_REAL_DRA_NODE_TIERS:-MA,HA,LA,MA}"
 # true: leave TL_CLUSTER_DIR (logs, data) behind when the cluster stops.
 TL_CLUSTER_KEEP_DIR="${TL_CLUSTER_KEEP_DIR:-false}"
 
@@ -89,6 +102,12 @@ TL_CLUSTER_REAL_NODE_PID=""
 TL_CLUSTER_REAL_NODE_IP=""
 TL_CLUSTER_REAL_NODE_CTRD_SOCK=""
 TL_CLUSTER_REAL_NODE_GATEWAY=""
+TL_CLUSTER_REAL_DRA_NODE_PID=""
+TL_CLUSTER_REAL_DRA_NODE_IP=""
+TL_CLUSTER_REAL_DRA_NODE_CTRD_SOCK=""
+TL_CLUSTER_REAL_DRA_NODE_CDI_DIR=""
+TL_CLUSTER_REAL_DRA_NODE_GATEWAY=""
+TL_CLUSTER_REAL_DRA_NODE_GPUS=""
 
 tl::cluster::state_file() {
   printf '%s/%s\n' "${1:-${TL_CLUSTER_DIR}}" "${TL_CLUSTER_STATE_NAME}"
@@ -109,9 +128,21 @@ tl::cluster::check_settings() {
   [[ "${TL_CLUSTER_GPUS_PER_NODE}" =~ ^[0-9]+$ ]] || tl::die "TL_CLUSTER_GPUS_PER_NODE must be a number"
   [[ "${TL_CLUSTER_NODE_LEASE_S}" =~ ^[1-9][0-9]*$ ]] || tl::die "TL_CLUSTER_NODE_LEASE_S must be a positive number"
   [[ "${TL_CLUSTER_REAL_NODE}" =~ ^(true|false)$ ]] || tl::die "TL_CLUSTER_REAL_NODE must be true or false"
+  [[ "${TL_CLUSTER_LEASING_DRA}" =~ ^(true|false)$ ]] || tl::die "TL_CLUSTER_LEASING_DRA must be true or false"
   [[ "${TL_CLUSTER_REAL_NODE_GPUS}" =~ ^[0-9]+$ ]] || tl::die "TL_CLUSTER_REAL_NODE_GPUS must be a number"
   if [[ "${TL_CLUSTER_REAL_NODE}" == true && "${EUID}" -ne 0 ]]; then
     tl::die "a real node (-r) needs root: containerd, cgroups and mounts"
+  fi
+  [[ "${TL_CLUSTER_REAL_DRA_NODE}" =~ ^(true|false)$ ]] ||
+    tl::die "TL_CLUSTER_REAL_DRA_NODE must be true or false"
+  [[ "${TL_CLUSTER_REAL_DRA_NODE_TIERS}" =~ ^(HA|MA|LA)(,(HA|MA|LA))*$ ]] ||
+    tl::die "TL_CLUSTER_REAL_DRA_NODE_TIERS must be HA, MA or LA per GPU, comma-separated"
+  if [[ "${TL_CLUSTER_REAL_DRA_NODE}" == true && "${EUID}" -ne 0 ]]; then
+    tl::die "a real DRA node needs root: containerd, cgroups and mounts"
+  fi
+  if [[ "${TL_CLUSTER_REAL_DRA_NODE}" == true &&
+    "${TL_CLUSTER_REAL_DRA_NODE_NAME}" == "${TL_CLUSTER_REAL_NODE_NAME}" ]]; then
+    tl::die "the two real nodes need different names"
   fi
   [[ "${TL_CLUSTER_DIR}" == /* ]] || tl::die "TL_CLUSTER_DIR must be an absolute path"
   [[ "${TL_CLUSTER_DIR}" =~ ^[A-Za-z0-9_./-]+$ ]] ||
@@ -122,10 +153,16 @@ tl::cluster::check_settings() {
 tl::cluster::require_binaries() {
   local name missing=()
   local -a names=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok)
-  [[ "${TL_CLUSTER_REAL_NODE}" != true ]] || names+=(kubelet)
+  [[ "${TL_CLUSTER_REAL_NODE}" != true && "${TL_CLUSTER_REAL_DRA_NODE}" != true ]] ||
+    names+=(kubelet)
   for name in "${names[@]}"; do
     [[ -x "$(tl::bin_path "${name}")" ]] || missing+=("${name}")
   done
+  if [[ "${TL_CLUSTER_REAL_DRA_NODE}" == true ]]; then
+    for name in "${TL_CTRD2_COMPONENTS[@]}"; do
+      [[ -x "$(tl::ctrd::bin2_path "${name}")" ]] || missing+=("${name}")
+    done
+  fi
   if ((${#missing[@]} > 0)); then
     tl::die "missing binaries: ${missing[*]} (under $(tl::cache_dir)/bin); run hack/build-binaries.sh"
   fi
@@ -366,6 +403,7 @@ tl::cluster::start_controllers() {
   TL_CLUSTER_CONTROLLERS_URL="http://127.0.0.1:${port}"
   TIDELEASE_EXTENDER_LEASING_TEST_GRACE_S="${TL_CLUSTER_LEASING_GRACE_S}" \
     TIDELEASE_EXTENDER_METRICS_AUTH="${TIDELEASE_EXTENDER_METRICS_AUTH:-true}" \
+    TIDELEASE_EXTENDER_DRA="${TL_CLUSTER_LEASING_DRA}" \
     "${TL_VENV}/bin/tidelease" --log-level "${TL_CLUSTER_EXTENDER_LOG_LEVEL}" controllers \
     --kubeconfig "${TL_CP_KUBECONFIG}" --probe-host 127.0.0.1 --probe-port "${port}" \
     "${flags[@]}" >"${log}" 2>&1 &
@@ -487,27 +525,63 @@ tl::cluster::kubelet_client_certs() {
   TL_CP_APISERVER_EXTRA_ARGS="${TL_CP_APISERVER_EXTRA_ARGS:-} --kubelet-client-certificate=${dir}/client.crt --kubelet-client-key=${dir}/client.key --kubelet-preferred-address-types=InternalIP"
 }
 
-# tl::cluster::start_real_node - hack/realnode.sh in DIR/realnode (its own supervisor: it drains
-# and removes everything when it gets SIGTERM, or when this shell is gone); waits until the node
-# is Ready and offers its GPUs.
-tl::cluster::start_real_node() {
-  local dir="${TL_CLUSTER_DIR}/realnode" log="${TL_CLUSTER_DIR}/logs/realnode.log" deadline
+# tl::cluster::_launch_real_node KEY NAME DIR LOG ARGS... - hack/realnode.sh for node NAME in DIR
+# (its own supervisor: it drains and removes everything when it gets SIGTERM, or when this shell
+# is gone), in the background; sets TL_CLUSTER__LAST_PID, recorded under KEY.
+tl::cluster::_launch_real_node() {
+  local key="$1" name="$2" dir="$3" log="$4"
+  shift 4
   TL_REALNODE_PARENT_PID="$$" TL_CLUSTER_GPU_TYPE="${TL_CLUSTER_GPU_TYPE}" \
-    "${TL_HACK}/realnode.sh" -D "${dir}" -k "${TL_CP_KUBECONFIG}" -n "${TL_CLUSTER_REAL_NODE_NAME}" \
-    -g "${TL_CLUSTER_REAL_NODE_GPUS}" -c "${TL_CLUSTER_KUBELET_CLIENT_CA}" \
-    -L "${TL_CLUSTER_DIR}/logs/realnode" >"${log}" 2>&1 &
-  TL_CLUSTER_REAL_NODE_PID=$!
-  tl::cluster::record_pid TL_CLUSTER_REAL_NODE_PID "${TL_CLUSTER_REAL_NODE_PID}"
-  tl::log "starting real node ${TL_CLUSTER_REAL_NODE_NAME} (pid ${TL_CLUSTER_REAL_NODE_PID})"
+    "${TL_HACK}/realnode.sh" -D "${dir}" -k "${TL_CP_KUBECONFIG}" -n "${name}" \
+    -c "${TL_CLUSTER_KUBELET_CLIENT_CA}" "$@" >"${log}" 2>&1 &
+  TL_CLUSTER__LAST_PID=$!
+  tl::cluster::record_pid "${key}" "${TL_CLUSTER__LAST_PID}"
+  tl::log "starting real node ${name} (pid ${TL_CLUSTER__LAST_PID})"
+}
+
+# tl::cluster::_wait_real_node PID DIR LOG - until DIR/realnode.env appears: the node is Ready
+# and offers (or, in DRA mode, publishes) its GPUs.
+tl::cluster::_wait_real_node() {
+  local pid="$1" dir="$2" log="$3" deadline
   deadline=$((SECONDS + TL_CLUSTER_READY_TIMEOUT))
   until [[ -f "${dir}/realnode.env" ]]; do
-    tl::cp::_alive "${TL_CLUSTER_REAL_NODE_PID}" || tl::cp::_fail "real node" "${log}"
+    tl::cp::_alive "${pid}" || tl::cp::_fail "real node" "${log}"
     ((SECONDS < deadline)) || tl::cp::_fail "real node (not ready after ${TL_CLUSTER_READY_TIMEOUT}s)" "${log}"
     sleep 0.3
   done
-  TL_CLUSTER_REAL_NODE_IP="$(tl::cluster::read_state "${dir}/realnode.env" TL_REALNODE_IP)"
-  TL_CLUSTER_REAL_NODE_CTRD_SOCK="$(tl::cluster::read_state "${dir}/realnode.env" TL_REALNODE_CTRD_SOCK)"
-  TL_CLUSTER_REAL_NODE_GATEWAY="$(tl::cluster::read_state "${dir}/realnode.env" TL_REALNODE_GATEWAY)"
+}
+
+# tl::cluster::start_real_nodes - the real node (DIR/realnode, extender mode) and/or the real
+# DRA node (DIR/realdra), started together; waits until both are ready.
+tl::cluster::start_real_nodes() {
+  local dir="${TL_CLUSTER_DIR}/realnode" log="${TL_CLUSTER_DIR}/logs/realnode.log"
+  local dra_dir="${TL_CLUSTER_DIR}/realdra" dra_log="${TL_CLUSTER_DIR}/logs/realdra.log" gpus
+  if [[ "${TL_CLUSTER_REAL_NODE}" == true ]]; then
+    tl::cluster::_launch_real_node TL_CLUSTER_REAL_NODE_PID "${TL_CLUSTER_REAL_NODE_NAME}" \
+      "${dir}" "${log}" -g "${TL_CLUSTER_REAL_NODE_GPUS}" -L "${TL_CLUSTER_DIR}/logs/realnode"
+    TL_CLUSTER_REAL_NODE_PID="${TL_CLUSTER__LAST_PID}"
+  fi
+  if [[ "${TL_CLUSTER_REAL_DRA_NODE}" == true ]]; then
+    gpus="$(tr ',' '\n' <<<"${TL_CLUSTER_REAL_DRA_NODE_TIERS}" | wc -l)"
+    TL_CLUSTER_REAL_DRA_NODE_GPUS="${gpus}"
+    tl::cluster::_launch_real_node TL_CLUSTER_REAL_DRA_NODE_PID \
+      "${TL_CLUSTER_REAL_DRA_NODE_NAME}" "${dra_dir}" "${dra_log}" -d -g "${gpus}" \
+      -t "${TL_CLUSTER_REAL_DRA_NODE_TIERS}" -L "${TL_CLUSTER_DIR}/logs/realdra"
+    TL_CLUSTER_REAL_DRA_NODE_PID="${TL_CLUSTER__LAST_PID}"
+  fi
+  if [[ -n "${TL_CLUSTER_REAL_NODE_PID}" ]]; then
+    tl::cluster::_wait_real_node "${TL_CLUSTER_REAL_NODE_PID}" "${dir}" "${log}"
+    TL_CLUSTER_REAL_NODE_IP="$(tl::cluster::read_state "${dir}/realnode.env" TL_REALNODE_IP)"
+    TL_CLUSTER_REAL_NODE_CTRD_SOCK="$(tl::cluster::read_state "${dir}/realnode.env" TL_REALNODE_CTRD_SOCK)"
+    TL_CLUSTER_REAL_NODE_GATEWAY="$(tl::cluster::read_state "${dir}/realnode.env" TL_REALNODE_GATEWAY)"
+  fi
+  if [[ -n "${TL_CLUSTER_REAL_DRA_NODE_PID}" ]]; then
+    tl::cluster::_wait_real_node "${TL_CLUSTER_REAL_DRA_NODE_PID}" "${dra_dir}" "${dra_log}"
+    TL_CLUSTER_REAL_DRA_NODE_IP="$(tl::cluster::read_state "${dra_dir}/realnode.env" TL_REALNODE_IP)"
+    TL_CLUSTER_REAL_DRA_NODE_CTRD_SOCK="$(tl::cluster::read_state "${dra_dir}/realnode.env" TL_REALNODE_CTRD_SOCK)"
+    TL_CLUSTER_REAL_DRA_NODE_CDI_DIR="$(tl::cluster::read_state "${dra_dir}/realnode.env" TL_REALNODE_CDI_DIR)"
+    TL_CLUSTER_REAL_DRA_NODE_GATEWAY="$(tl::cluster::read_state "${dra_dir}/realnode.env" TL_REALNODE_GATEWAY)"
+  fi
 }
 
 # tl::cluster::write_state - the cluster's facts, KEY=VALUE per line, written atomically.
@@ -539,6 +613,14 @@ tl::cluster::write_state() {
     TL_CLUSTER_REAL_NODE_GPUS "$([[ "${TL_CLUSTER_REAL_NODE}" == true ]] && printf '%s' "${TL_CLUSTER_REAL_NODE_GPUS}")"
     TL_CLUSTER_REAL_NODE_CTRD_SOCK "${TL_CLUSTER_REAL_NODE_CTRD_SOCK}"
     TL_CLUSTER_REAL_NODE_GATEWAY "${TL_CLUSTER_REAL_NODE_GATEWAY}"
+    TL_CLUSTER_REAL_DRA_NODE "$([[ "${TL_CLUSTER_REAL_DRA_NODE}" == true ]] && printf '%s' "${TL_CLUSTER_REAL_DRA_NODE_NAME}")"
+    TL_CLUSTER_REAL_DRA_NODE_IP "${TL_CLUSTER_REAL_DRA_NODE_IP}"
+    TL_CLUSTER_REAL_DRA_NODE_GPUS "${TL_CLUSTER_REAL_DRA_NODE_GPUS}"
+    TL_CLUSTER_REAL_DRA_NODE_GATEWAY "${TL_CLUSTER_REAL_DRA_NODE_GATEWAY}"
+    # Dash-separated here: state values hold no commas.
+    TL_CLUSTER_REAL_DRA_NODE_TIERS "$([[ "${TL_CLUSTER_REAL_DRA_NODE}" == true ]] && printf '%s' "${TL_CLUSTER_REAL_DRA_NODE_TIERS//,/-}")"
+    TL_CLUSTER_REAL_DRA_NODE_CTRD_SOCK "${TL_CLUSTER_REAL_DRA_NODE_CTRD_SOCK}"
+    TL_CLUSTER_REAL_DRA_NODE_CDI_DIR "${TL_CLUSTER_REAL_DRA_NODE_CDI_DIR}"
     TL_CLUSTER_KUBELET_CLIENT_CA "${TL_CLUSTER_KUBELET_CLIENT_CA:-}"
     TL_CLUSTER_LOGS "${TL_CLUSTER_DIR}/logs"
     TL_CLUSTER_KUBECTL "$(tl::bin kubectl)"
@@ -552,6 +634,7 @@ tl::cluster::write_state() {
     TL_CLUSTER_SCHEDULER_PID "${TL_CLUSTER_SCHEDULER_PID}"
     TL_CLUSTER_PLAIN_SCHEDULER_PID "${TL_CLUSTER_PLAIN_SCHEDULER_PID}"
     TL_CLUSTER_REAL_NODE_PID "${TL_CLUSTER_REAL_NODE_PID}"
+    TL_CLUSTER_REAL_DRA_NODE_PID "${TL_CLUSTER_REAL_DRA_NODE_PID}"
   )
   : >"${tmp}"
   chmod 0600 "${tmp}"
@@ -571,7 +654,8 @@ tl::cluster::start() {
   start="$(tl::now_s)"
   tl::cluster::init_dir
   tl::cluster::record_pid TL_CLUSTER_SUPERVISOR_PID "$$"
-  [[ "${TL_CLUSTER_REAL_NODE}" != true ]] || tl::cluster::kubelet_client_certs
+  [[ "${TL_CLUSTER_REAL_NODE}" != true && "${TL_CLUSTER_REAL_DRA_NODE}" != true ]] ||
+    tl::cluster::kubelet_client_certs
   tl::cp::start_etcd
   tl::cluster::record_pid TL_CLUSTER_ETCD_PID "${TL_CP_ETCD_PID}"
   # MutatingAdmissionPolicy (beta, off by default in this release): the chart's optional policy
@@ -605,7 +689,8 @@ tl::cluster::start() {
       "${TL_CLUSTER_DIR}/logs/kube-scheduler-${TL_CLUSTER_PLAIN_SCHEDULER_NAME}.log"
   fi
   tl::cluster::wait_nodes_ready "${TL_CLUSTER_NODES}"
-  [[ "${TL_CLUSTER_REAL_NODE}" != true ]] || tl::cluster::start_real_node
+  [[ "${TL_CLUSTER_REAL_NODE}" != true && "${TL_CLUSTER_REAL_DRA_NODE}" != true ]] ||
+    tl::cluster::start_real_nodes
   tl::cluster::write_state
   tl::log "cluster ready in $(tl::elapsed "${start}")s: ${TL_CLUSTER_NODES} kwok GPU nodes, extender ${TL_CLUSTER_EXTENDER_URL}, state $(tl::cluster::state_file)"
 }
@@ -617,7 +702,8 @@ tl::cluster::component_died() {
     kube-controller-manager:"${TL_CLUSTER_KCM_PID}" kwok:"${TL_CLUSTER_KWOK_PID}" \
     extender:"${TL_CLUSTER_EXTENDER_PID}" controllers:"${TL_CLUSTER_CONTROLLERS_PID}" \
     kube-scheduler:"${TL_CLUSTER_SCHEDULER_PID}" \
-    plain-scheduler:"${TL_CLUSTER_PLAIN_SCHEDULER_PID}" real-node:"${TL_CLUSTER_REAL_NODE_PID}"; do
+    plain-scheduler:"${TL_CLUSTER_PLAIN_SCHEDULER_PID}" real-node:"${TL_CLUSTER_REAL_NODE_PID}" \
+    real-dra-node:"${TL_CLUSTER_REAL_DRA_NODE_PID}"; do
     pid="${name#*:}"
     [[ -n "${pid}" ]] || continue
     if ! tl::cp::_alive "${pid}"; then
@@ -631,11 +717,18 @@ tl::cluster::component_died() {
 # tl::cluster::stop - stop what this shell started, dependents first; then remove the state file,
 # and the directory unless TL_CLUSTER_KEEP_DIR=true. Idempotent; meant for an EXIT trap.
 tl::cluster::stop() {
-  # First, while the API server runs: the real node drains its pods through it.
+  # First, while the API server runs: the real nodes drain their pods through it (both at once).
+  local pid
+  for pid in "${TL_CLUSTER_REAL_NODE_PID}" "${TL_CLUSTER_REAL_DRA_NODE_PID}"; do
+    [[ -z "${pid}" ]] || kill -TERM "${pid}" 2>/dev/null || true
+  done
   if [[ -n "${TL_CLUSTER_REAL_NODE_PID}" ]]; then
     TL_CP_STOP_TIMEOUT=60 tl::cp::_kill "real node" "${TL_CLUSTER_REAL_NODE_PID}"
   fi
-  TL_CLUSTER_REAL_NODE_PID=""
+  if [[ -n "${TL_CLUSTER_REAL_DRA_NODE_PID}" ]]; then
+    TL_CP_STOP_TIMEOUT=60 tl::cp::_kill "real DRA node" "${TL_CLUSTER_REAL_DRA_NODE_PID}"
+  fi
+  TL_CLUSTER_REAL_NODE_PID="" TL_CLUSTER_REAL_DRA_NODE_PID=""
   tl::cp::_kill "kube-scheduler ${TL_CLUSTER_PLAIN_SCHEDULER_NAME}" "${TL_CLUSTER_PLAIN_SCHEDULER_PID}"
   TL_CLUSTER_PLAIN_SCHEDULER_PID=""
   tl::cp::_kill kube-scheduler "${TL_CLUSTER_SCHEDULER_PID}"

@@ -7,8 +7,11 @@
 # docs/real-node.md.
 #
 #   tl::ctrd::ensure_packages      install containerd, runc, CNI plugins, busybox-static if missing
-#   tl::ctrd::init DIR             settings for DIR (TL_CTRD_*), config files written
+#   tl::ctrd::use_v2               run the built containerd 2.x instead of Debian's (before start)
+#   tl::ctrd::init DIR [CDI_DIR]   settings for DIR (TL_CTRD_*), config files written; CDI_DIR:
+#                                  where containerd reads CDI specs (CDI on; 1.7 or later only)
 #   tl::ctrd::start                start containerd; wait for its socket (TL_CTRD_PID)
+#   tl::ctrd::server_version       the running containerd's version (v1.6.20, v2.4.2)
 #   tl::ctrd::import_images        build hack/images.py's images and import them
 #   tl::ctrd::stop                 stop containerd and remove everything it left (idempotent)
 
@@ -21,9 +24,22 @@ TL_CTRD_SOURCED=1
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 TL_CTRD_PACKAGES=(containerd runc containernetworking-plugins busybox-static iptables)
+# containerd 2.x for the real node's DRA mode (Debian's 1.6 ignores CDI, which DRA needs): built
+# from the Go module proxy by hack/build-binaries.sh (wrapper module hack/gomod/containerd, same
+# pin) into $(tl::cache_dir)/bin/<version>/. It runs with Debian's runc and CNI plugins.
+TL_CONTAINERD_VERSION="${TL_CONTAINERD_VERSION:-v2.4.2}"
+TL_CTRD2_COMPONENTS=(containerd containerd-shim-runc-v2 ctr)
 TL_CTRD_CNI_BIN_DIR="${TL_CTRD_CNI_BIN_DIR:-/usr/lib/cni}"
 TL_CTRD_STOP_TIMEOUT="${TL_CTRD_STOP_TIMEOUT:-15}"
 TL_CTRD_PID=""
+# Where containerd, containerd-shim-runc-v2 and ctr come from: empty for Debian's (PATH), else
+# the directory of the built 2.x ones (tl::ctrd::use_v2).
+TL_CTRD_BIN_DIR=""
+
+# tl::ctrd::bin2_path NAME - where the built containerd 2.x binary NAME is cached.
+tl::ctrd::bin2_path() {
+  printf '%s/bin/%s/%s\n' "$(tl::cache_dir)" "${TL_CONTAINERD_VERSION}" "$1"
+}
 
 # tl::ctrd::missing - the packages whose commands are not here (none: empty output).
 tl::ctrd::missing() {
@@ -50,6 +66,26 @@ tl::ctrd::ensure_packages() {
   [[ -z "${missing}" ]] || tl::die "still missing after apt-get: ${missing//$'\n'/ }"
 }
 
+# tl::ctrd::use_v2 - run the built containerd 2.x (hack/build-binaries.sh) instead of Debian's:
+# its containerd and ctr, and its shim first in containerd's PATH (containerd finds its runtime's
+# shim binary by name there). Dies, naming the build command, when they are not built.
+tl::ctrd::use_v2() {
+  local name dir out
+  dir="$(dirname "$(tl::ctrd::bin2_path containerd)")"
+  for name in "${TL_CTRD2_COMPONENTS[@]}"; do
+    [[ -x "${dir}/${name}" ]] ||
+      tl::die "containerd ${TL_CONTAINERD_VERSION} not built (${dir}/${name}); run hack/build-binaries.sh ${TL_CTRD2_COMPONENTS[*]}"
+  done
+  out="$("${dir}/containerd" --version 2>&1)" || tl::die "${dir}/containerd --version fails: ${out}"
+  [[ "${out}" == *" v2."* ]] || tl::die "${dir}/containerd is not containerd 2.x: ${out}"
+  TL_CTRD_BIN_DIR="${dir}"
+}
+
+# tl::ctrd::server_version - the version the running containerd reports (ctr version).
+tl::ctrd::server_version() {
+  tl::ctrd::ctr version 2>/dev/null | awk '/^Server:/ { s = 1 } s && $1 == "Version:" { print $2; exit }'
+}
+
 # tl::ctrd::_id DIR - 8 hex digits derived from DIR: names the bridge, cgroups and subnet.
 tl::ctrd::_id() {
   printf '%s' "$1" | sha256sum | cut -c1-8
@@ -57,7 +93,7 @@ tl::ctrd::_id() {
 
 # tl::ctrd::init DIR - the settings of a containerd living in DIR, and its configuration files.
 tl::ctrd::init() {
-  local dir="$1" id n
+  local dir="$1" cdi_dir="${2:-}" id n
   [[ "${dir}" == /* ]] || tl::die "containerd directory must be absolute: ${dir}"
   id="$(tl::ctrd::_id "${dir}")"
   n=$((16#${id:0:4}))
@@ -89,6 +125,10 @@ state = "${dir}/state"
   restrict_oom_score_adj = true
   disable_apparmor = true
   netns_mounts_under_state_dir = true
+$(if [[ -n "${cdi_dir}" ]]; then
+    printf '  # CDI: devices the kubelet names (DRA) are edited in from the specs here.\n'
+    printf '  enable_cdi = true\n  cdi_spec_dirs = ["%s"]\n' "${cdi_dir}"
+  fi)
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"
@@ -100,6 +140,10 @@ state = "${dir}/state"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "${TL_CTRD_CNI_BIN_DIR}"
     conf_dir = "${dir}/cni/net.d"
+$(if [[ -n "${TL_CTRD_BIN_DIR}" ]]; then
+    # 2.x runs NRI by default, on one socket per host (/var/run/nri): none here.
+    printf '[plugins."io.containerd.nri.v1.nri"]\n  disable = true\n'
+  fi)
 EOF
   cat >"${dir}/cni/net.d/10-tidelease.conflist" <<EOF
 {"cniVersion": "1.0.0", "name": "${TL_CTRD_NET}", "plugins": [
@@ -134,14 +178,16 @@ tl::ctrd::make_cgroups() {
 }
 
 tl::ctrd::ctr() {
-  ctr --address "${TL_CTRD_SOCK}" --namespace k8s.io "$@"
+  "${TL_CTRD_BIN_DIR:+${TL_CTRD_BIN_DIR}/}ctr" --address "${TL_CTRD_SOCK}" --namespace k8s.io "$@"
 }
 
 # tl::ctrd::start - start containerd (output in TL_CTRD_LOG) and wait until it answers.
 tl::ctrd::start() {
   local deadline
   tl::ctrd::make_cgroups
-  containerd --config "${TL_CTRD_DIR}/config.toml" >"${TL_CTRD_LOG}" 2>&1 &
+  PATH="${TL_CTRD_BIN_DIR:+${TL_CTRD_BIN_DIR}:}${PATH}" \
+    "${TL_CTRD_BIN_DIR:+${TL_CTRD_BIN_DIR}/}containerd" --config "${TL_CTRD_DIR}/config.toml" \
+    >"${TL_CTRD_LOG}" 2>&1 &
   TL_CTRD_PID=$!
   deadline=$((SECONDS + 30))
   until tl::ctrd::ctr version >/dev/null 2>&1; do
@@ -149,7 +195,7 @@ tl::ctrd::start() {
     ((SECONDS < deadline)) || { tail -n 30 "${TL_CTRD_LOG}" >&2; tl::die "containerd not answering on ${TL_CTRD_SOCK}"; }
     sleep 0.1
   done
-  tl::log "containerd answering on ${TL_CTRD_SOCK} (pid ${TL_CTRD_PID})"
+  tl::log "containerd $(tl::ctrd::server_version) answering on ${TL_CTRD_SOCK} (pid ${TL_CTRD_PID})"
 }
 
 # tl::ctrd::import_images [NAME...] - hack/images.py's images, imported into the k8s.io namespace.

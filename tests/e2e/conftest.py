@@ -30,6 +30,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     base = tmp_path_factory.mktemp("cluster")
     state = base / "cluster" / "cluster.env"
     log = base / "cluster-up.log"
+    real = os.environ.get("TIDELEASE_E2E_REAL_NODE", "true")
     env = {
         **os.environ,
         "TL_CLUSTER_DIR": str(state.parent),
@@ -39,8 +40,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         # A second kube-scheduler without extenders (schedulerName tidelease-plain): the DRA
         # tests (test_dra.py) schedule through it, so that no extender plays a part.
         "TL_CLUSTER_PLAIN_SCHEDULER": "true",
+        # The controllers' leasing in DRA mode (test_leasing_dra.py); the extender mode's
+        # leasing tests run against it too, their pods having no claims.
+        "TL_CLUSTER_LEASING_DRA": "true",
         # A real kubelet node beside the kwok ones (hack/realnode.sh; needs root).
-        "TL_CLUSTER_REAL_NODE": os.environ.get("TIDELEASE_E2E_REAL_NODE", "true"),
+        "TL_CLUSTER_REAL_NODE": real,
+        # And one in DRA mode (hack/realnode.sh -d: containerd 2.x, the agent's ResourceSlice
+        # and kubelet DRA plugin; test_real_node_dra.py).
+        "TL_CLUSTER_REAL_DRA_NODE": os.environ.get("TIDELEASE_E2E_REAL_DRA_NODE", real),
     }
     try:
         with running(
@@ -64,6 +71,16 @@ def real_node(cluster: Cluster) -> RealNode:
     if cluster.real_node is None:
         pytest.fail("the cluster has no real node (TIDELEASE_E2E_REAL_NODE=false?)", pytrace=False)
     return cluster.real_node
+
+
+@pytest.fixture
+def real_dra_node(cluster: Cluster) -> RealNode:
+    """The cluster's real kubelet node in DRA mode; a failure (never a skip) when it has none."""
+    if cluster.real_dra_node is None:
+        pytest.fail(
+            "the cluster has no real DRA node (TIDELEASE_E2E_REAL_DRA_NODE=false?)", pytrace=False
+        )
+    return cluster.real_dra_node
 
 
 @pytest.fixture
@@ -94,5 +111,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             "realnode.log",
             "realnode/kubelet.log",
             "realnode/agent.log",
+            "realdra.log",
+            "realdra/kubelet.log",
+            "realdra/agent.log",
+            "realdra/containerd.log",
         ):
             report.sections.append((f"cluster log {name}", _running.log_tail(name, 60)))

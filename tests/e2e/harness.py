@@ -37,16 +37,22 @@ REAL_NODE_TAINT = "tidelease.io/real-node"
 
 @dataclass(frozen=True)
 class RealNode:
-    """The node that a real kubelet runs, on Debian's containerd, with fake GPUs."""
+    """A node that a real kubelet runs, with fake GPUs: in extender mode (``real-0``, Debian's
+    containerd, the agent's device plugin) or in DRA mode (``real-dra-0``, containerd 2.x with
+    CDI, the agent's ResourceSlice and kubelet DRA plugin)."""
 
     name: str
     ip: str
     gpus: int
     containerd_socket: Path
     gateway: str  # the host's address on the node's pod bridge (what pods reach the host at)
+    dra: bool = False
+    tiers: tuple[str, ...] = ()  # DRA mode: the tier cluster-up asked for each GPU, by index
+    cdi_dir: Path | None = None  # DRA mode: where the agent writes CDI specs, containerd reads
 
     @classmethod
     def from_state(cls, facts: dict[str, str]) -> RealNode | None:
+        """The extender-mode real node of cluster.env, if any."""
         if not facts.get("TL_CLUSTER_REAL_NODE"):
             return None
         return cls(
@@ -57,6 +63,22 @@ class RealNode:
             gateway=facts["TL_CLUSTER_REAL_NODE_GATEWAY"],
         )
 
+    @classmethod
+    def dra_from_state(cls, facts: dict[str, str]) -> RealNode | None:
+        """The DRA-mode real node of cluster.env (TL_CLUSTER_REAL_DRA_NODE), if any."""
+        if not facts.get("TL_CLUSTER_REAL_DRA_NODE"):
+            return None
+        return cls(
+            name=facts["TL_CLUSTER_REAL_DRA_NODE"],
+            ip=facts["TL_CLUSTER_REAL_DRA_NODE_IP"],
+            gpus=int(facts["TL_CLUSTER_REAL_DRA_NODE_GPUS"]),
+            containerd_socket=Path(facts["TL_CLUSTER_REAL_DRA_NODE_CTRD_SOCK"]),
+            gateway=facts["TL_CLUSTER_REAL_DRA_NODE_GATEWAY"],
+            dra=True,
+            tiers=tuple(facts["TL_CLUSTER_REAL_DRA_NODE_TIERS"].split("-")),
+            cdi_dir=Path(facts["TL_CLUSTER_REAL_DRA_NODE_CDI_DIR"]),
+        )
+
     def pod(
         self,
         namespace: str,
@@ -65,25 +87,37 @@ class RealNode:
         gpus: int = 0,
         image: str = "docker.io/local/app:v1",
         annotations: dict[str, str] | None = None,
+        claim_templates: dict[str, str] | None = None,
+        scheduler_name: str | None = None,
     ) -> dict[str, Any]:
         """A pod for this node: hack/images.py's local image (never pulled), the node's
-        taint tolerated, the node selected by its hostname label."""
+        taint tolerated, the node selected by its hostname label. ``claim_templates``: DRA
+        claims (claim name: ResourceClaimTemplate name), each given to the container."""
         container: dict[str, Any] = {"name": "app", "image": image, "imagePullPolicy": "Never"}
         if gpus:
             container["resources"] = {"limits": {GPU: str(gpus)}}
+        spec: dict[str, Any] = {
+            "automountServiceAccountToken": False,
+            "terminationGracePeriodSeconds": 1,
+            "nodeSelector": {"kubernetes.io/hostname": self.name},
+            "tolerations": [{"key": REAL_NODE_TAINT, "operator": "Exists", "effect": "NoSchedule"}],
+            "containers": [container],
+        }
+        if claim_templates:
+            spec["resourceClaims"] = [
+                {"name": claim, "resourceClaimTemplateName": template}
+                for claim, template in claim_templates.items()
+            ]
+            container.setdefault("resources", {})["claims"] = [
+                {"name": claim} for claim in claim_templates
+            ]
+        if scheduler_name is not None:
+            spec["schedulerName"] = scheduler_name
         return {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {"name": name, "namespace": namespace, "annotations": annotations or {}},
-            "spec": {
-                "automountServiceAccountToken": False,
-                "terminationGracePeriodSeconds": 1,
-                "nodeSelector": {"kubernetes.io/hostname": self.name},
-                "tolerations": [
-                    {"key": REAL_NODE_TAINT, "operator": "Exists", "effect": "NoSchedule"}
-                ],
-                "containers": [container],
-            },
+            "spec": spec,
         }
 
 
@@ -104,6 +138,7 @@ class Cluster:
     logs: Path
     nodes: tuple[str, ...]  # the kwok GPU nodes cluster-up made (untainted, shared)
     real_node: RealNode | None  # the kubelet node (hack/realnode.sh), when there is one
+    real_dra_node: RealNode | None  # the kubelet node in DRA mode (hack/realnode.sh -d), if any
     kube: Kube = field(init=False)
 
     def __post_init__(self) -> None:
@@ -127,6 +162,7 @@ class Cluster:
             logs=Path(facts["TL_CLUSTER_LOGS"]),
             nodes=tuple(f"{prefix}-{i}" for i in range(count)),
             real_node=RealNode.from_state(facts),
+            real_dra_node=RealNode.dra_from_state(facts),
         )
 
     def extender_tls(self) -> ssl.SSLContext:

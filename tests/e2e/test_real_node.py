@@ -2,7 +2,7 @@
 
 Pods run for real from the local images of hack/images.py; GPU pods go through kube-scheduler and
 the extender, and the tidelease agent's device plugin (fake GPUs) hands the container exactly the
-devices the extender wrote on the pod.
+devices the extender wrote on the pod. The real node in DRA mode: test_real_node_dra.py.
 """
 
 from __future__ import annotations
@@ -49,13 +49,16 @@ def test_pods_not_tolerating_the_real_node_stay_off_it(
     del pod["spec"]["tolerations"]
     cluster.kube.create(pod)
     message = cluster.wait_unschedulable(namespace, pod["metadata"]["name"], "untolerated taint")
-    # kube-scheduler no longer names the taint (1.35: "1 node(s) had untolerated taint(s)"): the
-    # pod selects the real node alone, so the one node turned away by a taint is the real node,
-    # and the only taint it carries is the real-node one.
-    assert "1 node(s) had untolerated taint" in message
-    node = cluster.kube.get("Node", real_node.name) or {}
-    taints = [(t["key"], t.get("effect")) for t in node.get("spec", {}).get("taints") or []]
-    assert taints == [(REAL_NODE_TAINT, "NoSchedule")]
+    # kube-scheduler no longer names the taint (1.35: "1 node(s) had untolerated taint(s)"), and
+    # it checks taints before the node selector: the nodes it turns away by a taint are the real
+    # nodes (this one, and the one in DRA mode when the cluster has it), and the only taint each
+    # carries is the real-node one.
+    real_nodes = [n.name for n in (real_node, cluster.real_dra_node) if n is not None]
+    assert f"{len(real_nodes)} node(s) had untolerated taint" in message
+    for name in real_nodes:
+        node = cluster.kube.get("Node", name) or {}
+        taints = [(t["key"], t.get("effect")) for t in node.get("spec", {}).get("taints") or []]
+        assert taints == [(REAL_NODE_TAINT, "NoSchedule")], name
 
 
 def test_gpu_containers_get_the_devices_the_extender_chose(

@@ -15,7 +15,8 @@ from common import coercion
 from common.cli import parser
 from nodeagent.cache.serving import ServeSettings
 from nodeagent.deviceplugin.settings import DevicePluginSettings
-from nodeagent.main import flag_problems
+from nodeagent.main import fake_uuid, flag_problems
+from nodeagent.nvmlfake import full_gpu
 
 
 @pytest.mark.parametrize(
@@ -63,6 +64,14 @@ def test_the_agents_defaults_pass() -> None:
     assert flag_problems(_agent("--node", "n", "--cache-dir", "/var/cache/tidelease")) == []
 
 
+def test_the_fake_backends_uuids_keep_their_form_and_take_a_prefix() -> None:
+    # The default is the fake backend's own UUID (nodeagent.nvmlfake.full_gpu): nothing changes
+    # for nodes that give no prefix.
+    assert [fake_uuid(i) for i in range(3)] == [full_gpu(i).uuid for i in range(3)]
+    assert fake_uuid(2, "GPU-real-dra-0") == "GPU-real-dra-0-0002-0000-0000-000000000000"
+    assert flag_problems(_agent("--node", "n", "--fake-uuid-prefix", "GPU-real-dra-0")) == []
+
+
 @pytest.mark.parametrize(
     ("argv", "problem"),
     [
@@ -73,6 +82,8 @@ def test_the_agents_defaults_pass() -> None:
         (("--hot-restart-timeout", "x"), "--hot-restart-timeout: want a finite number"),
         (("--fake-gpus", "2.5"), "--fake-gpus: want a whole number, got '2.5'"),
         (("--fake-gpus=-1",), "--fake-gpus: want a whole number of at least 0"),
+        (("--fake-uuid-prefix", "GPU fake"), "--fake-uuid-prefix: want letters, digits and"),
+        (("--fake-uuid-prefix", ""), "--fake-uuid-prefix: want letters, digits and dashes"),
         (("--ignored-xids", "13,x"), "--ignored-xids: want comma-separated whole numbers"),
         (("--ignored-xids=13,-1",), "--ignored-xids: want comma-separated whole numbers"),
         (("--cache-dir", "/c", "--cache-port", "70000"), "--cache-port: want a port in 0..65535"),
