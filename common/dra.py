@@ -9,13 +9,16 @@ in Kubernetes 1.35, so right of return is carried by attributes and CEL instead:
 
 * every device publishes, under the domain ``tidelease.io``: ``type``, ``tier`` (HA, MA, LA),
   ``tierRank`` (3, 2, 1: CEL compares numbers), ``uuid``, ``index``, ``lentBy`` (the job that
-  lent it, "" when none), ``replica`` (the replica that lent it, "" when none) and ``standby``;
+  lent it, "" when none), ``replica`` (the replica that lent it, "" when none), ``standby`` and
+  ``reclaiming`` (its owner is taking it back: ``spec.devices[].reclaiming`` of the GpuNode,
+  which the leasing controller sets in DRA mode);
 * a device whose health is not ``Healthy`` is withdrawn from the slice: no claim can be
   allocated one (the extender likewise offers only healthy devices);
 * ``tidelease-ha``, ``-ma``, ``-la`` select devices of at least that tier that no job lent and
   that are not standby (an online job's pods); ``tidelease-borrow`` selects any tier, lent or
-  not, not standby (borrowers). Standby devices are the leasing controller's, for reclaims; no
-  class selects them.
+  not, not standby, not being reclaimed (borrowers: a borrower that replaces one the reclaim
+  evicted must not take the device back from under it). Standby devices are the leasing
+  controller's, for reclaims; no class selects them.
 
 Devices are allocated whole: the slice publishes no capacity.
 
@@ -61,6 +64,7 @@ ATTR_INDEX: Final = "index"
 ATTR_LENT_BY: Final = "lentBy"
 ATTR_REPLICA: Final = "replica"
 ATTR_STANDBY: Final = "standby"
+ATTR_RECLAIMING: Final = "reclaiming"
 ATTRIBUTES: Final = (
     ATTR_TYPE,
     ATTR_TIER,
@@ -70,6 +74,7 @@ ATTRIBUTES: Final = (
     ATTR_LENT_BY,
     ATTR_REPLICA,
     ATTR_STANDBY,
+    ATTR_RECLAIMING,
 )
 
 # The API server's limits (k8s.io/api resource/v1).
@@ -118,7 +123,7 @@ def _string(value: str) -> dict[str, Any]:
     return {"string": attribute_string(value)}
 
 
-def device_entry(device: Device) -> dict[str, Any]:
+def device_entry(device: Device, reclaiming: bool = False) -> dict[str, Any]:
     """One device of the slice, as the API server stores it (no capacity: allocated whole)."""
     cls = device.cls
     attributes = {
@@ -130,6 +135,7 @@ def device_entry(device: Device) -> dict[str, Any]:
         ATTR_LENT_BY: _string(cls.owner or ""),
         ATTR_REPLICA: _string(cls.replica or ""),
         ATTR_STANDBY: {"bool": cls.standby},
+        ATTR_RECLAIMING: {"bool": reclaiming and cls.owner is not None},
     }
     return {
         "name": f"{DEVICE_PREFIX}{device.index}",
@@ -154,7 +160,20 @@ def _by_index(device: Device) -> int:
 def slice_devices(gpunode: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The slice's devices for a ``GpuNode`` object (status.devices with the tags of
     spec.devices); raises :class:`common.errors.InvalidInput` for one that does not parse."""
-    return [device_entry(d) for d in published(parse_gpu_node(gpunode).devices)]
+    back = reclaiming(gpunode)
+    return [device_entry(d, d.uuid in back) for d in published(parse_gpu_node(gpunode).devices)]
+
+
+def reclaiming(gpunode: Mapping[str, Any]) -> frozenset[str]:
+    """The UUIDs ``spec.devices`` marks ``reclaiming: true`` (set by the leasing controller in
+    DRA mode while the owner takes them back)."""
+    spec = gpunode.get("spec")
+    entries = spec.get("devices") if isinstance(spec, Mapping) else None
+    return frozenset(
+        str(e["uuid"])
+        for e in entries or []
+        if isinstance(e, Mapping) and e.get(ATTR_RECLAIMING) is True and e.get("uuid")
+    )
 
 
 def slice_spec(node: str, devices: Sequence[Mapping[str, Any]], generation: int) -> dict[str, Any]:
@@ -236,7 +255,7 @@ CLASSES: Final = (
     ClassRule(CLASS_HA, Tier.HA, False, "an online job's pods: HA devices no job lent"),
     ClassRule(CLASS_MA, Tier.MA, False, "an online job's pods: MA or HA devices no job lent"),
     ClassRule(CLASS_LA, Tier.LA, False, "an online job's pods: any tier, devices no job lent"),
-    ClassRule(CLASS_BORROW, Tier.LA, True, "borrowers: any tier, lent or not"),
+    ClassRule(CLASS_BORROW, Tier.LA, True, "borrowers: any tier, lent or not, not reclaimed"),
 )
 
 
@@ -256,6 +275,8 @@ def selector(rule: ClassRule) -> str:
     terms = [has(ATTR_TIER_RANK), f"t.{ATTR_TIER_RANK} >= {int(rule.min_tier)}"]
     if not rule.lent_too:
         terms += [has(ATTR_LENT_BY), f't.{ATTR_LENT_BY} == ""']
+    else:  # a slice without the attribute (an older agent) keeps its lent devices borrowable
+        terms += [f"(!{has(ATTR_RECLAIMING)} || !t.{ATTR_RECLAIMING})"]
     terms += [has(ATTR_STANDBY), f"!t.{ATTR_STANDBY}"]
     return (
         f"device.driver == {_cel_string(DRIVER)} && "

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -38,6 +39,7 @@ from prometheus_client.registry import Collector
 
 from common import contract
 from common.dra import API_VERSION as DRA_API_VERSION
+from common.dra import ATTR_RECLAIMING as RECLAIMING
 from common.errors import Conflict, InvalidInput, NotFound, TideleaseError, TooManyRequests
 from common.events import Involved, post_event
 from common.kubeclient import KubeClient
@@ -141,6 +143,8 @@ class World(Protocol):
 
     async def ungate(self, step: dra.Ungate, lease: GpuLease) -> None: ...
 
+    async def mark_reclaiming(self, step: dra.MarkReclaiming) -> None: ...
+
 
 class KubeWorld:
     def __init__(self, kube: KubeClient) -> None:
@@ -159,36 +163,71 @@ class KubeWorld:
         )
 
     async def set_tags(self, changes: Iterable[TagChange]) -> None:
+        """Each device's tags as the change says; a device that stays lent keeps its
+        ``reclaiming`` mark (DRA mode: :meth:`mark_reclaiming`), one given back loses it."""
         by_node: dict[str, list[TagChange]] = {}
         for c in changes:
             by_node.setdefault(c.node, []).append(c)
-        base = f"/apis/{contract.API_VERSION}/{contract.PLURAL_GPU_NODE}"
+
+        def edit(entries: dict[str, dict[str, Any]], node_changes: list[TagChange]) -> None:
+            for c in node_changes:
+                entry: dict[str, Any] = {"uuid": c.uuid}
+                if c.owner:
+                    entry["owner"] = c.owner
+                if c.standby:
+                    entry["standby"] = True
+                if c.owner and c.replica:
+                    entry["replica"] = c.replica
+                if c.owner and (entries.get(c.uuid) or {}).get(RECLAIMING):
+                    entry[RECLAIMING] = True
+                entries[c.uuid] = entry
+
         for node, node_changes in by_node.items():
-            for _ in range(5):
-                try:
-                    obj = await self._kube.json("GET", f"{base}/{node}")
-                except NotFound:
-                    break  # the node is gone; nothing to tag
-                spec = obj.setdefault("spec", {})
-                entries = {e["uuid"]: e for e in spec.get("devices") or [] if "uuid" in e}
-                for c in node_changes:
-                    entry: dict[str, Any] = {"uuid": c.uuid}
-                    if c.owner:
-                        entry["owner"] = c.owner
-                    if c.standby:
-                        entry["standby"] = True
-                    if c.owner and c.replica:
-                        entry["replica"] = c.replica
-                    entries[c.uuid] = entry
-                spec["devices"] = [e for e in entries.values() if len(e) > 1]
-                obj.pop("status", None)
-                try:
-                    await self._kube.json("PUT", f"{base}/{node}", body=obj)
-                    break
-                except Conflict:
+            await self._edit_tags(node, functools.partial(edit, node_changes=node_changes))
+
+    async def mark_reclaiming(self, step: dra.MarkReclaiming) -> None:
+        """Set or clear ``reclaiming`` on devices' tags (a device without an owner tag is
+        never marked); a GpuNode whose tags say so already is not written."""
+
+        def edit(entries: dict[str, dict[str, Any]], marks: Mapping[GpuUuid, bool]) -> None:
+            for uuid, on in marks.items():
+                entry = entries.get(uuid)
+                if entry is None or not entry.get("owner"):
                     continue
-            else:
-                raise Conflict(f"GpuNode {node}: tags kept conflicting")
+                if on:
+                    entry[RECLAIMING] = True
+                else:
+                    entry.pop(RECLAIMING, None)
+
+        for node, marks in step.marks.items():
+            await self._edit_tags(node, functools.partial(edit, marks=marks))
+
+    async def _edit_tags(
+        self, node: str, edit: Callable[[dict[str, dict[str, Any]]], None]
+    ) -> None:
+        """Apply ``edit`` to the GpuNode's tags by UUID and write them back (compare-and-swap,
+        retried on Conflict), unless nothing changed; a node gone has nothing to tag."""
+        path = f"/apis/{contract.API_VERSION}/{contract.PLURAL_GPU_NODE}/{node}"
+        for _ in range(5):
+            try:
+                obj = await self._kube.json("GET", path)
+            except NotFound:
+                return
+            spec = obj.setdefault("spec", {})
+            before = [e for e in spec.get("devices") or [] if "uuid" in e]
+            entries = {e["uuid"]: dict(e) for e in before}
+            edit(entries)
+            after = [e for e in entries.values() if len(e) > 1]
+            if after == before:
+                return
+            spec["devices"] = after
+            obj.pop("status", None)
+            try:
+                await self._kube.json("PUT", path, body=obj)
+                return
+            except Conflict:
+                continue
+        raise Conflict(f"GpuNode {node}: tags kept conflicting")
 
     async def write_status(
         self, lease: GpuLease, status: LeaseStatus, degraded: Trouble | None = None
@@ -584,6 +623,9 @@ class LeaseController:
         # Claims pinned by this process that the view has not shown allocated yet, with their
         # devices: no other pod is pinned to those meanwhile.
         self._pins: dict[tuple[str, str], tuple[GpuUuid, ...]] = {}
+        # Per lease, the devices this process last marked reclaiming (dra.reclaiming_marks);
+        # a lease not here is marked afresh (after a restart, every lent device's mark).
+        self._marked: dict[str, frozenset[GpuUuid]] = {}
         self.world, self.metrics, self.clock = world, metrics, clock
         self.standby_targets = dict(standby_targets or {})
         self.standby_interval_s = standby_interval_s
@@ -649,9 +691,11 @@ class LeaseController:
             if key.startswith(prefix) and (raw.get("spec") or {}).get("owner") == owner:
                 self.loop.add(key)
 
-    async def step(self, lease: GpuLease) -> Action | dra.ClaimStep:
-        """Decide and execute one action for one lease (in DRA mode, first the next pin or
-        gate lift of its gated pods, if any: :meth:`_claim_step`)."""
+    async def step(self, lease: GpuLease) -> Action | dra.ClaimStep | dra.MarkReclaiming:
+        """Decide and execute one action for one lease. In DRA mode first, if there is one to
+        write, the ``reclaiming`` marks of the devices its reclaim takes back (so that no
+        borrower's claim is allocated them again), then the next pin or gate lift of its gated
+        pods (:meth:`_claim_step`)."""
         if self.test_grace_s is not None:
             lease = replace(lease, spec=replace(lease.spec, grace_s=self.test_grace_s))
         holdings: tuple[dra.ClaimHolding, ...] = ()
@@ -660,6 +704,13 @@ class LeaseController:
             holdings = dra.claim_holdings(self.view.claims.raw_claims(), every)
         owner_pods, view = observe(self.view.cluster, self.view.pods, lease, holdings)
         if self.dra_mode:
+            marks = dra.reclaiming_marks(lease, view.devices, self._marked.get(lease.key))
+            if marks is not None:
+                log.info("lease %s: %s", lease.key, marks.why)
+                self._marked.pop(lease.key, None)  # unknown until written
+                await self.world.mark_reclaiming(marks)
+                self._marked[lease.key] = marks.devices
+                return marks
             claim_step = await self._claim_step(lease, owner_pods, view, holdings)
             if claim_step is not None:
                 return claim_step
@@ -791,6 +842,7 @@ class LeaseController:
         raw = self.leases.raw.get(key)
         if raw is None:
             log.info("lease %s: deleted; nothing left to step", key)
+            self._marked.pop(key, None)
             return None
         try:
             lease = parse_gpu_lease(raw)

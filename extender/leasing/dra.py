@@ -511,3 +511,51 @@ def standby_stand_ins(
         return ()
     _, node = fits[0]
     return tuple(sorted(by_node[node], key=lambda d: d.index)[:count])
+
+
+# --- keeping borrowers off devices being reclaimed ---
+
+
+@dataclass(frozen=True, slots=True)
+class MarkReclaiming:
+    """Set (True) or clear (False) ``reclaiming`` on these GpuNode devices' tags, per node:
+    the slices then tell ``tidelease-borrow`` claims to keep off them
+    (:data:`common.dra.ATTR_RECLAIMING`)."""
+
+    marks: Mapping[NodeName, Mapping[GpuUuid, bool]]
+    devices: frozenset[GpuUuid]  # the devices marked once written
+
+    @property
+    def why(self) -> str:
+        on = sum(v for m in self.marks.values() for v in m.values())
+        off = sum(not v for m in self.marks.values() for v in m.values())
+        return f"mark {on} device(s) being reclaimed, clear {off}"
+
+
+def reclaimed_devices(lease: GpuLease) -> frozenset[GpuUuid]:
+    """The devices of the groups the lease's reclaim takes back, until its pods are placed
+    (then the owner holds them): those a borrower's claim must not be allocated. None outside a
+    reclaim."""
+    status = lease.status
+    if status.phase != "Reclaiming" or status.finalizing:
+        return frozenset()
+    return frozenset(u for g in status.groups if g.replica in status.reclaiming for u in g.devices)
+
+
+def reclaiming_marks(
+    lease: GpuLease, devices: Mapping[GpuUuid, Device], written: frozenset[GpuUuid] | None
+) -> MarkReclaiming | None:
+    """The marks to write so that exactly :func:`reclaimed_devices` are marked, given what this
+    process last wrote for the lease (``written``; None: not known, e.g. after a restart: every
+    lent device's mark is written, set or cleared, and the write is a no-op where it stands).
+    None when nothing is to be written. Devices no GpuNode knows are left out."""
+    want = reclaimed_devices(lease)
+    if written is not None and written == want:
+        return None
+    touched = set(want) | (set(lease.status.lent) if written is None else set(written))
+    marks: dict[NodeName, dict[GpuUuid, bool]] = {}
+    for u in sorted(touched):
+        d = devices.get(u)
+        if d is not None:
+            marks.setdefault(d.node, {})[u] = u in want
+    return MarkReclaiming(marks, want)

@@ -591,6 +591,8 @@ def test_an_unhealthy_device_is_never_allocated_until_healthy_again(
             cluster, group, plain_scheduler, namespace, "waits", node, dra.CLASS_LA
         )
         wait_pending(cluster, namespace, pod)
+        # (Read before the change: the mirror may republish before this thread reads again.)
+        assert (slice_of(cluster, node) or {})["spec"]["pool"]["generation"] == 1
         status = (cluster.kube.get(contract.KIND_GPU_NODE, node) or {})["status"]
         for device in status["devices"]:
             device["health"] = "Healthy"
@@ -600,7 +602,6 @@ def test_an_unhealthy_device_is_never_allocated_until_healthy_again(
             {"status": {"devices": status["devices"]}},
             subresource="status",
         )
-        assert (slice_of(cluster, node) or {})["spec"]["pool"]["generation"] == 1
         assert wait_published(cluster, node, {"gpu-0"})["gpu-0"]["tier"] == "HA"
         assert (slice_of(cluster, node) or {})["spec"]["pool"]["generation"] == 2
         assert devices_on(allocated(cluster, namespace, pod), node) == {"gpu-0"}

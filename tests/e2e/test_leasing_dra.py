@@ -12,6 +12,9 @@ the devices that replica lent before its gate is lifted. Every cycle, each repli
 exactly the UUIDs it lent, in its group's order (compared per replica, per device). With a
 device of recsys-1's group made unhealthy, recsys-1 alone is pinned to standby devices of the
 same type and tier, and its own group stays lent: test_leasing.py's outcomes, device for device.
+Borrowers of a Deployment, replaced as soon as they are evicted, do not take the reclaimed
+devices back (the controller marks them ``reclaiming``, which ``tidelease-borrow`` excludes):
+the reclaim ends.
 
 As in test_dra.py (whose helpers these tests use): kwok nodes whose GpuNodes a SliceMirror per
 node (in this process) publishes as ResourceSlices, common.dra's DeviceClasses.
@@ -292,3 +295,49 @@ def break_device(cluster: Cluster, node: str, uuid: str) -> None:
     cluster.kube.patch(
         contract.KIND_GPU_NODE, node, {"status": gpu_node["status"]}, subresource="status"
     )
+
+
+def test_a_reclaim_ends_though_every_evicted_borrower_is_replaced_in_dra_mode(
+    dra_job: DraJob,
+) -> None:
+    """Borrowers of a Deployment: the ReplicaSet replaces each pod the reclaim evicts at once,
+    and its replacements' claims (tidelease-borrow) may take lent devices. The reclaim still
+    ends with each replica on its own devices."""
+    job = dra_job
+    names = [f"{OWNER}-{i}" for i in range(REPLICAS)]
+    job.placed(names)
+    job.set_desired(REPLICA_GPUS)
+    status = job.wait_steady(
+        "8 devices lent", lambda s: sum(len(g["devices"]) for g in s.get("lent") or []) == 8
+    )
+    job.gone(names[1:])
+    groups = {g["replica"]: g["devices"] for g in status["lent"]}
+    create_claim_template(
+        job.cluster, claim_template(job.ns, "finetune", dra.CLASS_BORROW, count=REPLICA_GPUS)
+    )
+    pod = claim_pod(job.group, job.scheduler, "finetune")
+    job.cluster.kube.create(workload("Deployment", "finetune", job.ns, pod, replicas=2))
+
+    def borrowers() -> list[str]:
+        return [
+            p["metadata"]["name"]
+            for p in job.cluster.kube.list("Pod", job.ns)
+            if p["metadata"]["name"].startswith("finetune-")
+        ]
+
+    first = wait_for(
+        lambda: (lambda b: b if len(b) == 2 and all(job.held(n) for n in b) else None)(borrowers()),
+        what="two borrowers placed",
+        timeout=TIMEOUT_S,
+        describe=job.describe,
+    )
+    job.set_desired(REPLICAS * REPLICA_GPUS)
+    status = job.wait_steady("the reclaim to finish", lambda s: s.get("reclaims") == 1)
+    placed = job.placed(names)
+    assert {r: placed[r] for r in groups} == groups
+    assert (status["returned"], status["backfilled"]) == (8, 0)
+    lent = {u for devices in groups.values() for u in devices}
+    for name in borrowers():
+        held = job.held(name) or []
+        assert not set(held) & lent, (name, held)
+    print(f"first borrowers {first}, now {borrowers()}")

@@ -79,7 +79,11 @@ def test_each_selector_asks_for_the_driver_a_tier_and_no_standby(
         'device.driver == "gpu.tidelease.io" && '
         'cel.bind(t, device.attributes["tidelease.io"], '
         f"has(t.tierRank) && t.tierRank >= {rank} && "
-        + ("" if lent_too else 'has(t.lentBy) && t.lentBy == "" && ')
+        + (
+            "(!has(t.reclaiming) || !t.reclaiming) && "
+            if lent_too
+            else 'has(t.lentBy) && t.lentBy == "" && '
+        )
         + "has(t.standby) && !t.standby)"
     )
     assert dra.selector(rule) == want

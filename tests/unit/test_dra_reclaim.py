@@ -302,6 +302,7 @@ class World:
     def __init__(self) -> None:
         self.pins: list[tuple[str, str, tuple[GpuUuid, ...]]] = []
         self.ungated: list[tuple[str, bool]] = []
+        self.marks: list[dict[GpuUuid, bool]] = []
         self.event = asyncio.Event()
 
     async def replicas(self, namespace: str, workload: Workload) -> int:
@@ -329,6 +330,10 @@ class World:
 
     async def ungate(self, found: pinning.Ungate, lease: GpuLease) -> None:
         self.ungated.append((found.pod.name, found.warning))
+        self.event.set()
+
+    async def mark_reclaiming(self, found: pinning.MarkReclaiming) -> None:
+        self.marks.append({u: on for marks in found.marks.values() for u, on in marks.items()})
         self.event.set()
 
 
@@ -407,6 +412,8 @@ async def test_the_controller_pins_a_returning_replica_once_the_borrowers_claim_
         assert world.pins == []
         assert world.ungated == []
 
+        # First of all, job-1's devices were marked reclaiming (borrowers keep off them).
+        assert world.marks[0] == dict.fromkeys(GROUPS[0].devices, True)
         store.delete("ResourceClaim", NS, "borrowed")
         await wait_for(world, lambda: bool(world.pins))
         assert world.pins == [("job-1", "job-1-gpu", GROUPS[0].devices)]
@@ -485,3 +492,40 @@ def test_observe_reads_holders_and_the_owners_devices_from_the_claims() -> None:
         uuid(NODE, 0): ("job-0", Priority.HIGH),
         uuid(NODE, 3): ("borrower", Priority.LOW),
     }
+
+
+# --- the reclaiming marks ---
+
+
+def test_the_marks_follow_the_reclaim_and_clear_afterwards() -> None:
+    reclaiming = lease()
+    everything = set(GROUPS[0].devices + GROUPS[1].devices)
+    assert pinning.reclaimed_devices(reclaiming) == everything
+    assert pinning.reclaimed_devices(lease(finalizing=True)) == frozenset()
+    assert pinning.reclaimed_devices(lease(phase="Steady")) == frozenset()
+
+    # Not known what was written (a restart): every lent device's mark, set.
+    found = pinning.reclaiming_marks(reclaiming, BY_UUID, None)
+    assert found is not None
+    assert found.marks == {
+        NODE: {u: True for u in GROUPS[0].devices},
+        OTHER: {u: True for u in GROUPS[1].devices},
+    }
+    assert found.devices == everything
+    assert pinning.reclaiming_marks(reclaiming, BY_UUID, found.devices) is None  # written
+    # Steady again: what was marked is cleared; after a restart, every lent device's.
+    done = pinning.reclaiming_marks(lease(phase="Steady"), BY_UUID, found.devices)
+    assert done is not None
+    assert {u: on for m in done.marks.values() for u, on in m.items()} == dict.fromkeys(
+        everything, False
+    )
+    assert done.devices == frozenset()
+    assert pinning.reclaiming_marks(lease(phase="Steady"), BY_UUID, frozenset()) is None
+    restarted = pinning.reclaiming_marks(lease(phase="Steady"), BY_UUID, None)
+    assert restarted is not None
+    assert {u for m in restarted.marks.values() for u, on in m.items() if not on} == everything
+    # A device no GpuNode knows is left out.
+    partial = {u: d for u, d in BY_UUID.items() if u != GROUPS[1].devices[0]}
+    some = pinning.reclaiming_marks(reclaiming, partial, None)
+    assert some is not None
+    assert GROUPS[1].devices[0] not in some.marks[OTHER]

@@ -61,6 +61,11 @@ def test_each_device_publishes_its_attributes_under_the_tidelease_domain() -> No
         b.devices(NODE, 1, gpu_type="H100", tier=Tier.MA, start=1, owner="job-b", replica="b-0"),
         b.devices(NODE, 1, gpu_type="H100", tier=Tier.LA, start=2, standby=True),
     )
+    # The leasing controller marks gpu-1 (lent) and, wrongly, gpu-0 (no owner) as reclaiming.
+    tags = obj["spec"]["devices"]
+    assert [t["uuid"] for t in tags] == [b.device_uuid(NODE, 1), b.device_uuid(NODE, 2)]
+    tags[0]["reclaiming"] = True
+    tags.append({"uuid": b.device_uuid(NODE, 0), "reclaiming": True})
     devices = dra.slice_devices(obj)
     assert [d["name"] for d in devices] == ["gpu-0", "gpu-1", "gpu-2"]
     assert [attrs(d) for d in devices] == [
@@ -73,6 +78,7 @@ def test_each_device_publishes_its_attributes_under_the_tidelease_domain() -> No
             "lentBy": "",
             "replica": "",
             "standby": False,
+            "reclaiming": False,  # only a lent device is reclaimed
         },
         {
             "type": "H100",
@@ -83,6 +89,7 @@ def test_each_device_publishes_its_attributes_under_the_tidelease_domain() -> No
             "lentBy": "job-b",
             "replica": "b-0",
             "standby": False,
+            "reclaiming": True,
         },
         {
             "type": "H100",
@@ -93,6 +100,7 @@ def test_each_device_publishes_its_attributes_under_the_tidelease_domain() -> No
             "lentBy": "",
             "replica": "",
             "standby": True,
+            "reclaiming": False,
         },
     ]
     # Typed as the API wants them: ints for numbers, a bool for standby; no capacity.
