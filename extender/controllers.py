@@ -5,11 +5,11 @@ replicas serve the verbs only: a controller's step never waits in line with kube
 calls, nor they behind it.
 
 The leasing controller always watches GpuLeases, and keeps a watched view of the cluster of its
-own (pods, GpuNodes, ledgers, agents' Leases; ResourceClaims too in DRA mode) only while a GpuLease exists or standby targets
-are set (extender.cluster.watching.DemandView): with neither there is nothing to act on, and a
-cluster scheduling GPU pods costs this process nothing. The others watch what they need
-themselves. /healthz, /readyz and /metrics (for allowed tokens, common/delegatedauth.py) on the
-probes' port.
+own (pods, GpuNodes, ledgers, agents' Leases; ResourceClaims too in DRA mode) only while a
+GpuLease exists or standby targets are set (extender.cluster.watching.DemandView): with neither
+there is nothing to act on, and a cluster scheduling GPU pods costs this process nothing. The
+others watch what they need themselves. /healthz, /readyz and /metrics (for allowed tokens,
+common/delegatedauth.py) on the probes' port.
 
 /readyz is ok once the GpuLease watch has synced and, while the view is watched, the view has
 synced too: a replica is ready when it could act at once on every lease there is. So readiness

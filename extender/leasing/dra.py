@@ -430,8 +430,8 @@ def next_claim_step(
     unhealthy, on a node that does not offer it) is stood in for by standby devices
     (:func:`standby_stand_ins`), as the extender backfills a reclaim; without enough of them,
     or for a claim that cannot be pinned (not one request for as many devices as the group
-    has), the pod goes unpinned, with a warning: kube-scheduler allocates it from its class. Every other gated pod is let go at once: it
-    returns from no loan."""
+    has), the pod goes unpinned, with a warning: kube-scheduler allocates it from its class.
+    Every other gated pod is let go at once: it returns from no loan."""
     pinned: set[str] = set()
     for pod in sorted(gated, key=lambda p: (ordinal(p.name), p.name)):
         group = _returning_group(lease, pod, owned, pinned)
