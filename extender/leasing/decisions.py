@@ -80,6 +80,10 @@ class View:
     # rule when the controller knows the jobs (extender.queues.preemption.eviction_cost);
     # None: every borrower counts the same.
     eviction_cost: Callable[[Sequence[Holder]], tuple[int, int, float]] | None = None
+    # Where the caller keeps the answer of stale_tags up to date as devices change (the cluster
+    # simulator): asked instead of looking at every lent device, and it must answer exactly what
+    # stale_tags(groups, view, owner) does. None (the controller): stale_tags itself.
+    tag_check: Callable[[Sequence[LentGroup], View, JobName], tuple[TagChange, ...]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +143,18 @@ def _retag(
     groups: Sequence[LentGroup], view: View, owner: JobName, skip: set[GpuUuid] | None = None
 ) -> tuple[TagChange, ...]:
     """The tags that do not yet say what the status says: every lent device tagged with the
-    owner and the replica whose group it is in (``skip``: devices whose tags are cleared)."""
+    owner and the replica whose group it is in (``skip``: devices whose tags are cleared);
+    ``view.tag_check`` answers where the view has one (and nothing is skipped)."""
+    if view.tag_check is not None and not skip:
+        return view.tag_check(groups, view, owner)
+    return stale_tags(groups, view, owner, skip)
+
+
+def stale_tags(
+    groups: Sequence[LentGroup], view: View, owner: JobName, skip: set[GpuUuid] | None = None
+) -> tuple[TagChange, ...]:
+    """The tag of every lent device (in the groups' order) that is not yet the owner's with the
+    replica whose group it is in, but for ``skip``; devices not in the view are left out."""
     out = []
     get = view.devices.get  # the leasing controller's hottest loop: every lent device, each pass
     for g in groups:
@@ -159,12 +174,15 @@ def _loans(pods: Sequence[OwnerPod], view: View, lent: set[GpuUuid]) -> set[GpuU
     that holds one, but its own lent devices (a stand-in replica holds all it took beside its
     own devices on loan, so that none of them is lent later as if it were the owner's)."""
     out: set[GpuUuid] = set()
+    get = view.devices.get
     for p in pods:
         if not p.node:
             continue
-        devs = [view.devices[u] for u in p.devices if u in view.devices]
-        if any(d.cls.standby for d in devs):
-            out.update(d.uuid for d in devs if d.uuid not in lent)
+        for u in p.devices:
+            d = get(u)
+            if d is not None and d.cls.standby:
+                out.update(u for u in p.devices if get(u) is not None and u not in lent)
+                break
     return out
 
 
@@ -211,13 +229,19 @@ def scale_up_groups(
         return group_can_return(spec.owner, g.devices, view.devices, view.holders, view.offering)
 
     names = set(incoming)
-    spare = choose_groups(
-        [g for g in groups if g.replica not in names and whole(g)], len(groups), view
-    )
+    # The substitutes, cheapest first; looked for only once an incoming replica needs one (a
+    # reclaim whose groups all come back whole, the common case, never judges the others).
+    spare: list[LentGroup] | None = None
     by_name = {g.replica: g for g in groups}
     for name in incoming:
         own = by_name.get(name)
-        if (own is not None and whole(own)) or not spare:
+        if own is not None and whole(own):
+            continue
+        if spare is None:
+            spare = choose_groups(
+                [g for g in groups if g.replica not in names and whole(g)], len(groups), view
+            )
+        if not spare:
             continue
         sub = spare.pop(0)
         by_name[name] = LentGroup(name, sub.devices)
@@ -229,6 +253,8 @@ def scale_up_groups(
     order = [g.replica for g in groups if g.replica in by_name]
     order += sorted(by_name.keys() - set(order), key=lambda n: (ordinal(n), n))
     renamed = tuple(by_name[n] for n in order)
+    if renamed == groups:  # nothing swapped: the status's own tuple, unchanged
+        renamed = groups
     return renamed, tuple(g for g in renamed if g.replica in names)
 
 
@@ -378,13 +404,12 @@ def _reclaim(
             return Wait(now + POD_WAIT_S, f"{len(placed)} of {target} pods placed")
         held = {u for p in placed for u in p.devices}
         lent = set(status.lent)
-        backfilled = sum(
-            1
-            for u in held
-            if u in view.devices
-            and view.devices[u].cls.standby
-            and not _on_loan(view.devices[u], spec.owner)
-        )
+        backfilled = 0  # standby devices held, but those already on loan to the owner
+        get = view.devices.get
+        for u in held:
+            d = get(u)
+            if d is not None and d.cls.standby and d.cls.owner != spec.owner:
+                backfilled += 1
         return WriteStatus(
             replace(
                 status,
@@ -401,14 +426,15 @@ def _reclaim(
     # standby device on loan stands in for it (a failed device stays lent: it comes back once
     # repaired, and its stand-in goes back to the pool).
     gone = {u for u in reclaimed if u not in view.devices}
-    done = (held & set(status.lent)) | gone
+    lent = set(status.lent)
+    done = (held & lent) | gone
     changes = [
         _tag(view.devices[u], None, False)
         for u in sorted(done)
         if u in view.devices and view.devices[u].cls.owner is not None
     ] + [
         _tag(view.devices[u], spec.owner, True)
-        for u in sorted(_loans(pods, view, set(status.lent)))
+        for u in sorted(_loans(pods, view, lent))
         if view.devices[u].cls.owner != spec.owner or not view.devices[u].cls.standby
     ]
     if changes:
@@ -416,7 +442,10 @@ def _reclaim(
             tuple(changes), "clear the tags of returned devices, mark standby devices on loan"
         )
     still = [
-        LentGroup(g.replica, tuple(u for u in g.devices if u not in done)) for g in status.groups
+        g
+        if done.isdisjoint(g.devices)
+        else LentGroup(g.replica, tuple(u for u in g.devices if u not in done))
+        for g in status.groups
     ]
     return WriteStatus(
         replace(

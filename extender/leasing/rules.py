@@ -26,6 +26,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import lru_cache
 
 from common.model import Device, GpuUuid, Holder, JobName, Priority, Tier
 
@@ -69,7 +70,11 @@ def replicas_for(gpus: int, gpus_per_replica: int) -> int:
 _ORDINAL = re.compile(r"-(\d+)$")
 
 
+@lru_cache(maxsize=8192)
 def ordinal(pod_name: str) -> int:
+    """The replica's ordinal in a StatefulSet pod's name (``web-3``: 3), -1 without one.
+    Remembered for the names seen last: the controller and the simulator ask it of the same
+    names again and again (sorting pods and lent groups)."""
     m = _ORDINAL.search(pod_name)
     return int(m.group(1)) if m else -1
 
@@ -121,13 +126,15 @@ def group_can_return(
 ) -> bool:
     """Whether a lent group comes back whole: every one of its devices can return, all on one
     node (a replica takes all its GPUs on one node)."""
-    uuids = list(uuids)
-    nodes = {devices[u].node for u in uuids if u in devices}
-    return (
-        bool(uuids)
-        and len(nodes) == 1
-        and all(can_return(owner, devices.get(u), holders.get(u), offering) for u in uuids)
-    )
+    node: str | None = None
+    for u in uuids:
+        dev = devices.get(u)
+        if dev is None or (node is not None and dev.node != node):
+            return False
+        if not can_return(owner, dev, holders.get(u), offering):
+            return False
+        node = dev.node
+    return node is not None  # not an empty group
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from common.model import DeviceClass, PodRequest
-from extender.cluster.state import ClusterState, Freeable, NodeState, Signature
+from extender.cluster.state import ClusterState, Freeable, NodeState
 from extender.scheduler.placement import (
     NodePlan,
     Verdict,
@@ -185,31 +185,51 @@ def _home_only(decision: FilterDecision, home: str | None) -> None:
 
 def own_resolvable(cluster: ClusterState, names: Iterable[str], req: PodRequest) -> set[str]:
     """Of these nodes, those where the owner's pod fits once the pods borrowing its own lent
-    devices are evicted (all their devices freed), other pods staying."""
+    devices are evicted (all their devices freed), other pods staying.
+
+    The answer on a node depends on its free devices and, per other pod, on its priority, pod
+    priority and the classes of the devices it holds: all of it in the node's ``decision_key``.
+    So it is remembered per request shape and decision key in the cluster view's memo, as the
+    filter's judgements are; a node where the pod itself holds devices (it is never its own
+    victim) is answered afresh."""
     owner = req.owner
     out: set[str] = set()
     if owner is None:
         return out
-    memo: dict[tuple[Signature, frozenset[tuple[DeviceClass, int]]], bool] = {}
+    memo: dict[int, bool] = cluster.memo.setdefault(_own_shape(req), {})
     verdicts: dict[DeviceClass, Verdict] = {}
+    uid = req.uid
+    get = cluster.nodes.get
     for name in names:
-        state = cluster.nodes.get(name)  # type: ignore[call-overload]
+        state = get(name)  # type: ignore[call-overload]
         if state is None:
             continue
-        counts: Counter[DeviceClass] = Counter()
-        for a in state.allocations.values():
-            classes = state.held_classes.get(a.holder.pod_uid, ())
-            if may_evict(a.holder, req) and any(own_tag(c, req) for c in classes):
-                counts.update(classes)
-        if not counts:
-            continue
-        key = (state.signature, frozenset(counts.items()))
-        fits = memo.get(key)
-        if fits is None:
-            fits = memo[key] = resolvable_counts(state.free, counts.items(), req, verdicts)
+        fits: bool | None
+        if uid in state.allocations:
+            fits = _own_resolvable(state, req, verdicts)
+        else:
+            fits = memo.get(state.decision_key)
+            if fits is None:
+                fits = memo[state.decision_key] = _own_resolvable(state, req, verdicts)
         if fits:
             out.add(name)
     return out
+
+
+def _own_shape(req: PodRequest) -> tuple[object, ...]:
+    """Everything of a request that :func:`_own_resolvable` depends on (its UID aside)."""
+    return ("own", *placement_shape(req), req.pod_priority)
+
+
+def _own_resolvable(
+    state: NodeState, req: PodRequest, verdicts: dict[DeviceClass, Verdict]
+) -> bool:
+    counts: Counter[DeviceClass] = Counter()
+    for a in state.allocations.values():
+        classes = state.held_classes.get(a.holder.pod_uid, ())
+        if may_evict(a.holder, req) and any(own_tag(c, req) for c in classes):
+            counts.update(classes)
+    return bool(counts) and resolvable_counts(state.free, counts.items(), req, verdicts)
 
 
 def return_share(plan: NodePlan, req: PodRequest) -> tuple[float, float, float]:

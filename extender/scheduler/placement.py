@@ -221,7 +221,21 @@ def pick_devices(
     plan = plan_node(Counter(d.cls for d in free), req)
     if not plan.fits:
         return plan, ()
+    return plan, _devices_for(plan, free)
+
+
+def pick_planned(
+    plan: NodePlan, devices: Sequence[Device], allocated: Iterable[GpuUuid]
+) -> tuple[Device, ...]:
+    """The concrete devices of a plan that fits, made for these free devices (``devices`` less
+    ``allocated``; a plan remembered by free-device state, :func:`remembered_plans`): what
+    :func:`pick_devices` picks, without planning again."""
+    taken = set(allocated)
+    return _devices_for(plan, [d for d in devices if d.uuid not in taken])
+
+
+def _devices_for(plan: NodePlan, free: Sequence[Device]) -> tuple[Device, ...]:
     chosen: list[Device] = []
     for cls, n in plan.take:
         chosen.extend(sorted((d for d in free if d.cls == cls), key=lambda d: d.index)[:n])
-    return plan, tuple(chosen)
+    return tuple(chosen)

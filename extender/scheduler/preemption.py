@@ -51,14 +51,24 @@ def _borrower_rank(alloc: Allocation, by_uuid: dict[GpuUuid, Device], req: PodRe
 
 
 def _candidates(
-    devices: Sequence[Device], allocations: Iterable[Allocation], req: PodRequest
+    devices: Sequence[Device],
+    allocations: Iterable[Allocation],
+    req: PodRequest,
+    verdicts: dict[DeviceClass, Verdict] | None = None,
 ) -> tuple[dict[GpuUuid, Device], list[Allocation]]:
     by_uuid = {d.uuid: d for d in devices}
+    known: dict[DeviceClass, Verdict] = {} if verdicts is None else verdicts
+
+    def helps(c: DeviceClass) -> bool:
+        v = known.get(c)
+        if v is None:
+            v = known[c] = verdict(c, req)
+        return v in _HELPFUL
+
     helpful = [
         a
         for a in allocations
-        if may_evict(a.holder, req)
-        and any(verdict(c, req) in _HELPFUL for c in _classes(a, by_uuid))
+        if may_evict(a.holder, req) and any(helps(c) for c in _classes(a, by_uuid))
     ]
     helpful.sort(
         key=lambda a: (
@@ -71,42 +81,35 @@ def _candidates(
     return by_uuid, helpful
 
 
-def _fits(
-    base: Counter[DeviceClass],
-    victims: Iterable[Allocation],
-    by_uuid: dict[GpuUuid, Device],
-    req: PodRequest,
-) -> bool:
-    counts = Counter(base)
-    for a in victims:
-        counts.update(_classes(a, by_uuid))
-    return plan_node(counts, req).fits
-
-
 def choose_victims(
     devices: Sequence[Device], allocations: Sequence[Allocation], req: PodRequest
 ) -> tuple[Holder, ...] | None:
     """Pods to evict on this node: ``()`` if none is needed, ``None`` if eviction cannot help."""
     allocated = [u for a in allocations for u in a.devices]
     base = free_counts(devices, allocated)
-    if plan_node(base, req).fits:
+    verdicts: dict[DeviceClass, Verdict] = {}  # verdict() is pure in the class, for this pod
+    if plan_node(base, req, verdicts).fits:
         return ()
-    by_uuid, candidates = _candidates(devices, allocations, req)
-    chosen: list[Allocation] = []
+    by_uuid, candidates = _candidates(devices, allocations, req, verdicts)
+    classes = [_classes(a, by_uuid) for a in candidates]
+    chosen: list[int] = []  # of the candidates, by position
     counts = Counter(base)  # free once the chosen are gone, kept as they are added
-    for alloc in candidates:
-        chosen.append(alloc)
-        counts.update(_classes(alloc, by_uuid))
-        if plan_node(counts, req).fits:
+    for i, held in enumerate(classes):
+        chosen.append(i)
+        counts.update(held)
+        if plan_node(counts, req, verdicts).fits:
             break
     else:
         return None
     # Spare every victim the preemptor can do without, least preferred victims first.
-    for alloc in reversed(chosen[:]):
-        rest = [a for a in chosen if a is not alloc]
-        if _fits(base, rest, by_uuid, req):
+    for i in reversed(chosen[:]):
+        rest = [j for j in chosen if j != i]
+        trial = Counter(base)
+        for j in rest:
+            trial.update(classes[j])
+        if plan_node(trial, req, verdicts).fits:
             chosen = rest
-    return tuple(a.holder for a in chosen)
+    return tuple(candidates[j].holder for j in chosen)
 
 
 def freeable(

@@ -23,6 +23,7 @@ class Kind(enum.IntEnum):
 
 
 Event = tuple[int, int, int, int, int]  # minute, kind, sequence, subject, token
+_KINDS = {int(k): k for k in Kind}  # Kind(n) without the enum's call
 
 
 @dataclass(slots=True)
@@ -65,4 +66,4 @@ class EventQueue:
         heap = self._heap
         while heap and heap[0][0] <= minute:
             _, kind, _, subject, token = heapq.heappop(heap)
-            yield Kind(kind), subject, token
+            yield _KINDS[kind], subject, token

@@ -71,6 +71,7 @@ from extender.leasing.rules import (
 )
 from extender.simulation.scenario import NodeSpec, OnlineJob, Role
 from extender.simulation.scheduling import Scheduler
+from extender.simulation.tagging import TagChecks
 from extender.simulation.world import SimCluster
 
 NAMESPACE = "online"
@@ -168,6 +169,10 @@ class JobState:
     clock: float = 0.0  # the controller's time for this lease (it may run ahead in a step)
     version: int = 0  # bumped whenever its pods or their devices change
     observed: tuple[int, list[OwnerPod]] | None = None  # its pods as last seen, at a version
+    # Each pod as last seen, by ordinal: a pod's node and devices change only when it is bound
+    # (OnlineJobs._place) or released (OnlineJobs._scale), which drop its entry (online pods
+    # are never evicted: only borrowers are victims), so an entry of the pod's UID is current.
+    seen: dict[int, OwnerPod] = field(default_factory=dict)
     reclaim: ReclaimStart | None = None  # the reclaim under way, for its record
     lent_tiers: Counter[Tier] = field(default_factory=Counter)  # of the lease's lent devices
     # The inputs of the last decision that found the lease steady (see OnlineJobs._decide).
@@ -263,6 +268,8 @@ class OnlineJobs:
             if j.peak > 0
         ]
         self._online_nodes = {n.name for n in nodes if n.role is Role.ONLINE}
+        # every device's tier: fixed (tags, standby flags and health change, tiers never do)
+        self._tiers: dict[GpuUuid, Tier] = {u: d.tier for u, d in world.devices.items()}
         self._names = {j.spec.name for j in self.jobs}
         self.minute = 0
         self.reclaims: list[ReclaimRecord] = []
@@ -271,6 +278,11 @@ class OnlineJobs:
         self.demand = 0  # GPUs the jobs' targets ask at this step (whatever the policy)
         self.standby_targets: dict[TypeTier, int] = {}
         self.notices = 0
+        # What the controller observes: the world's own mappings, live (one view serves every
+        # decision), and the leases' tag checks, kept up to date as devices change.
+        self._view = View(
+            world.devices, world.holder_of, world.offering, tag_check=TagChecks(world)
+        )
 
     # --- what the metrics read ---
     @property
@@ -283,7 +295,8 @@ class OnlineJobs:
 
     @property
     def lent_devices(self) -> int:
-        return sum(len(j.lease.status.lent) for j in self.jobs)
+        """Devices lent by the jobs' leases (``lent_tiers`` counts each of them once)."""
+        return sum(j.lent_tiers.total() for j in self.jobs)
 
     def holdings(self) -> dict[str, tuple[Device, ...]]:
         """The devices each job holds now."""
@@ -423,24 +436,25 @@ class OnlineJobs:
             memo = job.steady
             if memo is not None and memo[0] is lease.status and memo[1:] == key:
                 return Wait(now + RESYNC_S, STEADY)
-        action = decide(lease, job.replicas, self._owner_pods(job), self._view(), now)
+        action = decide(lease, job.replicas, self._owner_pods(job), self._view, now)
         steady = key is not None and isinstance(action, Wait) and action.why == STEADY
         job.steady = (lease.status, *key) if steady and key is not None else None
         return action
-
-    def _view(self) -> View:
-        world = self.world
-        return View(world.devices, world.holder_of, world.offering)
 
     def _owner_pods(self, job: JobState) -> list[OwnerPod]:
         if job.observed is not None and job.observed[0] == job.version:
             return job.observed[1]
         world = self.world
+        seen = job.seen
         out = []
         for o, uid in sorted(job.pods.items()):
-            node = world.pod_node.get(uid)
-            alloc = None if node is None else world.ledger[node].get(uid)
-            out.append(OwnerPod(job.name_of(o), uid, node or "", alloc.devices if alloc else ()))
+            pod = seen.get(o)
+            if pod is None or pod.uid != uid:
+                node = world.pod_node.get(uid)
+                alloc = None if node is None else world.ledger[node].get(uid)
+                devices = alloc.devices if alloc else ()
+                pod = seen[o] = OwnerPod(job.name_of(o), uid, node or "", devices)
+            out.append(pod)
         job.observed = (job.version, out)
         return out
 
@@ -480,9 +494,13 @@ class OnlineJobs:
                 pods=frozenset(job.pods.values()),
             )
         job.lease = replace(job.lease, status=status)
-        if status.groups != old.groups:
-            devices = self.world.devices
-            job.lent_tiers = Counter(devices[u].tier for u in status.lent if u in devices)
+        groups, before = status.groups, old.groups
+        if groups != before:  # every lent device is the world's: none ever goes
+            if len(groups) > len(before) and groups[: len(before)] == before:  # lent more
+                added = (u for g in groups[len(before) :] for u in g.devices)
+                job.lent_tiers.update(map(self._tiers.__getitem__, added))
+            else:
+                job.lent_tiers = Counter(map(self._tiers.__getitem__, status.lent))
         if old.phase != status.phase:
             # what the extender's watch of GpuLease objects does
             self.world.state.apply_gpu_lease(
@@ -551,6 +569,7 @@ class OnlineJobs:
                 o = ordinal(name)
                 uid = job.pods.pop(o)
                 job.pending.discard(o)
+                job.seen.pop(o, None)
                 alloc = self.world.release(uid)
                 if alloc is not None:
                     self._count([self.world.devices[u] for u in alloc.devices], -1)
@@ -593,6 +612,7 @@ class OnlineJobs:
         if placed is None:
             return False
         job.pending.discard(o)
+        job.seen.pop(o, None)
         job.version += 1
         self._count(placed.devices, +1)
         return True
@@ -609,17 +629,13 @@ class OnlineJobs:
         their nodes, given to :func:`~extender.leasing.rules.standby_topup`; free standby devices
         beyond the targets (loans given back) leave the pool by
         :func:`~extender.leasing.rules.standby_excess`. Only nodes with a free healthy device can
-        add one, so only they are looked at."""
+        add one, so only they are looked at; the pool's counts are the world's
+        (:meth:`~.world.SimCluster.standby_pool`, kept as devices change)."""
         targets = self.standby_targets
         if not targets:
             return
         world = self.world
-        pool: dict[TypeTier, int] = {}
-        for u in world.standby:
-            d = world.devices[u]
-            if d.cls.healthy and world.offering.get(d.node, False):
-                key = (d.gpu_type, d.tier)
-                pool[key] = pool.get(key, 0) + 1
+        pool = world.standby_pool()
         held = world.holder_of
         if any(n > targets.get(k, 0) for k, n in pool.items()):
             free_standby = [

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from common.model import JobName, NodeName, Tier
-from extender.leasing.decisions import RESYNC_S, STEADY, SetTags, Wait
+from extender.leasing.decisions import RESYNC_S, STEADY, OwnerPod, SetTags, View, Wait
 from extender.simulation import controlling
 from extender.simulation.controlling import Policy, standby_targets
 from extender.simulation.scenario import (
@@ -247,8 +247,10 @@ def test_fig10_borrowers_get_more_in_the_troughs(figures: dict[Policy, RunResult
 def test_steady_leases_are_not_judged_again_and_nothing_else_changes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The simulator skips :func:`decide` for a steady lease whose inputs did not change; the
-    results must be those of judging every lease at every turn."""
+    """The simulator skips :func:`decide` for a steady lease whose inputs did not change, keeps
+    its tag checks (``View.tag_check``) and its pods as seen up to date instead of redoing them;
+    the results must be those of judging every lease at every turn, over pods and a view looked
+    at afresh."""
     calls = Counter[str]()
     real = controlling.decide
 
@@ -257,7 +259,15 @@ def test_steady_leases_are_not_judged_again_and_nothing_else_changes(
         return real(*args, **kwargs)
 
     def every_time(self: controlling.OnlineJobs, job: controlling.JobState, now: float) -> Any:
-        return counted(job.lease, job.replicas, self._owner_pods(job), self._view(), now)
+        world = self.world
+        pods = []
+        for o, uid in sorted(job.pods.items()):
+            node = world.pod_node.get(uid)
+            alloc = None if node is None else world.ledger[node].get(uid)
+            devices = alloc.devices if alloc else ()
+            pods.append(OwnerPod(job.name_of(o), uid, node or "", devices))
+        view = View(world.devices, world.holder_of, world.offering)  # no tag check
+        return counted(job.lease, job.replicas, pods, view, now)
 
     monkeypatch.setattr(controlling, "decide", counted)
     settings = SimSettings(Policy.RIGHT_OF_RETURN, seed=3, standby_gpus=16)

@@ -23,6 +23,7 @@ from common.model import (
     Tier,
 )
 from extender.scheduler.filtering import filter_nodes
+from extender.scheduler.scoring import prioritize_nodes
 from extender.simulation.scenario import NodeSpec
 from extender.simulation.scheduling import Scheduler, SchedulerSettings
 from extender.simulation.world import SimCluster
@@ -87,6 +88,14 @@ def build(nodes: list[tuple[str, list[Dev]]]) -> SimCluster:
     return world
 
 
+def best_of(world: SimCluster, req: PodRequest, passed: list[str]) -> str | None:
+    """kube-scheduler's pick: the best score among the nodes that passed, ties by name."""
+    if not passed:
+        return None
+    scores = prioritize_nodes(world.state, req, passed, SchedulerSettings().weights)
+    return min(scores, key=lambda s: (-s[1], s[0]))[0]
+
+
 @settings(max_examples=600, deadline=None)
 @given(st.lists(node, min_size=1, max_size=8), request)
 def test_shortcuts_answer_as_the_filter_over_every_node(
@@ -111,7 +120,86 @@ def test_shortcuts_answer_as_the_filter_over_every_node(
     scheduler = Scheduler(world, SchedulerSettings(), random.Random(1))
     universe = world.nodes_of(gpu_type)
     assert set(scheduler.passed(req, universe, None)) == set(full.passed)
+    assert scheduler._best(req, universe, None) == best_of(world, req, full.passed)
     event(f"passed={bool(full.passed)} failed={bool(full.failed)} reclaim={reclaim}")
     if not full.passed:
         found = scheduler.preemption_candidates(req, universe, len(universe))
         assert set(found) == set(full.failed)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(node, min_size=1, max_size=8),
+    st.integers(1, 3),
+    st.sampled_from(TIERS),
+    st.sampled_from((None, *TYPES)),
+    st.sampled_from((frozenset(), frozenset({JobName("j")}))),
+)
+def test_a_borrower_is_asked_about_open_devices_only_and_counted_as_before(
+    nodes: list[tuple[str, list[Dev]]],
+    gpus: int,
+    tier: Tier,
+    gpu_type: str | None,
+    reclaiming: frozenset[JobName],
+) -> None:
+    """A pod that is no reclaim is filtered over the nodes with enough free devices outside the
+    standby pool; it passes where the filter over every node passes it, and the statistics
+    count one filter call whenever some node has enough free healthy devices, standby or not
+    (the calls of the cycle without that shortcut)."""
+    world = build(nodes)
+    req = PodRequest(
+        "ns",
+        "b",
+        PodUid("b"),
+        gpus,
+        priority=Priority.LOW,
+        pod_priority=5,
+        min_tier=tier,
+        gpu_type=gpu_type,
+        reclaiming_owners=reclaiming,
+    )
+    full = filter_nodes(world.state, req, world.names)
+    scheduler = Scheduler(world, SchedulerSettings(), random.Random(1))
+    universe = world.nodes_of(gpu_type)
+    assert set(scheduler.passed(req, universe, None)) == set(full.passed)
+    scheduler.stats.filter_calls = 0
+    assert scheduler._best(req, universe, None) == best_of(world, req, full.passed)
+    free = [
+        n
+        for n in universe
+        if sum(1 for d in world.by_node[n] if d.cls.healthy and d.uuid not in world.holder_of)
+        >= gpus
+    ]
+    assert scheduler.stats.filter_calls == (1 if free else 0)
+    event(f"passed={bool(full.passed)} asked={bool(free)}")
+
+
+def test_the_best_scored_candidate_that_does_not_pass_is_passed_over() -> None:
+    """A borrower's best-scored candidate (scores tie at 0, the first by name) is being taken
+    back by its owner: the filter is asked about every candidate, and the pod goes where one
+    passes, as kube-scheduler would send it."""
+    k = JobName("k")
+    world = build(
+        [
+            ("H20", [(Tier.HA, True, JobName("j"), False, 0)]),
+            ("H20", [(Tier.HA, True, k, False, 0)] * 20),
+        ]
+    )
+    req = PodRequest(
+        "ns",
+        "b",
+        PodUid("b"),
+        1,
+        priority=Priority.LOW,
+        pod_priority=5,
+        min_tier=Tier.LA,
+        reclaiming_owners=frozenset({JobName("j")}),
+    )
+    scheduler = Scheduler(world, SchedulerSettings(), random.Random(1))
+    universe = world.nodes_of(None)
+    scores = dict(prioritize_nodes(world.state, req, universe, SchedulerSettings().weights))
+    assert scores == {"n0": 0, "n1": 0}
+    full = filter_nodes(world.state, req, world.names)
+    assert full.passed == ["n1"]
+    assert scheduler._best(req, universe, None) == best_of(world, req, full.passed) == "n1"
+    assert scheduler.stats.filter_calls == 1
