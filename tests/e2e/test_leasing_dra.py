@@ -147,6 +147,18 @@ class DraJob:
 
         return wait_for(steady, what=what, timeout=TIMEOUT_S, describe=self.describe)
 
+    def lend_two(self, what: str = "") -> dict[str, list[str]]:
+        """Scale down to one replica: the two lent groups, by replica, once lent and their
+        pods gone."""
+        names = [f"{OWNER}-{i}" for i in range(REPLICAS)]
+        self.set_desired(REPLICA_GPUS)
+        status = self.wait_steady(
+            f"{what}8 devices lent",
+            lambda s: sum(len(g["devices"]) for g in s.get("lent") or []) == 8,
+        )
+        self.gone(names[1:])
+        return {g["replica"]: g["devices"] for g in status["lent"]}
+
     def gone(self, pods: list[str]) -> None:
         wait_for(
             lambda: all(self.cluster.kube.get("Pod", p, self.ns) is None for p in pods),
@@ -187,13 +199,7 @@ def test_each_replica_gets_back_exactly_its_own_devices_every_cycle_in_dra_mode(
     every = [u for devices in first.values() for u in devices]
     assert len(every) == len(set(every)) == REPLICAS * REPLICA_GPUS
     for cycle in range(CYCLES):
-        job.set_desired(REPLICA_GPUS)
-        status = job.wait_steady(
-            f"cycle {cycle}: 8 devices lent",
-            lambda s: sum(len(g["devices"]) for g in s.get("lent") or []) == 8,
-        )
-        job.gone(names[1:])
-        groups = {g["replica"]: g["devices"] for g in status["lent"]}
+        groups = job.lend_two(f"cycle {cycle}: ")
         assert set(groups) == {f"{OWNER}-1", f"{OWNER}-2"}, groups
         if cycle == 0:  # each group is what its replica's claim held, device by device
             assert groups == {r: first[r] for r in groups}
@@ -254,12 +260,7 @@ def test_only_the_replica_whose_device_failed_falls_back_to_standby_in_dra_mode(
     job = dra_job
     names = [f"{OWNER}-{i}" for i in range(REPLICAS)]
     job.placed(names)
-    job.set_desired(REPLICA_GPUS)
-    status = job.wait_steady(
-        "8 devices lent", lambda s: sum(len(g["devices"]) for g in s.get("lent") or []) == 8
-    )
-    job.gone(names[1:])
-    groups = {g["replica"]: g["devices"] for g in status["lent"]}
+    groups = job.lend_two()
     borrowers = [f"borrow-{i}" for i in range(2)]
     for name in borrowers:
         _borrower(job, name)
@@ -306,12 +307,7 @@ def test_a_reclaim_ends_though_every_evicted_borrower_is_replaced_in_dra_mode(
     job = dra_job
     names = [f"{OWNER}-{i}" for i in range(REPLICAS)]
     job.placed(names)
-    job.set_desired(REPLICA_GPUS)
-    status = job.wait_steady(
-        "8 devices lent", lambda s: sum(len(g["devices"]) for g in s.get("lent") or []) == 8
-    )
-    job.gone(names[1:])
-    groups = {g["replica"]: g["devices"] for g in status["lent"]}
+    groups = job.lend_two()
     create_claim_template(
         job.cluster, claim_template(job.ns, "finetune", dra.CLASS_BORROW, count=REPLICA_GPUS)
     )
