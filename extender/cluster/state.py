@@ -22,6 +22,7 @@ from collections.abc import Hashable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from common.dra import reclaiming
 from common.errors import InvalidInput
 from common.heartbeat import heartbeat
 from common.model import (
@@ -85,6 +86,9 @@ class NodeState:
     has_inventory: bool = False
     heartbeat: float | None = None  # last renewal of the node agent's Lease (epoch seconds)
     silent: bool = False  # the agent has not renewed its Lease within the timeout
+    # Devices the GpuNode's tags mark ``reclaiming`` (DRA mode: the leasing controller's marks,
+    # read back from the API server so that a restarted controller knows what stands).
+    reclaiming: frozenset[GpuUuid] = frozenset()
     # The node's ledger as stored (what a compare-and-swap write starts from) ...
     ledger: dict[PodUid, Allocation] = field(default_factory=dict)
     ledger_version: str = ""
@@ -263,6 +267,7 @@ class ClusterState:
         if state is None:
             return
         state.devices, state.cache, state.has_inventory = (), NodeCache(), False
+        state.reclaiming = frozenset()
         self._changed(state)
         if not state.ledger and not state.ledger_version:
             del self._nodes[node]
@@ -295,6 +300,7 @@ class ClusterState:
             return
         try:
             self.set_inventory(parse_gpu_node(obj))
+            self._node(name).reclaiming = frozenset(GpuUuid(u) for u in reclaiming(obj))
         except InvalidInput as e:
             # A bad object must not take the node's devices with it silently: offer none.
             log.error("ignoring invalid GpuNode %s: %s", name, e)

@@ -192,11 +192,11 @@ class KubeWorld:
         def edit(entries: dict[str, dict[str, Any]], marks: Mapping[GpuUuid, bool]) -> None:
             for uuid, on in marks.items():
                 entry = entries.get(uuid)
-                if entry is None or not entry.get("owner"):
+                if entry is None:
                     continue
-                if on:
+                if on and entry.get("owner"):
                     entry[RECLAIMING] = True
-                else:
+                elif not on:
                     entry.pop(RECLAIMING, None)
 
         for node, marks in step.marks.items():
@@ -326,8 +326,9 @@ class KubeWorld:
             )
 
     async def pin(self, step: dra.Pin, lease: GpuLease) -> None:
-        """Write the pinned allocation of the pod's claim (after kube-scheduler's finalizer,
-        each write on the resourceVersion it read: a claim changed meanwhile is a Conflict),
+        """Write the pinned allocation of the pod's claim (after kube-scheduler's finalizer and
+        the group it takes back, :func:`dra.pin_patch`; each write on the resourceVersion it
+        read: a claim changed meanwhile is a Conflict),
         then lift the pod's gate. A step cut short is taken again: the finalizer is not added
         twice, and an allocated claim only has its pod let go (:func:`dra.next_claim_step`)."""
         claim, meta = step.claim, step.claim.get("metadata") or {}
@@ -336,7 +337,7 @@ class KubeWorld:
             f"{meta.get('name')}"
         )
         version = meta.get("resourceVersion")
-        patch = dra.finalizer_patch(claim)
+        patch = dra.pin_patch(claim, step.group)
         if patch is not None:
             written = await self._kube.json(
                 "PATCH", path, body=patch, content_type="application/merge-patch+json"
@@ -623,9 +624,6 @@ class LeaseController:
         # Claims pinned by this process that the view has not shown allocated yet, with their
         # devices: no other pod is pinned to those meanwhile.
         self._pins: dict[tuple[str, str], tuple[GpuUuid, ...]] = {}
-        # Per lease, the devices this process last marked reclaiming (dra.reclaiming_marks);
-        # a lease not here is marked afresh (after a restart, every lent device's mark).
-        self._marked: dict[str, frozenset[GpuUuid]] = {}
         self.world, self.metrics, self.clock = world, metrics, clock
         self.standby_targets = dict(standby_targets or {})
         self.standby_interval_s = standby_interval_s
@@ -698,18 +696,15 @@ class LeaseController:
         pods (:meth:`_claim_step`)."""
         if self.test_grace_s is not None:
             lease = replace(lease, spec=replace(lease.spec, grace_s=self.test_grace_s))
-        holdings: tuple[dra.ClaimHolding, ...] = ()
-        if self.dra_mode:
-            every = (d for state in self.view.cluster for d in state.devices)
-            holdings = dra.claim_holdings(self.view.claims.raw_claims(), every)
+        holdings = self._holdings()
         owner_pods, view = observe(self.view.cluster, self.view.pods, lease, holdings)
         if self.dra_mode:
-            marks = dra.reclaiming_marks(lease, view.devices, self._marked.get(lease.key))
+            marked = {u for state in self.view.cluster for u in state.reclaiming}
+            owners = {str((raw.get("spec") or {}).get("owner")) for raw in self.leases.raw.values()}
+            marks = dra.reclaiming_marks(lease, view.devices, marked, owners)
             if marks is not None:
                 log.info("lease %s: %s", lease.key, marks.why)
-                self._marked.pop(lease.key, None)  # unknown until written
                 await self.world.mark_reclaiming(marks)
-                self._marked[lease.key] = marks.devices
                 return marks
             claim_step = await self._claim_step(lease, owner_pods, view, holdings)
             if claim_step is not None:
@@ -765,6 +760,13 @@ class LeaseController:
             await self.world.write_status(lease, lease.status, trouble)
         return action
 
+    def _holdings(self) -> tuple[dra.ClaimHolding, ...]:
+        """DRA mode: who holds which device through the claims the view shows; none otherwise."""
+        if not self.dra_mode:
+            return ()
+        every = (d for state in self.view.cluster for d in state.devices)
+        return dra.claim_holdings(self.view.claims.raw_claims(), every)
+
     async def _claim_step(
         self,
         lease: GpuLease,
@@ -810,6 +812,13 @@ class LeaseController:
             self._pins[key] = tuple(d.uuid for d in step.devices)
             try:
                 await self.world.pin(step, lease)
+            except InvalidInput as e:
+                # Refused (403, 422): retrying cannot help, and the lease must not stop here.
+                self._pins.pop(key, None)
+                log.error("lease %s: pinning claim %s refused: %s", lease.key, meta.get("name"), e)
+                refused = dra.Ungate(step.pod, f"pinning its claim was refused: {e}", warning=True)
+                await self.world.ungate(refused, lease)
+                return refused
             except BaseException:
                 self._pins.pop(key, None)  # not written, or not known to be
                 raise
@@ -842,7 +851,6 @@ class LeaseController:
         raw = self.leases.raw.get(key)
         if raw is None:
             log.info("lease %s: deleted; nothing left to step", key)
-            self._marked.pop(key, None)
             return None
         try:
             lease = parse_gpu_lease(raw)
@@ -887,10 +895,13 @@ class LeaseController:
         free: list[Device] = []
         free_standby: list[Device] = []
         standby: list[Device] = []
+        # DRA mode: devices held through claims, or pinned a moment ago, are not free either.
+        claimed = {u for h in self._holdings() for u in h.devices}
+        claimed |= {u for devices in self._pins.values() for u in devices}
         for state in self.view.cluster:
             if not state.offering:
                 continue
-            held = {u for a in state.allocations.values() for u in a.devices}
+            held = {u for a in state.allocations.values() for u in a.devices} | claimed
             for d in state.devices:
                 if d.cls.standby:
                     standby.append(d)
@@ -921,4 +932,5 @@ class LeaseController:
         known at the start was stepped once. A new term tops the standby pool up at once: the
         pool may have drifted while another replica led, or none did."""
         self._next_topup = 0.0
+        self._pins.clear()  # another replica may have led since: the claims say what stands
         await self.loop.run(ready=ready)

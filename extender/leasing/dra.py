@@ -41,6 +41,10 @@ RECLAIM_GATE: Final = "tidelease.io/reclaim"
 # claim controller clears the allocation of an unused claim only when it is set, and a claim
 # with it is not deleted while allocated. Added in a normal update, before the allocation.
 FINALIZER: Final = "resource.kubernetes.io/delete-protection"
+# The annotation the controller writes on a claim it pins: the lent group it takes back (or
+# stands in for). A Deployment's pod whose claim names a group has that group, whatever devices
+# it was given; no other pod is pinned to it.
+RETURNED_GROUP: Final = "tidelease.io/returned-group"
 # The node selector of a node-local allocation, as the structured allocator writes it.
 NODE_FIELD: Final = "metadata.name"
 MAX_RESULTS: Final = 32  # AllocationResultsMaxSize
@@ -307,6 +311,25 @@ def finalizer_patch(claim: Mapping[str, Any]) -> dict[str, Any] | None:
     return {"metadata": patch}
 
 
+def pin_patch(claim: Mapping[str, Any], group: str) -> dict[str, Any] | None:
+    """The merge patch of ``claim``'s metadata that adds :data:`FINALIZER` and names the lent
+    ``group`` in :data:`RETURNED_GROUP` (with its resourceVersion), or None when both are so."""
+    patch = finalizer_patch(claim) or {"metadata": {}}
+    meta = _mapping(claim.get("metadata"))
+    if _mapping(meta.get("annotations")).get(RETURNED_GROUP) != group:
+        patch["metadata"]["annotations"] = {RETURNED_GROUP: group}
+        version = _str(meta.get("resourceVersion"))
+        if version:
+            patch["metadata"]["resourceVersion"] = version
+    return patch if patch["metadata"] else None
+
+
+def returned_group(claim: Mapping[str, Any] | None) -> str:
+    """The lent group a pinned claim takes back (:data:`RETURNED_GROUP`), "" for none."""
+    annotations = _mapping(_mapping((claim or {}).get("metadata")).get("annotations"))
+    return _str(annotations.get(RETURNED_GROUP))
+
+
 def ungated(pod: Mapping[str, Any]) -> dict[str, Any] | None:
     """The merge patch of ``pod``'s spec that lifts :data:`RECLAIM_GATE` (other gates stay), or
     None when the pod does not carry it."""
@@ -389,19 +412,23 @@ ClaimStep = Pin | Ungate
 
 
 def _returning_group(
-    lease: GpuLease, pod: GatedPod, owned: Set[GpuUuid], skip: Set[str]
+    lease: GpuLease, pod: GatedPod, owned: Set[GpuUuid], skip: Set[str], own: str
 ) -> LentGroup | None:
     """The lent group ``pod`` takes back, if its lease reclaims one for it: a StatefulSet's
     replica its own group (by name, :func:`common.replicas.names_replicas`); another
-    workload's pod the first reclaimed group that is not back yet (not all its devices
-    ``owned``: held by the owner's pods, or pinned for them) and that no pod before it in this
-    pass took (``skip``)."""
+    workload's pod the group its claim names already (``own``: a pin cut short), else the
+    first reclaimed group that is not back yet (not all its devices ``owned``: held by the
+    owner's pods, or pinned for them) and that neither another claim names nor a pod before it
+    in this pass took (``skip``)."""
     status = lease.status
     if status.phase != "Reclaiming" or status.finalizing:
         return None
     back = [g for g in status.groups if g.replica in status.reclaiming]
     if names_replicas(lease.spec.workload.kind):
         return next((g for g in back if g.replica == pod.name), None)
+    mine = next((g for g in back if own and g.replica == own), None)
+    if mine is not None:
+        return mine
     return next(
         (g for g in back if g.replica not in skip and not all(u in owned for u in g.devices)),
         None,
@@ -432,12 +459,20 @@ def next_claim_step(
     or for a claim that cannot be pinned (not one request for as many devices as the group
     has), the pod goes unpinned, with a warning: kube-scheduler allocates it from its class.
     Every other gated pod is let go at once: it returns from no loan."""
-    pinned: set[str] = set()
+    named = {
+        key: returned_group(claim)
+        for key, claim in claims.items()
+        if key[0] == lease.namespace and returned_group(claim)
+    }
+    passed: set[str] = set()  # the groups of the pods before this one in the pass
     for pod in sorted(gated, key=lambda p: (ordinal(p.name), p.name)):
-        group = _returning_group(lease, pod, owned, pinned)
+        mine = [(pod.namespace, c) for c in pod.claims if c]
+        own = next((named[k] for k in mine if k in named), "")
+        skip = passed | {g for k, g in named.items() if k not in mine}
+        group = _returning_group(lease, pod, owned, skip, own)
         if group is None:
             return Ungate(pod, "it takes back no lent group")
-        pinned.add(group.replica)
+        passed.add(group.replica)
         if len(pod.claims) != 1:
             return Ungate(
                 pod,
@@ -523,7 +558,6 @@ class MarkReclaiming:
     (:data:`common.dra.ATTR_RECLAIMING`)."""
 
     marks: Mapping[NodeName, Mapping[GpuUuid, bool]]
-    devices: frozenset[GpuUuid]  # the devices marked once written
 
     @property
     def why(self) -> str:
@@ -543,19 +577,26 @@ def reclaimed_devices(lease: GpuLease) -> frozenset[GpuUuid]:
 
 
 def reclaiming_marks(
-    lease: GpuLease, devices: Mapping[GpuUuid, Device], written: frozenset[GpuUuid] | None
+    lease: GpuLease,
+    devices: Mapping[GpuUuid, Device],
+    marked: Set[GpuUuid],
+    owners: Set[str],
 ) -> MarkReclaiming | None:
-    """The marks to write so that exactly :func:`reclaimed_devices` are marked, given what this
-    process last wrote for the lease (``written``; None: not known, e.g. after a restart: every
-    lent device's mark is written, set or cleared, and the write is a no-op where it stands).
-    None when nothing is to be written. Devices no GpuNode knows are left out."""
+    """The marks to write so that, of the devices tagged with the lease's owner, exactly
+    :func:`reclaimed_devices` are marked, and no device tagged with an owner no lease names
+    (``owners``; a lease deleted without its finalizer) stays marked. ``marked`` is what the
+    GpuNodes say now (:attr:`extender.cluster.state.NodeState.reclaiming`), so a restarted or
+    newly leading controller starts from what stands. A device without an owner tag cannot be
+    marked (its owner is tagged first, then it is). None when nothing is to be written."""
     want = reclaimed_devices(lease)
-    if written is not None and written == want:
-        return None
-    touched = set(want) | (set(lease.status.lent) if written is None else set(written))
+    owner = lease.spec.owner
     marks: dict[NodeName, dict[GpuUuid, bool]] = {}
-    for u in sorted(touched):
+    for u in sorted(want - marked):
         d = devices.get(u)
-        if d is not None:
-            marks.setdefault(d.node, {})[u] = u in want
-    return MarkReclaiming(marks, want)
+        if d is not None and d.cls.owner is not None:
+            marks.setdefault(d.node, {})[u] = True
+    for u in sorted(marked - want):
+        d = devices.get(u)
+        if d is not None and (d.cls.owner == owner or d.cls.owner not in owners):
+            marks.setdefault(d.node, {})[u] = False
+    return MarkReclaiming(marks) if marks else None

@@ -15,6 +15,7 @@ from common import contract, dra
 from common.errors import InvalidInput
 from common.kubeclient import KubeClient
 from common.model import GpuUuid, NodeName
+from extender.cluster.state import ClusterState
 from extender.leasing import dra as pinning
 from extender.leasing.controller import KubeWorld
 from extender.leasing.decisions import TagChange
@@ -48,7 +49,7 @@ async def tags(kube: KubeClient, node: str) -> dict[str, dict[str, Any]]:
 
 def marks(node: NodeName, **on: bool) -> pinning.MarkReclaiming:
     by_uuid = {GpuUuid(b.device_uuid(node, int(k[1:]))): v for k, v in on.items()}
-    return pinning.MarkReclaiming({node: by_uuid}, frozenset(u for u, v in by_uuid.items() if v))
+    return pinning.MarkReclaiming({node: by_uuid})
 
 
 async def test_marks_are_set_kept_while_lent_and_gone_with_the_owner_tag(
@@ -72,6 +73,10 @@ async def test_marks_are_set_kept_while_lent_and_gone_with_the_owner_tag(
         for d in dra.slice_devices(obj)
     }
     assert slice_devices == {d0: True, d1: True, d2: False}
+    # The controllers' view reads the marks back (what a restarted controller starts from).
+    state = ClusterState()
+    state.apply_gpu_node("ADDED", obj)
+    assert {u for s in state for u in s.reclaiming} == {d0, d1}
 
     # A retag that keeps the owner (a group renamed) keeps the mark; the owner's return clears
     # the tags and the mark with them.

@@ -5,6 +5,7 @@ MemoryStore (the claims watched, a gated pod stepping its lease at once)."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import time
 from collections.abc import Callable, Iterable
@@ -15,14 +16,17 @@ from prometheus_client import CollectorRegistry
 
 from common import builders as b
 from common import dra
-from common.model import Device, GpuUuid, Holder, NodeName, Priority, Tier
+from common.errors import InvalidInput
+from common.model import Device, GpuUuid, Holder, JobName, NodeName, Priority, Tier
 from extender.cluster.store import MemoryStore
+from extender.cluster.watching import ClaimCache, FixedView
 from extender.controllers import Enabled, controllers
 from extender.leasing import dra as pinning
-from extender.leasing.controller import DRA_VIEW_KINDS
+from extender.leasing.controller import DRA_VIEW_KINDS, LeaseCache, LeaseController, LeasingMetrics
 from extender.leasing.decisions import TagChange
 from extender.leasing.lease import GpuLease, LeaseStatus, LentGroup, Workload, parse_gpu_lease
 from extender.scheduler.settings import ExtenderSettings
+from tests.unit.cluster import cluster
 
 NS = "ns"
 NODE = NodeName("node-a")
@@ -275,6 +279,64 @@ def test_a_deployments_pods_take_the_groups_not_back_yet_one_each() -> None:
     assert not found.warning
 
 
+def named(obj: dict[str, Any], group: str) -> dict[str, Any]:
+    """``obj`` with the annotation a pin writes: the lent group its claim takes back."""
+    obj["metadata"]["annotations"] = {pinning.RETURNED_GROUP: group}
+    return obj
+
+
+def test_a_group_stood_in_for_is_not_given_to_a_second_deployment_pod() -> None:
+    dep = lease(kind="Deployment")
+    # web-x's claim was pinned to standby devices in place of job-1's group (its devices are
+    # not the group's, so "owned" cannot tell): web-y takes job-2's, not job-1's again.
+    claims = claims_of(named(claim_obj("cx", allocated=True), "job-1"), claim_obj("cy"))
+    assert pinned_names(step(dep, [gated("web-y", "cy")], claims))[:2] == ("web-y", "job-2")
+    # Both groups named by claims: a third pod returns from no loan.
+    claims = claims_of(
+        named(claim_obj("cx", allocated=True), "job-1"),
+        named(claim_obj("cy", allocated=True), "job-2"),
+        claim_obj("cz"),
+    )
+    found = step(dep, [gated("web-z", "cz")], claims)
+    assert isinstance(found, pinning.Ungate), found
+    assert not found.warning
+
+
+def test_a_pin_cut_short_resumes_with_the_group_its_claim_names() -> None:
+    dep = lease(kind="Deployment")
+    # The controller named job-2 on web-y's claim and stopped before the allocation: web-y
+    # still takes job-2's group, and web-x (first in order) job-1's.
+    claims = claims_of(claim_obj("cx"), named(claim_obj("cy"), "job-2"))
+    pods = [gated("web-x", "cx"), gated("web-y", "cy")]
+    assert pinned_names(step(dep, pods, claims))[:2] == ("web-x", "job-1")
+    assert pinned_names(step(dep, pods[1:], claims))[:2] == ("web-y", "job-2")
+    # A claim of another namespace naming a group does not count.
+    other = named(claim_obj("cx"), "job-1")
+    other["metadata"]["namespace"] = "elsewhere"
+    claims = {("elsewhere", "cx"): other, (NS, "cy"): claim_obj("cy")}
+    assert pinned_names(step(dep, [gated("web-y", "cy")], claims))[:2] == ("web-y", "job-1")
+
+
+def test_pin_patch_adds_the_finalizer_and_the_group_once() -> None:
+    fresh = claim_obj("c")
+    assert pinning.pin_patch(fresh, "job-1") == {
+        "metadata": {
+            "finalizers": [pinning.FINALIZER],
+            "resourceVersion": "5",
+            "annotations": {pinning.RETURNED_GROUP: "job-1"},
+        }
+    }
+    done = named(claim_obj("c"), "job-1")
+    done["metadata"]["finalizers"] = [pinning.FINALIZER]
+    assert pinning.pin_patch(done, "job-1") is None
+    assert pinning.pin_patch(done, "job-2") == {
+        "metadata": {"annotations": {pinning.RETURNED_GROUP: "job-2"}, "resourceVersion": "5"}
+    }
+    assert pinning.returned_group(done) == "job-1"
+    assert pinning.returned_group(fresh) == ""
+    assert pinning.returned_group(None) == ""
+
+
 def test_gated_pod_reads_the_gate_and_the_claims_names() -> None:
     pod = b.pod("job-1", 0, namespace=NS)
     assert pinning.gated_pod(pod) is None
@@ -297,9 +359,11 @@ def test_gated_pod_reads_the_gate_and_the_claims_names() -> None:
 
 
 class World:
-    """Records the pins and gate lifts; the workload has its 3 replicas."""
+    """Records the pins and gate lifts, and writes the reclaiming marks into the store's
+    GpuNodes (as the API server would keep them); the workload has its 3 replicas."""
 
-    def __init__(self) -> None:
+    def __init__(self, store: MemoryStore | None = None) -> None:
+        self.store = store
         self.pins: list[tuple[str, str, tuple[GpuUuid, ...]]] = []
         self.ungated: list[tuple[str, bool]] = []
         self.marks: list[dict[GpuUuid, bool]] = []
@@ -334,6 +398,15 @@ class World:
 
     async def mark_reclaiming(self, found: pinning.MarkReclaiming) -> None:
         self.marks.append({u: on for marks in found.marks.values() for u, on in marks.items()})
+        for node, marks in found.marks.items():
+            obj = self.store.get("GpuNode", "", node) if self.store else None
+            if obj is None:
+                continue
+            obj = copy.deepcopy(obj)
+            for entry in obj["spec"]["devices"]:
+                if entry["uuid"] in marks:
+                    entry[dra.ATTR_RECLAIMING] = marks[entry["uuid"]]
+            self.store.put(obj)  # type: ignore[union-attr]
         self.event.set()
 
 
@@ -389,13 +462,19 @@ async def wait_for(world: World, check: Callable[[], bool]) -> None:
             await world.event.wait()
 
 
+def lent_node() -> dict[str, Any]:
+    """node-a, whose gpu-2 and gpu-3 job-1 lent (GROUPS[0]): tagged with their owner."""
+    lent = b.devices(NODE, 2, tier=Tier.HA, start=2, owner="job", replica="job-1")
+    return b.gpu_node(NODE, b.devices(NODE, 2, tier=Tier.HA) + lent)
+
+
 async def test_the_controller_pins_a_returning_replica_once_the_borrowers_claim_is_gone() -> None:
-    store = MemoryStore([b.gpu_node(NODE, b.devices(NODE, 4, tier=Tier.HA))])
+    store = MemoryStore([lent_node()])
     store.put(borrowers_claim("borrowed", 3))
     store.put(claim_obj("job-1-gpu"))
     store.put(owner_pod("job-1", "job-1-gpu"))
     store.put(lease_obj("Reclaiming"))
-    world = World()
+    world = World(store)
     settings = ExtenderSettings(dra=True)
     async with controllers(
         store=store,
@@ -412,8 +491,12 @@ async def test_the_controller_pins_a_returning_replica_once_the_borrowers_claim_
         assert world.pins == []
         assert world.ungated == []
 
-        # First of all, job-1's devices were marked reclaiming (borrowers keep off them).
-        assert world.marks[0] == dict.fromkeys(GROUPS[0].devices, True)
+        # First of all, job-1's devices were marked reclaiming (borrowers keep off them), once:
+        # the steps after it read the marks back from the GpuNode.
+        assert world.marks == [dict.fromkeys(GROUPS[0].devices, True)]
+        stored = store.get("GpuNode", "", NODE)
+        assert stored is not None
+        assert dra.reclaiming(stored) == set(GROUPS[0].devices)
         store.delete("ResourceClaim", NS, "borrowed")
         await wait_for(world, lambda: bool(world.pins))
         assert world.pins == [("job-1", "job-1-gpu", GROUPS[0].devices)]
@@ -424,6 +507,57 @@ async def test_the_controller_pins_a_returning_replica_once_the_borrowers_claim_
         await store.settle()
         store.put(owner_pod("job-0", "job-0-gpu"))
         await wait_for(world, lambda: ("job-0", False) in world.ungated)
+
+
+class RefusingWorld(World):
+    """The API server refuses every pin (as a 403 or 422 would)."""
+
+    async def pin(self, found: pinning.Pin, lease: GpuLease) -> None:
+        raise InvalidInput("resourceclaims/status is forbidden")
+
+
+async def test_a_refused_pin_lets_the_pod_go_with_a_warning_and_the_lease_go_on() -> None:
+    store = MemoryStore([lent_node()])
+    store.put(claim_obj("job-1-gpu"))
+    store.put(owner_pod("job-1", "job-1-gpu"))
+    store.put(lease_obj("Reclaiming"))
+    world = RefusingWorld(store)
+    async with controllers(
+        store=store,
+        world=world,  # type: ignore[arg-type]
+        kube=None,  # type: ignore[arg-type]
+        settings=ExtenderSettings(dra=True),
+        enabled=Enabled(leasing=True),
+        registry=CollectorRegistry(),
+    ):
+        await wait_for(world, lambda: bool(world.ungated))
+        assert world.ungated[0] == ("job-1", True)
+
+
+@pytest.mark.parametrize("dra_mode", [True, False])
+async def test_the_standby_pool_is_not_topped_up_with_devices_claims_hold(dra_mode: bool) -> None:
+    """In DRA mode no ledger records the devices pods hold: the claims do. A device a claim
+    holds is not free, so it does not join the standby pool."""
+    state = cluster(b.gpu_node(NODE, b.devices(NODE, 4, tier=Tier.HA)))
+    claims = ClaimCache()
+    claims.apply("ADDED", borrowers_claim("borrowed", 3))
+    changes: list[TagChange] = []
+
+    class Recorder:
+        async def set_tags(self, batch: Iterable[TagChange]) -> None:
+            changes.extend(batch)
+
+    controller = LeaseController(
+        view=FixedView(state, claims=claims),
+        leases=LeaseCache(),
+        world=Recorder(),  # type: ignore[arg-type]
+        metrics=LeasingMetrics(CollectorRegistry()),
+        standby_targets={("H20", Tier.HA): 4},
+        dra_mode=dra_mode,
+    )
+    assert await controller.top_up_standby() == (3 if dra_mode else 4)
+    joined = {c.uuid for c in changes if c.standby}
+    assert (uuid(NODE, 3) in joined) is not dra_mode
 
 
 async def test_without_dra_mode_claims_are_not_watched_and_gated_pods_left_alone() -> None:
@@ -497,35 +631,71 @@ def test_observe_reads_holders_and_the_owners_devices_from_the_claims() -> None:
 # --- the reclaiming marks ---
 
 
-def test_the_marks_follow_the_reclaim_and_clear_afterwards() -> None:
-    reclaiming = lease()
+# job-1 and job-2's devices tagged with their owner, as lent devices are.
+TAGGED = {
+    u: dataclasses.replace(
+        BY_UUID[u], cls=BY_UUID[u].cls._replace(owner=JobName("job"), replica=g.replica)
+    )
+    for g in GROUPS
+    for u in g.devices
+}
+LENT = BY_UUID | TAGGED
+OWNERS = frozenset({"job"})
+
+
+def marks_of(found: pinning.MarkReclaiming | None) -> dict[GpuUuid, bool]:
+    assert found is not None
+    return {u: on for m in found.marks.values() for u, on in m.items()}
+
+
+def test_the_devices_a_reclaim_takes_back() -> None:
     everything = set(GROUPS[0].devices + GROUPS[1].devices)
-    assert pinning.reclaimed_devices(reclaiming) == everything
+    assert pinning.reclaimed_devices(lease()) == everything
     assert pinning.reclaimed_devices(lease(finalizing=True)) == frozenset()
     assert pinning.reclaimed_devices(lease(phase="Steady")) == frozenset()
 
-    # Not known what was written (a restart): every lent device's mark, set.
-    found = pinning.reclaiming_marks(reclaiming, BY_UUID, None)
+
+def test_the_marks_follow_the_reclaim_from_what_the_gpu_nodes_say() -> None:
+    reclaiming, steady = lease(), lease(phase="Steady")
+    everything = frozenset(GROUPS[0].devices + GROUPS[1].devices)
+    # Nothing marked yet: every device taken back, per node.
+    found = pinning.reclaiming_marks(reclaiming, LENT, frozenset(), OWNERS)
     assert found is not None
     assert found.marks == {
         NODE: {u: True for u in GROUPS[0].devices},
         OTHER: {u: True for u in GROUPS[1].devices},
     }
-    assert found.devices == everything
-    assert pinning.reclaiming_marks(reclaiming, BY_UUID, found.devices) is None  # written
-    # Steady again: what was marked is cleared; after a restart, every lent device's.
-    done = pinning.reclaiming_marks(lease(phase="Steady"), BY_UUID, found.devices)
-    assert done is not None
-    assert {u: on for m in done.marks.values() for u, on in m.items()} == dict.fromkeys(
-        everything, False
+    # Marked already (this process wrote them, or another before a restart): nothing to write.
+    assert pinning.reclaiming_marks(reclaiming, LENT, everything, OWNERS) is None
+    # Half marked (a write cut short): the rest.
+    half = frozenset(GROUPS[0].devices)
+    assert marks_of(pinning.reclaiming_marks(reclaiming, LENT, half, OWNERS)) == dict.fromkeys(
+        GROUPS[1].devices, True
     )
-    assert done.devices == frozenset()
-    assert pinning.reclaiming_marks(lease(phase="Steady"), BY_UUID, frozenset()) is None
-    restarted = pinning.reclaiming_marks(lease(phase="Steady"), BY_UUID, None)
-    assert restarted is not None
-    assert {u for m in restarted.marks.values() for u, on in m.items() if not on} == everything
-    # A device no GpuNode knows is left out.
-    partial = {u: d for u, d in BY_UUID.items() if u != GROUPS[1].devices[0]}
-    some = pinning.reclaiming_marks(reclaiming, partial, None)
-    assert some is not None
-    assert GROUPS[1].devices[0] not in some.marks[OTHER]
+    # Steady again: every mark of the owner's devices is cleared, and then nothing to write.
+    done = pinning.reclaiming_marks(steady, LENT, everything, OWNERS)
+    assert marks_of(done) == dict.fromkeys(everything, False)
+    assert pinning.reclaiming_marks(steady, LENT, frozenset(), OWNERS) is None
+
+
+def test_a_device_without_an_owner_tag_is_marked_once_tagged() -> None:
+    untagged = BY_UUID | {u: TAGGED[u] for u in GROUPS[0].devices}
+    found = pinning.reclaiming_marks(lease(), untagged, frozenset(), OWNERS)
+    assert marks_of(found) == dict.fromkeys(GROUPS[0].devices, True)
+    # A device no GpuNode knows is left out too.
+    partial = {u: d for u, d in LENT.items() if u != GROUPS[1].devices[0]}
+    some = marks_of(pinning.reclaiming_marks(lease(), partial, frozenset(), OWNERS))
+    assert GROUPS[1].devices[0] not in some
+    assert GROUPS[1].devices[1] in some
+
+
+def test_marks_of_other_owners_stay_unless_no_lease_names_them() -> None:
+    other = b.devices(NODE, 1, start=3, tier=Tier.HA, owner="other", replica="other-0")[0]
+    other = dataclasses.replace(other, uuid=GpuUuid("GPU-other"))
+    devices = LENT | {other.uuid: other}
+    steady = lease(phase="Steady")
+    # Another lease's reclaim marks its own devices: this lease leaves them alone ...
+    assert pinning.reclaiming_marks(steady, devices, {other.uuid}, {"job", "other"}) is None
+    # ... unless no lease names that owner any more (deleted past its finalizer).
+    gone = pinning.reclaiming_marks(steady, devices, {other.uuid}, OWNERS)
+    assert marks_of(gone) == {other.uuid: False}
