@@ -183,27 +183,19 @@ def with_standby(*, tier: Tier = Tier.HA, gpu_type: str = "H20") -> dict[GpuUuid
 
 
 def test_a_group_that_cannot_come_back_is_stood_in_for_by_standby_devices_on_one_node() -> None:
-    offering = {**OFFERING, STANDBY: True, SMALL: True}
-    found = step(
-        lease(),
-        [gated("job-1", "c1")],
-        claims_of(claim_obj("c1")),
-        devices=with_standby(),
-        offering=offering,
-    )
+    def job_1(taken: Iterable[GpuUuid] = ()) -> pinning.ClaimStep | None:
+        claims = claims_of(claim_obj("c1"))
+        offering = {**OFFERING, STANDBY: True, SMALL: True}
+        pods = [gated("job-1", "c1")]
+        return step(lease(), pods, claims, devices=with_standby(), offering=offering, taken=taken)
+
+    found = job_1()
     # standby-b has one free device, standby-a three (gpu-1 is on loan): gpu-0 and gpu-2.
     assert pinned_names(found) == ("job-1", "job-1", [(STANDBY, "gpu-0"), (STANDBY, "gpu-2")])
     assert isinstance(found, pinning.Pin)
     assert found.standby
     # Two of them held by claims: too few left anywhere.
-    found = step(
-        lease(),
-        [gated("job-1", "c1")],
-        claims_of(claim_obj("c1")),
-        devices=with_standby(),
-        offering=offering,
-        taken=[b.device_uuid(STANDBY, 0), b.device_uuid(STANDBY, 2)],
-    )
+    found = job_1(taken=[b.device_uuid(STANDBY, 0), b.device_uuid(STANDBY, 2)])
     assert isinstance(found, pinning.Ungate), found
     assert found.warning
 
