@@ -338,17 +338,20 @@ class KubeWorld:
         )
         version = meta.get("resourceVersion")
         patch = dra.pin_patch(claim, step.group)
-        if patch is not None:
-            written = await self._kube.json(
-                "PATCH", path, body=patch, content_type="application/merge-patch+json"
+        try:
+            if patch is not None:
+                written = await self._kube.json(
+                    "PATCH", path, body=patch, content_type="application/merge-patch+json"
+                )
+                version = (written.get("metadata") or {}).get("resourceVersion")
+            await self._kube.json(
+                "PATCH",
+                f"{path}/status",
+                body={"metadata": {"resourceVersion": version}, "status": step.status},
+                content_type="application/merge-patch+json",
             )
-            version = (written.get("metadata") or {}).get("resourceVersion")
-        await self._kube.json(
-            "PATCH",
-            f"{path}/status",
-            body={"metadata": {"resourceVersion": version}, "status": step.status},
-            content_type="application/merge-patch+json",
-        )
+        except InvalidInput as e:
+            raise dra.PinRefused(f"claim {meta.get('name')}: {e}") from e
         devices = ", ".join(d.uuid for d in step.devices)
         what = (
             f"standby devices ({devices}) in place of those its replica {step.group} lent, "
@@ -699,9 +702,13 @@ class LeaseController:
         holdings = self._holdings()
         owner_pods, view = observe(self.view.cluster, self.view.pods, lease, holdings)
         if self.dra_mode:
-            marked = {u for state in self.view.cluster for u in state.reclaiming}
-            owners = {str((raw.get("spec") or {}).get("owner")) for raw in self.leases.raw.values()}
-            marks = dra.reclaiming_marks(lease, view.devices, marked, owners)
+            marked = {
+                (state.node, d.uuid): d.cls.owner
+                for state in self.view.cluster
+                for d in state.devices
+                if d.uuid in state.reclaiming
+            }
+            marks = dra.reclaiming_marks(lease, view.devices, marked, self._other_leases(lease))
             if marks is not None:
                 log.info("lease %s: %s", lease.key, marks.why)
                 await self.world.mark_reclaiming(marks)
@@ -760,6 +767,15 @@ class LeaseController:
             await self.world.write_status(lease, lease.status, trouble)
         return action
 
+    def _other_leases(self, lease: GpuLease) -> list[GpuLease]:
+        """Every GpuLease but ``lease`` that parses (an invalid one is logged at its own step)."""
+        out = []
+        for key, raw in list(self.leases.raw.items()):
+            if key != lease.key:
+                with contextlib.suppress(InvalidInput):
+                    out.append(parse_gpu_lease(raw))
+        return out
+
     def _holdings(self) -> tuple[dra.ClaimHolding, ...]:
         """DRA mode: who holds which device through the claims the view shows; none otherwise."""
         if not self.dra_mode:
@@ -779,9 +795,11 @@ class LeaseController:
         claims = self.view.claims
         for key in [k for k in self._pins if _allocated(claims.get(*k))]:
             del self._pins[key]  # the view shows it now
-        gated = []
+        gated, live = [], set()
         for raw in self.view.pods.raw_pods():
             meta = raw.get("metadata") or {}
+            if not meta.get("deletionTimestamp"):
+                live.add(str(meta.get("uid", "")))
             if meta.get("namespace") != lease.namespace:
                 continue
             if (meta.get("annotations") or {}).get(contract.ANN_OWNER) != lease.spec.owner:
@@ -795,7 +813,9 @@ class LeaseController:
         taken = {u for h in holdings for u in h.devices} | pinned
         owned = {u for p in owner_pods for u in p.devices} | pinned
         by_key = {(c_ns, c_name): c for c_ns, c_name, c in _keyed(claims.raw_claims())}
-        step = dra.next_claim_step(lease, gated, by_key, view.devices, view.offering, taken, owned)
+        step = dra.next_claim_step(
+            lease, gated, by_key, view.devices, view.offering, taken, owned, live
+        )
         if isinstance(step, dra.Pin):
             meta = step.claim.get("metadata") or {}
             log.info(
@@ -812,7 +832,7 @@ class LeaseController:
             self._pins[key] = tuple(d.uuid for d in step.devices)
             try:
                 await self.world.pin(step, lease)
-            except InvalidInput as e:
+            except dra.PinRefused as e:
                 # Refused (403, 422): retrying cannot help, and the lease must not stop here.
                 self._pins.pop(key, None)
                 log.error("lease %s: pinning claim %s refused: %s", lease.key, meta.get("name"), e)

@@ -52,6 +52,10 @@ CONFIG_FROM_CLAIM: Final = "FromClaim"
 _DEVICE_NAME: Final = re.compile(rf"^{re.escape(dra.DEVICE_PREFIX)}(0|[1-9][0-9]*)$")
 
 
+class PinRefused(InvalidInput):
+    """The API server refused a claim's pin (403, 422): retrying cannot help."""
+
+
 def device_name(index: int) -> str:
     """A device's name in its node's ResourceSlice: ``gpu-<index>``."""
     return f"{dra.DEVICE_PREFIX}{index}"
@@ -330,6 +334,18 @@ def returned_group(claim: Mapping[str, Any] | None) -> str:
     return _str(annotations.get(RETURNED_GROUP))
 
 
+def claim_stays(claim: Mapping[str, Any], live: Set[str]) -> bool:
+    """Whether ``claim`` stays with its pod: not being deleted, and the pod that owns it (a
+    template's claim) among ``live`` (pods present and not being deleted, by UID). A claim no
+    pod owns stays while it exists."""
+    meta = _mapping(claim.get("metadata"))
+    if meta.get("deletionTimestamp"):
+        return False
+    owners = [_mapping(r) for r in _list(meta.get("ownerReferences"))]
+    pods = [_str(r.get("uid")) for r in owners if r.get("kind") == "Pod"]
+    return all(uid in live for uid in pods)
+
+
 def ungated(pod: Mapping[str, Any]) -> dict[str, Any] | None:
     """The merge patch of ``pod``'s spec that lifts :data:`RECLAIM_GATE` (other gates stay), or
     None when the pod does not carry it."""
@@ -443,6 +459,7 @@ def next_claim_step(
     offering: Mapping[str, bool],
     taken: Set[GpuUuid],
     owned: Set[GpuUuid] = frozenset(),
+    live: Set[str] = frozenset(),
 ) -> ClaimStep | None:
     """The next write for the lease's gated pods (``gated``, in the lease's namespace, the
     owner's), or None while none can go yet.
@@ -452,17 +469,19 @@ def next_claim_step(
     allocated claim: a borrower's, until the claim controller deallocates it; or pinned a
     moment ago, not yet seen by the watch), then let go; ``owned`` (the devices the owner's
     pods hold or were pinned) tells a Deployment's reclaimed groups that are back from those
-    still to pin. A pod whose claim is allocated already (pinned by a step that ended before
-    the gate was lifted) is let go. A group that cannot come back whole (a device gone,
-    unhealthy, on a node that does not offer it) is stood in for by standby devices
-    (:func:`standby_stand_ins`), as the extender backfills a reclaim; without enough of them,
-    or for a claim that cannot be pinned (not one request for as many devices as the group
-    has), the pod goes unpinned, with a warning: kube-scheduler allocates it from its class.
+    still to pin, with the groups named by the claims that stay (:func:`claim_stays`, ``live``
+    the UIDs of the pods present and not being deleted). A pod whose claim is allocated
+    already (pinned by a step that ended before the gate was lifted) is let go. A group that
+    cannot come back whole (a device gone, unhealthy, on a node that does not offer it) is
+    stood in for by standby devices (:func:`standby_stand_ins`), as the extender backfills a
+    reclaim; without enough of them, or for a claim that cannot be pinned (not one request for
+    as many devices as the group has), the pod goes unpinned, with a warning: kube-scheduler
+    allocates it from its class.
     Every other gated pod is let go at once: it returns from no loan."""
     named = {
         key: returned_group(claim)
         for key, claim in claims.items()
-        if key[0] == lease.namespace and returned_group(claim)
+        if key[0] == lease.namespace and returned_group(claim) and claim_stays(claim, live)
     }
     passed: set[str] = set()  # the groups of the pods before this one in the pass
     for pod in sorted(gated, key=lambda p: (ordinal(p.name), p.name)):
@@ -579,24 +598,27 @@ def reclaimed_devices(lease: GpuLease) -> frozenset[GpuUuid]:
 def reclaiming_marks(
     lease: GpuLease,
     devices: Mapping[GpuUuid, Device],
-    marked: Set[GpuUuid],
-    owners: Set[str],
+    marked: Mapping[tuple[NodeName, GpuUuid], str | None],
+    others: Sequence[GpuLease],
 ) -> MarkReclaiming | None:
-    """The marks to write so that, of the devices tagged with the lease's owner, exactly
-    :func:`reclaimed_devices` are marked, and no device tagged with an owner no lease names
-    (``owners``; a lease deleted without its finalizer) stays marked. ``marked`` is what the
-    GpuNodes say now (:attr:`extender.cluster.state.NodeState.reclaiming`), so a restarted or
-    newly leading controller starts from what stands. A device without an owner tag cannot be
-    marked (its owner is tagged first, then it is). None when nothing is to be written."""
+    """The marks to write so that the lease's :func:`reclaimed_devices` are marked, and no
+    device tagged with its owner stays marked unless another lease's reclaim takes it back
+    (``others``: every other GpuLease; owners' names are not per namespace), nor one tagged
+    with an owner no lease names (a lease deleted past its finalizer). ``marked`` is what the
+    GpuNodes say now, per (node, device), with the device's owner tag there
+    (:attr:`extender.cluster.state.NodeState.reclaiming`), so a restarted or newly leading
+    controller starts from what stands. A device without an owner tag cannot be marked (its
+    owner is tagged first, then it is). None when nothing is to be written."""
     want = reclaimed_devices(lease)
+    kept = {u for other in others for u in reclaimed_devices(other)}
     owner = lease.spec.owner
+    owners = {owner} | {other.spec.owner for other in others}
     marks: dict[NodeName, dict[GpuUuid, bool]] = {}
-    for u in sorted(want - marked):
+    for u in sorted(want):
         d = devices.get(u)
-        if d is not None and d.cls.owner is not None:
+        if d is not None and d.cls.owner is not None and (d.node, u) not in marked:
             marks.setdefault(d.node, {})[u] = True
-    for u in sorted(marked - want):
-        d = devices.get(u)
-        if d is not None and (d.cls.owner == owner or d.cls.owner not in owners):
-            marks.setdefault(d.node, {})[u] = False
+    for (node, u), tag in sorted(marked.items()):
+        if u not in want and u not in kept and (tag == owner or tag not in owners):
+            marks.setdefault(node, {})[u] = False
     return MarkReclaiming(marks) if marks else None

@@ -16,7 +16,6 @@ from prometheus_client import CollectorRegistry
 
 from common import builders as b
 from common import dra
-from common.errors import InvalidInput
 from common.model import Device, GpuUuid, Holder, JobName, NodeName, Priority, Tier
 from extender.cluster.store import MemoryStore
 from extender.cluster.watching import ClaimCache, FixedView
@@ -101,6 +100,7 @@ def step(
     offering: dict[NodeName, bool] | None = None,
     taken: Iterable[GpuUuid] = (),
     owned: Iterable[GpuUuid] = (),
+    live: Iterable[str] = (),
 ) -> pinning.ClaimStep | None:
     return pinning.next_claim_step(
         the_lease,
@@ -110,6 +110,7 @@ def step(
         OFFERING if offering is None else offering,  # type: ignore[arg-type]
         set(taken),
         set(owned),
+        set(live),
     )
 
 
@@ -309,6 +310,26 @@ def test_a_pin_cut_short_resumes_with_the_group_its_claim_names() -> None:
     assert pinned_names(step(dep, [gated("web-y", "cy")], claims))[:2] == ("web-y", "job-1")
 
 
+def test_a_claim_leaving_with_its_pod_gives_its_group_to_the_replacement() -> None:
+    """A pinned pod deleted (say, it never fit its node): its claim, still allocated until the
+    pod is gone, no longer keeps the group from the pod the ReplicaSet makes in its place."""
+    dep = lease(kind="Deployment")
+    old = named(claim_obj("cx", allocated=True), "job-1")
+    old["metadata"]["ownerReferences"] = [{"kind": "Pod", "name": "web-x", "uid": "x-uid"}]
+    claims = claims_of(old, claim_obj("cz"))
+    pods = [gated("web-z", "cz")]
+    # web-x still running: its claim keeps job-1, web-z takes job-2.
+    found = step(dep, pods, claims, live={"x-uid"})
+    assert pinned_names(found)[:2] == ("web-z", "job-2")
+    # web-x being deleted (not live): web-z takes job-1, once its devices are free.
+    assert step(dep, pods, claims, taken=GROUPS[0].devices, owned=GROUPS[1].devices) is None
+    assert pinned_names(step(dep, pods, claims, owned=GROUPS[1].devices))[:2] == ("web-z", "job-1")
+    # The claim itself being deleted: the same.
+    old["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    found = step(dep, pods, claims, live={"x-uid"}, owned=GROUPS[1].devices)
+    assert pinned_names(found)[:2] == ("web-z", "job-1")
+
+
 def test_pin_patch_adds_the_finalizer_and_the_group_once() -> None:
     fresh = claim_obj("c")
     assert pinning.pin_patch(fresh, "job-1") == {
@@ -505,7 +526,7 @@ class RefusingWorld(World):
     """The API server refuses every pin (as a 403 or 422 would)."""
 
     async def pin(self, found: pinning.Pin, lease: GpuLease) -> None:
-        raise InvalidInput("resourceclaims/status is forbidden")
+        raise pinning.PinRefused("resourceclaims/status is forbidden")
 
 
 async def test_a_refused_pin_lets_the_pod_go_with_a_warning_and_the_lease_go_on() -> None:
@@ -632,7 +653,12 @@ TAGGED = {
     for u in g.devices
 }
 LENT = BY_UUID | TAGGED
-OWNERS = frozenset({"job"})
+EVERYTHING = frozenset(GROUPS[0].devices + GROUPS[1].devices)
+
+
+def on_nodes(uuids: Iterable[GpuUuid], owner: str | None = "job") -> dict[Any, str | None]:
+    """What the GpuNodes say is marked: each device on its node, with its owner tag."""
+    return {(LENT[u].node, u): owner for u in uuids}
 
 
 def marks_of(found: pinning.MarkReclaiming | None) -> dict[GpuUuid, bool]:
@@ -641,42 +667,40 @@ def marks_of(found: pinning.MarkReclaiming | None) -> dict[GpuUuid, bool]:
 
 
 def test_the_devices_a_reclaim_takes_back() -> None:
-    everything = set(GROUPS[0].devices + GROUPS[1].devices)
-    assert pinning.reclaimed_devices(lease()) == everything
+    assert pinning.reclaimed_devices(lease()) == EVERYTHING
     assert pinning.reclaimed_devices(lease(finalizing=True)) == frozenset()
     assert pinning.reclaimed_devices(lease(phase="Steady")) == frozenset()
 
 
 def test_the_marks_follow_the_reclaim_from_what_the_gpu_nodes_say() -> None:
     reclaiming, steady = lease(), lease(phase="Steady")
-    everything = frozenset(GROUPS[0].devices + GROUPS[1].devices)
     # Nothing marked yet: every device taken back, per node.
-    found = pinning.reclaiming_marks(reclaiming, LENT, frozenset(), OWNERS)
+    found = pinning.reclaiming_marks(reclaiming, LENT, {}, [])
     assert found is not None
     assert found.marks == {
         NODE: {u: True for u in GROUPS[0].devices},
         OTHER: {u: True for u in GROUPS[1].devices},
     }
     # Marked already (this process wrote them, or another before a restart): nothing to write.
-    assert pinning.reclaiming_marks(reclaiming, LENT, everything, OWNERS) is None
+    assert pinning.reclaiming_marks(reclaiming, LENT, on_nodes(EVERYTHING), []) is None
     # Half marked (a write cut short): the rest.
-    half = frozenset(GROUPS[0].devices)
-    assert marks_of(pinning.reclaiming_marks(reclaiming, LENT, half, OWNERS)) == dict.fromkeys(
+    half = on_nodes(GROUPS[0].devices)
+    assert marks_of(pinning.reclaiming_marks(reclaiming, LENT, half, [])) == dict.fromkeys(
         GROUPS[1].devices, True
     )
     # Steady again: every mark of the owner's devices is cleared, and then nothing to write.
-    done = pinning.reclaiming_marks(steady, LENT, everything, OWNERS)
-    assert marks_of(done) == dict.fromkeys(everything, False)
-    assert pinning.reclaiming_marks(steady, LENT, frozenset(), OWNERS) is None
+    done = pinning.reclaiming_marks(steady, LENT, on_nodes(EVERYTHING), [])
+    assert marks_of(done) == dict.fromkeys(EVERYTHING, False)
+    assert pinning.reclaiming_marks(steady, LENT, {}, []) is None
 
 
 def test_a_device_without_an_owner_tag_is_marked_once_tagged() -> None:
     untagged = BY_UUID | {u: TAGGED[u] for u in GROUPS[0].devices}
-    found = pinning.reclaiming_marks(lease(), untagged, frozenset(), OWNERS)
+    found = pinning.reclaiming_marks(lease(), untagged, {}, [])
     assert marks_of(found) == dict.fromkeys(GROUPS[0].devices, True)
     # A device no GpuNode knows is left out too.
     partial = {u: d for u, d in LENT.items() if u != GROUPS[1].devices[0]}
-    some = marks_of(pinning.reclaiming_marks(lease(), partial, frozenset(), OWNERS))
+    some = marks_of(pinning.reclaiming_marks(lease(), partial, {}, []))
     assert GROUPS[1].devices[0] not in some
     assert GROUPS[1].devices[1] in some
 
@@ -685,9 +709,31 @@ def test_marks_of_other_owners_stay_unless_no_lease_names_them() -> None:
     other = b.devices(NODE, 1, start=3, tier=Tier.HA, owner="other", replica="other-0")[0]
     other = dataclasses.replace(other, uuid=GpuUuid("GPU-other"))
     devices = LENT | {other.uuid: other}
+    marked = {(NODE, other.uuid): "other"}
     steady = lease(phase="Steady")
+    theirs = dataclasses.replace(steady, spec=dataclasses.replace(steady.spec, owner="other"))
     # Another lease's reclaim marks its own devices: this lease leaves them alone ...
-    assert pinning.reclaiming_marks(steady, devices, {other.uuid}, {"job", "other"}) is None
+    assert pinning.reclaiming_marks(steady, devices, marked, [theirs]) is None
     # ... unless no lease names that owner any more (deleted past its finalizer).
-    gone = pinning.reclaiming_marks(steady, devices, {other.uuid}, OWNERS)
+    gone = pinning.reclaiming_marks(steady, devices, marked, [])
     assert marks_of(gone) == {other.uuid: False}
+
+
+def test_two_leases_of_one_owner_name_in_two_namespaces_keep_each_others_marks() -> None:
+    """Owner tags name the job, not its namespace: a Steady lease of the same name elsewhere
+    must not clear what a reclaiming one marked (they would undo each other every step)."""
+    reclaiming = lease()
+    steady = lease(phase="Steady")
+    elsewhere = dataclasses.replace(steady, namespace="elsewhere")
+    marked = on_nodes(EVERYTHING)
+    assert pinning.reclaiming_marks(elsewhere, LENT, marked, [reclaiming]) is None
+    assert pinning.reclaiming_marks(reclaiming, LENT, marked, [elsewhere]) is None
+
+
+def test_a_mark_is_cleared_on_the_node_that_carries_it() -> None:
+    """One UUID on two GpuNodes (a GPU moved, its old node's object not yet gone): the mark is
+    cleared where it is, not where the view last saw the device."""
+    u = GROUPS[0].devices[0]
+    found = pinning.reclaiming_marks(lease(phase="Steady"), LENT, {(OTHER, u): "job"}, [])
+    assert found is not None
+    assert found.marks == {OTHER: {u: False}}
