@@ -705,10 +705,13 @@ class LeaseController:
             marked = {
                 (state.node, d.uuid): d.cls.owner
                 for state in self.view.cluster
+                if state.reclaiming
                 for d in state.devices
                 if d.uuid in state.reclaiming
             }
-            marks = dra.reclaiming_marks(lease, view.devices, marked, self._other_leases(lease))
+            # The other leases matter only to marks that might be cleared: none, none to parse.
+            others = self._other_leases(lease) if marked else []
+            marks = dra.reclaiming_marks(lease, view.devices, marked, others)
             if marks is not None:
                 log.info("lease %s: %s", lease.key, marks.why)
                 await self.world.mark_reclaiming(marks)
@@ -915,13 +918,14 @@ class LeaseController:
         free: list[Device] = []
         free_standby: list[Device] = []
         standby: list[Device] = []
-        # DRA mode: devices held through claims, or pinned a moment ago, are not free either.
-        claimed = {u for h in self._holdings() for u in h.devices}
-        claimed |= {u for devices in self._pins.values() for u in devices}
+        # Held by a pod (in DRA mode also through a claim, or pinned a moment ago): not free.
+        held = {u for h in self._holdings() for u in h.devices}
+        held.update(u for devices in self._pins.values() for u in devices)
+        for state in self.view.cluster:
+            held.update(u for a in state.allocations.values() for u in a.devices)
         for state in self.view.cluster:
             if not state.offering:
                 continue
-            held = {u for a in state.allocations.values() for u in a.devices} | claimed
             for d in state.devices:
                 if d.cls.standby:
                     standby.append(d)

@@ -478,11 +478,11 @@ def next_claim_step(
     as many devices as the group has), the pod goes unpinned, with a warning: kube-scheduler
     allocates it from its class.
     Every other gated pod is let go at once: it returns from no loan."""
-    named = {
-        key: returned_group(claim)
-        for key, claim in claims.items()
-        if key[0] == lease.namespace and returned_group(claim) and claim_stays(claim, live)
-    }
+    named = {}  # the claims that stay and name a group, by (namespace, name)
+    for key, held in claims.items():
+        name = returned_group(held) if key[0] == lease.namespace else ""
+        if name and claim_stays(held, live):
+            named[key] = name
     passed: set[str] = set()  # the groups of the pods before this one in the pass
     for pod in sorted(gated, key=lambda p: (ordinal(p.name), p.name)):
         mine = [(pod.namespace, c) for c in pod.claims if c]
