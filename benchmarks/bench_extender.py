@@ -43,7 +43,8 @@ JOBS = ["recsys", "ads", "search", "feeds"]
 def cluster(n_nodes: int, seed: int = 7) -> list[dict[str, Any]]:
     """A varied cluster: tiers, owner tags, standby, failures and partial allocations."""
     rng = random.Random(seed)
-    objects: list[dict[str, Any]] = []
+    # Namespace default, granted online jobs (docs/tenancy.md): the online pods are placed.
+    objects: list[dict[str, Any]] = [builders.namespace("default")]
     for i in range(n_nodes):
         name = f"gpu-{i:05d}"
         gpu_type = rng.choice(TYPES)

@@ -37,7 +37,7 @@ from common import builders
 from common.model import (
     Allocation,
     Holder,
-    JobName,
+    JobKey,
     NodeInventory,
     NodeName,
     PodUid,
@@ -112,7 +112,7 @@ class Mutator:
                     f"m-{step}",
                     Priority.HIGH if high else Priority.LOW,
                     rng.choice(PRIORITIES),
-                    JobName(rng.choice(JOBS)) if high else None,
+                    JobKey(rng.choice(JOBS)) if high else None,
                 )
                 alloc = Allocation(holder, tuple(take), "2026-01-01T00:00:00Z")
                 c.set_ledger(state.node, (*state.ledger.values(), alloc), str(step))
@@ -128,7 +128,7 @@ class Mutator:
                 k = rng.randrange(len(devs))
                 cls = devs[k].cls._replace(
                     tier=rng.choice(list(Tier)),
-                    owner=JobName(rng.choice(JOBS)) if rng.random() < 0.4 else None,
+                    owner=JobKey(rng.choice(JOBS)) if rng.random() < 0.4 else None,
                 )
                 devs[k] = replace(devs[k], cls=cls)
             images = rng.choice([[], ["registry.example/recsys:v7"], ["registry.example/train:v1"]])

@@ -117,11 +117,6 @@ RULES: tuple[Rule, ...] = (
     ),
 )
 
-RECLAIM_NEEDS = (
-    f'annotation {contract.ANN_RECLAIM}: "true" needs '
-    f"{contract.ANN_PRIORITY}: high and an {contract.ANN_OWNER}"
-)
-
 
 def rule_of(key: str) -> Rule:
     return next(r for r in RULES if r.key == key)
@@ -134,18 +129,10 @@ def problem(rule: Rule, value: str) -> str:
 
 
 def annotation_problems(annotations: Mapping[str, str]) -> list[str]:
-    """Every problem with a pod's tidelease annotations, in :data:`RULES` order, then the one
-    rule across annotations: a pod that reclaims is a high-priority pod of a named job."""
-    problems = [
+    """Every problem with a pod's tidelease annotations, in :data:`RULES` order. (None grants
+    anything: whether a pod may reclaim or run online is the admin's, common.tenancy.)"""
+    return [
         problem(rule, annotations[rule.key])
         for rule in RULES
         if rule.key in annotations and not rule.accepts(annotations[rule.key])
     ]
-    owner = annotations.get(contract.ANN_OWNER)
-    if annotations.get(contract.ANN_RECLAIM) == "true" and not (
-        annotations.get(contract.ANN_PRIORITY) == "high"
-        and owner is not None
-        and rule_of(contract.ANN_OWNER).accepts(owner)
-    ):
-        problems.append(RECLAIM_NEEDS)
-    return problems

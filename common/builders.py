@@ -15,7 +15,7 @@ from common.model import (
     Device,
     DeviceClass,
     GpuUuid,
-    JobName,
+    JobKey,
     NodeCache,
     NodeInventory,
     NodeName,
@@ -23,11 +23,20 @@ from common.model import (
     Tier,
 )
 from common.objects import gpu_node_object
+from common.tenancy import LABEL_ONLINE, ONLINE_VALUE, is_job_key, job_key
 
 
 def device_uuid(node: str, index: int) -> GpuUuid:
     """A stable, UUID-shaped device id derived from its place (NVML's form: ``GPU-<uuid>``)."""
     return GpuUuid(f"GPU-{uuidlib.uuid5(uuidlib.NAMESPACE_DNS, f'{node}/{index}')}")
+
+
+def owner_key(owner: str | None, namespace: str = "default") -> JobKey | None:
+    """The job key of ``owner``: as given when it names its namespace (``ns/job``), else the
+    job of ``namespace``."""
+    if not owner:
+        return None
+    return JobKey(owner) if is_job_key(owner) else job_key(namespace, owner)
 
 
 def devices(
@@ -42,7 +51,7 @@ def devices(
     start: int = 0,
     replica: str | None = None,
 ) -> list[Device]:
-    cls = DeviceClass(gpu_type, tier, healthy, JobName(owner) if owner else None, standby, replica)
+    cls = DeviceClass(gpu_type, tier, healthy, owner_key(owner), standby, replica)
     return [
         Device(NodeName(node), i, device_uuid(node, i), cls) for i in range(start, start + count)
     ]
@@ -83,8 +92,11 @@ def pod(
     phase: str = "Pending",
     extra_annotations: dict[str, str] | None = None,
     resource: str = contract.DEFAULT_GPU_RESOURCE,
+    controller: tuple[str, str] | None = None,
 ) -> dict[str, Any]:
-    """A Pod as the API server (and kube-scheduler) would send it."""
+    """A Pod as the API server (and kube-scheduler) would send it; ``controller`` (kind, name)
+    is its controlling owner reference (e.g. its StatefulSet). ``reclaim`` writes the
+    annotation, which grants nothing: a reclaim is the view's to derive."""
     annotations: dict[str, str] = {}
     if priority is not None:
         annotations[contract.ANN_PRIORITY] = priority.value
@@ -112,15 +124,29 @@ def pod(
         spec["priorityClassName"] = priority_class
     if node_name:
         spec["nodeName"] = node_name
+    metadata: dict[str, Any] = {
+        "name": name,
+        "namespace": namespace,
+        "uid": uid or str(uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"{namespace}/{name}")),
+        "annotations": annotations,
+    }
+    if controller is not None:
+        kind, owner_name = controller
+        metadata["ownerReferences"] = [
+            {
+                "apiVersion": "apps/v1",
+                "kind": kind,
+                "name": owner_name,
+                "uid": str(
+                    uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"{namespace}/{kind}/{owner_name}")
+                ),
+                "controller": True,
+            }
+        ]
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "uid": uid or str(uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"{namespace}/{name}")),
-            "annotations": annotations,
-        },
+        "metadata": metadata,
         "spec": spec,
         "status": {"phase": phase},
     }
@@ -208,3 +234,9 @@ def gpu_lease(
             schedule=schedule,
         ),
     }
+
+
+def namespace(name: str, *, online: bool = True) -> dict[str, Any]:
+    """A Namespace; ``online``: labelled as an admin grants online jobs (common.tenancy)."""
+    labels = {LABEL_ONLINE: ONLINE_VALUE} if online else {}
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}

@@ -27,6 +27,9 @@ ANN_MAX_REPLICAS: Final = f"{PREFIX}/max-replicas"  # the most replicas that wor
 SCHEDULING_GATE: Final = f"{PREFIX}/queue"  # on class-declaring GPU pods until released
 ANN_QUEUE: Final = f"{PREFIX}/queue"  # by the queues controller: the job's MLFQ queue, 1-3
 ANN_QUEUE_REASON: Final = f"{PREFIX}/queue-reason"  # why the job is in that queue
+# By the queues controller, with the gate's removal: its proof of the release, an HMAC of the
+# pod's UID under the chart's key (common/queuerelease.py); the extender places no pod without.
+ANN_QUEUE_RELEASED: Final = f"{PREFIX}/queue-released"
 ANN_THROUGHPUT_QUERY: Final = f"{PREFIX}/throughput-query"  # PromQL: job's samples/s; on pods
 ANN_THROUGHPUT_MEASURED: Final = f"{PREFIX}/throughput-measured"  # by the queues, on workload
 

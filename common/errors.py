@@ -22,6 +22,12 @@ class InvalidInput(TideleaseError):
         super().__init__("; ".join(self.problems))
 
 
+class NotPermitted(InvalidInput):
+    """A request tidelease refuses whoever retries it, until an admin or a controller changes
+    something: a privilege the pod's namespace was not granted, a pod the queues have not
+    released yet."""
+
+
 class NotFound(TideleaseError):
     """An object the request names does not exist (unknown pod, node without inventory)."""
 

@@ -14,7 +14,9 @@ from typing import NamedTuple, NewType
 NodeName = NewType("NodeName", str)
 GpuUuid = NewType("GpuUuid", str)
 PodUid = NewType("PodUid", str)
-JobName = NewType("JobName", str)
+# A job's identity: "namespace/job" (common.tenancy.job_key). Owners are namespaced jobs, so a
+# pod is "own" only to devices its namespace's job lent.
+JobKey = NewType("JobKey", str)
 
 
 class Tier(enum.IntEnum):
@@ -53,7 +55,7 @@ class DeviceClass(NamedTuple):
     gpu_type: str
     tier: Tier
     healthy: bool
-    owner: JobName | None = None  # right-of-return tag: the job that lent this device
+    owner: JobKey | None = None  # right-of-return tag: the job ("namespace/job") that lent it
     standby: bool = False  # reserved to backfill reclaims
     # The replica (lent group) of the owner that lent this device and takes it back; None for a
     # device tagged with the job alone (any of its replicas may take it back).
@@ -87,7 +89,7 @@ class Holder:
     name: str
     priority: Priority
     pod_priority: int  # the pod's spec.priority (PriorityClass value)
-    owner: JobName | None = None
+    owner: JobKey | None = None
 
     @property
     def key(self) -> str:
@@ -104,9 +106,11 @@ class PodRequest:
     gpus: int
     priority: Priority = Priority.LOW
     pod_priority: int = 0
-    owner: JobName | None = None
+    owner: JobKey | None = None
     min_tier: Tier = Tier.LA
     gpu_type: str | None = None
+    # Set by the cluster view (ClusterState.with_reclaim), never by the pod: its namespace's
+    # GpuLease for its owner is reclaiming and the pod belongs to the lease's workload.
     reclaim: bool = False
     # The lent group this pod takes back (a StatefulSet replica's own name, set while its
     # lease reclaims): it may use only the owner's devices tagged for this replica. None: any
@@ -117,7 +121,11 @@ class PodRequest:
     # Jobs whose lease is reclaiming now (set by the cluster view, not by the pod): a borrower
     # may not take the devices they lent, or its replacement would take them back from under
     # the reclaim every time one is evicted.
-    reclaiming_owners: frozenset[JobName] = frozenset()
+    reclaiming_owners: frozenset[JobKey] = frozenset()
+    # The pod's controlling owner reference (kind, name), e.g. ("StatefulSet", "recsys"):
+    # what ties it to a GpuLease's workload.
+    controller: tuple[str, str] | None = None
+    priority_class: str = ""  # spec.priorityClassName
 
     @property
     def key(self) -> str:

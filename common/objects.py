@@ -22,7 +22,7 @@ from common.model import (
     GpuUuid,
     Health,
     Holder,
-    JobName,
+    JobKey,
     NodeCache,
     NodeInventory,
     NodeName,
@@ -30,6 +30,7 @@ from common.model import (
     Priority,
     Tier,
 )
+from common.tenancy import is_job_key, job_key
 
 _HEALTH = {h.value: h for h in Health}
 _TIERS = {t.name: t for t in Tier}
@@ -77,7 +78,7 @@ def parse_gpu_node(obj: Mapping[str, Any]) -> NodeInventory:
     if not isinstance(spec, dict) or not isinstance(status, dict):
         raise InvalidInput(f"{where}: spec and status must be objects")
 
-    tags: dict[str, tuple[JobName | None, bool, str | None]] = {}
+    tags: dict[str, tuple[JobKey | None, bool, str | None]] = {}
     for i, entry in enumerate(spec.get("devices") or []):
         if not isinstance(entry, dict) or not isinstance(entry.get("uuid"), str):
             problems.append(f"{where}: spec.devices[{i}] needs a uuid")
@@ -94,7 +95,7 @@ def parse_gpu_node(obj: Mapping[str, Any]) -> NodeInventory:
         if replica is not None and not (isinstance(replica, str) and replica and owner):
             problems.append(f"{where}: spec.devices[{i}].replica must be a pod name, with an owner")
             replica = None
-        tags[entry["uuid"]] = (JobName(owner) if owner else None, standby, replica or None)
+        tags[entry["uuid"]] = (JobKey(owner) if owner else None, standby, replica or None)
 
     devices: list[Device] = []
     seen: set[str] = set()
@@ -181,6 +182,12 @@ def gpu_node_object(inv: NodeInventory) -> dict[str, Any]:
     }
 
 
+def _holder_owner(owner: object, namespace: str) -> JobKey | None:
+    if not isinstance(owner, str) or not owner:
+        return None
+    return JobKey(owner) if is_job_key(owner) else job_key(namespace, owner)
+
+
 def parse_gpu_allocation(obj: Mapping[str, Any]) -> tuple[NodeName, tuple[Allocation, ...]]:
     """Parse a ``GpuAllocation`` ledger; raise :class:`InvalidInput` naming each bad entry."""
     node = NodeName(_name(obj, contract.KIND_GPU_ALLOCATION))
@@ -214,7 +221,9 @@ def parse_gpu_allocation(obj: Mapping[str, Any]) -> tuple[NodeName, tuple[Alloca
             name=str(name),
             priority=priority,
             pod_priority=pod_priority,
-            owner=JobName(owner) if isinstance(owner, str) and owner else None,
+            # A ledger written before owners were namespaced names the job alone: the pod's
+            # own namespace is the job's.
+            owner=_holder_owner(owner, str(ns)),
         )
         since = entry.get("since", "")
         devs = tuple(GpuUuid(d) for d in devices)

@@ -14,7 +14,8 @@ from common import contract
 from common.annotationrules import annotation_problems
 from common.checkpointref import parse_checkpoint_ref
 from common.errors import InvalidInput
-from common.model import JobName, PodRequest, PodUid, Priority, Tier
+from common.model import PodRequest, PodUid, Priority, Tier
+from common.tenancy import job_key
 
 _INTEGER = re.compile(r"^[0-9]{1,6}$")
 
@@ -125,6 +126,11 @@ def parse_pod(pod: object, *, resource: str = contract.DEFAULT_GPU_RESOURCE) -> 
         elif image is not None:
             problems.append(f"spec.containers[{i}].image must be a string")
 
+    priority_class = spec.get("priorityClassName") or ""
+    if not isinstance(priority_class, str):
+        problems.append("Pod.spec.priorityClassName must be a string")
+        priority_class = ""
+
     if problems:
         raise InvalidInput(problems)
     # Every annotation is valid from here on (annotation_problems found nothing).
@@ -137,11 +143,26 @@ def parse_pod(pod: object, *, resource: str = contract.DEFAULT_GPU_RESOURCE) -> 
         gpus=gpus,
         priority=_PRIORITIES[annotations.get(contract.ANN_PRIORITY, Priority.LOW.value)],
         pod_priority=pod_priority,
-        owner=JobName(owner) if owner else None,
+        # The job of the pod's own namespace: a pod names no other namespace's job.
+        owner=job_key(str(namespace), owner) if owner else None,
         min_tier=_TIERS[annotations.get(contract.ANN_RELIABILITY, Tier.LA.name)],
         gpu_type=annotations.get(contract.ANN_GPU_TYPE),
-        reclaim=annotations.get(contract.ANN_RECLAIM) == "true",
+        # tidelease.io/reclaim grants nothing: a reclaim is derived from the pod's GpuLease
+        # and workload (extender.cluster.state.ClusterState.with_reclaim).
         # What nodes' caches are keyed by.
         checkpoint=checkpoint.id if checkpoint is not None else None,
         images=frozenset(images),
+        controller=controller_of(meta),
+        priority_class=priority_class,
     )
+
+
+def controller_of(meta: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The (kind, name) of an object's controlling owner reference, if it has one."""
+    refs = meta.get("ownerReferences")
+    for ref in refs if isinstance(refs, list) else ():
+        if isinstance(ref, dict) and ref.get("controller") is True:
+            kind, name = ref.get("kind"), ref.get("name")
+            if isinstance(kind, str) and isinstance(name, str):
+                return kind, name
+    return None

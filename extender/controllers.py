@@ -163,13 +163,19 @@ async def controllers(
             await synced.wait()
             await controller.run()
 
-        def apply_lease(_: str, event: str, obj: dict[str, Any]) -> None:
-            leases.apply(event, obj)
+        def apply_lease(kind: str, event: str, obj: dict[str, Any]) -> None:
+            if kind == "Namespace":
+                leases.apply_namespace(event, obj)
+            else:
+                leases.apply(event, obj)
 
         tasks += [
             asyncio.create_task(
                 follow_watch(
-                    store=store, kinds=("GpuLease",), apply=apply_lease, synced=synced.set
+                    store=store,
+                    kinds=("GpuLease", "Namespace"),
+                    apply=apply_lease,
+                    synced=synced.set,
                 ),
                 name="watch-gpuleases",
             ),
@@ -208,7 +214,13 @@ async def controllers(
             resource=settings.gpu_resource,
             agent_timeout_s=settings.agent_timeout_s,
             profiler=Profiler(reader, registry=registry),
+            release_key=settings.queue_release_key,
         )
+        if settings.queue_release_key_file is None:
+            log.warning(
+                "queues: no queue_release_key_file: released pods carry no proof, and a pod "
+                "whose gate another removed is placed past the queues (docs/planner.md)"
+            )
 
         async def run_queues() -> None:
             try:
@@ -328,6 +340,7 @@ async def _planner(
     """The live elastic planner (docs/planner.md)."""
     from extender.planner.controller import (
         LEASE_NAME,
+        KubeLeaseEvents,
         KubeLeaseWriter,
         PlannerController,
         PlannerMetrics,
@@ -341,7 +354,11 @@ async def _planner(
         source = PrometheusSource(prometheus)
         try:
             controller = PlannerController(
-                source=source, writer=KubeLeaseWriter(kube), metrics=metrics, settings=settings
+                source=source,
+                writer=KubeLeaseWriter(kube),
+                metrics=metrics,
+                settings=settings,
+                events=KubeLeaseEvents(kube),
             )
             await run_planner_controller(kube=kube, controller=controller)
         finally:

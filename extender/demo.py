@@ -28,12 +28,14 @@ import aiohttp
 
 from common import builders, contract
 from common.model import Priority, Tier
+from common.tenancy import job_key
 from extender.cluster.store import MemoryStore
 from extender.leasing.rules import ordinal
 from extender.scheduler.driver import Outcome, SchedulerDriver
 from extender.scheduler.serving import Running, serve
 from extender.scheduler.settings import ExtenderSettings
 
+OWNER = job_key("default", "recsys")  # recsys, a job of namespace default
 RECSYS_IMAGE = "registry.example/recsys:v7"
 RECSYS_CKPT = "recsys-ckpt-0412"
 NODES = [f"gpu-node-{i}" for i in range(1, 6)]
@@ -42,6 +44,7 @@ NODES = [f"gpu-node-{i}" for i in range(1, 6)]
 def demo_objects() -> list[dict[str, Any]]:
     d = builders.devices
     return [
+        builders.namespace("default"),  # granted online jobs by the admin (docs/tenancy.md)
         builders.gpu_node("gpu-node-1", images=[RECSYS_IMAGE], checkpoints=[RECSYS_CKPT]),
         builders.gpu_node("gpu-node-2"),
         builders.gpu_node(
@@ -59,7 +62,8 @@ def demo_objects() -> list[dict[str, Any]]:
     ]
 
 
-def recsys_pod(i: int, *, reclaim: bool = False, generation: int = 0) -> dict[str, Any]:
+def recsys_pod(i: int, *, generation: int = 0) -> dict[str, Any]:
+    """A replica of the StatefulSet recsys (its controller, what ties it to its GpuLease)."""
     return builders.pod(
         f"recsys-{i}",
         4,
@@ -68,10 +72,10 @@ def recsys_pod(i: int, *, reclaim: bool = False, generation: int = 0) -> dict[st
         owner="recsys",
         tier=Tier.HA,
         gpu_type="H20",
-        reclaim=reclaim,
         checkpoint=RECSYS_CKPT,
         image=RECSYS_IMAGE,
         pod_priority=1000,
+        controller=("StatefulSet", "recsys"),
     )
 
 
@@ -185,10 +189,22 @@ class Demo:
         for name in names:
             node, devs = self.devices_of(name)
             self.report.lent[name] = devs
-            self.set_tags(node, {u: {"owner": "recsys"} for u in devs})
+            self.set_tags(node, {u: {"owner": OWNER, "replica": name} for u in devs})
             self.store.delete("Pod", "default", name)
             idx = ",".join(str(self.index_of(node, u)) for u in devs)
-            self.say(f"  - {name} released {node} GPUs [{idx}], tagged owner=recsys (lent out)")
+            self.say(f"  - {name} released {node} GPUs [{idx}], tagged owner={OWNER} (lent out)")
+        await self.settle()
+
+    async def reclaim(self) -> None:
+        """What the leasing controller records when recsys scales up: its GpuLease reclaims the
+        lent groups, which makes recsys' replicas reclaims (nothing on the pods says so)."""
+        lease = builders.gpu_lease("recsys", "default", gpus_per_replica=4, desired_gpus=16)
+        lease["status"] = {
+            "phase": "Reclaiming",
+            "lent": [{"replica": r, "devices": list(d)} for r, d in self.report.lent.items()],
+            "reclaim": {"groups": list(self.report.lent)},
+        }
+        self.store.put(lease)
         await self.settle()
 
     async def run(self) -> DemoReport:
@@ -228,9 +244,10 @@ class Demo:
             say(f"  ! {broken_node} GPU {self.index_of(broken_node, bad)} is unhealthy")
 
         say("\n== 6. Morning: recsys scales up again and reclaims its GPUs (right of return)")
+        await self.reclaim()
         for gen, name in enumerate(lent, start=1):
             i = ordinal(name)
-            out = await self.schedule(recsys_pod(i, reclaim=True, generation=gen))
+            out = await self.schedule(recsys_pod(i, generation=gen))
             if out.bound:
                 self.report.reclaimed[name] = self.devices_of(name)[1]
         lent_set = {u for devs in self.report.lent.values() for u in devs}

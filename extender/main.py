@@ -57,6 +57,7 @@ def _queue_settings(settings: ExtenderSettings) -> QueueSettings:
         ),
         adapt_every=settings.queue_adapt_every,
         interval_s=settings.queue_interval_s,
+        tenant_query_label=settings.tenant_query_label,
     )
 
 
@@ -137,7 +138,7 @@ def _controllers(args: argparse.Namespace) -> int:
         agent_conditions=settings.agent_conditions,
         queues=_queue_settings(settings) if settings.queues_controller else None,
         prewarm=_prewarm_settings(args) if settings.prewarm_controller else None,
-        planner=_planner_settings(args) if settings.planner else None,
+        planner=_planner_settings(args, settings) if settings.planner else None,
         planner_prometheus=args.planner_prometheus,
     )
     if not enabled.names():
@@ -190,7 +191,7 @@ def _prewarm_settings(args: argparse.Namespace) -> PrewarmSettings:
     return settings
 
 
-def _planner_settings(args: argparse.Namespace) -> PlannerSettings:
+def _planner_settings(args: argparse.Namespace, extender: ExtenderSettings) -> PlannerSettings:
     from extender.planner.autoscaling import OnlineSettings
     from extender.planner.stepping import PlannerSettings
 
@@ -199,6 +200,7 @@ def _planner_settings(args: argparse.Namespace) -> PlannerSettings:
             step_s=args.planner_step, lead_s=args.planner_lead, headroom=args.planner_headroom
         ),
         history_s=args.planner_history,
+        tenant_query_label=extender.tenant_query_label,
     )
     problems = settings.validate()
     if not args.planner_prometheus.startswith(("http://", "https://")):

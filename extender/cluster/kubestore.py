@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from common import contract, dra
+from common import contract, dra, tenancy
 from common.errors import NotFound, Unavailable
 from common.kubeclient import KubeClient
 from common.model import Allocation, NodeName
@@ -32,6 +32,11 @@ class KubeStore:
         self._watches: dict[Kind, tuple[str, dict[str, Any] | None]] = {
             kind: (path, None) for kind, path in _LIST_PATHS.items()
         }
+        # Only the Namespaces an admin granted online jobs: a label removed reads as DELETED.
+        self._watches["Namespace"] = (
+            "/api/v1/namespaces",
+            {"labelSelector": f"{tenancy.LABEL_ONLINE}={tenancy.ONLINE_VALUE}"},
+        )
         self._watches["Lease"] = (
             f"/apis/coordination.k8s.io/v1/namespaces/{agent_namespace}/leases",
             {"labelSelector": f"{contract.AGENT_LABEL_KEY}={contract.AGENT_LABEL_VALUE}"},

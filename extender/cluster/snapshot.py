@@ -23,6 +23,7 @@ _KINDS = {
     contract.KIND_GPU_ALLOCATION,
     "Lease",
     contract.KIND_GPU_LEASE,
+    "Namespace",
 }
 
 

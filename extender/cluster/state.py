@@ -22,6 +22,7 @@ from collections.abc import Hashable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from common import contract
 from common.dra import reclaiming
 from common.errors import InvalidInput
 from common.heartbeat import heartbeat
@@ -30,7 +31,7 @@ from common.model import (
     Device,
     DeviceClass,
     GpuUuid,
-    JobName,
+    JobKey,
     NodeCache,
     NodeInventory,
     NodeName,
@@ -40,6 +41,7 @@ from common.model import (
 )
 from common.objects import object_key, parse_gpu_allocation, parse_gpu_node, resource_version
 from common.replicas import names_replicas
+from common.tenancy import belongs, granted, job_key, online_refusal
 
 log = logging.getLogger(__name__)
 
@@ -198,12 +200,13 @@ class ClusterState:
         # Keys of changed states are never reused, so an entry can only be unused, never wrong.
         # memo[request shape][state key] -> answer (a state key, or a tuple starting with one)
         self.memo = ShapeMemo()
-        # (namespace, owner) of online jobs whose GpuLease is reclaiming: their high-priority
-        # pods are reclaim requests (Algorithm 1's IsReclaim) without needing an annotation.
-        # -> (lease key, whether its workload names its replicas: common.replicas)
-        self._reclaiming: dict[tuple[str, str], tuple[str, bool]] = {}
-        # Their owners' names (device tags name the job alone): what borrowers may not take.
-        self._reclaiming_owners: frozenset[JobName] = frozenset()
+        # Owners (job keys) whose GpuLease is reclaiming: their workloads' high-priority pods
+        # are reclaim requests (Algorithm 1's IsReclaim); a pod never declares one.
+        self._reclaiming: dict[JobKey, _Reclaim] = {}
+        # The same owners: the devices they lent are what borrowers may not take.
+        self._reclaiming_owners: frozenset[JobKey] = frozenset()
+        # Namespaces an admin granted online jobs (label tidelease.io/online: common.tenancy).
+        self.granted: set[str] = set()
         # Pods seen deleted (or finished) whose allocations are still in a stored ledger.
         self._gone: set[PodUid] = set()
         # Where each pod's allocations are: one node, unless a stale one is left on another
@@ -339,41 +342,70 @@ class ClusterState:
             )
             self._changed(state)
 
+    def apply_namespace(self, event: str, obj: Mapping[str, Any]) -> None:
+        """A Namespace (the watch selects the granted ones; a label removed reads as DELETED)."""
+        meta = obj.get("metadata") or {}
+        name = str(meta.get("name", ""))
+        if event != "DELETED" and granted(meta.get("labels")):
+            self.granted.add(name)
+        else:
+            self.granted.discard(name)
+
     def apply_gpu_lease(self, event: str, obj: Mapping[str, Any]) -> None:
         meta = obj.get("metadata") or {}
         key = object_key(obj)
-        for job, (lease, _) in list(self._reclaiming.items()):
-            if lease == key:
+        for job, found in list(self._reclaiming.items()):
+            if found.lease == key:
                 del self._reclaiming[job]
         spec = obj.get("spec") or {}
         owner = spec.get("owner")
         phase = (obj.get("status") or {}).get("phase")
-        if event != "DELETED" and phase == "Reclaiming" and isinstance(owner, str):
-            kind = (spec.get("workload") or {}).get("kind")
-            per_replica = isinstance(kind, str) and names_replicas(kind)
-            self._reclaiming[(str(meta.get("namespace", "")), owner)] = (key, per_replica)
-        self._reclaiming_owners = frozenset(JobName(job) for _, job in self._reclaiming)
+        workload = spec.get("workload") or {}
+        kind, name = workload.get("kind"), workload.get("name")
+        if (
+            event != "DELETED"
+            and phase == "Reclaiming"
+            and isinstance(owner, str)
+            and isinstance(kind, str)
+            and isinstance(name, str)
+        ):
+            job = job_key(str(meta.get("namespace", "")), owner)
+            self._reclaiming[job] = _Reclaim(key, names_replicas(kind), kind, name)
+        self._reclaiming_owners = frozenset(self._reclaiming)
 
     def with_reclaim(self, req: PodRequest) -> PodRequest:
-        """The request as Algorithm 1 sees it: a reclaim when the owner's lease is reclaiming;
-        where the lease's workload names its replicas, the pod takes back its own lent group
-        (``lent_group``: the replica's name, as the leasing controller recorded the group). A
-        borrower is kept off the devices of every job whose lease is reclaiming
-        (``reclaiming_owners``)."""
+        """The request as Algorithm 1 sees it: a reclaim when its namespace's lease for its
+        owner is reclaiming and the pod is one of the lease's workload's replicas (its owner
+        references); where that workload names its replicas, the pod takes back its own lent
+        group (``lent_group``: the replica's name, as the leasing controller recorded the
+        group). Nothing the pod declares makes it a reclaim. A borrower is kept off the devices
+        of every owner whose lease is reclaiming (``reclaiming_owners``)."""
         if req.priority is Priority.LOW:
             owners = self._reclaiming_owners
-            if req.reclaiming_owners == owners:
+            if req.reclaiming_owners == owners and not req.reclaim:
                 return req
-            return replace(req, reclaiming_owners=owners)
-        if req.owner is None:
-            return req
-        found = self._reclaiming.get((req.namespace, req.owner))
-        if found is None:
-            return req
-        lent_group = req.name if found[1] else None
+            return replace(req, reclaiming_owners=owners, reclaim=False, lent_group=None)
+        found = self._reclaiming.get(req.owner) if req.owner is not None else None
+        if found is None or not belongs(req.controller, found.kind, found.name):
+            if not req.reclaim and req.lent_group is None:
+                return req
+            return replace(req, reclaim=False, lent_group=None)
+        lent_group = req.name if found.per_replica else None
         if req.reclaim and req.lent_group == lent_group:
             return req
         return replace(req, reclaim=True, lent_group=lent_group)
+
+    def refusal(self, req: PodRequest, online_class: str) -> str | None:
+        """Why tidelease refuses to place ``req`` at all, or None: a privilege of online jobs
+        (``priority: high``, the online PriorityClass) in a namespace the admin has not granted
+        them (common.tenancy)."""
+        if req.namespace in self.granted:
+            return None
+        if req.priority is Priority.HIGH:
+            return online_refusal(req.namespace, f"{contract.ANN_PRIORITY}: high")
+        if online_class and req.priority_class == online_class:
+            return online_refusal(req.namespace, f"priorityClassName {online_class}")
+        return None
 
     def apply_gpu_allocation(self, event: str, obj: Mapping[str, Any]) -> None:
         name = NodeName(str((obj.get("metadata") or {}).get("name", "")))
@@ -390,6 +422,17 @@ class ClusterState:
         if current is not None and _older(version, current.ledger_version):
             return  # our own write, applied already, is newer than this event
         self.set_ledger(node, allocations, version)
+
+
+@dataclass(frozen=True, slots=True)
+class _Reclaim:
+    """A reclaiming GpuLease, as the view needs it: its key, whether its workload names its
+    replicas (common.replicas), and the workload whose pods take the lent devices back."""
+
+    lease: str
+    per_replica: bool
+    kind: str
+    name: str
 
 
 def _older(version: str, than: str) -> bool:

@@ -20,10 +20,11 @@ from common.errors import Conflict, InvalidInput, NotFound
 from common.model import Allocation, NodeName
 from common.objects import allocation_spec, parse_gpu_allocation, resource_version
 
-Kind = Literal["Pod", "GpuNode", "GpuAllocation", "Lease", "GpuLease", "ResourceClaim"]
-# What the extender watches. ResourceClaims (resource.k8s.io) only the leasing controller
-# watches, and only in DRA mode (extender/leasing/controller.py).
-KINDS: tuple[Kind, ...] = ("Pod", "GpuNode", "GpuAllocation", "Lease", "GpuLease")
+Kind = Literal["Pod", "GpuNode", "GpuAllocation", "Lease", "GpuLease", "Namespace", "ResourceClaim"]
+# What the extender watches (Namespaces: those an admin granted online jobs, common.tenancy).
+# ResourceClaims (resource.k8s.io) only the leasing controller watches, and only in DRA mode
+# (extender/leasing/controller.py).
+KINDS: tuple[Kind, ...] = ("Pod", "GpuNode", "GpuAllocation", "Lease", "GpuLease", "Namespace")
 EVERY_KIND: tuple[Kind, ...] = (*KINDS, "ResourceClaim")
 EventType = Literal["ADDED", "MODIFIED", "DELETED", "SYNCED"]
 """SYNCED (with an empty object) follows the initial ADDED events of each kind."""

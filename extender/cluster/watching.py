@@ -182,6 +182,8 @@ def view_applier(
             cluster.apply_gpu_lease(event, obj)
             if leases is not None:
                 leases.apply(event, obj)
+        elif kind == "Namespace":
+            cluster.apply_namespace(event, obj)
         elif kind == "ResourceClaim" and claims is not None:
             claims.apply(event, obj)
 

@@ -16,8 +16,9 @@ from typing import Any
 
 from common.errors import InvalidInput
 from common.model import PodRequest
-from common.podrequest import parse_pod
+from common.tenancy import DEFAULT_ONLINE_PRIORITY_CLASS
 from extender.cluster.state import ClusterState
+from extender.scheduler.admitting import placed_request
 from extender.scheduler.filtering import filter_nodes
 from extender.scheduler.scoring import ScoreWeights, prioritize_nodes
 
@@ -62,6 +63,7 @@ def explain_pod(
     weights: ScoreWeights,
     resource: str,
     gpu_nodes: Iterable[str] = (),
+    online_class: str = DEFAULT_ONLINE_PRIORITY_CLASS,
 ) -> Explanation:
     """``gpu_nodes``: the GpuNodes listed, with those the view dropped (one that does not parse
     offers nothing: kube-scheduler still asks about it, and the filter says why)."""
@@ -69,7 +71,7 @@ def explain_pod(
     key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
     bound_to = str((pod.get("spec") or {}).get("nodeName") or "") or None
     try:
-        req = cluster.with_reclaim(parse_pod(dict(pod), resource=resource))
+        req = placed_request(cluster, pod, resource=resource, online_class=online_class)
     except InvalidInput as e:
         return Explanation(key, "-", bound_to, invalid=f"tidelease: {e}")
     request = describe(req)

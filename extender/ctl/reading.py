@@ -100,7 +100,7 @@ async def _answer(
 ) -> str:
     kinds: list[Kind] = ["GpuNode", "GpuAllocation", "Lease", "GpuLease"]
     if args.what == "explain":
-        kinds.append("Pod")
+        kinds += ["Pod", "Namespace"]  # the namespaces granted online jobs too, as the filter
     listed = {kind: await _list(store, kind) for kind in kinds}
     cluster = ClusterState()
     apply = view_applier(cluster, PodCache(args.gpu_resource))

@@ -29,7 +29,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -43,10 +43,11 @@ from common.dra import ATTR_RECLAIMING as RECLAIMING
 from common.errors import Conflict, InvalidInput, NotFound, TideleaseError, TooManyRequests
 from common.events import Involved, post_event
 from common.kubeclient import KubeClient
-from common.model import Device, GpuUuid, Holder, JobName, PodUid, Priority
+from common.model import Device, GpuUuid, Holder, JobKey, PodUid, Priority
 from common.objects import object_key
-from common.podrequest import parse_pod
+from common.podrequest import controller_of, parse_pod
 from common.reconcile import ReconcileLoop, ReconcileSettings, Requeue, Result
+from common.tenancy import belongs, granted, online_refusal, pod_owner
 from common.timefmt import epoch, microtime, rfc3339
 from extender.cluster.state import ClusterState
 from extender.cluster.store import Kind
@@ -65,6 +66,7 @@ from extender.leasing.decisions import (
     Wait,
     WriteStatus,
     decide,
+    legacy_tags,
     overdue,
 )
 from extender.leasing.lease import (
@@ -111,6 +113,8 @@ class LeaseCache:
     def __init__(self) -> None:
         self.raw: dict[str, dict[str, Any]] = {}
         self.on_change: Callable[[str], None] | None = None
+        # Namespaces an admin granted online jobs (common.tenancy): only their leases step.
+        self.granted: set[str] = set()
 
     def apply(self, event: str, obj: dict[str, Any]) -> None:
         key = object_key(obj)
@@ -120,6 +124,21 @@ class LeaseCache:
             self.raw[key] = obj
         if self.on_change is not None:
             self.on_change(key)
+
+    def apply_namespace(self, event: str, obj: dict[str, Any]) -> None:
+        """A Namespace of the granted ones (the watch selects them by label) came or went: its
+        leases are stepped again (or stopped, with a Degraded condition saying why)."""
+        meta = obj.get("metadata") or {}
+        name = str(meta.get("name", ""))
+        was = name in self.granted
+        if event != "DELETED" and granted(meta.get("labels")):
+            self.granted.add(name)
+        else:
+            self.granted.discard(name)
+        if was != (name in self.granted) and self.on_change is not None:
+            prefix = f"{name}/"
+            for key in [k for k in self.raw if k.startswith(prefix)]:
+                self.on_change(key)
 
 
 class World(Protocol):
@@ -512,10 +531,12 @@ def observe(
     pods: PodCache,
     lease: GpuLease,
     holdings: Sequence[dra.ClaimHolding] = (),
+    granted: Collection[str] = (),
 ) -> tuple[list[OwnerPod], View]:
     """The owner's pods and the device view, from the extender's watched state; in DRA mode
     also from the ResourceClaims (``holdings``, :func:`dra.claim_holdings`): a device a claim
-    holds is held by the first known pod the claim is reserved for."""
+    holds is held by the first known pod the claim is reserved for, high priority only in
+    ``granted`` namespaces."""
     devices = {}
     holders: dict[GpuUuid, Holder] = {}
     offering: dict[str, bool] = {}
@@ -534,7 +555,7 @@ def observe(
         by_uid: dict[PodUid, Holder] = {}
         for reserved in {p for h in holdings if h.devices for p in h.pods}:
             raw = pods.get(reserved.namespace, reserved.name)
-            holder = _holder(raw) if raw is not None else None
+            holder = _holder(raw, granted) if raw is not None else None
             if holder is not None and holder.pod_uid == reserved.uid:
                 by_uid[reserved.uid] = holder
         for uuid, holder in dra.device_holders(holdings, by_uid).items():
@@ -542,15 +563,26 @@ def observe(
     owner_pods = []
     for raw in pods.raw_pods():
         meta = raw.get("metadata") or {}
-        if meta.get("namespace") != lease.namespace or meta.get("deletionTimestamp"):
-            continue
-        if (meta.get("annotations") or {}).get(contract.ANN_OWNER) != lease.spec.owner:
+        if meta.get("deletionTimestamp") or not is_replica(raw, lease):
             continue
         uid = str(meta.get("uid", ""))
         bound = str((raw.get("spec") or {}).get("nodeName") or "")
         node, devs = where.get(uid, ("", ()))
         owner_pods.append(OwnerPod(str(meta.get("name")), uid, bound and node, devs))
     return owner_pods, View(devices, holders, offering, _eviction_cost(cluster, pods))
+
+
+# The Degraded reason of a lease whose namespace an admin has not granted online jobs.
+NOT_GRANTED = "NotGranted"
+
+
+def is_replica(pod: Mapping[str, Any], lease: GpuLease) -> bool:
+    """Whether a raw pod is one of the lease's replicas: its owner is the lease's job (a job
+    of the pod's own namespace) and the lease's workload controls it (common.tenancy)."""
+    if pod_owner(pod) != lease.spec.owner:
+        return False
+    workload = lease.spec.workload
+    return belongs(controller_of(pod.get("metadata") or {}), workload.kind, workload.name)
 
 
 def _allocated(claim: Mapping[str, Any] | None) -> bool:
@@ -564,12 +596,16 @@ def _keyed(claims: Iterable[Mapping[str, Any]]) -> Iterable[tuple[str, str, Mapp
         yield str(meta.get("namespace", "")), str(meta.get("name", "")), c
 
 
-def _holder(raw: Mapping[str, Any]) -> Holder | None:
-    """A pod as the holder of its claims' devices: its annotations' priority and owner; a pod
-    whose annotations do not parse is a low-priority pod of no job (evicted, if it borrowed,
-    as every borrower is)."""
+def _holder(raw: Mapping[str, Any], granted: Collection[str]) -> Holder | None:
+    """A pod as the holder of its claims' devices: its annotations' priority and owner, but
+    high priority only in a namespace granted online jobs (``granted``: nothing a pod writes
+    makes it no victim); a pod whose annotations do not parse is a low-priority pod of no job
+    (evicted, if it borrowed, as every borrower is)."""
     try:
-        return parse_pod(raw).holder()
+        holder = parse_pod(raw).holder()
+        if holder.priority is Priority.HIGH and holder.namespace not in granted:
+            holder = replace(holder, priority=Priority.LOW)
+        return holder
     except InvalidInput:
         meta = raw.get("metadata") or {}
         uid, name = meta.get("uid"), meta.get("name")
@@ -584,7 +620,7 @@ def _eviction_cost(
     """Cornucopia's cost of evicting borrowers, over the jobs of the watched pods (built on
     first use: most steps evict nobody)."""
     allocations = [a for state in cluster for a in state.allocations.values()]
-    known: list[tuple[dict[JobName, JobView], dict[PodUid, int]]] = []
+    known: list[tuple[dict[JobKey, JobView], dict[PodUid, int]]] = []
 
     def cost(victims: Sequence[Holder]) -> tuple[int, int, float]:
         if not known:
@@ -687,7 +723,7 @@ class LeaseController:
         owner = (meta.get("annotations") or {}).get(contract.ANN_OWNER)
         if not owner or dra.gated_pod(pod) is None:
             return
-        prefix = f"{meta.get('namespace')}/"
+        prefix = f"{meta.get('namespace')}/"  # the owner is a job of the pod's namespace
         for key, raw in self.leases.raw.items():
             if key.startswith(prefix) and (raw.get("spec") or {}).get("owner") == owner:
                 self.loop.add(key)
@@ -700,7 +736,9 @@ class LeaseController:
         if self.test_grace_s is not None:
             lease = replace(lease, spec=replace(lease.spec, grace_s=self.test_grace_s))
         holdings = self._holdings()
-        owner_pods, view = observe(self.view.cluster, self.view.pods, lease, holdings)
+        owner_pods, view = observe(
+            self.view.cluster, self.view.pods, lease, holdings, self.leases.granted
+        )
         if self.dra_mode:
             marked = {
                 (state.node, d.uuid): d.cls.owner
@@ -719,6 +757,12 @@ class LeaseController:
             claim_step = await self._claim_step(lease, owner_pods, view, holdings)
             if claim_step is not None:
                 return claim_step
+        upgraded = legacy_tags(lease, owner_pods, view)
+        if upgraded:
+            why = f"tag {len(upgraded)} device(s) with the namespaced owner {lease.spec.owner}"
+            log.info("lease %s: %s", lease.key, why)
+            await self.world.set_tags(upgraded)
+            return SetTags(upgraded, why)
         replicas = await self.world.replicas(lease.namespace, lease.spec.workload)
         now = self.clock()
         action = decide(lease, replicas, owner_pods, view, now)
@@ -803,9 +847,7 @@ class LeaseController:
             meta = raw.get("metadata") or {}
             if not meta.get("deletionTimestamp"):
                 live.add(str(meta.get("uid", "")))
-            if meta.get("namespace") != lease.namespace:
-                continue
-            if (meta.get("annotations") or {}).get(contract.ANN_OWNER) != lease.spec.owner:
+            if not is_replica(raw, lease):
                 continue
             pod = dra.gated_pod(raw)
             if pod is not None:
@@ -881,6 +923,9 @@ class LeaseController:
             # Retrying cannot help: the next event (a fixed spec) or resync looks again.
             log.error("GpuLease %s is invalid and left alone: %s", key, e)
             return None
+        if lease.namespace not in self.leases.granted:
+            await self._not_granted(lease)
+            return None  # stepped again when an admin grants the namespace
         try:
             action = await self.step(lease)
         except TideleaseError:
@@ -894,6 +939,16 @@ class LeaseController:
         if isinstance(action, Wait):
             return Requeue(max(MIN_WAIT_S, action.until - self.clock()))
         return Requeue(STEP_AGAIN_S)
+
+    async def _not_granted(self, lease: GpuLease) -> None:
+        """A lease in a namespace not granted online jobs does nothing; its Degraded condition
+        says why (once). A lease that was lending stays where it stands: its lent devices stay
+        lent, and come back once the namespace is granted again."""
+        if lease.degraded == NOT_GRANTED:
+            return
+        why = online_refusal(lease.namespace, "a GpuLease")
+        log.warning("lease %s: not stepped: %s", lease.key, why)
+        await self.world.write_status(lease, lease.status, Trouble(NOT_GRANTED, why))
 
     async def _reconcile_standby(self) -> Requeue:
         """Top the standby pool up every ``standby_interval_s`` (the loop's resync comes more

@@ -39,7 +39,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from common.model import Device, GpuUuid, Holder, JobName
+from common.model import Device, GpuUuid, Holder, JobKey
 from common.replicas import incoming_replicas
 from extender.leasing.lease import GpuLease, LeaseStatus, LentGroup, Notice, Trouble
 from extender.leasing.rules import (
@@ -83,14 +83,14 @@ class View:
     # Where the caller keeps the answer of stale_tags up to date as devices change (the cluster
     # simulator): asked instead of looking at every lent device, and it must answer exactly what
     # stale_tags(groups, view, owner) does. None (the controller): stale_tags itself.
-    tag_check: Callable[[Sequence[LentGroup], View, JobName], tuple[TagChange, ...]] | None = None
+    tag_check: Callable[[Sequence[LentGroup], View, JobKey], tuple[TagChange, ...]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class TagChange:
     node: str
     uuid: GpuUuid
-    owner: JobName | None
+    owner: JobKey | None
     standby: bool
     replica: str | None = None  # the owner's replica that lent the device (its group)
 
@@ -133,14 +133,12 @@ class Wait:
 Action = WriteStatus | SetTags | ScaleTo | Notify | Evict | Wait
 
 
-def _tag(
-    dev: Device, owner: JobName | None, standby: bool, replica: str | None = None
-) -> TagChange:
+def _tag(dev: Device, owner: JobKey | None, standby: bool, replica: str | None = None) -> TagChange:
     return TagChange(dev.node, dev.uuid, owner, standby, replica)
 
 
 def _retag(
-    groups: Sequence[LentGroup], view: View, owner: JobName, skip: set[GpuUuid] | None = None
+    groups: Sequence[LentGroup], view: View, owner: JobKey, skip: set[GpuUuid] | None = None
 ) -> tuple[TagChange, ...]:
     """The tags that do not yet say what the status says: every lent device tagged with the
     owner and the replica whose group it is in (``skip``: devices whose tags are cleared);
@@ -151,7 +149,7 @@ def _retag(
 
 
 def stale_tags(
-    groups: Sequence[LentGroup], view: View, owner: JobName, skip: set[GpuUuid] | None = None
+    groups: Sequence[LentGroup], view: View, owner: JobKey, skip: set[GpuUuid] | None = None
 ) -> tuple[TagChange, ...]:
     """The tag of every lent device (in the groups' order) that is not yet the owner's with the
     replica whose group it is in, but for ``skip``; devices not in the view are left out."""
@@ -186,7 +184,7 @@ def _loans(pods: Sequence[OwnerPod], view: View, lent: set[GpuUuid]) -> set[GpuU
     return out
 
 
-def _on_loan(dev: Device, owner: JobName) -> bool:
+def _on_loan(dev: Device, owner: JobKey) -> bool:
     """A standby device the owner holds as a stand-in (marked when its reclaim completed)."""
     return dev.cls.standby and dev.cls.owner == owner
 
@@ -276,6 +274,22 @@ def _stem(names: Sequence[str]) -> str:
         if ordinal(n) >= 0:
             return n.rsplit("-", 1)[0]
     return "replica"
+
+
+def legacy_tags(lease: GpuLease, pods: Sequence[OwnerPod], view: View) -> tuple[TagChange, ...]:
+    """Tags written before owners were namespaced (the job's name alone) on devices this
+    lease answers for, the devices it lent and those its replicas hold (standby on loan),
+    rewritten with its job key, standby flag and replica kept. An upgrade step: what no
+    lease names keeps its old tag, which matches no pod's owner and so is no one's own."""
+    owner = lease.spec.owner
+    job = owner.partition("/")[2]
+    get = view.devices.get
+    out: dict[GpuUuid, TagChange] = {}
+    for u in (*lease.status.lent, *(u for p in pods for u in p.devices)):
+        d = get(u)
+        if d is not None and d.cls.owner == job and u not in out:
+            out[u] = _tag(d, owner, d.cls.standby, d.cls.replica)
+    return tuple(out.values())
 
 
 def decide(

@@ -15,8 +15,9 @@ from typing import Any, Literal
 
 from common.conditions import set_condition
 from common.errors import InvalidInput
-from common.model import GpuUuid, JobName
+from common.model import GpuUuid, JobKey
 from common.objects import resource_version
+from common.tenancy import job_key
 from common.timefmt import epoch, microtime
 from extender.leasing.rules import ScheduleEntry, parse_schedule_time
 
@@ -50,7 +51,7 @@ class Workload:
 
 @dataclass(frozen=True, slots=True)
 class LeaseSpec:
-    owner: JobName
+    owner: JobKey  # the job key (namespace/job) of spec.owner, in the lease's namespace
     workload: Workload
     gpus_per_replica: int
     desired_gpus: int
@@ -217,7 +218,7 @@ def parse_gpu_lease(obj: Mapping[str, Any]) -> GpuLease:
         name=name,
         resource_version=resource_version(obj),
         spec=LeaseSpec(
-            owner=JobName(str(owner)),
+            owner=job_key(ns, str(owner)),
             workload=Workload(str(wl["apiVersion"]), str(wl["kind"]), str(wl["name"])),
             gpus_per_replica=per,
             desired_gpus=desired,

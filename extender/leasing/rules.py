@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
 
-from common.model import Device, GpuUuid, Holder, JobName, Priority, Tier
+from common.model import Device, GpuUuid, Holder, JobKey, Priority, Tier
 
 TypeTier = tuple[str, Tier]  # what a standby device must match: GPU type and tier
 
@@ -102,7 +102,7 @@ def devices_to_tag(released: Iterable[Device]) -> tuple[Device, ...]:
 
 
 def can_return(
-    owner: JobName | None,
+    owner: JobKey | None,
     dev: Device | None,
     holder: Holder | None,
     offering: Mapping[str, bool],
@@ -118,7 +118,7 @@ def can_return(
 
 
 def group_can_return(
-    owner: JobName | None,
+    owner: JobKey | None,
     uuids: Iterable[GpuUuid],
     devices: Mapping[GpuUuid, Device],
     holders: Mapping[GpuUuid, Holder],
@@ -152,7 +152,7 @@ class ReclaimPlan:
 
 
 def plan_reclaim(
-    owner: JobName,
+    owner: JobKey,
     lent: Sequence[GpuUuid],
     devices: Mapping[GpuUuid, Device],
     holders: Mapping[GpuUuid, Holder],

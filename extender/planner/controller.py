@@ -31,17 +31,19 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from common import contract
 from common.errors import Conflict, InvalidInput, NotFound, TideleaseError, Unavailable
+from common.events import Involved, post_event
 from common.kubeclient import KubeClient
 from common.reconcile import ReconcileLoop, Requeue, Result, run_checked
 from common.watches import Watches, object_key
 from extender.leasing.lease import parse_gpu_lease
 from extender.planner.directives import desired_patch
 from extender.planner.sources import TrafficSource
-from extender.planner.stepping import PlannerSettings, lease_config, plan_step
+from extender.planner.stepping import PlannerSettings, lease_config, plan_step, scoped_queries
 
 log = logging.getLogger(__name__)
 
 LEASE_NAME = "tidelease-planner"
+COMPONENT = "tidelease-planner"
 _GPL = f"/apis/{contract.API_VERSION}/{contract.PLURAL_GPU_LEASE}"
 
 
@@ -73,6 +75,45 @@ class KubeLeaseWriter:
             body=body,
             content_type="application/merge-patch+json",
         )
+
+
+class LeaseEvents(Protocol):
+    async def warn(self, lease: Mapping[str, Any], reason: str, message: str) -> None:
+        """A Warning Event on the GpuLease ``lease`` (its object as watched)."""
+        ...
+
+
+class KubeLeaseEvents:
+    def __init__(self, kube: KubeClient) -> None:
+        self._kube = kube
+
+    async def warn(self, lease: Mapping[str, Any], reason: str, message: str) -> None:
+        meta = lease.get("metadata") or {}
+        involved = Involved(
+            contract.KIND_GPU_LEASE,
+            str(meta.get("namespace", "")),
+            str(meta.get("name", "")),
+            str(meta.get("uid", "")),
+            api_version=contract.API_VERSION,
+        )
+        await post_event(self._kube, involved, reason, message, warning=True, component=COMPONENT)
+
+
+class NullLeaseEvents:
+    """No Events: what the planner refuses is logged only."""
+
+    async def warn(self, lease: Mapping[str, Any], reason: str, message: str) -> None:
+        return None
+
+
+@dataclass
+class MemoryLeaseEvents:
+    """The Events posted, as (lease key, reason, message)."""
+
+    posted: list[tuple[str, str, str]] = field(default_factory=list)
+
+    async def warn(self, lease: Mapping[str, Any], reason: str, message: str) -> None:
+        self.posted.append((object_key(lease), reason, message))
 
 
 def merge(target: Any, patch: Any) -> Any:
@@ -183,8 +224,12 @@ class PlannerController:
         settings: PlannerSettings,
         clock: Callable[[], float] = time.time,
         interval_s: float | None = None,
+        events: LeaseEvents | None = None,
     ) -> None:
         self.source, self.writer, self.metrics = source, writer, metrics
+        self.events: LeaseEvents = NullLeaseEvents() if events is None else events
+        # Leases whose queries were refused, told (Event, log): key -> (uid, message).
+        self._refused: dict[str, tuple[str, str]] = {}
         self.settings, self.clock = settings, clock
         self.interval_s = settings.online.step_s if interval_s is None else interval_s
         if not self.interval_s > 0:
@@ -203,6 +248,7 @@ class PlannerController:
         here too)."""
         key = object_key(obj)
         if event == "DELETED" or not opted_in(obj):
+            self._refused.pop(key, None)
             if self.leases.pop(key, None) is not None:
                 self.metrics.forget(key)
                 why = "deleted" if event == "DELETED" else "opted out"
@@ -229,6 +275,22 @@ class PlannerController:
 
     # --- planning one lease ---
 
+    async def _tell_refused(self, raw: Mapping[str, Any], key: str, why: str) -> None:
+        """Queries that cannot be scoped: not run; a log line and a Warning Event on the
+        lease, once per lease object and reason."""
+        uid = str((raw.get("metadata") or {}).get("uid", ""))
+        if self._refused.get(key) == (uid, why):
+            return
+        log.warning("GpuLease %s: not planned, queries refused: %s", key, why)
+        try:
+            await self.events.warn(raw, "PlannerQueryRefused", why)
+        except NotFound:
+            pass
+        except TideleaseError as e:  # told again next step
+            log.warning("GpuLease %s: Event not posted: %s", key, e)
+            return
+        self._refused[key] = (uid, why)
+
     async def plan(self, raw: Mapping[str, Any]) -> int | None:
         """Plan one lease and write the change; the GPUs it holds afterwards (None: left as
         it was because of an error)."""
@@ -241,10 +303,19 @@ class PlannerController:
             log.error("GpuLease %s: not planned, invalid: %s", key, e)
             self.metrics.source_errors.labels("config").inc()
             return None
+        try:
+            queries = scoped_queries(
+                config.queries, lease.namespace, self.settings.tenant_query_label
+            )
+        except InvalidInput as e:
+            await self._tell_refused(raw, key, str(e))
+            self.metrics.source_errors.labels("config").inc()
+            return None
+        self._refused.pop(key, None)
         now = self.clock()
         try:
             seen = await self.source.observe(
-                config.queries,
+                queries,
                 at_s=now,
                 history_s=self.settings.history_s,
                 step_s=self.settings.online.step_s,

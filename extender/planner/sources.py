@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -30,6 +30,7 @@ import aiohttp
 from aiohttp import web
 
 from common.errors import InvalidInput, NotFound, Unavailable
+from common.queryscope import DEFAULT_LABEL, scope_query
 from extender.planner.stepping import Observations, Queries, pair_throughput
 from extender.planner.throughput import ThroughputModel, min_workers
 
@@ -222,24 +223,46 @@ class PrometheusSource:
 # --- fakes ---
 
 
+def _scoped_key(known: Iterable[str], query: str, namespace: str | None, label: str) -> str | None:
+    """The known query that ``query`` is: itself, or (a fake holding one namespace's series)
+    the one it is once scoped to ``namespace`` (common/queryscope.py), as the controllers run
+    a tenant's query; an unscoped query then reads nothing."""
+    if namespace is None:
+        return query if query in known else None
+    for k in known:
+        try:
+            if scope_query(k, namespace, label) == query:
+                return k
+        except InvalidInput:
+            continue
+    return None
+
+
 @dataclass
 class FakeTrafficSource:
-    """Observations set by the test, per traffic query; an exception set in ``fail`` is raised."""
+    """Observations set by the test, per traffic query; an exception set in ``fail`` is raised.
+    With ``namespace`` set the observations are that namespace's: they answer the traffic
+    query scoped to it (``label="<namespace>"`` on every selector), and only that. ``asked``
+    records the queries received."""
 
     by_traffic_query: dict[str, Observations] = field(default_factory=dict)
     fail: Exception | None = None
     calls: int = 0
+    namespace: str | None = None
+    label: str = DEFAULT_LABEL
+    asked: list[Queries] = field(default_factory=list)
 
     async def observe(
         self, queries: Queries, *, at_s: float, history_s: float, step_s: float
     ) -> Observations:
         self.calls += 1
+        self.asked.append(queries)
         if self.fail is not None:
             raise self.fail
-        try:
-            return self.by_traffic_query[queries.traffic]
-        except KeyError:
-            raise NotFound(f"no observations for {queries.traffic!r}") from None
+        key = _scoped_key(self.by_traffic_query, queries.traffic, self.namespace, self.label)
+        if key is None:
+            raise NotFound(f"no observations for {queries.traffic!r}")
+        return self.by_traffic_query[key]
 
 
 Series = Callable[[float], float]  # value at a unix time; NaN: no sample
@@ -264,12 +287,21 @@ class FakePrometheus:
     time, answered as one series (``{}`` labels) in Prometheus's exact JSON. An unknown query
     is a ``bad_data`` parse error, as Prometheus answers a query it cannot parse; a series in
     ``empty`` answers no data; ``down`` answers 503. Sample timestamps are the query's times,
-    as Prometheus evaluates them (``start + k * step <= end``)."""
+    as Prometheus evaluates them (``start + k * step <= end``). With ``namespace`` set the
+    series are that namespace's: a known query is answered scoped to it (``label="<namespace>"``
+    on every selector, as tidelease's controllers run tenants' queries), and only so.
+    ``requests`` records every request (path, parameters)."""
 
     series: dict[str, Series] = field(default_factory=dict)
     empty: set[str] = field(default_factory=set)
     down: bool = False
     requests: list[tuple[str, dict[str, str]]] = field(default_factory=list)
+    namespace: str | None = None
+    label: str = DEFAULT_LABEL
+
+    def queries(self) -> list[str]:
+        """The queries received, in order."""
+        return [params.get("query", "") for _, params in self.requests]
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -288,10 +320,13 @@ class FakePrometheus:
     def _lookup(self, query: str | None) -> Series | web.Response:
         if not query:
             return _error(400, "bad_data", 'invalid parameter "query": empty query')
-        fn = self.series.get(query)
-        if fn is None:
+        key = _scoped_key(self.series, query, self.namespace, self.label)
+        if key is None:
             return _error(400, "bad_data", f'invalid parameter "query": 1:1: parse error: {query}')
-        return fn
+        return self.series[key]
+
+    def _empty(self, query: str) -> bool:
+        return _scoped_key(self.empty, query, self.namespace, self.label) is not None
 
     async def _asked(self, request: web.Request) -> tuple[dict[str, str], Series] | web.Response:
         """The request's parameters and the series its query names, or the error reply."""
@@ -315,7 +350,7 @@ class FakePrometheus:
         query = params["query"]
         value = fn(at)
         result: list[dict[str, Any]] = []
-        if query not in self.empty and not math.isnan(value):
+        if not self._empty(query) and not math.isnan(value):
             result = [{"metric": {}, "value": [at, _value(value)]}]
         return web.json_response(
             {"status": "success", "data": {"resultType": "vector", "result": result}}
@@ -356,7 +391,7 @@ class FakePrometheus:
             if not math.isnan(v):  # a missing sample, as a gap in the series
                 values.append([t, _value(v)])
             k += 1
-        result = [] if query in self.empty or not values else [{"metric": {}, "values": values}]
+        result = [] if self._empty(query) or not values else [{"metric": {}, "values": values}]
         return web.json_response(
             {"status": "success", "data": {"resultType": "matrix", "result": result}}
         )

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 
 from common import contract
 from common.errors import InvalidInput
+from common.queryscope import DEFAULT_LABEL, refusal, scope_query, valid_label
 from extender.planner.autoscaling import Measurements, OnlineSettings, plan_online
 from extender.planner.directives import gpus_for
 from extender.planner.forecasting import Seasonal, fold
@@ -40,9 +41,13 @@ class PlannerSettings:
     online: OnlineSettings = field(default_factory=OnlineSettings)  # step_s is the cadence
     history_s: float = 14 * DAY_S  # two weeks: every hour of the week seen twice
     min_history_points: int = MIN_HISTORY_POINTS
+    # The label a lease's queries are scoped by (its namespace; common/queryscope.py).
+    tenant_query_label: str = DEFAULT_LABEL
 
     def validate(self) -> list[str]:
         problems = self.online.validate()
+        if not valid_label(self.tenant_query_label):
+            problems.append(f"tenant_query_label {self.tenant_query_label!r} is not a label name")
         if self.history_s < self.online.step_s * self.min_history_points:
             problems.append("history must hold at least min_history_points planning steps")
         if self.history_s / self.online.step_s > 11000:
@@ -112,6 +117,41 @@ def lease_config(annotations: Mapping[str, str], default_lead_s: float) -> Lease
         ),
         lead_s=lead_s,
         form=form,
+    )
+
+
+QUERY_ANNOTATIONS = {
+    "traffic": contract.ANN_PLANNER_TRAFFIC_QUERY,
+    "workers": contract.ANN_PLANNER_WORKERS_QUERY,
+    "throughput": contract.ANN_PLANNER_THROUGHPUT_QUERY,
+    "lag": contract.ANN_PLANNER_LAG_QUERY,
+    "backlog": contract.ANN_PLANNER_BACKLOG_QUERY,
+}
+
+
+def scoped_queries(queries: Queries, namespace: str, label: str = DEFAULT_LABEL) -> Queries:
+    """The lease's queries, each scoped to the lease's namespace (common/queryscope.py: the
+    matcher ``label="<namespace>"`` on every selector); InvalidInput names each annotation
+    that cannot be scoped, and why (none of them is then run)."""
+    scoped: dict[str, str | None] = {}
+    problems = []
+    for what, annotation in QUERY_ANNOTATIONS.items():
+        query = getattr(queries, what)
+        if query is None:
+            scoped[what] = None
+            continue
+        try:
+            scoped[what] = scope_query(query, namespace, label)
+        except InvalidInput as e:
+            problems.append(refusal(annotation, namespace, label, e))
+    if problems:
+        raise InvalidInput(problems)
+    return Queries(
+        traffic=str(scoped["traffic"]),
+        workers=str(scoped["workers"]),
+        throughput=str(scoped["throughput"]),
+        lag=scoped["lag"],
+        backlog=scoped["backlog"],
     )
 
 

@@ -36,6 +36,7 @@ from typing import Any
 from common import contract
 from common.jobclasses import JobClass, JobKind, job_class
 from common.podrequest import gpu_count
+from common.queuerelease import release_problem
 from common.timefmt import epoch
 from extender.queues.fitting import Capacity, Constraints, constraints
 from extender.queues.jobviews import job_key
@@ -77,7 +78,9 @@ class PodObs:
     uid: str
     gpus: int
     created: float
-    gated: bool  # still carries the queue gate
+    # Waits for the queues: carries the queue gate or, with a release key, has no valid release
+    # proof (its gate removed by another, or never set: the extender does not place it).
+    gated: bool
     bound: bool  # placed on a node
     phase: str  # Pending | Running | Succeeded | Failed
     started: float | None = None
@@ -304,9 +307,21 @@ def gated(pod: Mapping[str, Any]) -> bool:
     return gate_index(pod) is not None
 
 
-def observe(pods: Iterable[Mapping[str, Any]], resource: str) -> dict[str, JobObs]:
+def waits_for_proof(pod: Mapping[str, Any], key: bytes | None) -> bool:
+    """Whether an ungated pod waits all the same: pending, unplaced, and without a valid release
+    proof (its gate removed by someone else than the queues, or never set)."""
+    spec, status = pod.get("spec") or {}, pod.get("status") or {}
+    if spec.get("nodeName") or (status.get("phase") or "Pending") != "Pending":
+        return False
+    return release_problem(pod, key) is not None
+
+
+def observe(
+    pods: Iterable[Mapping[str, Any]], resource: str, release_key: bytes | None = None
+) -> dict[str, JobObs]:
     """The jobs of the GPU pods that declare their class (others are not the queues' to
-    order), by job (:func:`extender.queues.jobviews.job_key`)."""
+    order), by job (:func:`extender.queues.jobviews.job_key`). With ``release_key``
+    (common/queuerelease.py) a pending pod without a valid proof waits as a gated one does."""
     grouped: dict[str, list[PodObs]] = {}
     classes: dict[str, JobClass] = {}
     for pod in pods:
@@ -329,7 +344,7 @@ def observe(pods: Iterable[Mapping[str, Any]], resource: str) -> dict[str, JobOb
                 uid=str(meta.get("uid", "")),
                 gpus=gpu_count(spec, resource, []),
                 created=_time(meta.get("creationTimestamp")) or 0.0,
-                gated=gated(pod),
+                gated=gated(pod) or waits_for_proof(pod, release_key),
                 bound=bool(spec.get("nodeName")),
                 phase=str(status.get("phase") or "Pending"),
                 started=_time(status.get("startTime")),

@@ -10,7 +10,9 @@ declares its job class, and every ``interval_s`` to advance the jobs' counters:
   an Event on each, so that ``kubectl describe`` tells it and the extender's partial preemption
   ranks the job by it;
 * gated pods are released in the book's order (a JSON patch that removes the queue gate, and
-  only it, and writes the pod's queue);
+  only it, and writes the pod's queue and, with a release key, the proof of the release,
+  common/queuerelease.py); a pod whose gate someone else removed waits as a gated one and is
+  released, in its turn, by the proof alone;
 * the book is stored in the ConfigMap ``tidelease-queues`` (its namespace: the agents' and the
   leader elections') after a move, a completion or a release, and at most every
   ``save_every_s`` otherwise: a restart keeps it, losing at most that much counted time.
@@ -30,9 +32,11 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from common import contract
-from common.errors import Conflict, InvalidInput, NotFound
+from common.errors import Conflict, InvalidInput, NotFound, TideleaseError
 from common.events import Involved, post_event
 from common.kubeclient import KubeClient
+from common.queryscope import DEFAULT_LABEL, refusal, scope_query
+from common.queuerelease import release_proof
 from common.reconcile import ReconcileLoop, ReconcileSettings, Requeue
 from extender.cluster.state import ClusterState
 from extender.cluster.store import Kind, Store
@@ -75,6 +79,8 @@ class QueueSettings:
     adapt_every: int = 1000  # completions between two adaptations (the paper's 1000)
     interval_s: float = 5.0  # a pass at least this often (counters, promotions)
     save_every_s: float = 30.0
+    # The label a pod's throughput query is scoped by (its namespace; common/queryscope.py).
+    tenant_query_label: str = DEFAULT_LABEL
 
 
 @dataclass
@@ -131,7 +137,11 @@ class QueuesController:
         agent_timeout_s: float = 60.0,
         profiler: Profiler | None = None,
         clock: Callable[[], float] = time.time,
+        release_key: Callable[[], bytes | None] | None = None,
     ) -> None:
+        # The key of release proofs (common/queuerelease.py), asked on each pass (None: none
+        # written, and only gated pods wait).
+        self.release_key = release_key or (lambda: None)
         # Ramp-up profiling of elastic jobs that name a throughput query (None: not measured).
         self.profiler = profiler
         self.kube, self.store, self.namespace = kube, store, namespace
@@ -151,6 +161,8 @@ class QueuesController:
         self.scaling: dict[str, tuple[int, float]] = {}
         # Interactive pods held while elastic jobs shrink for them: (namespace, name) -> since.
         self.holding: dict[tuple[str, str], float] = {}
+        # Jobs whose throughput query was refused, told (Event, log): job -> pod uid and query.
+        self.refused_queries: dict[str, tuple[str, str]] = {}
         self.loop = ReconcileLoop(
             "queues",
             self.reconcile,
@@ -196,7 +208,7 @@ class QueuesController:
     # --- a pass ---
 
     def _observe(self) -> dict[str, JobObs]:
-        jobs = observe(self.pods.raw_pods(), self.resource)
+        jobs = observe(self.pods.raw_pods(), self.resource, self.release_key())
         seen: set[tuple[str, str]] = set()
         out = {}
         for key, job in jobs.items():
@@ -288,25 +300,32 @@ class QueuesController:
         pod = self.pods.get(r.namespace, r.name)
         if pod is None:
             return 0
-        index = gate_index(pod)
-        if index is None:
-            return 0
+        index, key = gate_index(pod), self.release_key()
+        uid = str((pod.get("metadata") or {}).get("uid", ""))
+        if (index is None and key is None) or key == b"" or (key and not uid):
+            return 0  # released meanwhile, or no proof to give (the key unreadable: logged)
         annotations = (pod.get("metadata") or {}).get("annotations")
         queue = str(int(r.queue))
-        patch: list[dict[str, Any]] = [
-            {"op": "test", "path": f"/spec/schedulingGates/{index}/name",
-             "value": contract.SCHEDULING_GATE},
-            {"op": "remove", "path": f"/spec/schedulingGates/{index}"},
-        ]  # fmt: skip
+        written = {contract.ANN_QUEUE: queue}
+        # The proof (common/queuerelease.py), for this UID: the pod tested is the one signed.
+        patch: list[dict[str, Any]] = (
+            [{"op": "test", "path": "/metadata/uid", "value": uid}] if uid else []
+        )
+        if key:
+            written[contract.ANN_QUEUE_RELEASED] = release_proof(key, uid)
+        if index is not None:
+            patch += [
+                {"op": "test", "path": f"/spec/schedulingGates/{index}/name",
+                 "value": contract.SCHEDULING_GATE},
+                {"op": "remove", "path": f"/spec/schedulingGates/{index}"},
+            ]  # fmt: skip
         if isinstance(annotations, dict):
-            patch.append(
-                {"op": "add", "path": f"/metadata/annotations/{_pointer(contract.ANN_QUEUE)}",
-                 "value": queue}
-            )  # fmt: skip
+            patch += [
+                {"op": "add", "path": f"/metadata/annotations/{_pointer(name)}", "value": value}
+                for name, value in written.items()
+            ]
         else:
-            patch.append(
-                {"op": "add", "path": "/metadata/annotations", "value": {contract.ANN_QUEUE: queue}}
-            )
+            patch.append({"op": "add", "path": "/metadata/annotations", "value": written})
         try:
             await self.kube.json(
                 "PATCH",
@@ -315,10 +334,9 @@ class QueuesController:
                 content_type="application/json-patch+json",
             )
         except (NotFound, InvalidInput) as e:
-            # Gone, or its gate removed meanwhile (the test op failed): nothing to release.
+            # Gone, re-created, or its gate removed meanwhile (a test op failed): not released.
             log.info("queues: pod %s/%s not released: %s", r.namespace, r.name, e)
             return 0
-        uid = str((pod.get("metadata") or {}).get("uid", ""))
         self._released[(r.namespace, r.name)] = uid
         created = next((p.created for p in job.pods if p.name == r.name), now)
         self.metrics.released.labels(queue).inc()
@@ -437,7 +455,9 @@ class Elastics:
         self.declared: dict[str, Elastic] = {}
         self.replicas: dict[str, int] = {}
         self.constraints: dict[str, Constraints] = {}
-        self.queries: dict[str, str] = {}
+        self.queries: dict[str, str] = {}  # scoped to the job's namespace
+        # Throughput queries that cannot be scoped: job -> (the pod's metadata, query, why).
+        self.refused: dict[str, tuple[dict[str, Any], str, str]] = {}
         self.running: dict[str, bool] = {}
         self.pod_constraints = {
             (p.namespace, p.name): p.constraints for j in jobs.values() for p in j.pods
@@ -464,7 +484,7 @@ class Elastics:
                 self.constraints[str(key)] = replace(live[0].constraints, node_name="")
                 query = (meta.get("annotations") or {}).get(contract.ANN_THROUGHPUT_QUERY)
                 if query:
-                    self.queries[str(key)] = str(query)
+                    self._scope(str(key), meta, str(query))
                 self.running[str(key)] = all(p.bound and p.phase == "Running" for p in live)
         if self.declared:  # the views only the elastic jobs need, and only then
             held = held_by_job(a for state in ctl.cluster for a in state.allocations.values())
@@ -472,13 +492,55 @@ class Elastics:
             views = job_views(pods, held, now=now, resource=ctl.resource)
             self.views = {str(k): v for k, v in views.items()}
 
+    def _scope(self, key: str, meta: dict[str, Any], query: str) -> None:
+        """The job's throughput query, scoped to its pods' namespace (common/queryscope.py);
+        one that cannot be is refused: never run, the job profiled as if it named none."""
+        namespace = str(meta.get("namespace", ""))
+        label = self.ctl.settings.tenant_query_label
+        try:
+            self.queries[key] = scope_query(query, namespace, label)
+        except InvalidInput as e:
+            why = refusal(contract.ANN_THROUGHPUT_QUERY, namespace, label, e)
+            self.refused[key] = (meta, query, why)
+
+    async def _tell_refused(self) -> None:
+        """A Warning Event on the pod and a log line, once per pod and query, for each job
+        whose throughput query was refused."""
+        told = self.ctl.refused_queries
+        for key in set(told) - set(self.refused):
+            del told[key]  # gone, or its query fixed: a new refusal is told again
+        for key, (meta, query, why) in self.refused.items():
+            uid = str(meta.get("uid", ""))
+            if told.get(key) == (uid, query):
+                continue
+            namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+            log.warning("queues: job %s: pod %s/%s: %s", key, namespace, name, why)
+            try:
+                await post_event(
+                    self.ctl.kube,
+                    Involved("Pod", namespace, name, uid),
+                    "ThroughputQueryRefused",
+                    why,
+                    warning=True,
+                    component=COMPONENT,
+                )
+            except NotFound:
+                pass
+            except TideleaseError as e:  # told again next pass
+                log.warning("queues: job %s: Event not posted: %s", key, e)
+                continue
+            told[key] = (uid, query)
+
     async def profile(self) -> None:
         """Cornucopia's ramp-up profiler (extender.queues.profiler) on each elastic job that
         names its throughput query: a reading at the GPUs it holds while every pod of it runs,
-        the measurements kept on its workload; its view then scales by what was measured."""
+        the measurements kept on its workload; its view then scales by what was measured.
+        A query is run only scoped to the job's namespace (one that cannot be is told, and
+        the job is profiled as if it named none)."""
         prof = self.ctl.profiler
         if prof is None:
             return
+        await self._tell_refused()
         for key, e in self.declared.items():
             query = self.queries.get(key)
             view = self.views.get(key)

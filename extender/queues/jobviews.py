@@ -22,8 +22,9 @@ from typing import Any, Final
 
 from common import contract
 from common.jobclasses import job_class, parse_throughput
-from common.model import Allocation, JobName
+from common.model import Allocation, JobKey
 from common.podrequest import gpu_count
+from common.tenancy import pod_owner
 from extender.queues.allocation import JobView
 from extender.queues.mlfq import Queue, Thresholds, initial_queue, requeue
 from extender.queues.profiling import Profile
@@ -59,12 +60,12 @@ def job_views(
     now: float,
     resource: str = contract.DEFAULT_GPU_RESOURCE,
     thresholds: Thresholds = DEFAULT_THRESHOLDS,
-) -> dict[JobName, JobView]:
+) -> dict[JobKey, JobView]:
     """Every job with a pod among ``pods``; ``held``: GPUs allocated now, by job name."""
     grouped: dict[str, list[Mapping[str, Any]]] = {}
     for pod in pods:
         grouped.setdefault(job_key(pod), []).append(pod)
-    views: dict[JobName, JobView] = {}
+    views: dict[JobKey, JobView] = {}
     for key, members in grouped.items():
         annotations: dict[str, str] = {}
         for pod in members:  # the first pod that says it decides
@@ -78,7 +79,7 @@ def job_views(
             or requeue(initial_queue(cls), running_s, 0.0, thresholds).queue
         )
         request = sum(gpu_count(p.get("spec") or {}, resource, []) for p in members)
-        views[JobName(key)] = JobView(
+        views[JobKey(key)] = JobView(
             key=key,
             cls=cls,
             queue=queue,
@@ -114,15 +115,18 @@ def opted_in(pod: Mapping[str, Any]) -> bool:
 
 
 def job_key(pod: Mapping[str, Any]) -> str:
-    """The job a pod belongs to: its owner, or the pod itself."""
+    """The job a pod belongs to: its owner (a job of the pod's namespace, ``ns/job``: the key
+    the ledger's holders carry), or the pod itself (``ns/pod``)."""
+    owner = pod_owner(pod)
+    if owner is not None:
+        return owner
     meta = pod.get("metadata") or {}
-    owner = (meta.get("annotations") or {}).get(contract.ANN_OWNER)
-    return str(owner or f"{meta.get('namespace', '')}/{meta.get('name', '')}")
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
 
 
-def preemptor_queue(pod: Mapping[str, Any], jobs: Mapping[JobName, JobView]) -> Queue:
+def preemptor_queue(pod: Mapping[str, Any], jobs: Mapping[JobKey, JobView]) -> Queue:
     """The queue a preemptor's job is in: its job's, or where its class starts."""
-    known = jobs.get(JobName(job_key(pod)))
+    known = jobs.get(JobKey(job_key(pod)))
     if known is not None:
         return known.queue
     annotations = (pod.get("metadata") or {}).get("annotations") or {}

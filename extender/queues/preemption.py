@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from common.model import (
     Holder,
-    JobName,
+    JobKey,
     PodUid,
 )
 from extender.queues.allocation import JobView
@@ -88,7 +88,7 @@ def unknown_job(owner: str) -> JobView:
 def eviction_cost(
     victims: Sequence[Holder],
     gpus: Mapping[PodUid, int],
-    jobs: Mapping[JobName, JobView],
+    jobs: Mapping[JobKey, JobView],
 ) -> tuple[int, int, float]:
     """How bad evicting these pods is, by cornucopia's rule, for comparing choices (smaller is
     better): the most important queue hit (an interactive victim is worse than any number of
@@ -102,7 +102,7 @@ def eviction_cost(
     halts = 0
     worth = 0.0
     for key, n in taken.items():
-        job = jobs.get(JobName(key)) or unknown_job(key)
+        job = jobs.get(JobKey(key)) or unknown_job(key)
         held = max(job.held, n)
         top = min(top, int(job.queue))
         halts += int(held - n <= 0 or not job.cls.elastic)

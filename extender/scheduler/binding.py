@@ -27,11 +27,11 @@ from datetime import UTC, datetime
 from common import contract
 from common.errors import Conflict, NotFound, TideleaseError
 from common.model import Allocation, NodeName, PodRequest, PodUid
-from common.podrequest import parse_pod
 from common.waiting import wait_event
 from extender.cluster.state import ClusterState
 from extender.cluster.store import Store
 from extender.cluster.watching import TERMINAL_PHASES, PodCache, PodStatus
+from extender.scheduler.admitting import placed_request
 from extender.scheduler.metrics import ExtenderMetrics
 from extender.scheduler.placement import pick_devices
 from extender.scheduler.settings import ExtenderSettings
@@ -128,7 +128,13 @@ class Binder:
             raw = await self._store.get_pod(namespace, name)
         if raw is None:
             raise NotFound(f"pod {namespace}/{name} not found")
-        req = self._cluster.with_reclaim(parse_pod(raw, resource=self._settings.gpu_resource))
+        req = placed_request(
+            self._cluster,
+            raw,
+            resource=self._settings.gpu_resource,
+            online_class=self._settings.online_priority_class,
+            release_key=self._settings.queue_release_key(),
+        )
         if req.uid != uid:
             raise NotFound(f"pod {namespace}/{name} has UID {req.uid}, not {uid}")
         spec = raw.get("spec") or {}

@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from common.model import Allocation, Device, DeviceClass, Holder, JobName, PodRequest
+from common.model import Allocation, Device, DeviceClass, Holder, JobKey, PodRequest
 from extender.queues.allocation import JobView
 from extender.queues.mlfq import Queue
 from extender.queues.preemption import loss_factor, order_key, unknown_job
@@ -31,7 +31,7 @@ def plan_preemption(
     devices: Sequence[Device],
     allocations: Sequence[Allocation],
     req: PodRequest,
-    jobs: Mapping[JobName, JobView],
+    jobs: Mapping[JobKey, JobView],
     *,
     preemptor: Queue | None = None,
 ) -> PreemptionDecision | None:
@@ -111,7 +111,7 @@ def choose_preemption(
     devices: Sequence[Device],
     allocations: Sequence[Allocation],
     req: PodRequest,
-    jobs: Mapping[JobName, JobView],
+    jobs: Mapping[JobKey, JobView],
     *,
     preemptor: Queue | None = None,
 ) -> tuple[Holder, ...] | None:

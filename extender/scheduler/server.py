@@ -22,13 +22,14 @@ from typing import Any
 from aiohttp import hdrs, web
 
 from common.delegatedauth import DelegatedAuth, metrics_response
-from common.errors import Conflict, InvalidInput, NotFound, TideleaseError
+from common.errors import Conflict, InvalidInput, NotFound, NotPermitted, TideleaseError
 from common.logsetup import add_log_context, log_context
-from common.podrequest import parse_pod
+from common.model import PodRequest
 from extender.cluster.state import ClusterState
 from extender.cluster.watching import PodCache
 from extender.queues.jobviews import held_by_job, job_views, opted_in, preemptor_queue
 from extender.scheduler import wire
+from extender.scheduler.admitting import placed_request
 from extender.scheduler.binding import Binder, BindRefused
 from extender.scheduler.filtering import filter_nodes
 from extender.scheduler.metrics import ExtenderMetrics
@@ -103,13 +104,23 @@ class ExtenderApp:
         # Who may read /metrics (serving sets it when metrics_auth is on); None: anyone.
         self.metrics_auth: DelegatedAuth | None = None
 
+    def _request(self, pod: dict[str, Any]) -> PodRequest:
+        return placed_request(
+            self.cluster,
+            pod,
+            resource=self.settings.gpu_resource,
+            online_class=self.settings.online_priority_class,
+            release_key=self.settings.queue_release_key(),
+        )
+
     # --- verbs: wire in, decision, wire out ---
     async def filter(self, body: dict[str, Any]) -> tuple[int, Any]:
         args = wire.parse_extender_args(body)
         try:
-            req = self.cluster.with_reclaim(
-                parse_pod(args.pod, resource=self.settings.gpu_resource)
-            )
+            req = self._request(args.pod)
+        except NotPermitted as e:
+            self.metrics.decisions.labels("filter", "refused-pod").inc()
+            return 200, wire.filter_error(f"tidelease: {e}")
         except InvalidInput as e:
             self.metrics.decisions.labels("filter", "invalid-pod").inc()
             return 200, wire.filter_error(f"tidelease: {e}")
@@ -124,7 +135,7 @@ class ExtenderApp:
 
     async def prioritize(self, body: dict[str, Any]) -> tuple[int, Any]:
         args = wire.parse_extender_args(body)
-        req = self.cluster.with_reclaim(parse_pod(args.pod, resource=self.settings.gpu_resource))
+        req = self._request(args.pod)
         scores = prioritize_nodes(self.cluster, req, args.node_names, self.settings.weights)
         return 200, wire.encoded_host_priority_list(scores)
 
@@ -161,7 +172,7 @@ class ExtenderApp:
 
     async def preempt(self, body: dict[str, Any]) -> tuple[int, Any]:
         args = wire.parse_preemption_args(body)
-        req = self.cluster.with_reclaim(parse_pod(args.pod, resource=self.settings.gpu_resource))
+        req = self._request(args.pod)
         choose: Chooser = choose_victims
         if opted_in(args.pod):
             # Cornucopia's partial preemption: from the lower queues, the GPUs worth least.

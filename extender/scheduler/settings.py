@@ -16,7 +16,10 @@ from common import contract
 from common.coercion import coerce
 from common.errors import InvalidInput
 from common.httpserving import ServerTLS
+from common.keyfile import key_file
 from common.model import Tier
+from common.queryscope import DEFAULT_LABEL, valid_label
+from common.tenancy import DEFAULT_ONLINE_PRIORITY_CLASS
 from extender.scheduler.scoring import ScoreWeights
 
 ENV_PREFIX = "TIDELEASE_EXTENDER_"
@@ -46,6 +49,9 @@ class ExtenderSettings:
     # The schedulers whose pods bind accepts (a pod's spec.schedulerName): the chart sets the
     # one of its mode. A bind for any other pod is refused, whoever calls.
     scheduler_names: tuple[str, ...] = ("default-scheduler", "tidelease-scheduler")
+    # The PriorityClass of online pods (the chart's priorityClasses.online.name): like
+    # tidelease.io/priority: high, only namespaces an admin granted may use it (common.tenancy).
+    online_priority_class: str = DEFAULT_ONLINE_PRIORITY_CLASS
     weights: ScoreWeights = field(default_factory=ScoreWeights)
     # A ledger write that loses a race is retried this many times before bind fails.
     bind_attempts: int = 8
@@ -76,8 +82,17 @@ class ExtenderSettings:
     queue_promote_s: float = 43200.0
     queue_adapt_every: int = 1000
     queue_interval_s: float = 5.0
+    # The key of the queues' release proofs (common/queuerelease.py), a file (the chart's
+    # Secret, mounted): the queues controller signs each pod it releases with it, and the
+    # extender places no tidelease.io/job-class pod without a valid proof. Read again when it
+    # changes. None: the queues are off (no proofs written, none asked for).
+    queue_release_key_file: Path | None = None
     prewarm_controller: bool = False
     planner: bool = False
+    # Tenant-supplied PromQL (a pod's tidelease.io/throughput-query, a GpuLease's planner
+    # queries) is run only scoped to the object's namespace: this label="<namespace>" on every
+    # selector (common/queryscope.py). The label Prometheus's series carry the namespace in.
+    tenant_query_label: str = DEFAULT_LABEL
     # Test clusters only: every reclaim gives borrowers this many seconds of notice instead of
     # its lease's graceSeconds (which the CRD keeps at 30 or more). None: the leases' own.
     leasing_test_grace_s: int | None = None
@@ -105,6 +120,13 @@ class ExtenderSettings:
         if self.tls_cert_file is None or self.tls_key_file is None or self.client_ca_file is None:
             return None
         return ServerTLS(self.tls_cert_file, self.tls_key_file, self.client_ca_file)
+
+    def queue_release_key(self) -> bytes | None:
+        """The queues' release key (common/keyfile.py: read again when the file changes; b""
+        while unreadable, which refuses every pod of the queues); None without the setting."""
+        if self.queue_release_key_file is None:
+            return None
+        return key_file(self.queue_release_key_file).key()
 
     def validate(self) -> list[str]:
         """Every problem at once; empty when the settings are usable."""
@@ -147,6 +169,14 @@ class ExtenderSettings:
         ):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be positive")
+        release_key = self.queue_release_key_file
+        if release_key is not None and not release_key.is_file():
+            problems.append(f"queue_release_key_file {release_key} is not a file")
+        if not valid_label(self.tenant_query_label):
+            problems.append(
+                f"tenant_query_label {self.tenant_query_label!r} is not a label name "
+                "(letters, digits, _; not starting with __)"
+            )
         if self.leasing_test_grace_s is not None and self.leasing_test_grace_s < 0:
             problems.append("leasing_test_grace_s must not be negative")
         for key, count in self.standby.items():
@@ -177,6 +207,7 @@ _FIELD_TYPES: dict[str, type] = {
     "metrics_auth": bool,
     "gpu_resource": str,
     "scheduler_names": tuple,
+    "online_priority_class": str,
     "bind_attempts": int,
     "reserve_ttl_s": float,
     "missing_grace_s": float,
@@ -194,8 +225,10 @@ _FIELD_TYPES: dict[str, type] = {
     "queue_promote_s": float,
     "queue_adapt_every": int,
     "queue_interval_s": float,
+    "queue_release_key_file": Path,
     "prewarm_controller": bool,
     "planner": bool,
+    "tenant_query_label": str,
     "leasing_test_grace_s": int,
     "reclaim_overdue_s": float,
     "dra": bool,

@@ -38,13 +38,13 @@ from common.model import (
     DeviceClass,
     GpuUuid,
     Holder,
-    JobName,
     NodeName,
     PodRequest,
     PodUid,
     Priority,
     Tier,
 )
+from common.tenancy import job_key
 from extender.leasing.decisions import (
     RESYNC_S,
     STEADY,
@@ -254,7 +254,7 @@ class OnlineJobs:
                     j.name,
                     "1",
                     LeaseSpec(
-                        owner=j.name,
+                        owner=job_key(NAMESPACE, j.name),
                         workload=Workload("apps/v1", "StatefulSet", j.name),
                         gpus_per_replica=j.gpus_per_replica,
                         desired_gpus=j.peak,
@@ -270,7 +270,7 @@ class OnlineJobs:
         self._online_nodes = {n.name for n in nodes if n.role is Role.ONLINE}
         # every device's tier: fixed (tags, standby flags and health change, tiers never do)
         self._tiers: dict[GpuUuid, Tier] = {u: d.tier for u, d in world.devices.items()}
-        self._names = {j.spec.name for j in self.jobs}
+        self._names = {j.lease.spec.owner for j in self.jobs}
         self.minute = 0
         self.reclaims: list[ReclaimRecord] = []
         self.held = 0
@@ -334,7 +334,7 @@ class OnlineJobs:
             if j.lease.status.phase == "Reclaiming":  # lent devices held again, not yet untagged
                 for u in j.lease.status.lent:
                     holder = world.holder_of.get(u)
-                    if holder is not None and holder.owner == j.spec.name:
+                    if holder is not None and holder.owner == j.lease.spec.owner:
                         tiers[world.devices[u].tier] -= 1
         return tiers
 
@@ -507,7 +507,10 @@ class OnlineJobs:
                 "MODIFIED",
                 {
                     "metadata": {"namespace": job.lease.namespace, "name": job.lease.name},
-                    "spec": {"owner": job.spec.name},
+                    "spec": {
+                        "owner": job.spec.name,
+                        "workload": {"kind": "StatefulSet", "name": job.spec.name},
+                    },
                     "status": {"phase": status.phase},
                 },
             )
@@ -517,7 +520,7 @@ class OnlineJobs:
 
     def _record(self, job: JobState, start: ReclaimStart, status: LeaseStatus) -> ReclaimRecord:
         world = self.world
-        owner = job.spec.name
+        owner = job.lease.spec.owner
         got: Counter[TypeTier] = Counter()
         returned = backfilled = foreign = 0
         for uid in job.pods.values():
@@ -546,7 +549,7 @@ class OnlineJobs:
                 forfeited += 1
         return ReclaimRecord(
             minute=start.minute,
-            job=owner,
+            job=job.spec.name,
             due=len(start.due),
             returned=returned,
             backfilled=backfilled,
@@ -603,9 +606,10 @@ class OnlineJobs:
             gpus=spec.gpus_per_replica,
             priority=Priority.HIGH,
             pod_priority=self.pod_priority,
-            owner=JobName(spec.name),
+            owner=job.lease.spec.owner,
             min_tier=spec.min_tier,
             gpu_type=spec.gpu_type,
+            controller=("StatefulSet", spec.name),
         )
         evict: Callable[[Holder], object] | None = self.evict if preempt else None
         placed = self.scheduler.place(req, within=within, evict=evict)

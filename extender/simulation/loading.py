@@ -69,7 +69,7 @@ from typing import Any, TypeVar
 import yaml
 
 from common.errors import InvalidInput
-from common.model import JobName, NodeName, Tier
+from common.model import JobKey, NodeName, Tier
 from extender.leasing.rules import ScheduleEntry, parse_schedule_time
 from extender.simulation.scenario import (
     DEFAULT_START,
@@ -441,7 +441,7 @@ def _parse_document(text: str, source: str, days: float | None) -> Trace:
         if _MISSING not in (name, gpu_type, per, tier):
             online.append(
                 OnlineJob(
-                    JobName(name),
+                    JobKey(name),
                     gpu_type,
                     per,
                     tier,
@@ -698,7 +698,7 @@ def _parse_csv(text: str, source: str, days: float | None) -> Trace:
     problems.raise_if_any()
     online = [
         OnlineJob(
-            JobName(name),
+            JobKey(name),
             rec["gpu_type"],
             rec["per"],
             rec["tier"],

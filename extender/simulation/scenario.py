@@ -23,7 +23,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from common.model import JobName, NodeName, Tier
+from common.model import JobKey, NodeName, Tier
 from extender.leasing.rules import ScheduleEntry
 
 MINUTES_PER_DAY = 24 * 60
@@ -125,7 +125,7 @@ class OnlineJob:
     controller reads it (:func:`extender.leasing.rules.target_gpus`).
     """
 
-    name: JobName
+    name: JobKey
     gpu_type: str
     gpus_per_replica: int = 8
     min_tier: Tier = Tier.LA

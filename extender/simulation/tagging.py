@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from common.model import JobName
+from common.model import JobKey
 from extender.leasing.decisions import TagChange, View, stale_tags
 from extender.leasing.lease import LentGroup
 from extender.simulation.world import SimCluster
@@ -43,10 +43,10 @@ class TagChecks:
 
     def __init__(self, world: SimCluster) -> None:
         self.world = world
-        self._checked: dict[JobName, _Checked] = {}
+        self._checked: dict[JobKey, _Checked] = {}
 
     def __call__(
-        self, groups: Sequence[LentGroup], view: View, owner: JobName
+        self, groups: Sequence[LentGroup], view: View, owner: JobKey
     ) -> tuple[TagChange, ...]:
         touched = self.world.retouched.pop(owner, None)
         last = self._checked.get(owner)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from common.model import JobName, Tier
+from common.model import JobKey, Tier
 from extender.simulation.scenario import (
     MINUTES_PER_DAY,
     BorrowerJob,
@@ -167,7 +167,7 @@ def _online_jobs(
             for i, gpus in enumerate(series.tolist()):
                 if not points or points[-1][1] != gpus:
                     points.append((i * step, int(gpus)))
-            jobs.append(OnlineJob(JobName(next(names)), gpu_type, 8, Tier.LA, tuple(points)))
+            jobs.append(OnlineJob(JobKey(next(names)), gpu_type, 8, Tier.LA, tuple(points)))
     return jobs
 
 

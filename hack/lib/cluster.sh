@@ -366,6 +366,15 @@ tl::cluster::extender_certs() {
   TL_CLUSTER_EXTENDER_CERTS="${dir}"
 }
 
+# tl::cluster::queue_release_key - the key of the shared queues' release proofs
+# (common/queuerelease.py), as the chart's Secret holds one: the extender refuses a pod of the
+# queues without a proof made with it, and the queues controllers the tests start sign with it
+# (TL_CLUSTER_DIR/queue-release.key).
+tl::cluster::queue_release_key() {
+  TL_CLUSTER_QUEUE_RELEASE_KEY="${TL_CLUSTER_DIR}/queue-release.key"
+  (umask 077 && head -c 48 /dev/urandom | base64 >"${TL_CLUSTER_QUEUE_RELEASE_KEY}")
+}
+
 # tl::cluster::start_extender - the tidelease extender (.venv) as the chart runs it in the
 # clusterScheduler mode: the verbs over HTTPS on a free loopback port, a client certificate of
 # its own CA required (kube-scheduler's); /healthz, /readyz and /metrics on a port of their own,
@@ -380,6 +389,7 @@ tl::cluster::start_extender() {
   TL_CLUSTER_EXTENDER_PROBE_URL="http://127.0.0.1:${probe_port}"
   TIDELEASE_EXTENDER_LEASING_TEST_GRACE_S="${TL_CLUSTER_LEASING_GRACE_S}" \
     TIDELEASE_EXTENDER_METRICS_AUTH="${TIDELEASE_EXTENDER_METRICS_AUTH:-true}" \
+    TIDELEASE_EXTENDER_QUEUE_RELEASE_KEY_FILE="${TL_CLUSTER_QUEUE_RELEASE_KEY}" \
     "${TL_VENV}/bin/tidelease" --log-level "${TL_CLUSTER_EXTENDER_LOG_LEVEL}" extender \
     --kubeconfig "${TL_CP_KUBECONFIG}" --host 127.0.0.1 --port "${port}" \
     --probe-host 127.0.0.1 --probe-port "${probe_port}" \
@@ -671,6 +681,7 @@ tl::cluster::start() {
   tl::cluster::apply_manifests
   tl::cluster::create_nodes "${TL_CLUSTER_NODES}"
   tl::cluster::extender_certs
+  tl::cluster::queue_release_key
   tl::cluster::start_extender
   tl::cluster::start_controllers
   tl::cluster::start_schedulers

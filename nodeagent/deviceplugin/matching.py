@@ -10,6 +10,9 @@ Pending, not being deleted, carries a readable choice for this node and is not y
 The choice is recorded per pod; a pod whose GPUs are requested by several containers gets one
 GetPreferredAllocation/Allocate per container, whose sizes do not match the pod's total, so the
 kubelet's own pick is used for it (with a warning).
+
+A match is only a candidate: the annotation is the pod's, so the allocator grants the devices only
+once the node's allocation ledger confirms them (:mod:`~nodeagent.deviceplugin.confirming`).
 """
 
 from __future__ import annotations

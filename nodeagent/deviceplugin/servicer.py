@@ -17,7 +17,7 @@ import grpc
 from common.errors import InvalidInput
 from common.model import Health
 from nodeagent.deviceplugin import api_pb2 as pb
-from nodeagent.deviceplugin.allocating import Allocator
+from nodeagent.deviceplugin.allocating import Allocator, DevicesRefused
 from nodeagent.deviceplugin.devices import DeviceSource, PluginDevice
 from nodeagent.deviceplugin.granting import ContainerGrant
 
@@ -119,6 +119,10 @@ class DevicePluginServicer:
             except InvalidInput as e:
                 log.error("Allocate refused: %s", e)
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+                raise  # abort() raises; not reached
+            except DevicesRefused as e:
+                log.error("Allocate refused: %s", e)
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
                 raise  # abort() raises; not reached
             response.container_responses.append(grant_message(grant))
         return response

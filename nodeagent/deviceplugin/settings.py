@@ -32,6 +32,9 @@ class DevicePluginSettings:
     host_device_root: str = ""
     # Bound on each API-server call made while the kubelet waits (list pods, mark assigned).
     api_timeout_s: float = 3.0
+    # While the node's allocation ledger shows no entry for the pod being allocated (or cannot be
+    # read), it is read again this often, for up to api_timeout_s; then the container is refused.
+    ledger_poll_s: float = 0.25
     register_timeout_s: float = 5.0
     register_backoff_s: float = 0.5  # first retry delay; doubles up to register_backoff_max_s
     register_backoff_max_s: float = 10.0
@@ -72,6 +75,7 @@ class DevicePluginSettings:
                 problems.append(f"control device {path!r} is not under /dev/")
         for name in (
             "api_timeout_s",
+            "ledger_poll_s",
             "register_timeout_s",
             "register_backoff_s",
             "register_backoff_max_s",

@@ -43,6 +43,7 @@ def owner_pod(name: str, ns: str) -> dict[str, Any]:
         owner="recsys",
         tier=Tier.HA,
         priority_class="rig-online",
+        controller=("StatefulSet", "recsys"),  # the stand-in's replicas, as the real one's
     )
     pod["metadata"]["labels"] = {"app": "recsys"}
     return pod
@@ -187,7 +188,7 @@ async def make_rig(kube: KubeClient, kubeconfig: str, *, standby: bool = True) -
                 body={"metadata": {"name": name}, "value": value},
             )
     ns = f"lease-{uuid.uuid4().hex[:6]}"
-    await kube.json("POST", "/api/v1/namespaces", body={"metadata": {"name": ns}})
+    await kube.json("POST", "/api/v1/namespaces", body=builders.namespace(ns))
     nodes = [f"{ns}-n1", f"{ns}-n2"] + ([f"{ns}-s1"] if standby else [])
     for name in nodes:
         devs = (

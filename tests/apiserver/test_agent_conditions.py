@@ -34,7 +34,7 @@ async def test_agent_ready_follows_the_heartbeat_and_survives_the_agents_writes(
     kube: KubeClient,
 ) -> None:
     ns = f"agents-{uuid.uuid4().hex[:6]}"
-    await kube.json("POST", "/api/v1/namespaces", body={"metadata": {"name": ns}})
+    await kube.json("POST", "/api/v1/namespaces", body=builders.namespace(ns))
     fresh, stale, none = (f"{ns}-{n}" for n in ("fresh", "stale", "none"))
     publishers = {}
     for node in (fresh, stale, none):

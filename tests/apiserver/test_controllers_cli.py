@@ -15,6 +15,7 @@ import urllib.request
 
 import pytest
 
+from common import builders
 from common.errors import Conflict, NotFound
 from common.kubeclient import KubeClient
 from tests.apiserver.conftest import ApiServer
@@ -70,7 +71,7 @@ async def test_the_controllers_process_leads_serves_its_metrics_and_hands_over_o
 ) -> None:
     kube = await KubeClient.connect(apiserver.kubeconfig)
     with contextlib.suppress(Conflict):
-        await kube.json("POST", "/api/v1/namespaces", body={"metadata": {"name": NS}})
+        await kube.json("POST", "/api/v1/namespaces", body=builders.namespace(NS))
     first_port, second_port = free_port(), free_port()
     first = await start(apiserver, "controllers-a", first_port)
     second: asyncio.subprocess.Process | None = None

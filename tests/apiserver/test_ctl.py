@@ -24,7 +24,7 @@ import yaml
 from common import builders, contract
 from common.errors import Conflict, NotFound
 from common.kubeclient import KubeClient
-from common.model import Allocation, Holder, JobName, NodeName, PodUid, Priority, Tier
+from common.model import Allocation, Holder, JobKey, NodeName, PodUid, Priority, Tier
 from common.objects import gpu_allocation_object
 from common.timefmt import microtime
 from tests.apiserver.conftest import ApiServer
@@ -49,7 +49,7 @@ def cluster_objects() -> dict[str, list[dict[str, Any]]]:
     silent; a lease lending one device to a borrower; an owner's pod holding two devices."""
     a = [
         *builders.devices("node-a", 2),
-        *builders.devices("node-a", 1, owner="recsys", replica="recsys-1", start=2),
+        *builders.devices("node-a", 1, owner=f"{NS}/recsys", replica="recsys-1", start=2),
         *builders.devices("node-a", 1, standby=True, start=3),
     ]
     b = builders.devices("node-b", 4, gpu_type="A100", tier=Tier.MA)
@@ -65,7 +65,7 @@ def cluster_objects() -> dict[str, list[dict[str, Any]]]:
 
     def held(node: str, name: str, priority: Priority, owner: str | None, *devs: int) -> Any:
         who = Holder(
-            PodUid(f"uid-{name}"), NS, name, priority, 1000, JobName(owner) if owner else None
+            PodUid(f"uid-{name}"), NS, name, priority, 1000, JobKey(owner) if owner else None
         )
         allocation = Allocation(who, tuple(builders.device_uuid(node, i) for i in devs))
         return gpu_allocation_object(NodeName(node), [allocation], "")
@@ -125,7 +125,7 @@ async def _ensure_namespace(kube: KubeClient, name: str) -> None:
     try:
         await kube.json("GET", f"/api/v1/namespaces/{name}")
     except NotFound:
-        await kube.json("POST", "/api/v1/namespaces", body={"metadata": {"name": name}})
+        await kube.json("POST", "/api/v1/namespaces", body=builders.namespace(name))
 
 
 async def _populate(kube: KubeClient) -> None:
@@ -246,7 +246,7 @@ def test_json_and_yaml_give_the_same_data(populated: ApiServer) -> None:
     (node_a,) = [
         n for n in json.loads(ctl(populated, "nodes", "-o", "json").stdout) if n["name"] == "node-a"
     ]
-    lent = [d for d in node_a["devices"] if d["owner"] == "recsys"]
+    lent = [d for d in node_a["devices"] if d["owner"] == f"{NS}/recsys"]
     assert [(d["uuid"], d["state"], d["holder"]) for d in lent] == [
         (uuid("node-a", 2), "borrowed", f"{NS}/train-1")
     ]

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from common import builders
 from common.kubeclient import KubeClient
 from nodeagent.deviceplugin.testing import NODE, uuids
 from nodeagent.dra.claims import RESOURCE_API
@@ -41,7 +42,7 @@ def root() -> Iterator[Path]:
 @contextlib.asynccontextmanager
 async def namespace(kube: KubeClient) -> AsyncIterator[str]:
     name = f"dra-{uuid.uuid4().hex[:8]}"
-    await kube.json("POST", "/api/v1/namespaces", body={"metadata": {"name": name}})
+    await kube.json("POST", "/api/v1/namespaces", body=builders.namespace(name))
     try:
         yield name
     finally:

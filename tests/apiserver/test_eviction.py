@@ -50,7 +50,7 @@ async def borrowers(kube: KubeClient, *, hold: bool = False) -> tuple[str, dict[
     never allows one: the API server refuses every eviction of it with 429). ``hold``: a
     finalizer keeps each pod readable after its end."""
     ns = f"evict-{uuid.uuid4().hex[:6]}"
-    await kube.json("POST", "/api/v1/namespaces", body={"metadata": {"name": ns}})
+    await kube.json("POST", "/api/v1/namespaces", body=builders.namespace(ns))
     holders = {}
     for name in ("free", "budgeted"):
         body = pod(ns, name)

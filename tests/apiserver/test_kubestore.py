@@ -15,6 +15,7 @@ from common import builders, contract
 from common.errors import Conflict, InvalidInput, NotFound
 from common.model import Allocation, GpuUuid, NodeName
 from extender.cluster.kubestore import KubeStore
+from extender.cluster.store import KINDS
 from extender.scheduler.serving import serve
 from extender.scheduler.settings import ExtenderSettings
 from tests.apiserver.conftest import ApiServer
@@ -48,7 +49,7 @@ class Api:
 
     async def namespace(self) -> str:
         name = f"t-{uuid.uuid4().hex[:8]}"
-        status, obj = await self.call("POST", "/api/v1/namespaces", {"metadata": {"name": name}})
+        status, obj = await self.call("POST", "/api/v1/namespaces", builders.namespace(name))
         assert status == 201, obj
         return name
 
@@ -153,7 +154,7 @@ async def test_watch_lists_then_follows(store: KubeStore, api: Api) -> None:
         async with asyncio.timeout(20):
             async with changed:
                 await changed.wait_for(
-                    lambda: synced == {"Pod", "GpuNode", "GpuAllocation", "Lease", "GpuLease"}
+                    lambda: synced == set(KINDS)  # the granted Namespaces among them
                 )
             assert ("GpuNode", "ADDED", name) in events
             other = node_name()

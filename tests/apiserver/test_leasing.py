@@ -148,7 +148,9 @@ async def test_failed_lent_device_is_backfilled_from_standby(rig: Rig) -> None:
         # back to the pool when that replica is released. The failed device stays lent.
         spare = {d["uuid"]: d for d in (await rig.gpu_node(rig.nodes[2]))["spec"]["devices"]}
         for u in new & standby:
-            assert (spare[u].get("standby"), spare[u].get("owner")) == (True, "recsys"), spare[u]
+            assert (spare[u].get("standby"), spare[u].get("owner")) == (True, f"{rig.ns}/recsys"), (
+                spare[u]
+            )
         assert broken["uuid"] in lent_devices(status)
 
 

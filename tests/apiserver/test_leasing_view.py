@@ -78,7 +78,7 @@ async def no_gpu_lease_left(kube: KubeClient) -> None:
 
 async def setup(kube: KubeClient, ns: str) -> dict[str, Any]:
     """The namespace, an online job's StatefulSet (2 replicas) and its GpuLease, not created."""
-    await kube.json("POST", "/api/v1/namespaces", body={"metadata": {"name": ns}})
+    await kube.json("POST", "/api/v1/namespaces", body=builders.namespace(ns))
     sts = builders.statefulset("recsys", ns, replicas=2)
     await kube.json("POST", f"/apis/apps/v1/namespaces/{ns}/statefulsets", body=sts)
     return builders.gpu_lease("recsys", ns, gpus_per_replica=4, desired_gpus=8)

@@ -60,12 +60,17 @@ def test_install_upgrade_uninstall(apiserver: ApiServer) -> None:
         kubectl(apiserver, "get", "crd", f"{crd}.tidelease.io")
     token = get(apiserver, "secret", "tidelease-cache-token")["data"]["token"]
 
-    # The examples are valid objects for this API server, now that the CRDs are there.
+    # The examples are valid objects for this API server, now that the CRDs are there, in a
+    # namespace the admin granted online jobs (the chart's policy refuses them elsewhere).
+    examples = "tl-examples"
+    kubectl(apiserver, "create", "namespace", examples)
+    kubectl(apiserver, "label", "namespace", examples, "tidelease.io/online=true")
     for example in ("online-job-pod.yaml", "gpulease.yaml"):
         kubectl(
-            apiserver, "apply", "--dry-run=server", "-n", "default", "-f",
+            apiserver, "apply", "--dry-run=server", "-n", examples, "-f",
             str(ROOT / "manifests" / "examples" / example),
         )  # fmt: skip
+    kubectl(apiserver, "delete", "namespace", examples, "--wait=false")
 
     helm(
         "upgrade", RELEASE, str(CHART), *kubeconfig, "--set", "image.tag=0.1.0-next",

@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from common import contract
+from common import builders, contract
 from common.kubeclient import KubeClient
 from extender.planner.controller import (
+    KubeLeaseEvents,
     KubeLeaseWriter,
     PlannerController,
     PlannerMetrics,
@@ -41,6 +42,7 @@ class World:
     ns: str
     source: PrometheusSource
     registry: CollectorRegistry
+    prometheus: FakePrometheus
 
     def path(self, name: str) -> str:
         return f"/apis/{contract.API_VERSION}/namespaces/{self.ns}/gpuleases/{name}"
@@ -57,9 +59,10 @@ async def world(apiserver: ApiServer) -> AsyncIterator[World]:
     async with served(FakePrometheus(TidalJob(TRUE_MODEL).series())) as fake:
         kube = await KubeClient.connect(apiserver.kubeconfig)
         ns = f"planner-{uuid.uuid4().hex[:6]}"
-        await kube.json("POST", "/api/v1/namespaces", body={"metadata": {"name": ns}})
+        await kube.json("POST", "/api/v1/namespaces", body=builders.namespace(ns))
+        fake.prometheus.namespace = ns  # the series are the namespace's, read scoped only
         try:
-            yield World(kube, ns, fake.source, CollectorRegistry())
+            yield World(kube, ns, fake.source, CollectorRegistry(), fake.prometheus)
         finally:
             with contextlib.suppress(Exception):
                 await kube.json("DELETE", f"/api/v1/namespaces/{ns}")
@@ -131,3 +134,33 @@ async def test_planner_writes_desired_gpus_and_survives_a_conflict(apiserver: Ap
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_query_reading_another_namespace_is_refused_with_an_event(
+    apiserver: ApiServer,
+) -> None:
+    async with world(apiserver) as w:
+        obj = lease_object(TidalJob(TRUE_MODEL), name="nosy", ns=w.ns)
+        nosy = 'sum(rate(trainer_samples_total{namespace="kube-system"}[5m]))'
+        obj["metadata"]["annotations"][contract.ANN_PLANNER_THROUGHPUT_QUERY] = nosy
+        created = await w.kube.json(
+            "POST", f"/apis/{contract.API_VERSION}/namespaces/{w.ns}/gpuleases", body=obj
+        )
+        controller = PlannerController(
+            source=w.source,
+            writer=KubeLeaseWriter(w.kube),
+            metrics=PlannerMetrics(w.registry),
+            settings=SETTINGS,
+            clock=lambda: NOON,
+            events=KubeLeaseEvents(w.kube),
+        )
+        assert await controller.plan(created) is None
+        assert w.prometheus.requests == []  # none of its queries reached Prometheus
+        assert (await w.spec("nosy"))["desiredGPUs"] == 8
+        events = await w.kube.json("GET", f"/api/v1/namespaces/{w.ns}/events")
+        [event] = [e for e in events["items"] if e["reason"] == "PlannerQueryRefused"]
+        assert event["type"] == "Warning"
+        assert event["involvedObject"]["kind"] == "GpuLease"
+        assert event["involvedObject"]["name"] == "nosy"
+        assert contract.ANN_PLANNER_THROUGHPUT_QUERY in event["message"]
+        assert 'namespace="kube-system"' in event["message"]

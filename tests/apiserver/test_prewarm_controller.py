@@ -119,7 +119,7 @@ STEADY = {"phase": "Steady", "targetReplicas": 2, "reclaims": 0, "returned": 0, 
 async def world(apiserver: ApiServer) -> AsyncIterator[World]:
     kube = await KubeClient.connect(apiserver.kubeconfig)
     ns = f"prewarm-{uuid.uuid4().hex[:6]}"
-    await kube.json("POST", "/api/v1/namespaces", body={"metadata": {"name": ns}})
+    await kube.json("POST", "/api/v1/namespaces", body=builders.namespace(ns))
     # A GPU type of this test's own: GpuNodes are cluster-scoped, and standby nodes other tests
     # left on the shared API server must not be candidates.
     gpu = f"T{ns[-6:]}"

@@ -185,6 +185,11 @@ def test_an_agent_writes_only_its_own_node(cluster: Kubectl) -> None:
         unbound, "patch", "pod", "agent-node-a", "-n", NS, *patch
     )
     assert not cluster.can(t, "update", "leases", "kube-system")
+    # The allocation ledgers: the device plugin reads its node's by name to confirm a pod's
+    # devices annotation; it never lists, watches or writes one (only the extender writes them).
+    assert cluster.can(t, "get", "gpuallocations.tidelease.io")
+    for verb in ("list", "watch", "create", "update", "patch", "delete"):
+        assert not cluster.can(t, verb, "gpuallocations.tidelease.io"), verb
 
 
 def test_an_agent_in_dra_mode_publishes_only_its_own_nodes_slice(cluster: Kubectl) -> None:

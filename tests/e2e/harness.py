@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from common import builders, contract
+from common.keyfile import key_file
 from common.model import Device, Priority
+from common.queuerelease import release_proof
 from tests.e2e.kube import ApiError, Kube, post_json, wait_for
 
 GROUP_LABEL = "e2e.tidelease.io/group"
@@ -220,10 +222,28 @@ class Cluster:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
     # --- objects tests share ---
-    def namespace(self, prefix: str) -> str:
+    def namespace(self, prefix: str, *, online: bool = True) -> str:
+        """A new namespace; ``online``: granted online jobs, as an admin labels it
+        (docs/tenancy.md). Tests that play a tenant without the grant say ``online=False``."""
         name = unique(prefix)
-        self.kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+        self.kube.create(builders.namespace(name, online=online))
         return name
+
+    def release(self, namespace: str, name: str) -> None:
+        """Release a pod of the shared queues as the queues controller does: its proof
+        (common.queuerelease) made with the cluster's key (hack/lib/cluster.sh), which the
+        extender checks. For tests of other things than the queues' order."""
+        pod = self.kube.get("Pod", name, namespace)
+        assert pod is not None, f"pod {namespace}/{name}"
+        key = key_file(self.dir / "queue-release.key").key()
+        assert key, "the cluster has no queue release key"
+        proof = release_proof(key, pod["metadata"]["uid"])
+        self.kube.patch(
+            "Pod",
+            name,
+            {"metadata": {"annotations": {contract.ANN_QUEUE_RELEASED: proof}}},
+            namespace,
+        )
 
     def ensure_priority_class(self, name: str, value: int, policy: str = "Never") -> None:
         try:

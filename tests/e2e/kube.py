@@ -6,6 +6,7 @@ dicts, as everywhere in tidelease, and a test reads like the requests it makes.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import ssl
 import time
@@ -45,6 +46,17 @@ _KINDS: dict[str, tuple[str, str, bool]] = {
         contract.PLURAL_GPU_ALLOCATION,
         False,
     ),
+    "ValidatingAdmissionPolicy": (
+        "/apis/admissionregistration.k8s.io/v1",
+        "validatingadmissionpolicies",
+        False,
+    ),
+    "ValidatingAdmissionPolicyBinding": (
+        "/apis/admissionregistration.k8s.io/v1",
+        "validatingadmissionpolicybindings",
+        False,
+    ),
+    "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings", True),
     "MutatingAdmissionPolicy": (
         "/apis/admissionregistration.k8s.io/v1beta1",
         "mutatingadmissionpolicies",
@@ -78,9 +90,16 @@ class Kube:
     server: str
     token: str
     ca: str
+    # Requests made as this user (impersonation: RBAC and admission judge that user, e.g. a
+    # tenant with the `edit` role in its namespace); "" for the token's own user.
+    user: str = ""
 
     def __post_init__(self) -> None:
         self._ssl = ssl.create_default_context(cafile=self.ca)
+
+    def as_user(self, user: str) -> Kube:
+        """This client, its requests made as ``user`` (with the group system:authenticated)."""
+        return dataclasses.replace(self, user=user)
 
     def request(
         self,
@@ -100,6 +119,11 @@ class Kube:
                 "Authorization": f"Bearer {self.token}",
                 "Accept": "application/json",
                 "Content-Type": content_type,
+                **(
+                    {"Impersonate-User": self.user, "Impersonate-Group": "system:authenticated"}
+                    if self.user
+                    else {}
+                ),
             },
         )
         try:

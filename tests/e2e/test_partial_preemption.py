@@ -41,6 +41,7 @@ def test_an_interactive_pod_takes_one_gpu_pair_from_the_job_that_loses_least(
         priority_class=LOWEST,
         extra_annotations=BATCH_CLASS,
     )
+    cluster.release(namespace, "small-0")  # as the queues controller would (its order aside)
     uids["small-0"] = cluster.wait_bound(namespace, "small-0")["metadata"]["uid"]
     for i in range(3):
         name = f"big-{i}"
@@ -53,6 +54,7 @@ def test_an_interactive_pod_takes_one_gpu_pair_from_the_job_that_loses_least(
             priority_class=BATCH,
             extra_annotations=BATCH_CLASS,
         )
+        cluster.release(namespace, name)
         uids[name] = cluster.wait_bound(namespace, name)["metadata"]["uid"]
 
     group.create_pod(
@@ -64,6 +66,7 @@ def test_an_interactive_pod_takes_one_gpu_pair_from_the_job_that_loses_least(
         priority_class=INTERACTIVE,
         extra_annotations={contract.ANN_JOB_CLASS: "interactive"},
     )
+    cluster.release(namespace, "chat")
     cluster.wait_bound(namespace, "chat", timeout=40)
 
     def alive(name: str) -> bool:

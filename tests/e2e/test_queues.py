@@ -25,7 +25,9 @@ from typing import Any
 import pytest
 
 from common import builders, contract
+from common.keyfile import key_file
 from common.model import Priority
+from common.queuerelease import release_problem
 from tests.chart import ROOT, render
 from tests.e2e.harness import Cluster, NodeGroup, workload
 from tests.e2e.kube import wait_for
@@ -92,8 +94,11 @@ def queues(cluster: Cluster, tmp_path: Path) -> Iterator[Path]:
     """`tidelease controllers --queues-controller` with thresholds of seconds; its log."""
     port = free_port()
     log = tmp_path / "queues.log"
+    # The cluster's key of the release proofs, which its extender checks (hack/lib/cluster.sh).
+    key = cluster.dir / "queue-release.key"
     env = {
         **os.environ,
+        "TIDELEASE_EXTENDER_QUEUE_RELEASE_KEY_FILE": str(key),
         "TIDELEASE_EXTENDER_QUEUE_DEMOTE_BATCH_S": "4",
         "TIDELEASE_EXTENDER_QUEUE_PROMOTE_S": "4",
         "TIDELEASE_EXTENDER_QUEUE_INTERVAL_S": "1",
@@ -189,6 +194,8 @@ def test_interactive_arrivals_are_released_first_and_placed_within_a_second(
         latencies.append(time.monotonic() - start)
         annotations = got[0]["metadata"].get("annotations") or {}
         assert annotations.get(contract.ANN_QUEUE) == "1"  # released by the controller
+        # With its proof, for its UID (the extender placed it: it checked the proof too).
+        assert release_problem(got[0], key_file(cluster.dir / "queue-release.key").key()) is None
         cluster.kube.delete("Pod", name, namespace)
         wait_whole(cluster, namespace, name)
     median = statistics.median(latencies)

@@ -40,6 +40,7 @@ class Server:
 def small_cluster() -> list[dict[str, Any]]:
     d = builders.devices
     return [
+        builders.namespace("default"),  # granted online jobs: hp-a may run as high priority
         builders.gpu_node("node-a", checkpoints=["ck"]),
         builders.gpu_node("node-b", d("node-b", 8, owner="job-b")),
         builders.gpu_node("node-c", d("node-c", 4) + d("node-c", 4, healthy=False, start=4)),

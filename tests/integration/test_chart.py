@@ -4,6 +4,7 @@ the `tidelease` parser accepts."""
 
 from __future__ import annotations
 
+import base64
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -299,6 +300,59 @@ def test_the_settings_file_is_valid_and_names_the_release_namespace(tmp_path: Pa
     assert settings.standby == {"H20/HA": 16}
 
 
+@pytest.mark.parametrize("mode", ["ownScheduler", "clusterScheduler"])
+def test_the_queues_release_key_is_a_secret_both_deployments_mount_and_the_settings_name(
+    mode: str, tmp_path: Path
+) -> None:
+    """With the queues on: a Secret of a random key (kept across upgrades by lookup), mounted
+    read-only into the extender's and the controllers' pods, and the settings file's
+    queue_release_key_file points into that mount. No Role of the chart reads it."""
+    from extender.scheduler.settings import load_settings
+
+    objs = render("extender.controllers.queues=true", f"scheduling.mode={mode}")
+    secret = find(objs, "Secret", "tidelease-queue-release-key")
+    assert secret["type"] == "Opaque"
+    assert len(base64.b64decode(secret["data"]["key"])) == 64
+    settings_yaml = find(objs, "ConfigMap", "tidelease-extender-settings")["data"]["settings.yaml"]
+    key_file = Path(yaml.safe_load(settings_yaml)["queue_release_key_file"])
+    for name, container in (
+        ("tidelease-extender", "extender"),
+        ("tidelease-controllers", "controllers"),
+    ):
+        spec = find(objs, "Deployment", name)["spec"]["template"]["spec"]
+        (volume,) = [
+            v
+            for v in spec["volumes"]
+            if v.get("secret", {}).get("secretName") == secret["metadata"]["name"]
+        ]
+        assert volume["secret"]["defaultMode"] == 0o440
+        assert spec["securityContext"]["fsGroup"] == spec["securityContext"]["runAsGroup"]
+        (mount,) = [
+            m
+            for m in containers({"spec": {"template": {"spec": spec}}})[container]["volumeMounts"]
+            if m["name"] == volume["name"]
+        ]
+        assert mount["readOnly"] is True
+        assert key_file.parent == Path(mount["mountPath"]), name
+    for role in (o for o in objs if o["kind"] in ("Role", "ClusterRole")):
+        for rule in role.get("rules") or []:
+            assert secret["metadata"]["name"] not in rule.get("resourceNames", []), role
+    # The settings load (the key is there, as the mount makes it).
+    key = tmp_path / "key"
+    key.write_bytes(base64.b64decode(secret["data"]["key"]))
+    f = tmp_path / "settings.yaml"
+    f.write_text(settings_yaml)
+    settings = load_settings(file=f, env={"TIDELEASE_EXTENDER_QUEUE_RELEASE_KEY_FILE": str(key)})
+    assert settings.queue_release_key() == base64.b64decode(secret["data"]["key"])
+
+    # Queues off (the default): no Secret, no mount, no setting.
+    off = render()
+    assert not [o for o in off if o["metadata"]["name"] == "tidelease-queue-release-key"]
+    settings_off = find(off, "ConfigMap", "tidelease-extender-settings")["data"]["settings.yaml"]
+    assert "queue_release_key_file" not in yaml.safe_load(settings_off)
+    assert "queue-release" not in yaml.safe_dump(find(off, "Deployment", "tidelease-extender"))
+
+
 @pytest.mark.parametrize(
     "values",
     [(), ("scheduling.mode=clusterScheduler", "extender.controllers.planner=true"),
@@ -402,21 +456,42 @@ def test_network_policies_admit_only_the_scheduler_to_the_verbs() -> None:
     assert rule["ports"] == [{"port": 8477, "protocol": "TCP"}]
 
 
-def test_the_pod_annotation_policy_is_the_generated_one_and_can_be_switched_off() -> None:
-    """The chart's policy is common.admissionpolicy's, byte for byte in its spec (the template is
-    generated; tests/unit/test_admission_policy.py keeps it fresh), and its binding enforces it."""
+def test_the_admission_policies_are_the_generated_ones_and_can_be_switched_off() -> None:
+    """The chart's policies are common.admissionpolicy's, byte for byte in their specs, with
+    the release's namespace and online PriorityClass (the templates are generated;
+    tests/unit/test_admission_policy.py keeps them fresh), and their bindings enforce them."""
     from common import admissionpolicy
 
-    rendered = {
-        o["kind"]: o for o in render() if o["metadata"]["name"] == admissionpolicy.POLICY_NAME
+    names = {
+        admissionpolicy.POLICY_NAME,
+        admissionpolicy.ONLINE_POLICY_NAME,
+        admissionpolicy.WRITTEN_POLICY_NAME,
     }
-    want = {o["kind"]: o for o in admissionpolicy.objects()}
-    assert rendered.keys() == want.keys()
-    for kind, obj in want.items():
-        assert rendered[kind]["spec"] == obj["spec"], kind
-    assert rendered["ValidatingAdmissionPolicyBinding"]["spec"]["validationActions"] == ["Deny"]
+    for sets, online_class, trusted in (
+        ((), "tidelease-online", ()),
+        (("priorityClasses.online.name=gold",), "gold", ()),
+        (
+            ("admissionPolicy.trustedUsers={ops-runner,ci}",),
+            "tidelease-online",
+            ("ops-runner", "ci"),
+        ),
+    ):
+        rendered = {
+            (o["kind"], o["metadata"]["name"]): o
+            for o in render(*sets)
+            if o["metadata"]["name"] in names
+        }
+        want = {
+            (o["kind"], o["metadata"]["name"]): o
+            for o in admissionpolicy.objects(NAMESPACE, online_class, trusted)
+        }
+        assert rendered.keys() == want.keys()
+        for key, obj in want.items():
+            assert rendered[key]["spec"] == obj["spec"], key
+            if key[0] == "ValidatingAdmissionPolicyBinding":
+                assert obj["spec"]["validationActions"] == ["Deny"]
     left = render("admissionPolicy.enabled=false")
-    assert not [o for o in left if o["metadata"]["name"] == admissionpolicy.POLICY_NAME]
+    assert not [o for o in left if o["metadata"]["name"] in names]
 
 
 def test_values_a_previous_release_lacks_take_their_defaults() -> None:
@@ -427,6 +502,7 @@ def test_values_a_previous_release_lacks_take_their_defaults() -> None:
     objs = render("admissionPolicy=null", "monitoring=null", "queues=null", "dra=null")
     names = {(o["kind"], o["metadata"]["name"]) for o in objs}
     assert ("ValidatingAdmissionPolicy", admissionpolicy.POLICY_NAME) in names
+    assert ("ValidatingAdmissionPolicy", admissionpolicy.ONLINE_POLICY_NAME) in names
     assert not [
         n for k, n in names if k in ("PrometheusRule", "MutatingAdmissionPolicy", "DeviceClass")
     ]

@@ -189,7 +189,7 @@ async def test_list_and_watch_sends_devices_then_health_changes(plugin_dir: Path
 
 async def test_preferred_allocation_and_allocate_follow_the_extender(plugin_dir: Path) -> None:
     chosen = uuids(3, 1)
-    lookup = InMemoryPodLookup(
+    lookup = InMemoryPodLookup.bound(
         [
             placed_pod("train-0", chosen, uid="uid-train-0"),
             placed_pod("other-node", uuids(0, 2), node="node-b"),
@@ -257,7 +257,7 @@ async def test_allocate_without_a_recorded_choice_honours_the_kubelet(plugin_dir
 
 
 async def test_allocate_answers_when_the_api_server_hangs_or_fails(plugin_dir: Path) -> None:
-    lookup = InMemoryPodLookup([placed_pod("train-0", uuids(1))])
+    lookup = InMemoryPodLookup.bound([placed_pod("train-0", uuids(1))])
     async with running_plugin(plugin_dir, lookup, api_timeout_s=0.2) as r:
         lookup.delay_s = 60.0  # far beyond api_timeout_s: the plugin must not wait for it
         request = pb.AllocateRequest(
@@ -270,6 +270,41 @@ async def test_allocate_answers_when_the_api_server_hangs_or_fails(plugin_dir: P
         response = await r.kubelet.stub.Allocate(request, timeout=TIMEOUT_S)
         assert dict(response.container_responses[0].envs) == {"NVIDIA_VISIBLE_DEVICES": uuids(1)[0]}
         assert lookup.patches == []
+
+
+async def test_allocate_refuses_devices_the_ledger_gives_another_pod(plugin_dir: Path) -> None:
+    """A tenant rewrote its pending pod's devices annotation to name the devices the ledger gives
+    another tenant's pod: the kubelet, steered to them, gets an error naming both pods."""
+    victim = placed_pod("train-0", uuids(0, 1), namespace="team-a", created="2025-01-02T00:00:00Z")
+    thief = placed_pod("sneaky", uuids(0, 1), namespace="team-b", created="2025-01-01T00:00:00Z")
+    lookup = InMemoryPodLookup([victim, thief])
+    lookup.record(victim)
+    lookup.record(thief, uuids(2, 3))
+    async with running_plugin(plugin_dir, lookup) as r:
+        stub = r.kubelet.stub
+        preferred = await stub.GetPreferredAllocation(
+            pb.PreferredAllocationRequest(
+                container_requests=[
+                    pb.ContainerPreferredAllocationRequest(
+                        available_deviceIDs=uuids(0, 1, 2, 3), allocation_size=2
+                    )
+                ]
+            ),
+            timeout=TIMEOUT_S,
+        )
+        assert list(preferred.container_responses[0].deviceIDs) == list(uuids(0, 1))
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.Allocate(
+                pb.AllocateRequest(
+                    container_requests=[pb.ContainerAllocateRequest(devices_ids=uuids(0, 1))]
+                ),
+                timeout=TIMEOUT_S,
+            )
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        details = err.value.details() or ""
+        assert f"refused to pod team-b/sneaky on node {NODE}" in details
+        assert f"{uuids(0)[0]} is pod team-a/train-0's" in details
+        assert r.lookup.patches == []
 
 
 async def test_allocate_of_an_unknown_device_is_refused(plugin_dir: Path) -> None:

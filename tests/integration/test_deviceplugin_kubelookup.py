@@ -1,5 +1,6 @@
 """KubePodLookup against a small fake API server on a loopback port: the requests it sends (field
-selector, merge patch with UID precondition) and how it maps failures onto tidelease's errors."""
+selector, the node's ledger by name, merge patch with UID precondition) and how it maps failures
+onto tidelease's errors."""
 
 from __future__ import annotations
 
@@ -13,15 +14,17 @@ from aiohttp import web
 from kubernetes_asyncio import client
 
 from common import contract
-from common.errors import Conflict, NotFound, Unavailable
+from common.errors import Conflict, InvalidInput, NotFound, Unavailable
 from common.kubeclient import KubeClient
 from nodeagent.deviceplugin.pods import KubePodLookup
-from nodeagent.deviceplugin.testing import NODE, placed_pod, uuids
+from nodeagent.deviceplugin.testing import NODE, gpu_allocation, ledger_entry, placed_pod, uuids
 
 
 @dataclass
 class FakeApiServer:
     pods: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    ledgers: dict[str, dict[str, Any]] = field(default_factory=dict)  # GpuAllocations by name
+    reads: list[str] = field(default_factory=list)  # paths of GETs by name
     queries: list[dict[str, str]] = field(default_factory=list)
     patches: list[tuple[str, str, Any]] = field(default_factory=list)  # path, content type, body
     status: int = 200  # anything else: answer every request with this
@@ -54,6 +57,15 @@ class FakeApiServer:
         ]
         return web.json_response({"kind": "PodList", "items": items})
 
+    async def get_ledger(self, request: web.Request) -> web.Response:
+        self.reads.append(request.path)
+        if (failed := await self._gate()) is not None:
+            return failed
+        ledger = self.ledgers.get(request.match_info["name"])
+        if ledger is None:
+            return web.json_response({"kind": "Status", "message": "not found"}, status=404)
+        return web.json_response(ledger)
+
     async def patch_pod(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.patches.append((request.path, request.content_type, body))
@@ -76,6 +88,7 @@ async def apiserver() -> AsyncIterator[tuple[FakeApiServer, str]]:
     app = web.Application()
     app.router.add_get("/api/v1/pods", fake.list_pods)
     app.router.add_patch("/api/v1/namespaces/{ns}/pods/{name}", fake.patch_pod)
+    app.router.add_get("/apis/tidelease.io/v1alpha1/gpuallocations/{name}", fake.get_ledger)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -135,6 +148,35 @@ async def test_marks_with_a_merge_patch_and_the_uid_as_precondition(
         await lookup.mark_assigned(pod)
 
 
+async def test_reads_the_nodes_ledger_by_name(
+    apiserver: tuple[FakeApiServer, str], lookup: KubePodLookup
+) -> None:
+    fake, _ = apiserver
+    pod = placed_pod("mine", uuids(1, 0), uid="u1")
+    fake.ledgers[NODE] = gpu_allocation(NODE, [ledger_entry(pod)])
+    fake.ledgers["node-b"] = gpu_allocation("node-b", [ledger_entry(pod, uuids(3))])
+    ledger = await lookup.ledger(NODE)
+    assert fake.reads == [f"/apis/tidelease.io/v1alpha1/gpuallocations/{NODE}"]
+    assert (ledger.node, ledger.exists) == (NODE, True)
+    [entry] = ledger.allocations
+    assert (entry.holder.pod_uid, entry.holder.key, entry.devices) == (
+        "u1",
+        "default/mine",
+        uuids(1, 0),
+    )
+
+
+async def test_a_node_without_a_ledger_has_none_and_a_malformed_one_is_invalid(
+    apiserver: tuple[FakeApiServer, str], lookup: KubePodLookup
+) -> None:
+    fake, _ = apiserver
+    ledger = await lookup.ledger(NODE)
+    assert (ledger.exists, ledger.allocations) == (False, ())
+    fake.ledgers[NODE] = gpu_allocation(NODE, [{"podUID": "u1", "devices": "GPU-0"}])
+    with pytest.raises(InvalidInput, match="needs podUID, namespace and name"):
+        await lookup.ledger(NODE)
+
+
 @pytest.mark.parametrize("status", [429, 500, 503])
 async def test_server_errors_are_unavailable(
     apiserver: tuple[FakeApiServer, str], lookup: KubePodLookup, status: int
@@ -142,6 +184,8 @@ async def test_server_errors_are_unavailable(
     apiserver[0].status = status
     with pytest.raises(Unavailable, match="injected failure"):
         await lookup.pods_on_node(NODE)
+    with pytest.raises(Unavailable, match="injected failure"):
+        await lookup.ledger(NODE)
 
 
 async def test_a_hanging_server_is_unavailable_after_the_timeout(

@@ -171,6 +171,7 @@ def cluster_objects() -> list[dict[str, Any]]:
         else:
             devs = d(name, gpu_type="A100", tier=Tier.MA)
         out.append(builders.gpu_node(name, devs))
+    out.append(builders.namespace("default"))  # granted: its high-priority pods run
     return out
 
 

@@ -110,6 +110,7 @@ async def test_prometheus_replies_in_its_own_format(rig: Rig) -> None:
 
 
 async def test_desired_gpus_follow_the_tide_w_ahead(rig: Rig) -> None:
+    rig.prometheus.namespace = "prod"  # the lease's: its series, read by scoped queries only
     job = TidalJob(TRUE_MODEL)
     leases = MemoryLeases()
     leases.put(lease_object(job))
@@ -157,6 +158,7 @@ async def test_desired_gpus_follow_the_tide_w_ahead(rig: Rig) -> None:
 
 
 async def test_source_errors_leave_the_lease_as_it_is(rig: Rig) -> None:
+    rig.prometheus.namespace = "prod"  # the lease's: its series, read by scoped queries only
     job = TidalJob(TRUE_MODEL)
     leases = MemoryLeases()
     obj = leases.put(lease_object(job))
@@ -175,7 +177,9 @@ async def test_source_errors_leave_the_lease_as_it_is(rig: Rig) -> None:
     assert await controller.plan(obj) is None
     rig.prometheus.empty.clear()
     unknown = leases.put(lease_object(job, name="typo"))
-    unknown["metadata"]["annotations"][contract.ANN_PLANNER_WORKERS_QUERY] = "count(up"
+    # A query Prometheus does not answer (one that does not parse is refused before it is
+    # sent: tests/unit/test_planning_live.py).
+    unknown["metadata"]["annotations"][contract.ANN_PLANNER_WORKERS_QUERY] = 'count(up{job="x"})'
     assert await controller.plan(unknown) is None
     assert not leases.writes
     assert registry.get_sample_value(

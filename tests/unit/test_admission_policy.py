@@ -1,6 +1,6 @@
-"""The admission policy comes from the annotation rules: the chart's template is what
+"""The admission policies come from the rules they enforce: the chart's templates are what
 common.admissionpolicy writes now, and the rules agree with the filter on what they accept.
-(The real API server judges the policy in tests/apiserver/test_admission_policy.py.)"""
+(The real API server judges the policies in tests/apiserver/test_admission_policy.py.)"""
 
 from __future__ import annotations
 
@@ -11,15 +11,13 @@ import pytest
 from common import admissionpolicy, contract
 from common.annotationrules import RULES, annotation_problems, loose
 
-TEMPLATE = (
-    Path(__file__).resolve().parents[2]
-    / "manifests/charts/tidelease/templates/pod-annotation-policy.yaml"
-)
+TEMPLATES = Path(__file__).resolve().parents[2] / "manifests/charts/tidelease/templates"
 
 
-def test_the_chart_template_is_generated_from_the_rules() -> None:
-    assert TEMPLATE.read_text() == admissionpolicy.chart_template(), (
-        "regenerate: python -m common.admissionpolicy > " + str(TEMPLATE.relative_to(Path.cwd()))
+@pytest.mark.parametrize("file", sorted(admissionpolicy.TEMPLATES))
+def test_the_chart_templates_are_generated_from_the_rules(file: str) -> None:
+    assert (TEMPLATES / file).read_text() == admissionpolicy.TEMPLATES[file](), (
+        "regenerate: python -m common.admissionpolicy"
     )
 
 
@@ -52,12 +50,43 @@ def test_a_cel_string_survives_quotes_and_backslashes() -> None:
     assert admissionpolicy.cel_string('a "b" \\c\n') == '"a \\"b\\" \\\\c\\n"'
 
 
-def test_problems_come_in_rule_order_and_the_reclaim_rule_last() -> None:
+def test_problems_come_in_rule_order() -> None:
     got = annotation_problems(
-        {contract.ANN_RECLAIM: "true", contract.ANN_OWNER: "X", contract.ANN_PRIORITY: "y"}
+        {contract.ANN_RECLAIM: "maybe", contract.ANN_OWNER: "X", contract.ANN_PRIORITY: "y"}
     )
     assert [p.split(":")[0] for p in got] == [
         f"annotation {contract.ANN_PRIORITY}",
-        f"annotation {contract.ANN_OWNER}",
         f"annotation {contract.ANN_RECLAIM}",
+        f"annotation {contract.ANN_OWNER}",
     ]
+
+
+def test_reclaim_is_a_plain_true_or_false_that_needs_nothing_else() -> None:
+    """tidelease derives reclaims (common.tenancy): the annotation grants nothing, so it no
+    longer needs priority high and an owner."""
+    assert annotation_problems({contract.ANN_RECLAIM: "true"}) == []
+
+
+def test_every_annotation_tidelease_writes_on_pods_is_protected() -> None:
+    assert set(admissionpolicy.WRITTEN_BY_TIDELEASE) == {
+        contract.ANN_DEVICES,
+        contract.ANN_DEVICE_NODE,
+        contract.ANN_DEVICES_ASSIGNED,
+        contract.ANN_RECLAIM_NOTICE,
+        contract.ANN_QUEUE,
+        contract.ANN_QUEUE_REASON,
+        contract.ANN_QUEUE_RELEASED,
+        contract.ANN_HOT_RESTART_REQUEST,
+        contract.ANN_HOT_RESTART_STATUS,
+        contract.ANN_ORCHESTRATION_RECORDS,
+    }
+    # None of them is a pod author's.
+    assert not set(admissionpolicy.WRITTEN_BY_TIDELEASE) & {r.key for r in RULES}
+
+
+def test_the_chart_templates_use_the_releases_namespace_and_online_class() -> None:
+    """The placeholders the CEL is written with become Helm's values, and nothing else does."""
+    text = admissionpolicy.tenancy_template()
+    assert "placeholder" not in text
+    assert "system:serviceaccount:{{ .Release.Namespace }}:tidelease-controllers" in text
+    assert '"priorityClassName {{ $onlineClass }}"' in text

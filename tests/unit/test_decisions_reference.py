@@ -20,7 +20,7 @@ from common.model import (
     Allocation,
     DeviceClass,
     Holder,
-    JobName,
+    JobKey,
     NodeCache,
     NodeInventory,
     NodeName,
@@ -214,7 +214,7 @@ class World:
             f"h{self.step}",
             Priority.HIGH if high else Priority.LOW,
             rng.choice(PRIORITIES),
-            JobName(rng.choice(JOBS)) if high else None,
+            JobKey(rng.choice(JOBS)) if high else None,
         )
         devices = tuple(rng.sample(free, rng.randint(1, min(4, len(free)))))
         self.cluster.set_ledger(

@@ -16,18 +16,20 @@ from prometheus_client import CollectorRegistry
 
 from common import builders as b
 from common import dra
-from common.model import Device, GpuUuid, Holder, JobName, NodeName, Priority, Tier
+from common.model import Device, GpuUuid, Holder, NodeName, Priority, Tier
+from common.tenancy import job_key
 from extender.cluster.store import MemoryStore
 from extender.cluster.watching import ClaimCache, FixedView
 from extender.controllers import Enabled, controllers
 from extender.leasing import dra as pinning
-from extender.leasing.controller import DRA_VIEW_KINDS, LeaseCache, LeaseController, LeasingMetrics
+from extender.leasing.controller import DRA_VIEW_KINDS, LeaseController, LeasingMetrics
 from extender.leasing.decisions import TagChange
 from extender.leasing.lease import GpuLease, LeaseStatus, LentGroup, Workload, parse_gpu_lease
 from extender.scheduler.settings import ExtenderSettings
-from tests.unit.cluster import cluster
+from tests.unit.cluster import cluster, granted_leases
 
 NS = "ns"
+KEY = job_key(NS, "job")  # the lease's owner, as tags and holders name it
 NODE = NodeName("node-a")
 OTHER = NodeName("node-b")
 DEVICES: list[Device] = b.devices(NODE, 4, tier=Tier.HA) + b.devices(OTHER, 4, tier=Tier.HA)
@@ -424,7 +426,14 @@ class World:
 
 
 def owner_pod(name: str, claim: str, *, gate: bool = True) -> dict[str, Any]:
-    pod = b.pod(name, 0, namespace=NS, owner="job", priority=Priority.HIGH)
+    pod = b.pod(
+        name,
+        0,
+        namespace=NS,
+        owner="job",
+        priority=Priority.HIGH,
+        controller=("StatefulSet", "job"),
+    )
     pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "tpl"}]
     pod["status"]["resourceClaimStatuses"] = [{"name": "gpu", "resourceClaimName": claim}]
     if gate:
@@ -477,12 +486,12 @@ async def wait_for(world: World, check: Callable[[], bool]) -> None:
 
 def lent_node() -> dict[str, Any]:
     """node-a, whose gpu-2 and gpu-3 job-1 lent (GROUPS[0]): tagged with their owner."""
-    lent = b.devices(NODE, 2, tier=Tier.HA, start=2, owner="job", replica="job-1")
+    lent = b.devices(NODE, 2, tier=Tier.HA, start=2, owner=KEY, replica="job-1")
     return b.gpu_node(NODE, b.devices(NODE, 2, tier=Tier.HA) + lent)
 
 
 async def test_the_controller_pins_a_returning_replica_once_the_borrowers_claim_is_gone() -> None:
-    store = MemoryStore([lent_node()])
+    store = MemoryStore([lent_node(), b.namespace(NS)])
     store.put(borrowers_claim("borrowed", 3))
     store.put(claim_obj("job-1-gpu"))
     store.put(owner_pod("job-1", "job-1-gpu"))
@@ -530,7 +539,7 @@ class RefusingWorld(World):
 
 
 async def test_a_refused_pin_lets_the_pod_go_with_a_warning_and_the_lease_go_on() -> None:
-    store = MemoryStore([lent_node()])
+    store = MemoryStore([lent_node(), b.namespace(NS)])
     store.put(claim_obj("job-1-gpu"))
     store.put(owner_pod("job-1", "job-1-gpu"))
     store.put(lease_obj("Reclaiming"))
@@ -562,7 +571,7 @@ async def test_the_standby_pool_is_not_topped_up_with_devices_claims_hold(dra_mo
 
     controller = LeaseController(
         view=FixedView(state, claims=claims),
-        leases=LeaseCache(),
+        leases=granted_leases(),
         world=Recorder(),  # type: ignore[arg-type]
         metrics=LeasingMetrics(CollectorRegistry()),
         standby_targets={("H20", Tier.HA): 4},
@@ -574,7 +583,7 @@ async def test_the_standby_pool_is_not_topped_up_with_devices_claims_hold(dra_mo
 
 
 async def test_without_dra_mode_claims_are_not_watched_and_gated_pods_left_alone() -> None:
-    store = MemoryStore([b.gpu_node(NODE, b.devices(NODE, 4, tier=Tier.HA))])
+    store = MemoryStore([b.gpu_node(NODE, b.devices(NODE, 4, tier=Tier.HA)), b.namespace(NS)])
     store.put(claim_obj("job-1-gpu"))
     store.put(owner_pod("job-1", "job-1-gpu"))
     store.put(lease_obj("Reclaiming"))
@@ -629,7 +638,7 @@ def test_observe_reads_holders_and_the_owners_devices_from_the_claims() -> None:
     old["status"]["reservedFor"] = [{"resource": "pods", "name": "stale", "uid": "old-uid"}]
     claims = [owned, borrowers_claim("borrowed", 3), old]
     holdings = pinning.claim_holdings(claims, b.devices(NODE, 4, tier=Tier.HA))
-    owner_pods, view = observe(cluster, pods, lease(), holdings)
+    owner_pods, view = observe(cluster, pods, lease(), holdings, granted={NS})
 
     (mine,) = owner_pods
     assert (mine.name, mine.node, mine.devices) == ("job-0", NODE, (uuid(NODE, 1), uuid(NODE, 0)))
@@ -639,6 +648,10 @@ def test_observe_reads_holders_and_the_owners_devices_from_the_claims() -> None:
         uuid(NODE, 0): ("job-0", Priority.HIGH),
         uuid(NODE, 3): ("borrower", Priority.LOW),
     }
+    # In a namespace not granted online jobs, what a pod writes makes it no high-priority
+    # holder: it is a borrower like any other.
+    _, ungranted = observe(cluster, pods, lease(), holdings)
+    assert {h.priority for h in ungranted.holders.values()} == {Priority.LOW}
 
 
 # --- the reclaiming marks ---
@@ -646,9 +659,7 @@ def test_observe_reads_holders_and_the_owners_devices_from_the_claims() -> None:
 
 # job-1 and job-2's devices tagged with their owner, as lent devices are.
 TAGGED = {
-    u: dataclasses.replace(
-        BY_UUID[u], cls=BY_UUID[u].cls._replace(owner=JobName("job"), replica=g.replica)
-    )
+    u: dataclasses.replace(BY_UUID[u], cls=BY_UUID[u].cls._replace(owner=KEY, replica=g.replica))
     for g in GROUPS
     for u in g.devices
 }
@@ -656,7 +667,7 @@ LENT = BY_UUID | TAGGED
 EVERYTHING = frozenset(GROUPS[0].devices + GROUPS[1].devices)
 
 
-def on_nodes(uuids: Iterable[GpuUuid], owner: str | None = "job") -> dict[Any, str | None]:
+def on_nodes(uuids: Iterable[GpuUuid], owner: str | None = KEY) -> dict[Any, str | None]:
     """What the GpuNodes say is marked: each device on its node, with its owner tag."""
     return {(LENT[u].node, u): owner for u in uuids}
 
@@ -706,12 +717,13 @@ def test_a_device_without_an_owner_tag_is_marked_once_tagged() -> None:
 
 
 def test_marks_of_other_owners_stay_unless_no_lease_names_them() -> None:
-    other = b.devices(NODE, 1, start=3, tier=Tier.HA, owner="other", replica="other-0")[0]
+    other_key = job_key(NS, "other")
+    other = b.devices(NODE, 1, start=3, tier=Tier.HA, owner=other_key, replica="other-0")[0]
     other = dataclasses.replace(other, uuid=GpuUuid("GPU-other"))
     devices = LENT | {other.uuid: other}
-    marked = {(NODE, other.uuid): "other"}
+    marked = {(NODE, other.uuid): other_key}
     steady = lease(phase="Steady")
-    theirs = dataclasses.replace(steady, spec=dataclasses.replace(steady.spec, owner="other"))
+    theirs = dataclasses.replace(steady, spec=dataclasses.replace(steady.spec, owner=other_key))
     # Another lease's reclaim marks its own devices: this lease leaves them alone ...
     assert pinning.reclaiming_marks(steady, devices, marked, [theirs]) is None
     # ... unless no lease names that owner any more (deleted past its finalizer).
@@ -720,11 +732,15 @@ def test_marks_of_other_owners_stay_unless_no_lease_names_them() -> None:
 
 
 def test_two_leases_of_one_owner_name_in_two_namespaces_keep_each_others_marks() -> None:
-    """Owner tags name the job, not its namespace: a Steady lease of the same name elsewhere
-    must not clear what a reclaiming one marked (they would undo each other every step)."""
+    """A Steady lease of the same job name in another namespace is another owner: it must not
+    clear what a reclaiming one marked (they would undo each other every step)."""
     reclaiming = lease()
     steady = lease(phase="Steady")
-    elsewhere = dataclasses.replace(steady, namespace="elsewhere")
+    elsewhere = dataclasses.replace(
+        steady,
+        namespace="elsewhere",
+        spec=dataclasses.replace(steady.spec, owner=job_key("elsewhere", "job")),
+    )
     marked = on_nodes(EVERYTHING)
     assert pinning.reclaiming_marks(elsewhere, LENT, marked, [reclaiming]) is None
     assert pinning.reclaiming_marks(reclaiming, LENT, marked, [elsewhere]) is None
@@ -734,6 +750,6 @@ def test_a_mark_is_cleared_on_the_node_that_carries_it() -> None:
     """One UUID on two GpuNodes (a GPU moved, its old node's object not yet gone): the mark is
     cleared where it is, not where the view last saw the device."""
     u = GROUPS[0].devices[0]
-    found = pinning.reclaiming_marks(lease(phase="Steady"), LENT, {(OTHER, u): "job"}, [])
+    found = pinning.reclaiming_marks(lease(phase="Steady"), LENT, {(OTHER, u): KEY}, [])
     assert found is not None
     assert found.marks == {OTHER: {u: False}}

@@ -86,7 +86,7 @@ def test_each_device_publishes_its_attributes_under_the_tidelease_domain() -> No
             "tierRank": 2,
             "uuid": b.device_uuid(NODE, 1),
             "index": 1,
-            "lentBy": "job-b",
+            "lentBy": "default/job-b",
             "replica": "b-0",
             "standby": False,
             "reclaiming": True,
@@ -158,8 +158,9 @@ def test_long_job_names_are_shortened_to_the_api_limit_stably() -> None:
     assert value == dra.attribute_string(owner)
     assert value != dra.attribute_string(owner[:-1] + "y")
     assert dra.attribute_string("job-b") == "job-b"
-    (entry,) = dra.slice_devices(gpu_node(b.devices(NODE, 1, owner=owner)))
-    assert attrs(entry)["lentBy"] == value
+    # Tags name the job with its namespace: the slice publishes that key, shortened alike.
+    (entry,) = dra.slice_devices(gpu_node(b.devices(NODE, 1, owner=f"ml/{owner}")))
+    assert attrs(entry)["lentBy"] == dra.attribute_string(f"ml/{owner}")
 
 
 # --- the slice's name, pool and owner ---
@@ -375,7 +376,7 @@ async def test_a_pass_writes_nothing_while_the_slice_matches(api: FakeApi) -> No
 @pytest.mark.parametrize(
     ("changed", "want_devices", "want_lent"),
     [
-        (gpu_node(b.devices(NODE, 2, owner="job-b")), ["gpu-0", "gpu-1"], "job-b"),
+        (gpu_node(b.devices(NODE, 2, owner="job-b")), ["gpu-0", "gpu-1"], "default/job-b"),
         (gpu_node(b.devices(NODE, 2), unhealthy={1: "Unhealthy"}), ["gpu-0"], ""),
         (gpu_node(b.devices(NODE, 3)), ["gpu-0", "gpu-1", "gpu-2"], ""),
     ],

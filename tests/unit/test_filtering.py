@@ -13,7 +13,7 @@ from extender.scheduler.filtering import (
     filter_nodes,
 )
 from extender.scheduler.placement import Verdict, pick_devices
-from tests.unit.cluster import allocate, cluster, holder
+from tests.unit.cluster import allocate, as_reclaim, cluster, holder
 
 BEING = Verdict.BEING_RECLAIMED.value
 
@@ -66,7 +66,7 @@ def test_reclaim_prefers_lent_devices_over_standby() -> None:
     pod = builders.pod(
         "o", 4, priority=Priority.HIGH, owner="a", reclaim=True, pod_priority=1000, tier=Tier.HA
     )
-    d = filter_nodes(state, parse_pod(pod), ["lent", "standby"])
+    d = filter_nodes(state, as_reclaim(pod), ["lent", "standby"])
     assert d.passed == []
     assert list(d.failed) == ["lent"]  # kube-scheduler preempts the borrower there
     assert d.unresolvable["standby"] == STANDBY_KEPT
@@ -86,7 +86,7 @@ def test_reclaim_backfills_from_standby_when_lent_devices_cannot_return() -> Non
     pod = builders.pod(
         "o", 4, priority=Priority.HIGH, owner="a", reclaim=True, pod_priority=1000, tier=Tier.HA
     )
-    d = filter_nodes(state, parse_pod(pod), ["lent", "standby", "standby-ma"])
+    d = filter_nodes(state, as_reclaim(pod), ["lent", "standby", "standby-ma"])
     assert d.passed == ["standby"]
     assert "below the required reliability tier" in d.unresolvable["standby-ma"]
 
@@ -100,7 +100,7 @@ def test_reclaim_takes_standby_before_evicting_borrowers_of_other_devices() -> N
     )
     allocate(state, "busy", [(holder("borrower"), [U("busy", i) for i in range(4)])])
     pod = builders.pod("o", 4, priority=Priority.HIGH, owner="a", reclaim=True, pod_priority=1000)
-    d = filter_nodes(state, parse_pod(pod), ["busy", "standby"])
+    d = filter_nodes(state, as_reclaim(pod), ["busy", "standby"])
     assert d.passed == ["standby"]
     # Borrowers of the owner's own lent devices are reclaimed before standby is spent.
     state = cluster(
@@ -110,7 +110,7 @@ def test_reclaim_takes_standby_before_evicting_borrowers_of_other_devices() -> N
     )
     allocate(state, "lent", [(holder("b1"), [U("lent", i) for i in range(4)])])
     allocate(state, "busy", [(holder("b2"), [U("busy", i) for i in range(4)])])
-    d = filter_nodes(state, parse_pod(pod), ["lent", "busy", "standby"])
+    d = filter_nodes(state, as_reclaim(pod), ["lent", "busy", "standby"])
     assert (d.passed, list(d.failed)) == ([], ["lent"])
     assert d.unresolvable["busy"] == RECLAIM_OWN_FIRST
     assert d.unresolvable["standby"] == STANDBY_KEPT
@@ -129,7 +129,7 @@ def test_a_stand_in_takes_the_node_with_the_most_standby_devices_of_the_best_tie
     state.apply_gpu_node("ADDED", builders.gpu_node("busy", builders.devices("busy", 4)))
     allocate(state, "busy", busy)
     pod = builders.pod("o", 4, priority=Priority.HIGH, owner="a", reclaim=True, pod_priority=1000)
-    d = filter_nodes(state, parse_pod(pod), ["mixed", "ma", "ha", "busy"])
+    d = filter_nodes(state, as_reclaim(pod), ["mixed", "ma", "ha", "busy"])
     assert d.passed == ["ha"]
     assert d.unresolvable["ma"] == STANDBY_ELSEWHERE
     assert d.unresolvable["mixed"] == STANDBY_ELSEWHERE
@@ -178,7 +178,7 @@ def test_reclaim_goes_back_to_its_own_lent_devices() -> None:
     pod = builders.pod(
         "o", 4, priority=Priority.HIGH, owner="a", reclaim=True, pod_priority=1000, checkpoint="ck"
     )
-    d = filter_nodes(state, parse_pod(pod), ["free", "lent", "half"])
+    d = filter_nodes(state, as_reclaim(pod), ["free", "lent", "half"])
     assert d.passed == ["lent"]
     assert d.unresolvable == {"free": LENT_ELSEWHERE, "half": LENT_ELSEWHERE}
     # Without a reclaim, the same pod may go anywhere it fits.
@@ -192,20 +192,34 @@ def test_reclaim_goes_back_to_its_own_lent_devices() -> None:
 
 def test_a_reclaiming_lease_makes_the_owners_pods_reclaims() -> None:
     state = cluster(builders.gpu_node("s", builders.devices("s", 4, standby=True)))
-    pod = parse_pod(builders.pod("o", 4, priority=Priority.HIGH, owner="a", pod_priority=9))
+    replica = ("StatefulSet", "a")
+    pod = parse_pod(
+        builders.pod("o", 4, priority=Priority.HIGH, owner="a", pod_priority=9, controller=replica)
+    )
     assert filter_nodes(state, state.with_reclaim(pod), ["s"]).passed == []
     lease = {
         "metadata": {"namespace": "default", "name": "a"},
-        "spec": {"owner": "a"},
+        "spec": {"owner": "a", "workload": {"kind": "StatefulSet", "name": "a"}},
         "status": {"phase": "Reclaiming"},
     }
     state.apply_gpu_lease("MODIFIED", lease)
     assert state.with_reclaim(pod).reclaim
+    # A pod of the job that is not one of the workload's replicas takes nothing back (nor the
+    # standby pool), whatever it declares.
+    stray = builders.pod("s", 4, priority=Priority.HIGH, owner="a", reclaim=True, pod_priority=9)
+    assert not state.with_reclaim(parse_pod(stray)).reclaim
+    other_set = builders.pod(
+        "t", 4, priority=Priority.HIGH, owner="a", controller=("StatefulSet", "b")
+    )
+    assert not state.with_reclaim(parse_pod(other_set)).reclaim
+    assert filter_nodes(state, state.with_reclaim(parse_pod(stray)), ["s"]).passed == []
     assert filter_nodes(state, state.with_reclaim(pod), ["s"]).passed == ["s"]
     lease["status"] = {"phase": "Steady"}
     state.apply_gpu_lease("MODIFIED", lease)
     assert not state.with_reclaim(pod).reclaim
-    other_ns = parse_pod(builders.pod("o", 4, namespace="x", priority=Priority.HIGH, owner="a"))
+    other_ns = parse_pod(
+        builders.pod("o", 4, namespace="x", priority=Priority.HIGH, owner="a", controller=replica)
+    )
     state.apply_gpu_lease("MODIFIED", {**lease, "status": {"phase": "Reclaiming"}})
     assert not state.with_reclaim(other_ns).reclaim
 
@@ -220,8 +234,8 @@ def test_a_borrower_is_kept_off_devices_whose_owner_is_reclaiming_them() -> None
     )
     borrower = parse_pod(builders.pod("x", 4, priority=Priority.LOW))
     lease = {
-        "metadata": {"namespace": "ml", "name": "a"},
-        "spec": {"owner": "a"},
+        "metadata": {"namespace": "default", "name": "a"},
+        "spec": {"owner": "a", "workload": {"kind": "StatefulSet", "name": "a"}},
         "status": {"phase": "Reclaiming"},
     }
     state.apply_gpu_lease("MODIFIED", lease)

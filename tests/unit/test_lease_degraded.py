@@ -23,7 +23,7 @@ from extender.leasing.lease import (
     lease_conditions,
     parse_gpu_lease,
 )
-from tests.unit.cluster import cluster
+from tests.unit.cluster import cluster, granted_leases
 
 NOW = 1_800_000_000.0
 
@@ -110,7 +110,7 @@ def controller(world: Recorder, leases: LeaseCache, registry: CollectorRegistry)
 
 
 async def test_a_waiting_reclaim_past_the_threshold_writes_degraded_once() -> None:
-    world, leases, registry = Recorder(), LeaseCache(), CollectorRegistry()
+    world, leases, registry = Recorder(), granted_leases(), CollectorRegistry()
     ctl = controller(world, leases, registry)
     leases.apply("ADDED", reclaiming(NOW - 90))
     lease = parse_gpu_lease(leases.raw["ns/recsys"])
@@ -151,7 +151,7 @@ async def test_the_standby_gauges_show_the_pool_after_a_top_up_and_its_target() 
     world, registry = Recorder(), CollectorRegistry()
     ctl = LeaseController(
         view=FixedView(cluster(builders.gpu_node("idle"))),
-        leases=LeaseCache(),
+        leases=granted_leases(),
         world=world,  # type: ignore[arg-type]
         metrics=LeasingMetrics(registry),
         clock=lambda: NOW,
@@ -170,7 +170,7 @@ async def test_the_standby_gauges_show_the_pool_after_a_top_up_and_its_target() 
 async def test_the_write_that_ends_an_overdue_reclaim_clears_degraded() -> None:
     """The status written is judged, not the one it replaces: a reclaim done late is Steady and
     no longer Degraded in the same write."""
-    world, leases, registry = Recorder(), LeaseCache(), CollectorRegistry()
+    world, leases, registry = Recorder(), granted_leases(), CollectorRegistry()
     ctl = controller(world, leases, registry)
     raw = reclaiming(NOW - 300)
     raw["status"]["reclaim"]["finalizing"] = True  # every pod placed; the tags are clear

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import pytest
 
 from common import builders
-from common.model import GpuUuid, JobName, Priority, Tier
+from common.model import GpuUuid, JobKey, Priority, Tier
 from extender.leasing.rules import (
     ScheduleEntry,
     devices_to_tag,
@@ -83,7 +83,7 @@ def test_reclaim_plan() -> None:
         lent_devs[4].uuid: holder("own", priority=Priority.HIGH, owner="job"),
     }
     lent = [d.uuid for d in lent_devs] + [GpuUuid("GPU-gone")]
-    plan = plan_reclaim(JobName("job"), lent, devices, holders, {"a": True, "b": False})
+    plan = plan_reclaim(JobKey("job"), lent, devices, holders, {"a": True, "b": False})
     assert [d.index for d in plan.returnable] == [0, 2]
     assert sorted((d.node, d.index) for d in plan.lost) == [("a", 1), ("b", 0), ("b", 1)]
     assert [h.name for h in plan.borrowers] == ["borrower-1"]

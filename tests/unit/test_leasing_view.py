@@ -16,11 +16,11 @@ from common import builders
 from extender.cluster.store import KINDS, Kind, MemoryStore
 from extender.cluster.watching import DemandView, FixedView
 from extender.controllers import Enabled, Running, controllers
-from extender.leasing.controller import VIEW_KINDS, LeaseCache, LeaseController, LeasingMetrics
+from extender.leasing.controller import VIEW_KINDS, LeaseController, LeasingMetrics
 from extender.leasing.decisions import TagChange
 from extender.leasing.lease import Workload
 from extender.scheduler.settings import ExtenderSettings
-from tests.unit.cluster import cluster
+from tests.unit.cluster import cluster, granted_leases
 
 NODES = 3
 
@@ -62,7 +62,7 @@ async def until(check: Callable[[], bool]) -> None:
 
 def a_busy_cluster() -> MemoryStore:
     """GpuNodes with their agents' Leases, and 200 GPU pods: what a scale run looks like."""
-    store = MemoryStore()
+    store = MemoryStore([builders.namespace("ns")])  # granted online jobs: its leases step
     for i in range(NODES):
         store.put(builders.gpu_node(f"n{i}"))
     for i in range(200):
@@ -95,11 +95,12 @@ async def test_without_a_gpulease_only_gpuleases_are_watched_and_a_lease_starts_
         view = running.view
         assert view is not None
         await store.settle()
-        assert watched(store) == {"GpuLease"}
+        # GpuLeases, and the Namespaces an admin granted online jobs (only their leases step).
+        assert watched(store) == {"GpuLease", "Namespace"}
         for i in range(200, 400):  # pods keep coming: nobody here parses them
             store.put(builders.pod(f"p{i}", 1, node_name="n0"))
         await store.settle()
-        assert watched(store) == {"GpuLease"}
+        assert watched(store) == {"GpuLease", "Namespace"}
         assert (view.active, len(view.cluster), len(view.pods.by_uid)) == (False, 0, 0)
         assert registry.get_sample_value("tidelease_leasing_view_active") == 0
 
@@ -107,7 +108,7 @@ async def test_without_a_gpulease_only_gpuleases_are_watched_and_a_lease_starts_
         store.put(gpu_lease("recsys"))
         await until(lambda: bool(world.seen))
         assert world.seen[0] == (True, NODES)
-        assert watched(store) == {"GpuLease", *VIEW_KINDS}
+        assert watched(store) == {"GpuLease", "Namespace", *VIEW_KINDS}
         assert len(view.pods.by_uid) == 400
         assert registry.get_sample_value("tidelease_leasing_view_active") == 1
 
@@ -121,7 +122,7 @@ async def test_without_a_gpulease_only_gpuleases_are_watched_and_a_lease_starts_
         # The last GpuLease gone: the view is dropped and its watches stopped.
         store.delete("GpuLease", "ns", "ranker")
         await until(lambda: not view.active)
-        assert watched(store) == {"GpuLease"}
+        assert watched(store) == {"GpuLease", "Namespace"}
         assert (len(view.cluster), len(view.pods.by_uid), view.synced.is_set()) == (0, 0, False)
         assert registry.get_sample_value("tidelease_leasing_view_active") == 0
     starts = [r.message for r in caplog.records if r.message.startswith("leasing view: ")]
@@ -153,7 +154,7 @@ async def test_standby_targets_keep_the_view_watched_with_no_lease() -> None:
     async with leasing(store, world, CollectorRegistry(), standby={"H20/HA": 2}) as running:
         assert running.view is not None
         await until(lambda: bool(world.tags))  # the top-up ran, on the synced view
-        assert watched(store) == {"GpuLease", *VIEW_KINDS}
+        assert watched(store) == {"GpuLease", "Namespace", *VIEW_KINDS}
         assert len(world.tags) == 2
 
 
@@ -161,7 +162,7 @@ async def test_a_step_waits_for_the_view_to_have_synced() -> None:
     view = FixedView(cluster(builders.gpu_node("n")), synced=asyncio.Event())
     world = World()
     world.view = view
-    leases = LeaseCache()
+    leases = granted_leases()
     leases.apply("ADDED", gpu_lease("recsys"))
     controller = LeaseController(
         view=view,

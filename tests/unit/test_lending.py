@@ -8,7 +8,8 @@ from dataclasses import replace
 import pytest
 
 from common import builders
-from common.model import Device, Holder, JobName, Priority, Tier
+from common.model import Device, Holder, JobKey, Priority, Tier
+from common.tenancy import job_key
 from extender.leasing.decisions import (
     Evict,
     Notify,
@@ -22,15 +23,15 @@ from extender.leasing.decisions import (
     decide,
 )
 from extender.leasing.lease import GpuLease, LeaseSpec, LeaseStatus, LentGroup, Notice, Workload
-from tests.unit.cluster import holder
+from tests.unit.cluster import granted_leases, holder
 
-OWNER = JobName("recsys")
+OWNER = job_key("default", "recsys")
 NOW = 1_800_000_000.0
 
 
 def lease(desired: int, status: LeaseStatus | None = None, grace: int = 45) -> GpuLease:
     spec = LeaseSpec(OWNER, Workload("apps/v1", "StatefulSet", "recsys"), 4, desired, grace_s=grace)
-    return GpuLease("ml", "recsys", "1", spec, status or LeaseStatus())
+    return GpuLease("default", "recsys", "1", spec, status or LeaseStatus())
 
 
 def world(*, lent_owner: bool = False, healthy: bool = True) -> tuple[list[Device], View]:
@@ -270,7 +271,7 @@ def test_high_priority_squatters_are_never_evicted() -> None:
         "other-hp",
         Priority.HIGH,
         5000,
-        JobName("other"),
+        JobKey("other"),
     )
     busy = replace(view, holders={devs[8].uuid: squatter})
     status = reclaiming_status(devs, deadline=NOW)
@@ -282,7 +283,7 @@ async def test_standby_top_up_through_the_controller() -> None:
     from prometheus_client import CollectorRegistry
 
     from extender.cluster.watching import FixedView
-    from extender.leasing.controller import LeaseCache, LeaseController, LeasingMetrics
+    from extender.leasing.controller import LeaseController, LeasingMetrics
     from tests.unit.cluster import allocate, cluster
 
     state = cluster(
@@ -299,7 +300,7 @@ async def test_standby_top_up_through_the_controller() -> None:
 
     controller = LeaseController(
         view=FixedView(state),
-        leases=LeaseCache(),
+        leases=granted_leases(),
         world=Recorder(),  # type: ignore[arg-type]
         metrics=LeasingMetrics(CollectorRegistry()),
         standby_targets={("H20", Tier.HA): 5},
@@ -316,7 +317,7 @@ async def test_standby_beyond_its_target_goes_back_through_the_controller() -> N
     from prometheus_client import CollectorRegistry
 
     from extender.cluster.watching import FixedView
-    from extender.leasing.controller import LeaseCache, LeaseController, LeasingMetrics
+    from extender.leasing.controller import LeaseController, LeasingMetrics
     from tests.unit.cluster import allocate, cluster
 
     state = cluster(
@@ -332,7 +333,7 @@ async def test_standby_beyond_its_target_goes_back_through_the_controller() -> N
 
     controller = LeaseController(
         view=FixedView(state),
-        leases=LeaseCache(),
+        leases=granted_leases(),
         world=Recorder(),  # type: ignore[arg-type]
         metrics=LeasingMetrics(CollectorRegistry()),
         standby_targets={("H20", Tier.HA): 5},
@@ -398,10 +399,10 @@ async def test_an_unexpected_error_on_one_lease_is_logged_and_the_others_go_on(
     from prometheus_client import CollectorRegistry
 
     from extender.cluster.watching import FixedView
-    from extender.leasing.controller import LeaseCache, LeaseController, LeasingMetrics
+    from extender.leasing.controller import LeaseController, LeasingMetrics
     from tests.unit.cluster import cluster
 
-    leases = LeaseCache()
+    leases = granted_leases()
     for name in ("broken", "fine"):
         leases.apply("ADDED", builders.gpu_lease(name, "ns", gpus_per_replica=4, desired_gpus=8))
     asked: list[str] = []
@@ -464,13 +465,12 @@ async def test_each_lease_is_a_key_its_events_queue_and_its_step_says_when_next(
     from extender.cluster.watching import FixedView
     from extender.leasing.controller import (
         STANDBY_KEY,
-        LeaseCache,
         LeaseController,
         LeasingMetrics,
     )
     from tests.unit.cluster import cluster
 
-    leases = LeaseCache()
+    leases = granted_leases()
     leases.apply("ADDED", raw_lease("a"))  # before the controller: listed by keys() instead
     controller = LeaseController(
         view=FixedView(cluster(builders.gpu_node("n"))),
@@ -500,7 +500,6 @@ async def test_the_standby_key_tops_up_once_per_interval_and_retries_a_failure()
     from extender.cluster.watching import FixedView
     from extender.leasing.controller import (
         STANDBY_KEY,
-        LeaseCache,
         LeaseController,
         LeasingMetrics,
     )
@@ -510,7 +509,7 @@ async def test_the_standby_key_tops_up_once_per_interval_and_retries_a_failure()
     world = TwoReplicas()
     controller = LeaseController(
         view=FixedView(cluster(builders.gpu_node("idle"))),
-        leases=LeaseCache(),
+        leases=granted_leases(),
         world=world,  # type: ignore[arg-type]
         metrics=LeasingMetrics(CollectorRegistry()),
         clock=lambda: now,

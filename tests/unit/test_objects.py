@@ -62,3 +62,13 @@ def test_allocation_problems_are_named() -> None:
     with pytest.raises(InvalidInput) as err:
         parse_gpu_allocation(obj)
     assert len(err.value.problems) == 2
+
+
+def test_a_ledger_written_before_owners_were_namespaced_reads_as_the_pods_namespace() -> None:
+    """An entry whose owner names the job alone (an older tidelease wrote it) is the job of the
+    pod's own namespace: right of return stays with that namespace after an upgrade."""
+    obj = gpu_allocation_object(NodeName("n"), ())
+    entry = {"podUID": "u", "namespace": "ml", "name": "p", "devices": ["GPU-1"], "owner": "a"}
+    obj["spec"]["allocations"] = [entry, {**entry, "podUID": "v", "owner": "other/a"}]
+    _, parsed = parse_gpu_allocation(obj)
+    assert [a.holder.owner for a in parsed] == ["ml/a", "other/a"]

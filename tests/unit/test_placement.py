@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from common import builders
-from common.model import DeviceClass, JobName, PodRequest, PodUid, Priority, Tier
+from common.model import DeviceClass, PodRequest, PodUid, Priority, Tier
 from extender.scheduler.placement import Verdict, pick_devices, plan_node, verdict
 
 
@@ -21,12 +21,12 @@ def req(
     reclaim: bool = False,
 ) -> PodRequest:
     return PodRequest(
-        namespace="ns",
+        namespace="default",
         name="p",
         uid=PodUid("u"),
         gpus=gpus,
         priority=priority,
-        owner=JobName(owner) if owner else None,
+        owner=builders.owner_key(owner),
         min_tier=tier,
         gpu_type=gpu_type,
         reclaim=reclaim,
@@ -41,7 +41,7 @@ def cls(
     standby: bool = False,
     gpu_type: str = "H20",
 ) -> DeviceClass:
-    return DeviceClass(gpu_type, tier, healthy, JobName(owner) if owner else None, standby)
+    return DeviceClass(gpu_type, tier, healthy, builders.owner_key(owner), standby)
 
 
 HP_A = req(priority=Priority.HIGH, owner="a")

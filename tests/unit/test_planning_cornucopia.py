@@ -6,7 +6,7 @@ import pytest
 
 from common import builders, contract
 from common.jobclasses import JobClass, JobKind, job_class
-from common.model import JobName, Priority
+from common.model import JobKey, Priority
 from common.podrequest import parse_pod
 from extender.queues.allocation import JobView, allocate
 from extender.queues.mlfq import Means, Queue, Thresholds, adapt, requeue
@@ -139,10 +139,10 @@ def _node() -> tuple[list, list]:  # type: ignore[type-arg]
     return list(node.devices), list(node.allocations.values())
 
 
-JOBS = {
-    JobName("sub"): JobView("sub", BATCH, Queue.BATCH, 4, held=4, profile=SUBLINEAR),
-    JobName("lin"): JobView("lin", BATCH, Queue.BATCH, 4, held=4, profile=LINEAR),
-    JobName("ia"): JobView("ia", INTERACTIVE, Queue.INTERACTIVE, 2),
+JOBS = {  # the ledger's holders name jobs of their namespace (default)
+    JobKey("default/sub"): JobView("default/sub", BATCH, Queue.BATCH, 4, held=4, profile=SUBLINEAR),
+    JobKey("default/lin"): JobView("default/lin", BATCH, Queue.BATCH, 4, held=4, profile=LINEAR),
+    JobKey("default/ia"): JobView("default/ia", INTERACTIVE, Queue.INTERACTIVE, 2),
 }
 
 

@@ -66,12 +66,16 @@ def test_job_views_group_pods_by_owner_with_class_queue_and_holdings() -> None:
         member("nb", "nb", 1, started_s_ago=7200, **{contract.ANN_JOB_CLASS: "interactive"}),
         member("rigid", "rigid", 4, **{contract.ANN_ELASTIC: "false"}),
     ]
-    views = job_views(pods, {"a": 4, "rigid": 4}, now=NOW)
-    assert (views["a"].request, views["a"].held, views["a"].queue) == (4, 4, Queue.BATCH)
-    assert views["chat"].queue is Queue.INTERACTIVE
-    assert views["nb"].queue is Queue.BATCH
-    assert not views["rigid"].cls.elastic
-    assert views["chat"].held == 0
+    views = job_views(pods, {"default/a": 4, "default/rigid": 4}, now=NOW)
+    assert (views["default/a"].request, views["default/a"].held, views["default/a"].queue) == (
+        4,
+        4,
+        Queue.BATCH,
+    )
+    assert views["default/chat"].queue is Queue.INTERACTIVE
+    assert views["default/nb"].queue is Queue.BATCH
+    assert not views["default/rigid"].cls.elastic
+    assert views["default/chat"].held == 0
 
 
 def test_held_by_job_sums_allocations_per_owner() -> None:
@@ -86,7 +90,7 @@ def test_held_by_job_sums_allocations_per_owner() -> None:
         ],
     )
     allocations = list(state.get("n").allocations.values())  # type: ignore[union-attr]
-    assert held_by_job(allocations) == {"a": 3, "default/solo": 1}
+    assert held_by_job(allocations) == {"default/a": 3, "default/solo": 1}
 
 
 def test_a_preemptor_opts_in_by_declaring_its_class() -> None:
@@ -137,7 +141,7 @@ def test_the_preempt_verb_takes_from_the_job_that_loses_least() -> None:
 
 def test_the_preemptors_queue_is_its_jobs_or_where_its_class_starts() -> None:
     running = member("nb-0", "nb", 1, started_s_ago=7200, **{contract.ANN_JOB_CLASS: "interactive"})
-    jobs = job_views([running], {"nb": 1}, now=NOW)
+    jobs = job_views([running], {"default/nb": 1}, now=NOW)
     newcomer = member("nb-1", "nb", 1, **{contract.ANN_JOB_CLASS: "interactive"})
     assert preemptor_queue(newcomer, jobs) is Queue.BATCH  # its job was demoted
     fresh = builders.pod("chat", 1, extra_annotations={contract.ANN_JOB_CLASS: "interactive"})
@@ -161,7 +165,7 @@ def _groups_world() -> tuple[list[LentGroup], View, dict[str, int]]:
         LentGroup("recsys-3", tuple(d.uuid for d in devs[4:])),
     ]
     view = View({d.uuid: d for d in devs}, holders, {"a": True, "b": True})
-    return groups, view, {"solo": 4, "big": 12}
+    return groups, view, {"default/solo": 4, "default/big": 12}
 
 
 def _cost(
@@ -188,7 +192,7 @@ def test_an_interactive_borrower_is_evicted_last() -> None:
         member("solo-0", "solo", 4, **{contract.ANN_JOB_CLASS: "batch"}),
         member("big-0", "big", 4, **{contract.ANN_JOB_CLASS: "interactive"}),
     ]
-    cornucopia = replace(view, eviction_cost=_cost({"solo": 4, "big": 12}, pods))
+    cornucopia = replace(view, eviction_cost=_cost({"default/solo": 4, "default/big": 12}, pods))
     assert [g.replica for g in choose_groups(groups, 1, cornucopia)] == ["recsys-2"]
 
 
@@ -201,7 +205,7 @@ def test_an_interactive_borrower_is_evicted_last() -> None:
 )
 def test_eviction_cost_sums_the_worth_of_the_gpus_taken(profile: str, want: float) -> None:
     pods = [member("j-0", "j", 2, **{contract.ANN_THROUGHPUT: profile}), member("j-1", "j", 2)]
-    jobs = job_views(pods, {"j": 4}, now=NOW)
+    jobs = job_views(pods, {"default/j": 4}, now=NOW)
     victims = [holder("j-0", owner="j"), holder("j-1", owner="j")]
     top, halts, worth = eviction_cost(victims[:1], {victims[0].pod_uid: 2}, jobs)
     assert (top, halts) == (-int(Queue.BATCH), 0)

@@ -15,6 +15,7 @@ from common.errors import Conflict, InvalidInput, Unavailable
 from common.reconcile import Requeue
 from extender.planner.autoscaling import OnlineSettings
 from extender.planner.controller import (
+    MemoryLeaseEvents,
     MemoryLeases,
     PlannerController,
     PlannerMetrics,
@@ -277,7 +278,8 @@ def rig(
 
 
 def tidal_source() -> FakeTrafficSource:
-    return FakeTrafficSource({"traffic": observed(TidalJob(TRUE_MODEL), NOON)})
+    # The observations of namespace prod (the leases'): they answer its queries scoped to it.
+    return FakeTrafficSource({"traffic": observed(TidalJob(TRUE_MODEL), NOON)}, namespace="prod")
 
 
 async def test_writes_a_changed_count_and_drops_the_schedule() -> None:
@@ -354,3 +356,41 @@ async def test_each_opted_in_lease_is_planned_when_first_seen_then_every_interva
     labels = {"lease": "prod/recsys"}
     assert registry.get_sample_value("tidelease_planner_planned_gpus", labels) is None
     assert await controller.reconcile("prod/recsys") is None
+
+
+async def test_queries_are_run_scoped_to_the_lease_namespace() -> None:
+    source = tidal_source()
+    controller, leases, _ = rig(source)
+    assert await controller.plan(leases.put(lease())) is not None
+    [asked] = source.asked
+    assert asked.traffic == 'traffic{namespace="prod"}'
+    assert asked.workers == 'workers{namespace="prod"}'
+    assert asked.throughput == 'throughput{namespace="prod"}'
+
+
+async def test_a_query_reading_another_namespace_is_refused_with_an_event() -> None:
+    source = tidal_source()
+    controller, leases, registry = rig(source)
+    events = MemoryLeaseEvents()
+    controller.events = events
+    obj = lease()
+    obj["metadata"]["annotations"][contract.ANN_PLANNER_WORKERS_QUERY] = (
+        'count(up{namespace="other", job="w"} == 1)'
+    )
+    obj = leases.put(obj)
+    assert await controller.plan(obj) is None
+    assert await controller.plan(obj) is None  # the next step: refused again, told once
+    assert source.calls == 0  # never run
+    assert not leases.writes
+    [(key, reason, message)] = events.posted
+    assert (key, reason) == ("prod/recsys", "PlannerQueryRefused")
+    assert contract.ANN_PLANNER_WORKERS_QUERY in message
+    assert 'namespace="other"' in message
+    assert registry.get_sample_value("tidelease_planner_source_errors_total", {"kind": "config"})
+    # Fixed: planned, and a later refusal is told again.
+    obj["metadata"]["annotations"][contract.ANN_PLANNER_WORKERS_QUERY] = "workers"
+    assert await controller.plan(leases.put(obj)) is not None
+    obj["metadata"]["annotations"][contract.ANN_PLANNER_TRAFFIC_QUERY] = "rate("
+    assert await controller.plan(leases.put(obj)) is None
+    assert len(events.posted) == 2
+    assert contract.ANN_PLANNER_TRAFFIC_QUERY in events.posted[1][2]

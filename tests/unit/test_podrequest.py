@@ -39,13 +39,17 @@ def test_every_annotation_is_read() -> None:
             reclaim=True,
             checkpoint="ck-1",
             pod_priority=1000,
+            priority_class="tidelease-online",
+            controller=("StatefulSet", "recsys"),
         )
     )
     assert req.priority is Priority.HIGH
-    assert req.owner == "recsys"
+    assert req.owner == "default/recsys"  # the job of the pod's own namespace
     assert req.min_tier is Tier.MA
     assert req.gpu_type == "H20"
-    assert req.reclaim is True
+    assert req.reclaim is False  # declared, but a reclaim is the view's to derive
+    assert req.controller == ("StatefulSet", "recsys")
+    assert req.priority_class == "tidelease-online"
     assert req.checkpoint == "ck-1"
     assert req.pod_priority == 1000
 
@@ -58,11 +62,6 @@ def test_every_annotation_is_read() -> None:
         ({contract.ANN_RECLAIM: "yes"}, "invalid value 'yes' (want false or true)"),
         ({contract.ANN_OWNER: "Job_A"}, "invalid job name 'Job_A'"),
         ({contract.ANN_GPU_TYPE: "H20 SXM"}, "invalid GPU type 'H20 SXM'"),
-        ({contract.ANN_RECLAIM: "true"}, "needs tidelease.io/priority: high"),
-        (
-            {contract.ANN_RECLAIM: "true", contract.ANN_PRIORITY: "high"},
-            "needs tidelease.io/priority: high and an tidelease.io/owner",
-        ),
     ],
     ids=[
         "priority",
@@ -70,8 +69,6 @@ def test_every_annotation_is_read() -> None:
         "reclaim-bool",
         "owner-name",
         "gpu-type",
-        "reclaim-low",
-        "reclaim-no-owner",
     ],
 )
 def test_invalid_annotations_are_named(annotations: dict[str, str], message: str) -> None:
@@ -202,3 +199,10 @@ def test_a_checkpoint_pinned_by_digest_is_cached_under_its_id() -> None:
 def test_a_bad_checkpoint_pin_is_named(value: str) -> None:
     with pytest.raises(InvalidInput, match=contract.ANN_CHECKPOINT):
         parse_pod(builders.pod("p", 1, checkpoint=value))
+
+
+def test_a_pod_names_only_a_job_of_its_own_namespace() -> None:
+    """Owners are namespaced: the same job name in two namespaces is two owners."""
+    a = parse_pod(builders.pod("p", 1, namespace="a", owner="tidewater"))
+    b = parse_pod(builders.pod("p", 1, namespace="b", owner="tidewater"))
+    assert (a.owner, b.owner) == ("a/tidewater", "b/tidewater")

@@ -23,7 +23,7 @@ from common.model import (
     Device,
     GpuUuid,
     Holder,
-    JobName,
+    JobKey,
     NodeCache,
     NodeInventory,
     NodeName,
@@ -282,7 +282,7 @@ def test_standby_nodes_are_ranked_as_the_filter_will_send_the_stand_in() -> None
         PodUid("uid-recsys-3"),
         4,
         Priority.HIGH,
-        owner=JobName("recsys"),
+        owner=JobKey("recsys"),
         min_tier=Tier.MA,
         gpu_type="H20",
         reclaim=True,
@@ -296,7 +296,7 @@ def test_standby_devices_held_already_are_not_counted() -> None:
     nodes = [node("n1", lent("n1"), **WARM), node("n2", n2), node("s1", standby("s1"), **WARM)]
     busy = {
         builders.device_uuid("s1", i): Holder(
-            PodUid("uid-other-0"), "ml", "other-0", Priority.HIGH, 0, JobName("other")
+            PodUid("uid-other-0"), "ml", "other-0", Priority.HIGH, 0, JobKey("other")
         )
         for i in range(2)
     }
@@ -509,7 +509,7 @@ def test_settings_validation_names_every_problem() -> None:
 
 def test_owner_tagged_standby_devices_of_the_job_count() -> None:
     """Standby devices already on loan to this job (tagged with it) may stand in again."""
-    on_loan = builders.devices("s1", 4, standby=True, owner="recsys")
+    on_loan = builders.devices("s1", 4, standby=True, owner="ml/recsys")
     nodes = [node("n1", lent("n1")), node("s1", on_loan)]
     got = prewarmed(plan(nodes, at("07:59:00")))
     assert set(got) == {"n1", "s1"}

@@ -191,10 +191,10 @@ def test_only_pods_declaring_their_class_are_the_queues_and_jobs_group_by_owner(
         ],
         contract.DEFAULT_GPU_RESOURCE,
     )
-    assert set(jobs) == {"train", "ns/c"}
-    assert [(p.name, p.gated, p.gpus) for p in jobs["train"].pods] == [
+    assert set(jobs) == {"ns/train", "ns/c"}
+    assert [(p.name, p.gated, p.gpus) for p in jobs["ns/train"].pods] == [
         ("a", True, 2),
         ("b", False, 2),
     ]
     assert jobs["ns/c"].cls.kind is JobKind.INTERACTIVE
-    assert jobs["train"].pods[0].created == 1_800_000_000
+    assert jobs["ns/train"].pods[0].created == 1_800_000_000

@@ -17,7 +17,7 @@ from common.model import (
     DeviceClass,
     GpuUuid,
     Holder,
-    JobName,
+    JobKey,
     NodeInventory,
     PodRequest,
     Priority,
@@ -25,6 +25,7 @@ from common.model import (
 )
 from common.objects import parse_gpu_node
 from common.podrequest import parse_pod
+from common.tenancy import job_key
 from extender.cluster.state import ClusterState
 from extender.leasing.lease import parse_gpu_lease
 from extender.prewarm.policy import PrewarmSettings, WorkloadTemplate, plan_lease
@@ -37,6 +38,7 @@ from extender.scheduler.settings import ExtenderSettings
 from tests.unit.cluster import allocate, cluster, holder
 
 OWNER = "recsys"
+KEY = job_key("default", OWNER)
 STATEFULSET = {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": OWNER}
 
 
@@ -70,7 +72,12 @@ def reclaiming(
 
 def replica_pod(state: ClusterState, ordinal: int) -> PodRequest:
     pod = builders.pod(
-        f"{OWNER}-{ordinal}", 4, priority=Priority.HIGH, owner=OWNER, pod_priority=1000
+        f"{OWNER}-{ordinal}",
+        4,
+        priority=Priority.HIGH,
+        owner=OWNER,
+        pod_priority=1000,
+        controller=("StatefulSet", OWNER),
     )
     return state.with_reclaim(parse_pod(pod))
 
@@ -90,12 +97,12 @@ def place(state: ClusterState, req: PodRequest, names: list[str]) -> tuple[str, 
 
 
 def test_a_replica_takes_only_its_own_groups_devices() -> None:
-    cls = DeviceClass("H20", Tier.HA, True, JobName(OWNER), False, "recsys-1")
-    own = PodRequest("default", "recsys-1", "u", 4, Priority.HIGH, owner=JobName(OWNER))
+    cls = DeviceClass("H20", Tier.HA, True, KEY, False, "recsys-1")
+    own = PodRequest("default", "recsys-1", "u", 4, Priority.HIGH, owner=KEY)
     assert verdict(cls, own) is Verdict.USABLE  # no lent group: any of the job's tags
     assert verdict(cls, replace(own, lent_group="recsys-1")) is Verdict.USABLE
     other = PodRequest(
-        "default", "recsys-2", "u", 4, Priority.HIGH, owner=JobName(OWNER), lent_group="recsys-2"
+        "default", "recsys-2", "u", 4, Priority.HIGH, owner=KEY, lent_group="recsys-2"
     )
     assert verdict(cls, other) is Verdict.TAGGED_REPLICA
     borrower = PodRequest("default", "b", "u", 4, Priority.LOW)
@@ -172,7 +179,15 @@ def test_a_deployments_pods_take_the_groups_back_as_a_set() -> None:
     deployment = {**STATEFULSET, "kind": "Deployment"}
     reclaiming(state, {"recsys-1": g1, "recsys-2": g2}, workload=deployment)
     req = state.with_reclaim(
-        parse_pod(builders.pod("recsys-7c9f-x2", 4, priority=Priority.HIGH, owner=OWNER))
+        parse_pod(
+            builders.pod(
+                "recsys-7c9f-x2",
+                4,
+                priority=Priority.HIGH,
+                owner=OWNER,
+                controller=("ReplicaSet", f"{OWNER}-7c9f"),
+            )
+        )
     )
     assert (req.reclaim, req.lent_group) == (True, None)
     assert filter_nodes(state, req, ["n1", "n2"]).passed == ["n1", "n2"]
@@ -242,6 +257,6 @@ def test_holders_of_a_group_decide_whether_it_comes_back() -> None:
     g1 = group("n1", "recsys-1", 0)
     state = cluster(builders.gpu_node("n1", g1 + builders.devices("n1", 4, start=4)))
     reclaiming(state, {"recsys-1": g1})
-    squatter = Holder(holder("hp").pod_uid, "default", "hp", Priority.HIGH, 5000, JobName("other"))
+    squatter = Holder(holder("hp").pod_uid, "default", "hp", Priority.HIGH, 5000, JobKey("other"))
     allocate(state, "n1", [(squatter, [GpuUuid(g1[0].uuid)])])
     assert lent_group_home(state, replica_pod(state, 1)) is None

@@ -15,7 +15,7 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.model import DeviceClass, GpuUuid, Holder, JobName, NodeName, PodUid, Priority, Tier
+from common.model import DeviceClass, GpuUuid, Holder, JobKey, NodeName, PodUid, Priority, Tier
 from extender.leasing.decisions import View, stale_tags
 from extender.leasing.lease import LentGroup
 from extender.scheduler.filtering import own_resolvable
@@ -24,7 +24,7 @@ from extender.simulation.tagging import TagChecks
 from extender.simulation.world import SimCluster
 
 TYPES = ("H20", "A100")
-OWNERS = (None, JobName("j"), JobName("k"))
+OWNERS = (None, JobKey("j"), JobKey("k"))
 REPLICAS = (None, "j-0", "j-1", "j-2")
 NODES = 4
 GPUS = 4
@@ -56,7 +56,7 @@ def world_of() -> SimCluster:
 
 def apply(
     world: SimCluster,
-    step: tuple[str, int, int, tuple[bool, JobName | None, bool, str | None], int],
+    step: tuple[str, int, int, tuple[bool, JobKey | None, bool, str | None], int],
 ) -> None:
     what, n, i, (healthy, owner, standby, replica), who = step
     node = NodeName(f"n{n}")
@@ -129,7 +129,7 @@ group_picks = st.lists(
             st.lists(change, max_size=6),
             st.sampled_from(("same", "extend", "new")),
             group_picks,
-            st.sampled_from((JobName("j"), JobName("k"))),
+            st.sampled_from((JobKey("j"), JobKey("k"))),
         ),
         max_size=12,
     )
@@ -138,7 +138,7 @@ def test_the_tag_check_answers_as_a_look_at_every_device(rounds: list) -> None: 
     world = world_of()
     checks = TagChecks(world)
     view = View(world.devices, world.holder_of, world.offering)
-    groups: dict[JobName, tuple[LentGroup, ...]] = {}
+    groups: dict[JobKey, tuple[LentGroup, ...]] = {}
     for steps, how, picks, owner in rounds:
         for step in steps:
             apply(world, step)
@@ -155,7 +155,7 @@ def test_the_tag_check_answers_as_a_look_at_every_device(rounds: list) -> None: 
 @given(st.lists(change, max_size=40), st.sampled_from(OWNERS[1:]), st.sampled_from(REPLICAS))
 def test_own_resolvable_remembered_answers_as_afresh(
     steps: list,  # type: ignore[type-arg]
-    owner: JobName,
+    owner: JobKey,
     lent_group: str | None,
 ) -> None:
     from common.model import PodRequest
@@ -178,7 +178,7 @@ def test_own_resolvable_remembered_answers_as_afresh(
         assert own_resolvable(world.state, world.names, req) == warm
 
 
-def _group_can_return_reference(owner: JobName, uuids: list[GpuUuid], world: SimCluster) -> bool:
+def _group_can_return_reference(owner: JobKey, uuids: list[GpuUuid], world: SimCluster) -> bool:
     """group_can_return as first written: every device can return, all on one node."""
     from extender.leasing.rules import can_return
 
@@ -200,7 +200,7 @@ def _group_can_return_reference(owner: JobName, uuids: list[GpuUuid], world: Sim
 def test_group_can_return_answers_as_its_reference(
     steps: list,  # type: ignore[type-arg]
     picks: list[int],
-    owner: JobName,
+    owner: JobKey,
 ) -> None:
     from extender.leasing.rules import group_can_return
 

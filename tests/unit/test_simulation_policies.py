@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from common.model import JobName, NodeName, Tier
+from common.model import JobKey, NodeName, Tier
 from extender.leasing.decisions import RESYNC_S, STEADY, OwnerPod, SetTags, View, Wait
 from extender.simulation import controlling
 from extender.simulation.controlling import Policy, standby_targets
@@ -51,7 +51,7 @@ def node(name: str, *tiers: Tier, role: Role = Role.SHARED) -> NodeSpec:
 def scenario(
     nodes: list[NodeSpec], failures: tuple[DeviceFailure, ...] = (), tier: Tier = LA
 ) -> Scenario:
-    job = OnlineJob(JobName("recsys"), "H20", 4, tier, ((0, 8), (60, 4), (600, 8)))
+    job = OnlineJob(JobKey("recsys"), "H20", 4, tier, ((0, 8), (60, 4), (600, 8)))
     borrowers = tuple(BorrowerJob(f"ft-{i}", 65, 4, 100_000, 100_000, None, MA) for i in range(2))
     return Scenario(tuple(nodes), Trace(2 * 1440, (job,), borrowers, failures), failures)
 
@@ -153,7 +153,7 @@ def test_a_failed_lent_device_is_backfilled_from_standby_of_its_type_and_tier() 
     backfill = next(d for d in r.holdings["recsys"] if d.index == 4)
     # on loan: still a standby device (the pool counts it), tagged with the job holding it
     assert (backfill.gpu_type, backfill.tier, backfill.cls.standby) == ("H20", HA, True)
-    assert backfill.cls.owner == "recsys"
+    assert backfill.cls.owner == "online/recsys"
     assert r.series.standby[at(r, 605)] == 1
     # the failed device is still recsys's, lent: it comes back once repaired
     assert r.series.lent[at(r, 700)] == 1
@@ -308,4 +308,4 @@ def test_a_steady_lease_is_judged_again_when_its_lent_devices_lose_their_tags() 
     world.set_classes({lent.uuid: lent.cls._replace(owner=None, replica=None)})
     action = online._decide(job, now)
     assert isinstance(action, SetTags)
-    assert [(c.uuid, c.owner) for c in action.changes] == [(lent.uuid, "recsys")]
+    assert [(c.uuid, c.owner) for c in action.changes] == [(lent.uuid, "online/recsys")]

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from common.model import (
     DeviceClass,
     Holder,
-    JobName,
+    JobKey,
     NodeName,
     PodRequest,
     PodUid,
@@ -30,7 +30,7 @@ from extender.simulation.world import SimCluster
 
 TYPES = ("H20", "A100")
 TIERS = (Tier.HA, Tier.MA, Tier.LA)
-OWNERS = (None, JobName("j"), JobName("k"))
+OWNERS = (None, JobKey("j"), JobKey("k"))
 
 device = st.tuples(
     st.sampled_from(TIERS),
@@ -49,7 +49,7 @@ request = st.tuples(
 )
 
 
-Dev = tuple[Tier, bool, JobName | None, bool, int]
+Dev = tuple[Tier, bool, JobKey | None, bool, int]
 
 
 def build(nodes: list[tuple[str, list[Dev]]]) -> SimCluster:
@@ -68,7 +68,7 @@ def build(nodes: list[tuple[str, list[Dev]]]) -> SimCluster:
     holders = {
         1: Holder(PodUid("b1"), "ns", "b1", Priority.LOW, 10),
         2: Holder(PodUid("b2"), "ns", "b2", Priority.LOW, 20),
-        3: Holder(PodUid("hp"), "ns", "hp", Priority.HIGH, 100, JobName("k")),
+        3: Holder(PodUid("hp"), "ns", "hp", Priority.HIGH, 100, JobKey("k")),
     }
     for spec, (_, devs) in zip(specs, nodes, strict=True):
         for who, holder in holders.items():
@@ -100,7 +100,7 @@ def best_of(world: SimCluster, req: PodRequest, passed: list[str]) -> str | None
 @given(st.lists(node, min_size=1, max_size=8), request)
 def test_shortcuts_answer_as_the_filter_over_every_node(
     nodes: list[tuple[str, list[Dev]]],
-    req_shape: tuple[int, Tier, str | None, JobName, bool],
+    req_shape: tuple[int, Tier, str | None, JobKey, bool],
 ) -> None:
     world = build(nodes)
     gpus, tier, gpu_type, owner, reclaim = req_shape
@@ -133,14 +133,14 @@ def test_shortcuts_answer_as_the_filter_over_every_node(
     st.integers(1, 3),
     st.sampled_from(TIERS),
     st.sampled_from((None, *TYPES)),
-    st.sampled_from((frozenset(), frozenset({JobName("j")}))),
+    st.sampled_from((frozenset(), frozenset({JobKey("j")}))),
 )
 def test_a_borrower_is_asked_about_open_devices_only_and_counted_as_before(
     nodes: list[tuple[str, list[Dev]]],
     gpus: int,
     tier: Tier,
     gpu_type: str | None,
-    reclaiming: frozenset[JobName],
+    reclaiming: frozenset[JobKey],
 ) -> None:
     """A pod that is no reclaim is filtered over the nodes with enough free devices outside the
     standby pool; it passes where the filter over every node passes it, and the statistics
@@ -178,10 +178,10 @@ def test_the_best_scored_candidate_that_does_not_pass_is_passed_over() -> None:
     """A borrower's best-scored candidate (scores tie at 0, the first by name) is being taken
     back by its owner: the filter is asked about every candidate, and the pod goes where one
     passes, as kube-scheduler would send it."""
-    k = JobName("k")
+    k = JobKey("k")
     world = build(
         [
-            ("H20", [(Tier.HA, True, JobName("j"), False, 0)]),
+            ("H20", [(Tier.HA, True, JobKey("j"), False, 0)]),
             ("H20", [(Tier.HA, True, k, False, 0)] * 20),
         ]
     )
@@ -193,7 +193,7 @@ def test_the_best_scored_candidate_that_does_not_pass_is_passed_over() -> None:
         priority=Priority.LOW,
         pod_priority=5,
         min_tier=Tier.LA,
-        reclaiming_owners=frozenset({JobName("j")}),
+        reclaiming_owners=frozenset({JobKey("j")}),
     )
     scheduler = Scheduler(world, SchedulerSettings(), random.Random(1))
     universe = world.nodes_of(None)

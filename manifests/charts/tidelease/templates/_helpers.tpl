@@ -58,6 +58,17 @@ capabilities: {drop: [ALL]}
 {{- end -}}
 
 {{/*
+The shared queues' release key (queue-release-secret.yaml): the Secret, and where the extender
+and the controllers find it (the settings' queue_release_key_file).
+*/}}
+{{- define "tidelease.queueReleaseSecret" -}}
+tidelease-queue-release-key
+{{- end -}}
+{{- define "tidelease.queueReleaseDir" -}}
+/etc/tidelease/queue-release
+{{- end -}}
+
+{{/*
 The ServiceAccount token, the cluster's CA and the namespace, mounted where every Kubernetes
 client looks for them: what the ServiceAccount admission plugin would add, written out so that
 the pods also run where that plugin is off.

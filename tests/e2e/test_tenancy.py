@@ -1,0 +1,342 @@
+"""Right of return belongs to the tenant (docs/tenancy.md), on the local cluster.
+
+Namespace A, granted online jobs by the admin, runs the online job ``recsys`` (a StatefulSet of
+4 x 4 GPUs and its GpuLease) and lends half of it. A tenant of namespace B, with the built-in
+``edit`` role there and nothing else (requests made as that user), uses every annotation, label
+and PriorityClass it can write to take what A lent:
+
+* a pod with ``tidelease.io/priority: high``, A's job name and the online PriorityClass;
+* a pod with the online PriorityClass alone;
+* borrowers named for A's job on A's lent devices (borrowing is what lending is for), then a
+  pod with ``tidelease.io/reclaim: "true"`` for the standby devices;
+* on its running borrower, ``priority`` raised to ``high`` and ``tidelease.io/devices``
+  rewritten after admission;
+* a pod of the shared queues whose scheduling gate it removes itself.
+
+With the chart's admission policies on, each is refused at the API server with its reason.
+With them off, the extender and the controllers alone refuse them: the pods stay Pending with
+the same reason, and what was changed on the borrower has no effect. Each time A raises its
+lease again: B's borrowers get their notice and are evicted, whatever they wrote, and A's
+replicas come back on their own UUIDs, replica by replica, as the API server's ledgers say.
+
+The policies are the chart's (common.admissionpolicy, as `helm install` applies them), trusting
+the local cluster's components, which run outside it under the admin's user.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from common import admissionpolicy, builders, contract, tenancy
+from common.model import Priority
+from tests.e2e.harness import BORROWER, ONLINE, Cluster, NodeGroup
+from tests.e2e.kube import ApiError, Kube, wait_for
+from tests.e2e.test_leasing import REPLICA_GPUS, Job
+
+pytestmark = pytest.mark.cluster
+
+TENANT = "tenant-b"
+# The user the local cluster's extender, controllers and kube-controller-manager run as
+# (hack/lib/controlplane.sh): the chart's policies trust it as they trust tidelease's
+# ServiceAccounts.
+COMPONENTS = "tidelease-admin"
+QUEUE_WAIT = "waiting for the shared queues to release it"
+
+
+@pytest.fixture
+def tenancy_job(cluster: Cluster, group: NodeGroup) -> Iterator[tuple[Job, str]]:
+    """A's job on two 8-GPU nodes and a 4-GPU standby node; B's namespace, not granted."""
+    cluster.ensure_priority_class(BORROWER, 10)
+    for suffix in ("n1", "n2"):
+        group.add_node(suffix, lambda name: builders.devices(name, 8))
+    group.add_node("s1", lambda name: builders.devices(name, 4, standby=True))
+    group.wait_ready()
+    ns_a = cluster.namespace("ten-a")
+    ns_b = cluster.namespace("ten-b", online=False)
+    cluster.kube.create(
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": "tenant-edit", "namespace": ns_b},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "edit",
+            },
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": TENANT}],
+        }
+    )
+    try:
+        yield Job(cluster, group, ns_a), ns_b
+    finally:
+        for ns in (ns_a, ns_b):
+            cluster.kube.delete("Namespace", ns)
+
+
+def wait_enforced(cluster: Cluster, enforced: bool) -> None:
+    """Until the API server (which compiles policies as they come and go) refuses, or admits,
+    a high-priority pod in a namespace not granted online jobs."""
+    probe = cluster.namespace("ten-probe", online=False)
+    pod = builders.pod("probe", 0, namespace=probe, priority=Priority.HIGH)
+    pod["metadata"].pop("uid")
+    pod.pop("status")
+
+    def settled() -> bool:
+        try:
+            cluster.kube.create(pod)
+        except ApiError as e:
+            if e.status != 422:
+                raise
+            return enforced
+        cluster.kube.delete("Pod", "probe", probe)
+        return not enforced
+
+    try:
+        wait_for(settled, what=f"the admission policies {'on' if enforced else 'off'}", timeout=30)
+    finally:
+        cluster.kube.delete("Namespace", probe)
+
+
+@pytest.fixture
+def policies(cluster: Cluster) -> Iterator[None]:
+    """The chart's admission policies, applied as `helm install` would."""
+    objects = admissionpolicy.objects(online_class=ONLINE, trusted_users=(COMPONENTS,))
+    for obj in objects:
+        cluster.kube.create(obj)
+    try:
+        wait_enforced(cluster, True)
+        yield
+    finally:
+        for obj in reversed(objects):
+            cluster.kube.delete(obj["kind"], obj["metadata"]["name"])
+        wait_enforced(cluster, False)
+
+
+def tenant_pod(job: Job, ns: str, name: str, **kwargs: Any) -> dict[str, Any]:
+    """A pod of B on A's job's nodes, as the tenant writes it."""
+    return job.group.pod(ns, name, REPLICA_GPUS, **kwargs)
+
+
+def refusal(call: Any, status: int, *contains: str) -> str:
+    """The API server's refusal of ``call()``: its status and message."""
+    with pytest.raises(ApiError) as e:
+        call()
+    assert e.value.status == status, e.value
+    for text in contains:
+        assert text in str(e.value), e.value
+    return str(e.value)
+
+
+def ledger_devices(cluster: Cluster, uid: str) -> list[str]:
+    """The devices the API server's ledgers give the pod ``uid``: the truth of who holds what."""
+    held: list[str] = []
+    for ledger in cluster.kube.list(contract.KIND_GPU_ALLOCATION):
+        for entry in (ledger.get("spec") or {}).get("allocations") or []:
+            if entry.get("podUID") == uid:
+                held += entry.get("devices") or []
+    return held
+
+
+def borrow_as_tenant(job: Job, tenant: Kube, ns_b: str, lent: set[str]) -> dict[str, str]:
+    """B's two borrowers, owner A's job name, on A's lent devices: their UIDs by name."""
+    for i in range(2):
+        tenant.create(
+            tenant_pod(
+                job, ns_b, f"b-{i}", priority=Priority.LOW, owner="recsys", priority_class=BORROWER
+            )
+        )
+    uids = {}
+    for i in range(2):
+        pod = job.cluster.wait_bound(ns_b, f"b-{i}")
+        uids[pod["metadata"]["name"]] = pod["metadata"]["uid"]
+    held = {u for uid in uids.values() for u in ledger_devices(job.cluster, uid)}
+    assert held == lent, (held, lent)  # they borrow exactly what A lent: nothing else is free
+    return uids
+
+
+def reclaim_returns_each_replica(job: Job, ns_b: str, groups: dict[str, list[str]]) -> None:
+    """A raises its lease: B's borrowers are noticed and evicted, and each returning replica
+    is bound to exactly the devices it lent, by the ledgers, with no device held twice."""
+    reclaims = (job.lease().get("status") or {}).get("reclaims") or 0
+    job.reclaim(reclaims=reclaims + 1)
+    placed = job.replicas_placed(4)
+    for replica, devices in groups.items():
+        uid = job.cluster.pod(job.ns, replica)["metadata"]["uid"]
+        assert sorted(ledger_devices(job.cluster, uid)) == devices, replica
+        assert sorted(placed[replica]) == devices, replica
+    every = [u for devs in placed.values() for u in devs]
+    assert len(every) == len(set(every))
+    borrowers = [
+        p for p in job.cluster.kube.list("Pod", ns_b) if p["metadata"]["name"].startswith("b-")
+    ]
+    assert not [p for p in borrowers if p["spec"].get("nodeName")], "B's borrowers stayed"
+    noticed = {
+        e["involvedObject"]["name"]
+        for e in job.cluster.kube.list("Event", ns_b)
+        if e.get("reason") == "ReclaimNotice"
+    }
+    assert {"b-0", "b-1"} <= noticed, noticed
+
+
+def test_with_the_policies_every_attempt_is_refused_at_admission(
+    cluster: Cluster, tenancy_job: tuple[Job, str], policies: None
+) -> None:
+    job, ns_b = tenancy_job
+    tenant = cluster.kube.as_user(TENANT)
+    groups = job.lend_groups(keep=2)
+    lent = {u for devs in groups.values() for u in devs}
+
+    high = tenancy.online_refusal(ns_b, f"{contract.ANN_PRIORITY}: high")
+    impostor = tenant_pod(
+        job, ns_b, "impostor", priority=Priority.HIGH, owner="recsys", priority_class=ONLINE
+    )
+    refusal(lambda: tenant.create(impostor), 422, high)
+    classed = tenant_pod(job, ns_b, "classed", priority=Priority.LOW, priority_class=ONLINE)
+    refusal(
+        lambda: tenant.create(classed),
+        422,
+        tenancy.online_refusal(ns_b, f"priorityClassName {ONLINE}"),
+    )
+
+    uids = borrow_as_tenant(job, tenant, ns_b, lent)
+    # reclaim: "true" is a valid annotation that grants nothing: the pod is a borrower, and the
+    # standby devices (all that is free) stay kept for reclaims.
+    grab = tenant_pod(
+        job,
+        ns_b,
+        "grab",
+        priority=Priority.LOW,
+        owner="recsys",
+        reclaim=True,
+        priority_class=BORROWER,
+    )
+    tenant.create(grab)
+    cluster.wait_unschedulable(ns_b, "grab", "standby GPUs are kept for reclaims")
+
+    # What it would change after admission.
+    raise_priority = {"metadata": {"annotations": {contract.ANN_PRIORITY: "high"}}}
+    refusal(lambda: tenant.patch("Pod", "b-0", raise_priority, ns_b), 422, high)
+    others = groups["recsys-2"]  # devices lent by A's replica 2, which b-1 may hold
+    rewrite = {"metadata": {"annotations": {contract.ANN_DEVICES: ",".join(others)}}}
+    refusal(
+        lambda: tenant.patch("Pod", "b-0", rewrite, ns_b),
+        403,
+        f"annotation {contract.ANN_DEVICES} is written by tidelease only",
+    )
+    gated = tenant_pod(
+        job,
+        ns_b,
+        "queued",
+        priority=Priority.LOW,
+        priority_class=BORROWER,
+        extra_annotations={contract.ANN_JOB_CLASS: "batch"},
+    )
+    gated["spec"]["schedulingGates"] = [{"name": contract.SCHEDULING_GATE}]
+    tenant.create(gated)
+    ungate = {"spec": {"schedulingGates": None}}
+    refusal(
+        lambda: tenant.patch("Pod", "queued", ungate, ns_b),
+        403,
+        f"the scheduling gate {contract.SCHEDULING_GATE} is removed by tidelease's queues",
+    )
+    assert sorted(ledger_devices(cluster, uids["b-0"])) == sorted(
+        cluster.pod(ns_b, "b-0")["metadata"]["annotations"][contract.ANN_DEVICES].split(",")
+    )
+
+    reclaim_returns_each_replica(job, ns_b, groups)
+
+
+def test_without_the_policies_the_extender_and_controllers_refuse_alone(
+    cluster: Cluster, tenancy_job: tuple[Job, str]
+) -> None:
+    job, ns_b = tenancy_job
+    tenant = cluster.kube.as_user(TENANT)
+    groups = job.lend_groups(keep=2)
+    lent = {u for devs in groups.values() for u in devs}
+
+    # Admitted, never placed: the filter gives the policy's reason.
+    tenant.create(
+        tenant_pod(
+            job, ns_b, "impostor", priority=Priority.HIGH, owner="recsys", priority_class=ONLINE
+        )
+    )
+    cluster.wait_unschedulable(
+        ns_b, "impostor", tenancy.online_refusal(ns_b, f"{contract.ANN_PRIORITY}: high")
+    )
+    tenant.create(tenant_pod(job, ns_b, "classed", priority=Priority.LOW, priority_class=ONLINE))
+    cluster.wait_unschedulable(
+        ns_b, "classed", tenancy.online_refusal(ns_b, f"priorityClassName {ONLINE}")
+    )
+
+    uids = borrow_as_tenant(job, tenant, ns_b, lent)
+    tenant.create(
+        tenant_pod(
+            job,
+            ns_b,
+            "grab",
+            priority=Priority.LOW,
+            owner="recsys",
+            reclaim=True,
+            priority_class=BORROWER,
+        )
+    )
+    cluster.wait_unschedulable(ns_b, "grab", "standby GPUs are kept for reclaims")
+
+    # Changed after admission: accepted by the API server, worth nothing to tidelease.
+    before = {name: sorted(ledger_devices(cluster, uid)) for name, uid in uids.items()}
+    tenant.patch("Pod", "b-0", {"metadata": {"annotations": {contract.ANN_PRIORITY: "high"}}}, ns_b)
+    others = groups["recsys-2"] + groups["recsys-3"]  # every device A lent
+    tenant.patch(
+        "Pod", "b-1", {"metadata": {"annotations": {contract.ANN_DEVICES: ",".join(others)}}}, ns_b
+    )
+    assert {name: sorted(ledger_devices(cluster, uid)) for name, uid in uids.items()} == before
+
+    gated = tenant_pod(
+        job,
+        ns_b,
+        "queued",
+        priority=Priority.LOW,
+        priority_class=BORROWER,
+        extra_annotations={contract.ANN_JOB_CLASS: "batch"},
+    )
+    gated["spec"]["schedulingGates"] = [{"name": contract.SCHEDULING_GATE}]
+    tenant.create(gated)
+    tenant.patch("Pod", "queued", {"spec": {"schedulingGates": None}}, ns_b)
+    cluster.wait_unschedulable(ns_b, "queued", QUEUE_WAIT)
+
+    # The borrower that called itself high is evicted all the same; A's replicas come back.
+    reclaim_returns_each_replica(job, ns_b, groups)
+    for name in ("impostor", "classed", "grab", "queued"):
+        assert not cluster.pod(ns_b, name)["spec"].get("nodeName"), name
+
+
+def test_two_namespaces_with_one_job_name_lend_and_reclaim_side_by_side(
+    cluster: Cluster, group: NodeGroup
+) -> None:
+    """Two granted namespaces each run a job named recsys: their leases tag their devices with
+    their own namespace, and each reclaim returns its own replicas' devices, never the other's."""
+    cluster.ensure_priority_class(BORROWER, 10)
+    for suffix in ("n1", "n2", "n3", "n4"):
+        group.add_node(suffix, lambda name: builders.devices(name, 8))
+    group.wait_ready()
+    first, second = (Job(cluster, group, cluster.namespace(p)) for p in ("same-a", "same-b"))
+    try:
+        lent = {job.ns: job.lend_groups(keep=2) for job in (first, second)}
+        for job in (first, second):
+            for devices in lent[job.ns].values():
+                for node in job.group.nodes:
+                    tags = cluster.gpu_node_uuids(node)
+                    for u in devices:
+                        if u in tags:
+                            assert tags[u]["owner"] == f"{job.ns}/recsys", tags[u]
+        for job in (first, second):
+            job.reclaim(reclaims=1)
+            placed = job.replicas_placed(4)
+            for replica, devices in lent[job.ns].items():
+                assert sorted(placed[replica]) == devices, (job.ns, replica)
+    finally:
+        for job in (first, second):
+            cluster.kube.delete("Namespace", job.ns)
