@@ -90,6 +90,16 @@ def _new_or_changed(key: str) -> str:
     )
 
 
+def _pods(*resources: str) -> dict[str, Any]:
+    """The resource rule of pods (and ``resources`` of them) at creation and update."""
+    return {
+        "apiGroups": [""],
+        "apiVersions": ["v1"],
+        "operations": ["CREATE", "UPDATE"],
+        "resources": list(resources),
+    }
+
+
 def policy_spec() -> dict[str, Any]:
     """The policy's spec: one variable per rule (a list of its problem, or empty), their sum,
     and one validation that it is empty, its message the problems joined as the filter joins
@@ -100,12 +110,7 @@ def policy_spec() -> dict[str, Any]:
         "failurePolicy": "Fail",
         "matchConstraints": {
             "resourceRules": [
-                {
-                    "apiGroups": [""],
-                    "apiVersions": ["v1"],
-                    "operations": ["CREATE", "UPDATE"],
-                    "resources": ["pods"],
-                }
+                _pods("pods"),
             ]
         },
         "matchConditions": [
@@ -195,12 +200,7 @@ def online_policy_spec(online_class: str = tenancy.DEFAULT_ONLINE_PRIORITY_CLASS
         "failurePolicy": "Fail",
         "matchConstraints": {
             "resourceRules": [
-                {
-                    "apiGroups": [""],
-                    "apiVersions": ["v1"],
-                    "operations": ["CREATE", "UPDATE"],
-                    "resources": ["pods"],
-                },
+                _pods("pods"),
                 {
                     "apiGroups": [contract.GROUP],
                     "apiVersions": ["*"],
@@ -273,11 +273,17 @@ def written_refusal(key: str, user: str) -> str:
     )
 
 
+# The scheduling gates only tidelease's controllers lift: the queues' (the queues release the
+# pod) and DRA mode's reclaim gate (the leasing controller pinned the returning replica's claim).
+CONTROLLER_GATES: Final = (contract.SCHEDULING_GATE, contract.RECLAIM_GATE)
+
+
 def gate_refusal(user: str) -> str:
-    """Why ``user`` may not remove the queues' scheduling gate."""
+    """Why ``user`` may not remove one of :data:`CONTROLLER_GATES`."""
     return (
-        f"the scheduling gate {contract.SCHEDULING_GATE} is removed by tidelease's queues "
-        f"controller only, when the shared queues release the pod: {user} may not remove it"
+        f"the scheduling gates {' and '.join(CONTROLLER_GATES)} are removed by tidelease's "
+        "controllers only (when the shared queues release the pod, when a returning replica's "
+        f"claim is pinned): {user} may not remove them"
     )
 
 
@@ -298,11 +304,11 @@ def written_policy_spec(
         f"[{keys}].filter(k, (k in {new}) != (k in {old}) || "
         f"{new}[?k].orValue('') != {old}[?k].orValue(''))"
     )
-    gate = cel_string(contract.SCHEDULING_GATE)
+    gates = "[" + ", ".join(cel_string(g) for g in CONTROLLER_GATES) + "]"
     ungated = (
         'request.operation == "UPDATE" && '
-        f"oldObject.spec.?schedulingGates.orValue([]).exists(g, g.name == {gate}) && "
-        f"!object.spec.?schedulingGates.orValue([]).exists(g, g.name == {gate})"
+        f"oldObject.spec.?schedulingGates.orValue([]).exists(g, g.name in {gates} && "
+        "!object.spec.?schedulingGates.orValue([]).exists(h, h.name == g.name))"
     )
     accounts = ", ".join(cel_string(service_account(namespace, a)) for a in ACCOUNTS)
     queues = cel_string(service_account(namespace, CONTROLLERS_ACCOUNT))
@@ -312,12 +318,7 @@ def written_policy_spec(
         "failurePolicy": "Fail",
         "matchConstraints": {
             "resourceRules": [
-                {
-                    "apiGroups": [""],
-                    "apiVersions": ["v1"],
-                    "operations": ["CREATE", "UPDATE"],
-                    "resources": ["pods", "pods/status"],
-                }
+                _pods("pods", "pods/status"),
             ]
         },
         "matchConditions": [

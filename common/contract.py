@@ -25,6 +25,8 @@ ANN_THROUGHPUT: Final = f"{PREFIX}/throughput"  # samples/s at 1, 2, ... GPUs: "
 ANN_WORKLOAD: Final = f"{PREFIX}/workload"  # Deployment/NAME: what the queues scale
 ANN_MAX_REPLICAS: Final = f"{PREFIX}/max-replicas"  # the most replicas that workload grows to
 SCHEDULING_GATE: Final = f"{PREFIX}/queue"  # on class-declaring GPU pods until released
+# DRA mode: on an online job's pods until the leasing controller pinned its claim (docs/dra.md).
+RECLAIM_GATE: Final = f"{PREFIX}/reclaim"
 ANN_QUEUE: Final = f"{PREFIX}/queue"  # by the queues controller: the job's MLFQ queue, 1-3
 ANN_QUEUE_REASON: Final = f"{PREFIX}/queue-reason"  # why the job is in that queue
 # By the queues controller, with the gate's removal: its proof of the release, an HMAC of the

@@ -3,16 +3,23 @@ kubelet do for theirs: the bearer token is authenticated with a TokenReview, and
 names is authorized with a SubjectAccessReview for ``get`` on the non-resource URL (what
 Prometheus' ClusterRole grants with ``nonResourceURLs: ["/metrics"]``).
 
-Answers are cached by the token's hash for a minute (allowed) or ten seconds (refused), in a
-bounded LRU, so that a scrape every few seconds costs the API server two calls a minute.
+Answers are cached by the token's sha256 (never the token) for a minute (allowed) or ten
+seconds (refused), so that a scrape every few seconds costs the API server two calls a minute.
+Allowed and refused answers are kept in two bounded LRUs of their own: a flood of bad tokens
+pushes out other refusals, never the scraper's cached yes. Reviews of tokens not in the cache are
+rate-limited (a token bucket, ``REVIEWS_PER_S`` with bursts of ``REVIEW_BURST``): a client sending
+random tokens costs the API server at most that many TokenReviews, and past it is answered 429
+with ``Retry-After`` (nothing cached: the same token is reviewed once the bucket has refilled).
+Concurrent requests with the same token wait for one review.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import time
-from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -20,17 +27,22 @@ from aiohttp import hdrs, web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from common.errors import TideleaseError
+from common.reviewcache import ExpiringCache, TokenBucket
 
 log = logging.getLogger(__name__)
 
 ALLOWED_TTL_S = 60.0
 REFUSED_TTL_S = 10.0
-CACHE_SIZE = 1024
+CACHE_SIZE = 1024  # each of the two caches (allowed, refused)
+REVIEWS_PER_S = 2.0  # reviews of tokens not in the cache, sustained
+REVIEW_BURST = 20
+MAX_TOKEN_BYTES = 16 << 10  # refused unreviewed; a ServiceAccount token is about 1 KiB
 
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    status: int  # 200: allowed; 401: no or bad credentials; 403: not allowed; 503: cannot tell
+    status: int  # 200: allowed; 401: no or bad credentials; 403: not allowed;
+    # 429: too many unknown tokens lately, try later; 503: cannot tell
     reason: str
 
     @property
@@ -44,33 +56,66 @@ class Reviewer(Protocol):
     async def json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]: ...
 
 
+_Key = tuple[bytes, str]  # the token's sha256, the path
+
+
 class DelegatedAuth:
-    def __init__(self, api: Reviewer, *, clock: Any = time.monotonic) -> None:
+    def __init__(
+        self,
+        api: Reviewer,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        cache_size: int = CACHE_SIZE,
+        reviews_per_s: float = REVIEWS_PER_S,
+        review_burst: int = REVIEW_BURST,
+    ) -> None:
         self._api = api
         self._clock = clock
-        self._cache: OrderedDict[tuple[bytes, str], tuple[float, Verdict]] = OrderedDict()
+        self._allowed = ExpiringCache[_Key, Verdict](cache_size)
+        self._refused = ExpiringCache[_Key, Verdict](cache_size)
+        self._bucket = TokenBucket(reviews_per_s, review_burst, clock)
+        self._pending: dict[_Key, asyncio.Future[Verdict]] = {}
+        self.reviews = 0  # TokenReviews sent (tests, metrics)
+        self.throttled = 0  # unknown tokens answered 429 unreviewed
 
     async def check(self, authorization: str | None, path: str) -> Verdict:
         """The verdict for an ``Authorization`` header asking to GET ``path``."""
         scheme, _, token = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
             return Verdict(401, "a bearer token is required")
-        key = (hashlib.sha256(token.strip().encode()).digest(), path)
+        if len(token) > MAX_TOKEN_BYTES:
+            return Verdict(401, "the token is not valid")
+        key = (hashlib.sha256(token.encode()).digest(), path)
         now = self._clock()
-        cached = self._cache.get(key)
-        if cached is not None and cached[0] > now:
-            self._cache.move_to_end(key)
-            return cached[1]
-        verdict = await self._review(token.strip(), path)
-        if verdict.status != 503:  # an API server that did not answer is asked again next time
-            ttl = ALLOWED_TTL_S if verdict.allowed else REFUSED_TTL_S
-            self._cache[key] = (now + ttl, verdict)
-            self._cache.move_to_end(key)
-            while len(self._cache) > CACHE_SIZE:
-                self._cache.popitem(last=False)
+        cached = self._allowed.get(key, now) or self._refused.get(key, now)
+        if cached is not None:
+            return cached
+        pending = self._pending.get(key)
+        if pending is None:
+            if not self._bucket.take():
+                self.throttled += 1
+                return Verdict(429, "too many unknown tokens lately; try again later")
+            pending = asyncio.ensure_future(self._review_and_keep(key, token, path))
+            self._pending[key] = pending
+        # Shielded: a client that goes away does not cancel the review the others wait for.
+        return await asyncio.shield(pending)
+
+    async def _review_and_keep(self, key: _Key, token: str, path: str) -> Verdict:
+        try:
+            verdict = await self._review(token, path)
+        finally:
+            self._pending.pop(key, None)
+        now = self._clock()
+        if verdict.allowed:
+            self._allowed.put(key, now + ALLOWED_TTL_S, verdict)
+        elif verdict.status in (401, 403):
+            self._refused.put(key, now + REFUSED_TTL_S, verdict)
+        # 503 (the API server did not answer): asked again next time
         return verdict
 
     async def _review(self, token: str, path: str) -> Verdict:
+        self.reviews += 1
         try:
             review = await self._api.json(
                 "POST",
@@ -108,14 +153,21 @@ class DelegatedAuth:
 
 
 async def refusal(auth: DelegatedAuth | None, request: web.Request) -> web.Response | None:
-    """The response refusing ``request`` (401 with a Bearer challenge, 403, 503), or None
+    """The response refusing ``request`` (401 with a Bearer challenge, 403, 429 with
+    Retry-After, 503), or None
     when it may go on (or when no ``auth`` is asked for)."""
     if auth is None:
         return None
     verdict = await auth.check(request.headers.get(hdrs.AUTHORIZATION), request.path)
     if verdict.allowed:
         return None
-    headers = {"WWW-Authenticate": "Bearer"} if verdict.status == 401 else None
+    headers = (
+        {"WWW-Authenticate": "Bearer"}
+        if verdict.status == 401
+        else {"Retry-After": "1"}
+        if verdict.status == 429
+        else None
+    )
     return web.Response(status=verdict.status, text=verdict.reason, headers=headers)
 
 

@@ -41,5 +41,15 @@ class Unavailable(TideleaseError):
 
 
 class TooManyRequests(Unavailable):
-    """HTTP 429: the API server asks to wait (its rate limits), or refuses an eviction that a
-    PodDisruptionBudget does not allow now."""
+    """HTTP 429: the API server asks to wait (its rate limits, API Priority and Fairness), or
+    refuses an eviction that a PodDisruptionBudget does not allow now. Only the second names the
+    budget among the Status's causes (``details.causes[].reason: DisruptionBudget``):
+    ``disruption_budget`` tells them apart. ``retry_after_s``: what the API server suggested
+    (``details.retryAfterSeconds``), if anything."""
+
+    def __init__(
+        self, message: str, *, retry_after_s: float | None = None, disruption_budget: bool = False
+    ) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+        self.disruption_budget = disruption_budget

@@ -1,5 +1,6 @@
 """A secret key read from a file (a Secret mounted into tidelease's pods): the queues' release
-key (common/queuerelease.py).
+key (common/queuerelease.py). The Secret is made in the cluster, by :func:`make_key_secret`,
+not at render time: `helm template` stays the same from render to render.
 
 The file is read again when it changes (the kubelet swaps a mounted Secret's files in place), so
 a rotated key takes effect without a restart. A read that fails, or finds a key shorter than
@@ -10,12 +11,17 @@ unreadable never lets a pod past the queues.
 
 from __future__ import annotations
 
+import base64
 import functools
 import logging
 import os
+import secrets
 import threading
 from pathlib import Path
 from typing import Final
+
+from common.errors import Conflict
+from common.kubeclient import KubeClient
 
 log = logging.getLogger(__name__)
 
@@ -64,3 +70,28 @@ class KeyFile:
 def key_file(path: Path) -> KeyFile:
     """The one reader of ``path`` in this process (its last good key is shared)."""
     return KeyFile(path)
+
+
+async def make_key_secret(kube: KubeClient, namespace: str, name: str) -> bool:
+    """Make the Secret ``namespace/name`` holding a new random key (``key``), unless it exists;
+    whether this call made it. Only ever created, never read or replaced: the RBAC it needs
+    is ``create secrets`` in its namespace, and a key in use is never changed under its
+    readers."""
+    key = base64.b64encode(secrets.token_bytes(48)).decode()
+    body = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/name": "tidelease"},
+        },
+        "type": "Opaque",
+        "data": {"key": base64.b64encode(key.encode()).decode()},
+    }
+    try:
+        await kube.json("POST", f"/api/v1/namespaces/{namespace}/secrets", body=body)
+    except Conflict:
+        return False
+    log.info("made the Secret %s/%s (a new key)", namespace, name)
+    return True

@@ -34,9 +34,19 @@ WATCH_TIMEOUT_S = 290
 WATCH_BACKOFF_MAX_S = 4.0
 
 
+# The cause the Eviction API names when a PodDisruptionBudget refuses (policy/v1
+# DisruptionBudgetCause); API Priority and Fairness' 429 names none.
+DISRUPTION_BUDGET_CAUSE = "DisruptionBudget"
+
+
 def api_error(status: int, what: str, body: bytes) -> Exception:
+    details: dict[str, Any] = {}
     try:
-        message = json.loads(body).get("message", "")
+        reply = json.loads(body)
+        message = reply.get("message", "")
+        details = reply.get("details") or {}
+        if not isinstance(details, dict):
+            details = {}
     except (ValueError, AttributeError):
         message = body[:200].decode(errors="replace")
     text = f"{what}: HTTP {status}: {message}"
@@ -45,7 +55,16 @@ def api_error(status: int, what: str, body: bytes) -> Exception:
     if status == 409:
         return Conflict(text)
     if status == 429:
-        return TooManyRequests(text)
+        causes = details.get("causes")
+        budget = isinstance(causes, list) and any(
+            isinstance(c, dict) and c.get("reason") == DISRUPTION_BUDGET_CAUSE for c in causes
+        )
+        after = details.get("retryAfterSeconds")
+        return TooManyRequests(
+            text,
+            retry_after_s=float(after) if isinstance(after, int | float) and after > 0 else None,
+            disruption_budget=budget,
+        )
     if status >= 500:
         return Unavailable(text)
     return InvalidInput(text)

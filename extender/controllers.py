@@ -1,8 +1,9 @@
 """The controllers' process, ``tidelease controllers``: leasing and reclaim, the hot-restart
-operator, the agents' AgentReady conditions, the shared queues' admission, prewarming and the
-live planner, each leader-elected among the replicas on a Lease of its own. The extender's
-replicas serve the verbs only: a controller's step never waits in line with kube-scheduler's
-calls, nor they behind it.
+operator, the agents' AgentReady conditions, the shared queues' admission, prewarming, the
+live planner and the extender's certificate rotation (extender/certrotation), each
+leader-elected among the replicas on a Lease of its own. The extender's replicas serve the
+verbs only: a controller's step never waits in line with kube-scheduler's calls, nor they
+behind it.
 
 The leasing controller always watches GpuLeases, and keeps a watched view of the cluster of its
 own (pods, GpuNodes, ledgers, agents' Leases; ResourceClaims too in DRA mode) only while a
@@ -33,7 +34,8 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from common.delegatedauth import DelegatedAuth, metrics_response
-from common.httpserving import listen, runner
+from common.httpserving import PROBE_LIMITS, listen, probe_runner
+from common.keyfile import make_key_secret
 from common.leaderelection import LeaderElector
 from common.waiting import first_of
 from extender.agents.controller import LEADER_LEASE, AgentConditions
@@ -51,11 +53,12 @@ from extender.queues.controller import LEADER_LEASE as QUEUES_LEASE
 from extender.queues.controller import QueueMetrics, QueuesController, QueueSettings
 from extender.queues.profiler import NullReader, Profiler
 from extender.scheduler.server import readiness
-from extender.scheduler.serving import PROBE_LIMITS, run_api_probe_at
+from extender.scheduler.serving import run_api_probe_at
 from extender.scheduler.settings import ExtenderSettings
 
 if TYPE_CHECKING:
     from common.kubeclient import KubeClient
+    from extender.certrotation.policy import RotationSettings
     from extender.planner.stepping import PlannerSettings
     from extender.prewarm.policy import PrewarmSettings
 
@@ -75,6 +78,7 @@ class Enabled:
     prewarm: PrewarmSettings | None = None
     planner: PlannerSettings | None = None
     planner_prometheus: str = ""
+    certificates: RotationSettings | None = None
 
     def names(self) -> list[str]:
         return [
@@ -86,6 +90,7 @@ class Enabled:
                 ("queues", self.queues is not None),
                 ("prewarm", self.prewarm is not None),
                 ("planner", self.planner is not None),
+                ("certificates", self.certificates is not None),
             )
             if on
         ]
@@ -224,6 +229,11 @@ async def controllers(
 
         async def run_queues() -> None:
             try:
+                if settings.queue_release_secret:
+                    # Made here, in the cluster, once (the chart renders no random value).
+                    await make_key_secret(
+                        kube, settings.agent_namespace, settings.queue_release_secret
+                    )
                 await led(QUEUES_LEASE, queues.run)
             finally:
                 if isinstance(reader, PrometheusSource):
@@ -233,6 +243,9 @@ async def controllers(
     if enabled.prewarm is not None:
         work = _prewarm_controller(kube, enabled.prewarm, registry, led)
         tasks.append(asyncio.create_task(work, name="prewarm"))
+    if enabled.certificates is not None:
+        work = _certificates(kube, enabled.certificates, registry, led)
+        tasks.append(asyncio.create_task(work, name="certificates"))
     if enabled.planner is not None:
         work = _planner(kube, enabled.planner, enabled.planner_prometheus, registry, led)
         tasks.append(asyncio.create_task(work, name="planner"))
@@ -242,7 +255,9 @@ async def controllers(
     def ready() -> bool:
         return synced.is_set() and (view is None or view.ready())
 
-    probes = runner(_probes_app(ready, last_reachable, settings.stale_after_s, registry, auth))
+    probes = probe_runner(
+        _probes_app(ready, last_reachable, settings.stale_after_s, registry, auth)
+    )
     try:
         # The probes answer at once (/readyz: 503 until the watches have synced), so that a
         # slow first list is not taken for a dead process.
@@ -328,6 +343,23 @@ async def _prewarm_controller(
         await run_prewarm_controller(kube=kube, controller=controller)
 
     await led(LEASE_NAME, lead)
+
+
+async def _certificates(
+    kube: KubeClient, settings: RotationSettings, registry: CollectorRegistry, led: Led
+) -> None:
+    """The extender's CA and certificates, made and renewed in the cluster
+    (extender/certrotation)."""
+    from extender.certrotation.controller import (
+        LEASE_NAME,
+        KubeSecrets,
+        Rotation,
+        RotationMetrics,
+    )
+
+    metrics = RotationMetrics.create(registry)
+    rotation = Rotation(KubeSecrets(kube, settings.namespace), settings, metrics)
+    await led(LEASE_NAME, rotation.run)
 
 
 async def _planner(

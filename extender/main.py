@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from common.errors import InvalidInput
 
 if TYPE_CHECKING:
+    from extender.certrotation.policy import RotationSettings
     from extender.planner.stepping import PlannerSettings
     from extender.prewarm.policy import PrewarmSettings
     from extender.queues.controller import QueueSettings
@@ -140,11 +141,13 @@ def _controllers(args: argparse.Namespace) -> int:
         prewarm=_prewarm_settings(args) if settings.prewarm_controller else None,
         planner=_planner_settings(args, settings) if settings.planner else None,
         planner_prometheus=args.planner_prometheus,
+        certificates=_rotation_settings(args.certificates),
     )
     if not enabled.names():
         raise InvalidInput(
             "no controller enabled: give --leasing-controller, --hot-restart-operator, "
-            "--agent-conditions, --queues-controller, --prewarm-controller or --planner (or "
+            "--agent-conditions, --queues-controller, --prewarm-controller, --planner or "
+            "--certificates (or "
             "their settings keys)"
         )
 
@@ -208,6 +211,14 @@ def _planner_settings(args: argparse.Namespace, extender: ExtenderSettings) -> P
     if problems:
         raise InvalidInput(problems)
     return settings
+
+
+def _rotation_settings(path: Path | None) -> RotationSettings | None:
+    if path is None:
+        return None
+    from extender.certrotation.controller import load_rotation_settings
+
+    return load_rotation_settings(path)
 
 
 def _simulate(args: argparse.Namespace) -> int:
@@ -280,6 +291,15 @@ def _controller_flags(p: argparse.ArgumentParser) -> None:
         "--prewarm-bandwidths",
         help="bytes/s for the prelaunch window W, e.g. net=1.25G,registry=500M,storage=2G,gpu=50G"
         " (these are the defaults)",
+    )
+    p.add_argument(
+        "--certificates",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="run the certificate rotation with these settings (YAML; the chart's "
+        "certificates.yaml): makes the extender's CA, serving and kube-scheduler client "
+        "certificates in their Secrets and renews them before they end",
     )
     p.add_argument(
         "--planner-prometheus",

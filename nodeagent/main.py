@@ -56,11 +56,11 @@ def flag_problems(args: argparse.Namespace) -> list[str]:
     ):
         as_positive(flag, value, problems)
     if args.cache_dir is not None:
-        from nodeagent.cache.serving import ServeSettings
+        from nodeagent.pulling.command import serve_settings
 
         port = as_port("--cache-port", args.cache_port, problems)
         if port is not None:
-            problems += ServeSettings(port=port, token_file=args.cache_token_file).validate()
+            problems += serve_settings(args, port).validate()
         ttl = as_float("--cache-partial-ttl", args.cache_partial_ttl, problems)
         if ttl is not None and ttl < 0:
             problems.append(f"--cache-partial-ttl: want a number of seconds >= 0, got {ttl:g}")
@@ -170,7 +170,7 @@ def _agent(args: argparse.Namespace) -> int:
                 )
             )
         if cache is not None:
-            tasks.append(asyncio.create_task(cache.run()))
+            tasks.append(asyncio.create_task(cache.run(kube)))
         if not args.no_device_plugin:
             lookup = KubePodLookup(kube, timeout_s=plugin_settings.api_timeout_s)
             tasks.append(

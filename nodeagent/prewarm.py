@@ -91,7 +91,8 @@ class Checkpoints(Protocol):
 
 class PeerCheckpoints:
     """Checkpoints pulled from the peers that publish them (docs/peer-cache.md) into the
-    node's cache store, with the peers' bearer token (re-read on every pull)."""
+    node's cache store, presenting the agent's projected token for the cache's audience
+    (re-read for every request: the kubelet rotates it)."""
 
     def __init__(
         self,
@@ -151,7 +152,7 @@ class PeerCheckpoints:
             kind=Kind.CHECKPOINT,
             entry=entry,
             peers=self.peers,
-            headers=self.headers(),
+            headers=self.headers,  # called per request: the token the kubelet last rotated in
             origin=self.origin,
             settings=self.settings,
             digest=ref.sha256,

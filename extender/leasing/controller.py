@@ -29,7 +29,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -85,6 +85,12 @@ from extender.queues.preemption import eviction_cost
 log = logging.getLogger(__name__)
 
 EVICTION_GRACE_S = 2  # termination grace of an evicted borrower, after its notice period
+# A 429 on an eviction that names no disruption budget is the API server's own rate limit (API
+# Priority and Fairness): the eviction is asked again after its Retry-After (else 1 s, doubling),
+# up to EVICTION_TRIES times in all, then the step fails and the reconcile loop takes it again
+# after its backoff. Never read as a refusing budget: the pod is not deleted for it.
+EVICTION_TRIES = 4
+EVICTION_BACKOFF_MAX_S = 8.0
 # The reason of the DisruptionTarget condition on a borrower evicted by a reclaim.
 DISRUPTION_REASON = "TideleaseReclaim"
 # The reconcile key of the standby pool's top-up: no GpuLease key is without a "/".
@@ -166,8 +172,11 @@ class World(Protocol):
 
 
 class KubeWorld:
-    def __init__(self, kube: KubeClient) -> None:
+    def __init__(
+        self, kube: KubeClient, *, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    ) -> None:
         self._kube = kube
+        self._sleep = sleep  # between throttled evictions (tests: no real waits)
 
     async def replicas(self, namespace: str, workload: Workload) -> int:
         scale = await self._kube.json("GET", workload.path(namespace) + "/scale")
@@ -300,7 +309,9 @@ class KubeWorld:
         """Through the Eviction API, so that the pod's end is an eviction to whoever watches it
         (and counts against its PodDisruptionBudget). A budget that refuses does not hold back a
         reclaim, or right of return would depend on a borrower's budget: the notice was the
-        borrower's time to go. The pod is then deleted, and a Warning Event says why.
+        borrower's time to go. The pod is then deleted, and a Warning Event says why. A 429 that
+        names no budget (the API server's rate limits) is retried, never taken for a refusal
+        (``EVICTION_TRIES``).
 
         First the pod gets the condition ``DisruptionTarget`` (reason ``TideleaseReclaim``), as
         Kubernetes marks the pods it disrupts: a Job's ``podFailurePolicy`` can then tell a
@@ -317,12 +328,14 @@ class KubeWorld:
         }
         with contextlib.suppress(NotFound, Conflict):
             try:
-                await self._kube.json("POST", f"{path}/eviction", body=eviction)
+                await self._post_eviction(f"{path}/eviction", eviction, pod)
                 # The Eviction API writes its own reason over ours (EvictionByEvictionAPI):
                 # name the reclaim again while the pod terminates.
                 await self._mark_disrupted(pod, lease)
                 return
             except TooManyRequests as e:
+                if not e.disruption_budget:
+                    raise  # still throttled: the step is taken again later
                 log.warning("borrower %s: its disruption budget refuses (%s): deleted", pod.key, e)
                 await post_event(
                     self._kube,
@@ -334,6 +347,27 @@ class KubeWorld:
                     component="tidelease-leasing",
                 )
             await self._kube.json("DELETE", path, body=options)
+
+    async def _post_eviction(self, path: str, eviction: dict[str, Any], pod: Holder) -> None:
+        """POST the eviction; a throttled one (429 naming no disruption budget) again after a
+        wait, up to EVICTION_TRIES in all; the last 429 raised."""
+        delay = 1.0
+        for attempt in range(1, EVICTION_TRIES + 1):
+            try:
+                await self._kube.json("POST", path, body=eviction)
+                return
+            except TooManyRequests as e:
+                if e.disruption_budget or attempt == EVICTION_TRIES:
+                    raise
+                wait = min(EVICTION_BACKOFF_MAX_S, e.retry_after_s or delay)
+                log.info(
+                    "borrower %s: eviction throttled by the API server (%s): again in %.1f s",
+                    pod.key,
+                    e,
+                    wait,
+                )
+                await self._sleep(wait)
+                delay = min(EVICTION_BACKOFF_MAX_S, delay * 2)
 
     async def _mark_disrupted(self, pod: Holder, lease: GpuLease) -> None:
         with contextlib.suppress(NotFound, Conflict):

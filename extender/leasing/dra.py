@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any, Final
 
-from common import dra
+from common import contract, dra
 from common.errors import InvalidInput
 from common.model import Device, GpuUuid, Holder, NodeName, PodUid
 from common.replicas import names_replicas
@@ -36,7 +36,7 @@ from extender.leasing.lease import GpuLease, LentGroup
 from extender.leasing.rules import ordinal
 
 # The scheduling gate an owner's pod template carries in DRA mode; the controller lifts it.
-RECLAIM_GATE: Final = "tidelease.io/reclaim"
+RECLAIM_GATE: Final = contract.RECLAIM_GATE
 # kube-scheduler's (and the resource claim controller's) finalizer of an allocated claim: the
 # claim controller clears the allocation of an unused claim only when it is set, and a claim
 # with it is not deleted while allocated. Added in a normal update, before the allocation.

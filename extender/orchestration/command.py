@@ -26,7 +26,11 @@ def add_orchestrator_command(sub: Any) -> None:
     p.add_argument(
         "--kubeconfig", type=Path, help="kubeconfig (default: in-cluster, then ~/.kube/config)"
     )
-    p.add_argument("--namespace", help="orchestrate the jobs of this namespace only (default: all)")
+    p.add_argument(
+        "--namespace",
+        action="append",
+        help="orchestrate the jobs of this namespace only; repeatable (default: all namespaces)",
+    )
     p.add_argument(
         "--lease-namespace",
         default=os.environ.get("POD_NAMESPACE", "tidelease-system"),
@@ -61,7 +65,7 @@ def run_command(args: argparse.Namespace) -> int:
     if not args.lease_namespace:
         problems.append("--lease-namespace must not be empty")
     settings = OrchestratorSettings(
-        namespace=args.namespace,
+        namespaces=tuple(args.namespace or ()),
         identity=f"{identity}-{os.getpid()}",
         max_parallel=max_parallel if max_parallel is not None else 1,
     )
@@ -72,12 +76,13 @@ def run_command(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _serve(port: int, ready: asyncio.Event, registry: Any, auth: Any) -> Any:
+async def _serve(
+    port: int, ready: asyncio.Event, registry: Any, auth: Any, host: str = "0.0.0.0"
+) -> Any:
     from aiohttp import web
 
     from common.delegatedauth import metrics_response
-    from common.httpserving import Limits, listen
-    from common.httpserving import runner as make_runner
+    from common.httpserving import PROBE_LIMITS, listen, probe_runner
 
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok")
@@ -92,9 +97,10 @@ async def _serve(port: int, ready: asyncio.Event, registry: Any, auth: Any) -> A
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
-    runner = make_runner(app)
+    runner = probe_runner(app)
     await runner.setup()
-    await listen(runner, "0.0.0.0", port, limits=Limits(max_connections=64))
+    # The kubelet's probes always get in, whoever else holds connections (common/httpserving).
+    await listen(runner, host, port, limits=PROBE_LIMITS)
     return runner
 
 

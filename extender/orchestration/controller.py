@@ -82,7 +82,10 @@ MIN_REQUEUE_S = 0.005
 
 @dataclass(frozen=True)
 class OrchestratorSettings:
-    namespace: str | None = None  # watch one namespace; None: every namespace
+    namespace: str | None = None  # watch one namespace; None: every namespace (or namespaces)
+    # Watch these namespaces only (the chart's orchestrator.namespaces: its ConfigMaps and pods
+    # may be read nowhere else); empty: as namespace says.
+    namespaces: tuple[str, ...] = ()
     identity: str = ""  # this incarnation, in RUNNING records (default: a random id)
     max_parallel: int = 64  # commands in flight at once
     resync_s: float = 30.0  # re-evaluate every job at least this often (the loop's resync)
@@ -532,13 +535,23 @@ async def run_orchestrator(
     """Watch job ConfigMaps and their pods; evaluate and issue (``orchestrator.loop``) until
     cancelled or a watch ends; then let the commands in flight finish (:meth:`Orchestrator.
     close`). ``ready`` is set once both are listed."""
-    ns = orchestrator.settings.namespace
-    scope = f"/api/v1/namespaces/{ns}" if ns else "/api/v1"
+    settings = orchestrator.settings
+    namespaces = settings.namespaces or ((settings.namespace,) if settings.namespace else ())
     watches = Watches(kube, "orchestrator")
-    watches.add("jobs", f"{scope}/configmaps", orchestrator.on_job, {"labelSelector": JOB_SELECTOR})
-    watches.add("pods", f"{scope}/pods", orchestrator.on_pod, {"labelSelector": LABEL_JOB})
+    for ns in namespaces or (None,):
+        scope = f"/api/v1/namespaces/{ns}" if ns else "/api/v1"
+        suffix = f"-{ns}" if len(namespaces) > 1 else ""
+        watches.add(
+            f"jobs{suffix}", f"{scope}/configmaps", orchestrator.on_job,
+            {"labelSelector": JOB_SELECTOR},
+        )  # fmt: skip
+        watches.add(
+            f"pods{suffix}", f"{scope}/pods", orchestrator.on_pod, {"labelSelector": LABEL_JOB}
+        )
     log.info(
-        "orchestrator %s watching %s", orchestrator.identity, f"namespace {ns}" if ns else "all"
+        "orchestrator %s watching %s",
+        orchestrator.identity,
+        f"namespaces {', '.join(namespaces)}" if namespaces else "all",
     )
     try:
         # Decide only on a full view: before both lists are in, "not ready" may only mean

@@ -135,7 +135,12 @@ class ExtenderApp:
 
     async def prioritize(self, body: dict[str, Any]) -> tuple[int, Any]:
         args = wire.parse_extender_args(body)
-        req = self._request(args.pod)
+        try:
+            req = self._request(args.pod)
+        except NotPermitted:
+            # Not placed (the filter says why): no node is better than another for it.
+            self.metrics.decisions.labels("prioritize", "refused-pod").inc()
+            return 200, wire.encoded_host_priority_list((n, 0) for n in args.node_names)
         scores = prioritize_nodes(self.cluster, req, args.node_names, self.settings.weights)
         return 200, wire.encoded_host_priority_list(scores)
 
@@ -172,7 +177,13 @@ class ExtenderApp:
 
     async def preempt(self, body: dict[str, Any]) -> tuple[int, Any]:
         args = wire.parse_preemption_args(body)
-        req = self._request(args.pod)
+        try:
+            req = self._request(args.pod)
+        except NotPermitted:
+            # kube-scheduler preempts for pods its own filters refused before asking ours (no
+            # node had room): a pod tidelease does not place yet evicts nobody.
+            self.metrics.decisions.labels("preempt", "refused-pod").inc()
+            return 200, wire.preemption_result({})
         choose: Chooser = choose_victims
         if opted_in(args.pod):
             # Cornucopia's partial preemption: from the lower queues, the GPUs worth least.
@@ -225,6 +236,7 @@ class ExtenderApp:
                     status, reply = await handler(body)
                 except InvalidInput as e:
                     outcome, status, reply = "bad_request", 400, {"Error": f"tidelease: {e}"}
+                    log.info("%s answered 400: %s", verb, e)
                 except TideleaseError as e:
                     outcome, status, reply = "error", 503, {"Error": f"tidelease: {e}"}
                 finally:

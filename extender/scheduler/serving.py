@@ -7,17 +7,27 @@ import asyncio
 import gc
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from common.delegatedauth import DelegatedAuth, Reviewer
 from common.errors import InvalidInput
-from common.httpserving import GuardedSite, Limits, TLSContext, listen, raise_fd_limit
+from common.httpserving import (
+    PROBE_LIMITS,
+    GuardedSite,
+    Limits,
+    TLSContext,
+    listen,
+    probe_runner,
+    raise_fd_limit,
+)
 from common.httpserving import runner as make_runner
 from common.waiting import first_of
 from extender.cluster import metrics as cluster_metrics
@@ -30,9 +40,6 @@ from extender.scheduler.server import ExtenderApp
 from extender.scheduler.settings import ExtenderSettings
 
 log = logging.getLogger(__name__)
-
-# The probes' port: the kubelet and Prometheus, a handful of connections.
-PROBE_LIMITS = Limits(max_connections=64)
 
 
 def build_app(
@@ -87,6 +94,33 @@ def run_api_probe_at(
     return run_api_probe(store=store, stale_after_s=stale_after_s, answered=answered)
 
 
+class TLSExpiry(Collector):
+    """tidelease_extender_tls_not_after_timestamp_seconds: when the serving certificate and the
+    client CA the extender serves with now end, and the client certificate it last admitted
+    (kube-scheduler's copy on its host). Alerted on (monitoring/alerts.yaml)."""
+
+    def __init__(self, tls: TLSContext) -> None:
+        self._tls = tls
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "tidelease_extender_tls_not_after_timestamp_seconds",
+            "When the extender's TLS certificates end (Unix seconds): serving, client_ca, and "
+            "client (the client certificate last admitted).",
+            labels=["certificate"],
+        )
+        family.add_metric(["serving"], self._tls.serving_not_after)
+        family.add_metric(["client_ca"], self._tls.client_ca_not_after)
+        if self._tls.client_not_after is not None:
+            family.add_metric(["client"], self._tls.client_not_after)
+        yield family
+        yield CounterMetricFamily(
+            "tidelease_extender_tls_reloads",
+            "Times the extender loaded its rotated TLS files again.",
+            value=self._tls.reloads,
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class Running:
     app: ExtenderApp
@@ -117,6 +151,8 @@ async def serve(
         app.metrics_auth = DelegatedAuth(reviewer)
     server_tls = settings.server_tls()
     tls = TLSContext(server_tls) if server_tls is not None else None
+    if tls is not None:
+        app.metrics.registry.register(TLSExpiry(tls))
     verb_limits = Limits(max_connections=settings.max_connections)
     raise_fd_limit(verb_limits.max_connections + PROBE_LIMITS.max_connections + 512)
     synced = asyncio.Event()
@@ -155,7 +191,11 @@ async def serve(
         return make_runner(web_app, shutdown_timeout=settings.bind_timeout_s + 1)
 
     runner = runner_of(app.web_app(probes=not separate))
-    probes = runner_of(app.probes_app()) if separate else None
+    probes = (
+        probe_runner(app.probes_app(), shutdown_timeout=settings.bind_timeout_s + 1)
+        if separate
+        else None
+    )
     try:
         await first_of(synced, tasks)
         app.synced = True

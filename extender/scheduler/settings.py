@@ -39,6 +39,10 @@ class ExtenderSettings:
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
     client_ca_file: Path | None = None
+    # Of the client certificates client_ca_file's CA signed, those admitted: for client
+    # authentication only (clientAuth, not serverAuth) and naming one of these as subject CN
+    # (empty: any name). The chart's kube-scheduler client certificate by default.
+    client_names: tuple[str, ...] = ("tidelease-scheduler-client",)
     # Open connections each listener accepts; past that, 503 and close (common.httpserving).
     max_connections: int = 256
     # /metrics only for a bearer token the API server authenticates (TokenReview) and allows
@@ -87,6 +91,9 @@ class ExtenderSettings:
     # extender places no tidelease.io/job-class pod without a valid proof. Read again when it
     # changes. None: the queues are off (no proofs written, none asked for).
     queue_release_key_file: Path | None = None
+    # The Secret (in agent_namespace, the release's) holding that key: the queues controller
+    # makes it with a new random key when it does not exist ("" : the admin provides the file).
+    queue_release_secret: str = ""
     prewarm_controller: bool = False
     planner: bool = False
     # Tenant-supplied PromQL (a pod's tidelease.io/throughput-query, a GpuLease's planner
@@ -119,7 +126,9 @@ class ExtenderSettings:
     def server_tls(self) -> ServerTLS | None:
         if self.tls_cert_file is None or self.tls_key_file is None or self.client_ca_file is None:
             return None
-        return ServerTLS(self.tls_cert_file, self.tls_key_file, self.client_ca_file)
+        return ServerTLS(
+            self.tls_cert_file, self.tls_key_file, self.client_ca_file, self.client_names
+        )
 
     def queue_release_key(self) -> bytes | None:
         """The queues' release key (common/keyfile.py: read again when the file changes; b""
@@ -170,7 +179,9 @@ class ExtenderSettings:
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be positive")
         release_key = self.queue_release_key_file
-        if release_key is not None and not release_key.is_file():
+        # Not there yet is fine when the queues make its Secret (the mount fills in later; the
+        # queues' pods wait meanwhile); otherwise it is a mistake.
+        if release_key is not None and not self.queue_release_secret and not release_key.is_file():
             problems.append(f"queue_release_key_file {release_key} is not a file")
         if not valid_label(self.tenant_query_label):
             problems.append(
@@ -203,6 +214,7 @@ _FIELD_TYPES: dict[str, type] = {
     "tls_cert_file": Path,
     "tls_key_file": Path,
     "client_ca_file": Path,
+    "client_names": tuple,
     "max_connections": int,
     "metrics_auth": bool,
     "gpu_resource": str,
@@ -226,6 +238,7 @@ _FIELD_TYPES: dict[str, type] = {
     "queue_adapt_every": int,
     "queue_interval_s": float,
     "queue_release_key_file": Path,
+    "queue_release_secret": str,
     "prewarm_controller": bool,
     "planner": bool,
     "tenant_query_label": str,

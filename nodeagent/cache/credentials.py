@@ -1,13 +1,15 @@
-"""The bearer token peers present, read from a file (a Secret mounted into the agent's pod).
+"""The token an agent presents to its peers' caches: its pod's projected ServiceAccount token
+for the cache's audience (``tidelease-peer-cache``), which the kubelet writes into a projected
+volume and rotates before it expires (docs/peer-cache.md, Identity).
 
-The file is re-read when its modification time changes, so a rotated Secret takes effect
-without a restart (the kubelet updates mounted Secrets in place). An empty or unreadable file
-admits nobody: the cache is never served without a credential.
+The file is re-read whenever it changes (another inode, modification time or size: the kubelet
+swaps a projected volume's files atomically), so each request carries the current token. An
+empty, short or unreadable file gives an empty token, which no peer accepts. Serving checks
+tokens elsewhere (``peerauth``): nothing here is a shared secret.
 """
 
 from __future__ import annotations
 
-import hmac
 import logging
 import os
 import threading
@@ -22,41 +24,32 @@ class TokenFile:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = threading.Lock()
-        self._mtime: float | None = None
+        self._seen: tuple[int, int, int] | None = None
         self._token: bytes = b""
 
     def token(self) -> bytes:
         try:
-            mtime = os.stat(self.path).st_mtime
+            st = os.stat(self.path)
         except OSError as e:
-            log.error("cache token %s unreadable: %s; refusing all requests", self.path, e)
+            log.error("cache token %s unreadable: %s; peers will refuse this agent", self.path, e)
             return b""
+        seen = (st.st_ino, st.st_mtime_ns, st.st_size)
         with self._lock:
-            if mtime != self._mtime:
+            if seen != self._seen:
                 try:
                     token = self.path.read_bytes().strip()
                 except OSError:
                     token = b""
                 if len(token) < MIN_TOKEN_LENGTH:
                     log.error(
-                        "cache token %s is shorter than %d bytes; refusing all requests",
+                        "cache token %s is shorter than %d bytes; peers will refuse this agent",
                         self.path,
                         MIN_TOKEN_LENGTH,
                     )
                     token = b""
-                self._token, self._mtime = token, mtime
+                self._token, self._seen = token, seen
             return self._token
 
     def header(self) -> dict[str, str]:
         """The Authorization header a client sends."""
         return {"Authorization": "Bearer " + self.token().decode()}
-
-
-def authorized(header: str | None, token: bytes) -> bool:
-    """Whether an ``Authorization`` header carries ``token``; constant time in the token."""
-    if not token or header is None:
-        return False
-    scheme, _, presented = header.partition(" ")
-    if scheme.lower() != "bearer":
-        return False
-    return hmac.compare_digest(presented.strip().encode("utf-8", "replace"), token)

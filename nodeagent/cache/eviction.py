@@ -17,6 +17,18 @@ DEFAULT_PARTIAL_TTL_S = 24 * 3600.0
 DEFAULT_RESERVE_BYTES = 1 << 30
 
 
+def size_refusal(*, size: int, max_bytes: int, max_entry_bytes: int) -> str | None:
+    """Why an entry that claims ``size`` bytes cannot be taken whatever is evicted, or None.
+    Asked before anything is evicted for it: a manifest is a peer's claim, and one that claims
+    more than the cache may ever hold must not empty the cache first (the filesystem's side is
+    :func:`disk_shortfall` against what eviction could free)."""
+    if size > max_entry_bytes:
+        return f"claims {size} bytes, more than the largest entry allowed ({max_entry_bytes})"
+    if size > max_bytes:
+        return f"claims {size} bytes, more than the whole cache holds ({max_bytes})"
+    return None
+
+
 def disk_shortfall(*, free: int, need: int, reserve: int) -> int:
     """The bytes to free before ``need`` more can be written with ``reserve`` left free of the
     ``free`` there are (zero or less: it fits)."""

@@ -6,7 +6,11 @@
     GET /v1/{kind}/{id}/data              its bytes; one Range (bytes=a-b, a-, -n) or none
 
 ``kind`` is ``checkpoints`` or ``images``. Every /v1 request needs ``Authorization: Bearer
-<token>``; anything else is a 401 before the path is looked at. Ids are validated by pattern and
+<token>``, the peer agent's projected ServiceAccount token for the cache's audience, verified by a
+:class:`~nodeagent.cache.peerauth.PeerVerifier` (a TokenReview): no token or an invalid one is a
+401, a valid token of anyone but a peer agent bound to a node a 403, both before the path is
+looked at, so nothing (not even whether an entry exists) goes to anyone else. Each served
+request is logged with the peer's identity (its node). Ids are validated by pattern and
 the file is checked to be a regular file inside the cache before it is handed to
 ``web.FileResponse`` (sendfile). GET and HEAD only.
 """
@@ -17,22 +21,23 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from aiohttp import hdrs, web
 from aiohttp.abc import AbstractStreamWriter
 
 from common.httpserving import Limits, listen
 from common.httpserving import runner as make_runner
-from nodeagent.cache.credentials import TokenFile, authorized
+from nodeagent.cache.identity import DEFAULT_AUDIENCE, PeerIdentity, service_account_user
 from nodeagent.cache.naming import KINDS, EntryId, Kind, parse_id
+from nodeagent.cache.peerauth import PeerVerifier
 from nodeagent.cache.ranges import RangeRefused, parse_range
 from nodeagent.cache.store import CacheStore
 
 log = logging.getLogger(__name__)
 
 STORE_KEY = web.AppKey("store", CacheStore)
-TOKEN_KEY = web.AppKey("token", TokenFile)
+VERIFIER_KEY = web.AppKey("verifier", PeerVerifier)
+PEER_KEY = web.RequestKey("peer", PeerIdentity)  # set by _guard
 # Peers pulling at once are few (a node's pull plan spreads over peers); idle ones are dropped.
 CACHE_LIMITS = Limits(max_connections=128)
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -42,7 +47,9 @@ _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 class ServeSettings:
     host: str = "0.0.0.0"
     port: int = 8477
-    token_file: Path = Path("/etc/tidelease/cache-token/token")
+    # Peers present a token for this audience, of this user (the agents' ServiceAccount).
+    audience: str = DEFAULT_AUDIENCE
+    peer_user: str = service_account_user("tidelease-system", "tidelease-agent")
 
     def validate(self) -> list[str]:
         """Every problem at once; empty when the settings are usable."""
@@ -53,6 +60,10 @@ class ServeSettings:
             problems.append(f"cache port {self.port} is not a TCP port")
         if not self.host:
             problems.append("cache host must not be empty")
+        if not self.audience:
+            problems.append("cache audience must not be empty")
+        if not self.peer_user.startswith("system:serviceaccount:"):
+            problems.append(f"cache peer user {self.peer_user!r} is not a ServiceAccount's")
         return problems
 
 
@@ -66,13 +77,22 @@ async def _guard(request: web.Request, handler: _Handler) -> web.StreamResponse:
         return _refuse(405, "read-only: GET and HEAD only")
     if request.path == "/healthz":
         return await handler(request)
-    token = request.app[TOKEN_KEY].token()
-    if not authorized(request.headers.get(hdrs.AUTHORIZATION), token):
-        return web.json_response(
-            {"error": "a valid bearer token is required"},
-            status=401,
-            headers={hdrs.WWW_AUTHENTICATE: 'Bearer realm="tidelease-cache"'},
+    verdict = await request.app[VERIFIER_KEY].verify(request.headers.get(hdrs.AUTHORIZATION))
+    if not verdict.allowed or verdict.identity is None:
+        log.info(
+            "cache: refused %s %s from %s: %s",
+            request.method,
+            request.path,
+            request.remote,
+            verdict.reason,
         )
+        headers = {hdrs.WWW_AUTHENTICATE: 'Bearer realm="tidelease-cache"'}
+        return web.json_response(
+            {"error": verdict.reason},
+            status=verdict.status,
+            headers=headers if verdict.status == 401 else None,
+        )
+    request[PEER_KEY] = verdict.identity
     try:
         return await handler(request)
     except web.HTTPException as e:
@@ -93,7 +113,12 @@ async def _healthz(request: web.Request) -> web.Response:
     return web.Response(text="ok")
 
 
+def _peer(request: web.Request) -> PeerIdentity:
+    return request[PEER_KEY]
+
+
 async def _inventory(request: web.Request) -> web.Response:
+    log.info("cache: inventory to %s", _peer(request))
     return web.json_response(request.app[STORE_KEY].inventory())
 
 
@@ -106,6 +131,7 @@ async def _manifest(request: web.Request) -> web.Response:
     # Only for an entry whose data would be served (a regular file inside the cache).
     if manifest is None or await asyncio.to_thread(store.data_path, *named) is None:
         return _refuse(404, "no such entry")
+    log.info("cache: manifest of %s/%s to %s", named[0].value, named[1], _peer(request))
     return web.json_response(manifest.to_json())
 
 
@@ -140,13 +166,20 @@ async def _data(request: web.Request) -> web.StreamResponse:
             response.headers[hdrs.CONTENT_RANGE] = f"bytes */{manifest.size}"
         return response
     store.touch(*named)
+    log.info(
+        "cache: data of %s/%s (%s) to %s",
+        named[0].value,
+        named[1],
+        request.headers.get(hdrs.RANGE, "whole"),
+        _peer(request),
+    )
     return _AsStored(path, headers={"Cache-Control": "no-store"})
 
 
-def cache_app(store: CacheStore, token: TokenFile) -> web.Application:
+def cache_app(store: CacheStore, verifier: PeerVerifier) -> web.Application:
     app = web.Application(middlewares=[_guard])
     app[STORE_KEY] = store
-    app[TOKEN_KEY] = token
+    app[VERIFIER_KEY] = verifier
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/v1/inventory", _inventory)
     app.router.add_get("/v1/{kind}/{entry}/manifest", _manifest)
@@ -158,11 +191,13 @@ async def run_cache_server(
     *,
     store: CacheStore,
     settings: ServeSettings,
+    verifier: PeerVerifier,
     ready: asyncio.Event | None = None,
     bound: list[int] | None = None,
 ) -> None:
-    """Serve ``store`` until cancelled. ``bound`` receives the port (useful with port 0)."""
-    runner = make_runner(cache_app(store, TokenFile(settings.token_file)))
+    """Serve ``store`` to the peers ``verifier`` admits until cancelled. ``bound`` receives the
+    port (useful with port 0)."""
+    runner = make_runner(cache_app(store, verifier))
     await runner.setup()
     try:
         await listen(runner, settings.host, settings.port, limits=CACHE_LIMITS)

@@ -62,6 +62,7 @@ from nodeagent.cache.eviction import (
     disk_bound,
     disk_shortfall,
     expired_partials,
+    size_refusal,
 )
 from nodeagent.cache.manifest import DEFAULT_PIECE_SIZE, Manifest, parse_manifest, piece_count
 from nodeagent.cache.naming import EntryId, Kind, valid_id
@@ -81,6 +82,12 @@ _OVERHEAD_PER_PIECE = 256
 class NoSpace(TideleaseError):
     """The cache's filesystem cannot take an entry and keep its reserve free; nothing of the
     entry is left on disk."""
+
+
+class TooLarge(NoSpace):
+    """An entry claims more bytes than the cache could ever take (its bound, the largest entry
+    allowed, or its filesystem with everything evictable evicted): refused before anything is
+    evicted for it."""
 
 
 class ContentMismatch(TideleaseError):
@@ -191,7 +198,8 @@ class CacheStore:
 
     ``partial_ttl_s``: at start, partial pulls with no progress for longer than this are dropped
     rather than kept for a resume. ``reserve_bytes``: left free on the filesystem, whatever
-    ``max_bytes`` allows."""
+    ``max_bytes`` allows. ``max_entry_bytes``: the largest entry taken (default: ``max_bytes``);
+    a larger claim is refused (:class:`TooLarge`) before anything is evicted."""
 
     def __init__(
         self,
@@ -202,9 +210,11 @@ class CacheStore:
         clock: Clock = time.time,
         partial_ttl_s: float = DEFAULT_PARTIAL_TTL_S,
         reserve_bytes: int = DEFAULT_RESERVE_BYTES,
+        max_entry_bytes: int | None = None,
     ) -> None:
         self.root = root.resolve()
         self.max_bytes = max_bytes
+        self.max_entry_bytes = max_bytes if max_entry_bytes is None else max_entry_bytes
         self.piece_size = piece_size
         self.partial_ttl_s = partial_ttl_s
         self.reserve_bytes = reserve_bytes
@@ -412,9 +422,10 @@ class CacheStore:
         if not valid_id(entry):
             raise InvalidInput(f"{entry!r} is not a valid id")
         expected = source.stat().st_size
-        self.evict(incoming=expected, keep=frozenset())
         what = f"{kind.value}/{entry}"
         need = expected + _OVERHEAD_BYTES + _OVERHEAD_PER_PIECE * -(-expected // self.piece_size)
+        self.check_size(what, expected, need)
+        self.evict(incoming=expected, keep=frozenset())
         tmp = self.data_dir(kind) / f".tmp-{entry}-{secrets.token_hex(6)}"
         digests: list[str] = []
         whole = hashlib.sha256()
@@ -565,6 +576,34 @@ class CacheStore:
             )
             return partials + sum(e.size for e in self.entries() if (e.kind, e.id) not in keep)
 
+    def check_size(
+        self, what: str, size: int, need: int, keep: frozenset[tuple[Kind, EntryId]] = frozenset()
+    ) -> None:
+        """Refuse (:class:`TooLarge`) an entry of ``size`` bytes, ``need`` on disk, that the cache
+        could not take even by evicting everything it may; checked before anything is evicted
+        for it."""
+        reason = size_refusal(
+            size=size, max_bytes=self.max_bytes, max_entry_bytes=self.max_entry_bytes
+        )
+        if reason is not None:
+            log.warning("cache: refusing %s: %s; nothing evicted", what, reason)
+            raise TooLarge(f"{what} {reason}; nothing evicted")
+        free = free_bytes(self.root)
+        short = disk_shortfall(free=free, need=need, reserve=self.reserve_bytes)
+        if short > 0 and self.evictable(keep) < short:
+            raise TooLarge(
+                str(
+                    _no_space(
+                        what,
+                        need,
+                        free,
+                        self.reserve_bytes,
+                        self.root,
+                        "evicting what the cache may evict would not make room; nothing evicted",
+                    )
+                )
+            )
+
     def ensure_space(
         self, what: str, need: int, keep: frozenset[tuple[Kind, EntryId]] = frozenset()
     ) -> None:
@@ -595,13 +634,23 @@ class CacheStore:
 
     def begin_pull(self, manifest: Manifest) -> PartialPull:
         """Start or resume pulling ``manifest``'s entry; makes room for it first (the size
-        bound, then the filesystem's reserve: :class:`NoSpace` when it cannot)."""
+        bound, then the filesystem's reserve: :class:`NoSpace` when it cannot). The size the
+        manifest claims is checked first (:class:`TooLarge`): nothing is evicted for a claim
+        the cache could never take."""
         key = (manifest.kind, manifest.id)
         with self._lock:
             if key in self._pulling:
                 raise InvalidInput(f"{manifest.kind.value}/{manifest.id} is already being pulled")
             self._pulling.add(key)
         try:
+            what = f"{manifest.kind.value}/{manifest.id}"
+            # A partial of this entry is resumed or replaced: its blocks count as free.
+            held = 0
+            with contextlib.suppress(OSError):
+                partial = self.data_dir(manifest.kind) / f"{_PARTIAL}{manifest.id}"
+                held = partial.stat().st_blocks * 512
+            need = manifest.size + overhead_bytes(manifest)
+            self.check_size(what, manifest.size, max(0, need - held))
             self.evict(incoming=manifest.size)
             return PartialPull(self, manifest)
         except BaseException:

@@ -6,23 +6,46 @@ pays it), bytes back to the client pass a token bucket shared by all of the link
 (so parallel requests share the link's rate, as on a real wire). ``kill()`` drops the link at
 once, mid-transfer, like a node that dies. The server behind it is the production code path
 (``serving.cache_app``, sendfile and all).
+
+Identity fakes: :class:`FakeTokenReviews` answers TokenReviews as the API server does (a token
+is valid only for the audiences it was issued for, and names its ServiceAccount and, when bound
+to a pod, its node), so the real :class:`~nodeagent.cache.peerauth.TokenReviewVerifier` runs
+against it; its factories issue the tokens of an agent on a node, a workload's, an agent's not
+bound to a pod, one for another audience. :class:`KnownTokens` is a verifier that admits the
+token in a file as one peer's, for the transfer tests and benchmarks, which are not about
+identity.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import json
 import os
 import secrets
 import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
+from common.errors import Unavailable
 from nodeagent.cache.credentials import TokenFile
+from nodeagent.cache.identity import (
+    DEFAULT_AUDIENCE,
+    NODE_NAME_EXTRA,
+    POD_NAME_EXTRA,
+    NodeName,
+    PeerIdentity,
+    PeerVerdict,
+    bearer_token,
+    service_account_user,
+)
 from nodeagent.cache.naming import EntryId, Kind
+from nodeagent.cache.peerauth import PeerVerifier
 from nodeagent.cache.serving import cache_app
 from nodeagent.cache.store import CacheStore
 
@@ -147,6 +170,122 @@ class LinkEmulator:
     close = kill
 
 
+AGENT_USER = service_account_user("tidelease-system", "tidelease-agent")
+
+
+@dataclass(frozen=True, slots=True)
+class _Issued:
+    user: str
+    audiences: tuple[str, ...]
+    node: str | None
+    pod: str | None
+
+
+class FakeTokenReviews:
+    """The API server's TokenReview endpoint, faithful in what the cache relies on: a token is
+    authenticated only for the audiences it was issued for (``spec.audiences``; none asked
+    means the API server's own, ``https://kubernetes.default.svc``), and a token bound to a pod
+    carries its node and pod names in ``extra``. ``down`` makes every call fail as an
+    unreachable API server does."""
+
+    API_AUDIENCE = "https://kubernetes.default.svc"
+
+    def __init__(self) -> None:
+        self._issued: dict[str, _Issued] = {}
+        self.reviews = 0
+        self.down = False
+
+    def issue(
+        self,
+        user: str,
+        *,
+        audiences: tuple[str, ...] = (DEFAULT_AUDIENCE,),
+        node: str | None = None,
+        pod: str | None = None,
+    ) -> str:
+        """A new token (shaped like a JWT) for ``user``."""
+        claims = {"sub": user, "aud": list(audiences), "jti": secrets.token_hex(8)}
+        body = base64.urlsafe_b64encode(json.dumps(claims).encode()).rstrip(b"=").decode()
+        token = f"eyJhbGciOiJSUzI1NiJ9.{body}.{secrets.token_urlsafe(32)}"
+        self._issued[token] = _Issued(user, audiences, node, pod)
+        return token
+
+    # Named factories.
+    def agent(self, node: str, *, audience: str = DEFAULT_AUDIENCE) -> str:
+        """The token a node's agent mounts: its ServiceAccount, bound to its pod on ``node``."""
+        return self.issue(
+            AGENT_USER, audiences=(audience,), node=node, pod=f"tidelease-agent-{node}"
+        )
+
+    def workload(self, node: str, *, audience: str = DEFAULT_AUDIENCE) -> str:
+        """A workload pod's token on ``node``: bound to a node, but not the agents' account."""
+        return self.issue(
+            service_account_user("team-a", "default"),
+            audiences=(audience,),
+            node=node,
+            pod="trainer-0",
+        )
+
+    def unbound_agent(self) -> str:
+        """``kubectl create token tidelease-agent --audience ...``: no pod, so no node."""
+        return self.issue(AGENT_USER)
+
+    def revoke(self, token: str) -> None:
+        """The pod the token was bound to is gone: the token no longer authenticates."""
+        self._issued.pop(token, None)
+
+    async def json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        if self.down:
+            raise Unavailable("connection refused")
+        assert (method, path) == ("POST", "/apis/authentication.k8s.io/v1/tokenreviews")
+        self.reviews += 1
+        spec = kwargs["body"]["spec"]
+        wanted = spec.get("audiences") or [self.API_AUDIENCE]
+        issued = self._issued.get(spec["token"])
+        review: dict[str, Any] = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview"}
+        if issued is None:
+            review["status"] = {"authenticated": False, "error": "invalid bearer token"}
+            return review
+        both = [a for a in wanted if a in issued.audiences]
+        if not both:
+            review["status"] = {
+                "authenticated": False,
+                "error": f"token audiences {list(issued.audiences)} is invalid for the target "
+                f"audiences {wanted}",
+            }
+            return review
+        extra: dict[str, list[str]] = {}
+        if issued.node is not None:
+            extra[NODE_NAME_EXTRA] = [issued.node]
+        if issued.pod is not None:
+            extra[POD_NAME_EXTRA] = [issued.pod]
+        user: dict[str, Any] = {
+            "username": issued.user,
+            "uid": "0000",
+            "groups": ["system:serviceaccounts", "system:authenticated"],
+        }
+        if extra:
+            user["extra"] = extra
+        review["status"] = {"authenticated": True, "user": user, "audiences": both}
+        return review
+
+
+class KnownTokens:
+    """A verifier that admits the token in ``path`` (re-read as it changes) as the agent of
+    ``node``, and nobody else."""
+
+    def __init__(self, path: Path, node: str = "peer-test") -> None:
+        self._file = TokenFile(path)
+        self.identity = PeerIdentity(NodeName(node), AGENT_USER)
+
+    async def verify(self, authorization: str | None) -> PeerVerdict:
+        token = bearer_token(authorization)
+        known = self._file.token()
+        if token is None or not known or not secrets.compare_digest(token.encode(), known):
+            return PeerVerdict(401, "not a known token")
+        return PeerVerdict(200, "ok", self.identity)
+
+
 @dataclass
 class PeerNode:
     """A cache server on loopback behind a link emulator."""
@@ -168,13 +307,15 @@ class PeerNode:
 
 async def start_peer(
     store: CacheStore,
-    token_file: Path,
+    peers: Path | PeerVerifier,
     *,
     rate: float | None = None,
     latency_s: float = 0.0,
 ) -> PeerNode:
-    """Serve ``store`` on a free loopback port, behind a link emulator when ``rate`` is set."""
-    runner = web.AppRunner(cache_app(store, TokenFile(token_file)), access_log=None)
+    """Serve ``store`` on a free loopback port, behind a link emulator when ``rate`` is set, to
+    the peers ``peers`` verifies (a path: :class:`KnownTokens` of that file)."""
+    verifier = KnownTokens(peers) if isinstance(peers, Path) else peers
+    runner = web.AppRunner(cache_app(store, verifier), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()

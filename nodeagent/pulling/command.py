@@ -1,8 +1,8 @@
 """Command-line wiring of the peer cache: the agent's ``--cache-*`` flags and ``tidelease cache``.
 
-tidelease agent ... --cache-dir /var/cache/tidelease --cache-token-file /etc/.../token
+tidelease agent ... --cache-dir /var/cache/tidelease [--cache-token-file FILE]
 tidelease cache pull <id> --cache-dir DIR --token-file FILE (--sha256 HEX | --origin URL)
-    [--peer URL]...
+    [--peer URL]...    (FILE: an agent's projected token; peers serve agents only)
 tidelease cache add <id> <file> --cache-dir DIR [--image-ref REF]
 tidelease cache ls --cache-dir DIR
 """
@@ -26,11 +26,15 @@ from nodeagent.cache.eviction import DEFAULT_PARTIAL_TTL_S, DEFAULT_RESERVE_BYTE
 # The flags are registered on every start of the command; what serves and pulls loads only
 # when used.
 if TYPE_CHECKING:
+    from common.delegatedauth import Reviewer
     from nodeagent.cache.serving import ServeSettings
     from nodeagent.cache.store import CacheStore
 
 DEFAULT_CACHE_PORT = 8477
 DEFAULT_MAX_BYTES = 200 << 30
+# Where the DaemonSet mounts the agent's projected token for the cache's audience.
+DEFAULT_TOKEN_FILE = Path("/var/run/secrets/tidelease/peer-cache/token")
+DEFAULT_PEER_ACCOUNT = "tidelease-agent"
 MAX_PUBLISHED = 512  # the GpuNode schema's maxItems per list
 
 
@@ -53,11 +57,28 @@ def add_agent_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--cache-token-file",
         type=Path,
-        default=Path("/etc/tidelease/cache-token/token"),
-        help="bearer token peers must present (a mounted Secret)",
+        default=DEFAULT_TOKEN_FILE,
+        help="this agent's projected ServiceAccount token for --cache-audience, presented to "
+        "peers (re-read as the kubelet rotates it)",
+    )
+    g.add_argument(
+        "--cache-audience",
+        default="tidelease-peer-cache",
+        help="the audience peers' tokens must be issued for (checked with a TokenReview)",
+    )
+    g.add_argument(
+        "--cache-peer-account",
+        default=DEFAULT_PEER_ACCOUNT,
+        help="the ServiceAccount (in --namespace) whose pod-bound tokens are peers",
     )
     g.add_argument(
         "--cache-max-bytes", type=_size, default=DEFAULT_MAX_BYTES, help="size bound, e.g. 200Gi"
+    )
+    g.add_argument(
+        "--cache-max-entry-bytes",
+        type=_size,
+        help="the largest entry taken (default: --cache-max-bytes); a manifest claiming more "
+        "is refused before anything is evicted",
     )
     g.add_argument(
         "--cache-partial-ttl",
@@ -106,23 +127,27 @@ class AgentCache:
             out["endpoint"] = self.endpoint
         return out
 
-    def run(self) -> Coroutine[Any, Any, None]:
+    def run(self, api: Reviewer) -> Coroutine[Any, Any, None]:
+        """Serve the cache to the peers ``api`` (the API server) vouches for."""
+        from nodeagent.cache.peerauth import TokenReviewVerifier
         from nodeagent.cache.serving import run_cache_server
 
-        return run_cache_server(store=self.store, settings=self.serve)
+        verifier = TokenReviewVerifier(api, audience=self.serve.audience, user=self.serve.peer_user)
+        return run_cache_server(store=self.store, settings=self.serve, verifier=verifier)
 
 
 def open_agent_cache(args: argparse.Namespace) -> AgentCache | None:
     """The cache the agent's flags ask for, or None when ``--cache-dir`` is not given."""
     if args.cache_dir is None:
         return None
-    from nodeagent.cache.serving import ServeSettings
     from nodeagent.cache.store import CacheStore
 
-    serve = ServeSettings(port=args.cache_port, token_file=args.cache_token_file)
+    serve = serve_settings(args)
     problems = serve.validate()
     if args.cache_max_bytes <= 0:
         problems.append("--cache-max-bytes must be positive")
+    if args.cache_max_entry_bytes is not None and args.cache_max_entry_bytes <= 0:
+        problems.append("--cache-max-entry-bytes must be positive")
     if not args.cache_partial_ttl >= 0:
         problems.append("--cache-partial-ttl must be a non-negative number of seconds")
     if args.cache_reserve_bytes < 0:
@@ -137,8 +162,25 @@ def open_agent_cache(args: argparse.Namespace) -> AgentCache | None:
         max_bytes=args.cache_max_bytes,
         partial_ttl_s=args.cache_partial_ttl,
         reserve_bytes=args.cache_reserve_bytes,
+        max_entry_bytes=args.cache_max_entry_bytes,
     )
     return AgentCache(store, serve, endpoint)
+
+
+def serve_settings(args: argparse.Namespace, port: int | None = None) -> ServeSettings:
+    """The cache server's settings from the agent's flags: peers are the pod-bound tokens of
+    ``--cache-peer-account`` in ``--namespace`` for ``--cache-audience``."""
+    from nodeagent.cache.identity import service_account_user
+    from nodeagent.cache.serving import ServeSettings
+
+    return ServeSettings(
+        port=args.cache_port if port is None else port,
+        audience=args.cache_audience,
+        # --namespace is the agent's own flag (the heartbeat's namespace, the release's).
+        peer_user=service_account_user(
+            getattr(args, "namespace", None) or "tidelease-system", args.cache_peer_account
+        ),
+    )
 
 
 def agent_inventory(cache: AgentCache | None) -> Callable[[], dict[str, Any]] | None:
@@ -164,7 +206,12 @@ def add_cache_command(sub: Any) -> None:
     pl.add_argument("id", help="checkpoint id (or image id with --kind images)")
     pl.add_argument("--kind", choices=[k.value for k in Kind], default=Kind.CHECKPOINT.value)
     common(pl)
-    pl.add_argument("--token-file", type=Path, required=True, help="the peers' bearer token")
+    pl.add_argument(
+        "--token-file",
+        type=Path,
+        required=True,
+        help="an agent's projected token for the cache's audience (peers serve agents only)",
+    )
     pl.add_argument(
         "--peer",
         action="append",

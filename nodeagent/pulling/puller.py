@@ -134,7 +134,7 @@ class _Pull:
     def __init__(
         self,
         session: aiohttp.ClientSession,
-        headers: dict[str, str],
+        headers: Callable[[], dict[str, str]],
         partial: PartialPull,
         settings: PullSettings,
         origin: Peer | None,
@@ -165,7 +165,7 @@ class _Pull:
         self, peer: Peer, start: int, length: int
     ) -> tuple[aiohttp.ClientResponse, float]:
         url = _url(peer, self.manifest.kind, self.manifest.id, "data")
-        headers = {**self.headers, "Range": f"bytes={start}-{start + length - 1}"}
+        headers = {**self.headers(), "Range": f"bytes={start}-{start + length - 1}"}
         t = time.monotonic()
         try:
             resp = await self.session.get(url, headers=headers)
@@ -472,7 +472,7 @@ async def pull(
     kind: Kind,
     entry: EntryId,
     peers: PeerSource,
-    headers: dict[str, str],
+    headers: dict[str, str] | Callable[[], dict[str, str]],
     origin: str | None = None,
     settings: PullSettings | None = None,
     planner: Planner = assign,
@@ -483,8 +483,10 @@ async def pull(
 
     Peers are not trusted for content: ``digest`` (the content's sha256, hex) pins what may be
     published; without it the ``origin``'s manifest is trusted instead, and with neither the
-    pull is refused. Raises :class:`PullFailed`, or :class:`NoSpace` when the cache's disk cannot
-    take the entry and keep its reserve."""
+    pull is refused. ``headers`` (the agent's credential) may be a function, called for every
+    request, so that a long pull presents the token the kubelet last rotated in. Raises
+    :class:`PullFailed`, or :class:`NoSpace` when the cache's disk cannot take the entry and keep
+    its reserve (or the manifest claims more than the cache could ever hold)."""
     settings = settings or PullSettings()
     problems = settings.validate()
     if digest is not None:
@@ -498,6 +500,8 @@ async def pull(
         )
     if problems:
         raise InvalidInput(problems)
+    fixed = headers
+    current: Callable[[], dict[str, str]] = fixed if callable(fixed) else lambda: fixed
     started = time.monotonic()
     holders = await peers.holders(kind, entry, ref=ref)
     origin_peer = Peer(ORIGIN, origin.rstrip("/")) if origin else None
@@ -511,7 +515,7 @@ async def pull(
     async with aiohttp.ClientSession(
         timeout=timeout, connector=connector, headers=identity, auto_decompress=False
     ) as session:
-        found = await _trusted(session, headers, holders, origin_peer, kind, entry, digest)
+        found = await _trusted(session, current(), holders, origin_peer, kind, entry, digest)
         forged: list[str] = []
         no_space: NoSpace | None = None
         untrusted: list[str] = []
@@ -524,7 +528,7 @@ async def pull(
             try:
                 return await _run(
                     session,
-                    headers,
+                    current,
                     partial,
                     sources,
                     origin_peer,
@@ -547,7 +551,7 @@ async def pull(
 
 async def _run(
     session: aiohttp.ClientSession,
-    headers: dict[str, str],
+    headers: Callable[[], dict[str, str]],
     partial: PartialPull,
     sources: list[Peer],
     origin: Peer | None,

@@ -308,12 +308,13 @@ def tenant_pod(
     *,
     priority_class: str | None = None,
     gated: bool = False,
+    gate: str = GATE,
 ) -> dict[str, Any]:
     obj = pod(ns, annotations or {})
     if priority_class is not None:
         obj["spec"]["priorityClassName"] = priority_class
     if gated:
-        obj["spec"]["schedulingGates"] = [{"name": GATE}]
+        obj["spec"]["schedulingGates"] = [{"name": gate}]
     return obj
 
 
@@ -637,12 +638,19 @@ async def test_a_tenant_cannot_write_what_tidelease_writes(
     current["metadata"]["annotations"] = {PRI: "low"}
     assert await said(tenant, "PUT", path, current) == written_refusal(contract.ANN_DEVICES, user)
 
-    gated = tenant_pod(ns, {PRI: "low"}, gated=True)
-    assert await said(tenant, "POST", pods_of(ns), gated) is None
-    gated_path = f"{pods_of(ns)}/{gated['metadata']['name']}"
-    ungate = [{"op": "remove", "path": "/spec/schedulingGates/0"}]
-    got = await said(tenant, "PATCH", gated_path, ungate, content_type=JSON_PATCH)
-    assert got == (403, admissionpolicy.WRITTEN_POLICY_NAME, admissionpolicy.gate_refusal(user))
+    # Neither the queues' gate nor DRA mode's reclaim gate (the returning replica's claim not
+    # pinned yet) is the tenant's to lift.
+    for gate in admissionpolicy.CONTROLLER_GATES:
+        gated = tenant_pod(ns, {PRI: "low"}, gated=True, gate=gate)
+        assert await said(tenant, "POST", pods_of(ns), gated) is None
+        gated_path = f"{pods_of(ns)}/{gated['metadata']['name']}"
+        ungate = [{"op": "remove", "path": "/spec/schedulingGates/0"}]
+        got = await said(tenant, "PATCH", gated_path, ungate, content_type=JSON_PATCH)
+        assert got == (
+            403,
+            admissionpolicy.WRITTEN_POLICY_NAME,
+            admissionpolicy.gate_refusal(user),
+        ), gate
 
 
 async def test_tidelease_writes_what_it_writes_and_the_kubelet_and_gc_pass(

@@ -140,3 +140,28 @@ async def test_a_pod_recreated_under_the_same_name_is_not_released_for_the_one_b
         assert contract.SCHEDULING_GATE in gate_names(obj)
         assert contract.ANN_QUEUE_RELEASED not in obj["metadata"]["annotations"]
         assert release_problem(obj, RELEASE_KEY) is not None
+
+
+async def test_the_key_secret_is_made_once_in_the_cluster(apiserver: ApiServer) -> None:
+    """The queues controller makes its key's Secret when absent and never replaces it (what
+    the chart mounts; nothing random is rendered)."""
+    import base64
+
+    from common.keyfile import MIN_KEY_LENGTH, make_key_secret
+
+    kube = await KubeClient.connect(apiserver.kubeconfig)
+    ns = f"qkey-{uuid.uuid4().hex[:6]}"
+    await kube.json("POST", "/api/v1/namespaces", body=builders.namespace(ns, online=False))
+    try:
+        assert await make_key_secret(kube, ns, "tidelease-queue-release-key") is True
+        path = f"/api/v1/namespaces/{ns}/secrets/tidelease-queue-release-key"
+        first = await kube.json("GET", path)
+        key = base64.b64decode(first["data"]["key"])
+        assert len(key) >= MIN_KEY_LENGTH
+        assert await make_key_secret(kube, ns, "tidelease-queue-release-key") is False
+        again = await kube.json("GET", path)
+        assert again["data"] == first["data"]  # kept: a key in use never changes under readers
+    finally:
+        with contextlib.suppress(Exception):
+            await kube.json("DELETE", f"/api/v1/namespaces/{ns}")
+        await kube.close()

@@ -151,9 +151,13 @@ def test_the_controllers_write_what_they_reconcile_and_cannot_bind(cluster: Kube
         ("update", "gpunodes.tidelease.io/status", ""),
         ("watch", "statefulsets.apps", ""),
         ("create", "configmaps", NS),  # the shared queues' book
-        ("update", "leases", NS),
+        ("create", "leases", NS),  # its own names only: controllers-policy.yaml
     ):
         assert cluster.can(t, verb, resource, ns), (verb, resource, ns)
+    # Leases: its own leader Leases by name, no other (test_least_privilege.py tries them).
+    for name, allowed in (("tidelease-leasing-controller", "yes"), ("tidelease-agent-a", "no")):
+        done = cluster.run("auth", "can-i", "update", f"leases/{name}", "-n", NS, token=t)
+        assert done.stdout.strip() == allowed, (name, done.stdout, done.stderr)
 
 
 def test_an_agent_writes_only_its_own_node(cluster: Kubectl) -> None:
@@ -326,11 +330,20 @@ def test_the_orchestrator_cannot_exec_or_write_outside_the_namespaces_that_opt_i
         "--from-literal=a=b",
     )  # fmt: skip
     assert "forbidden" in error
-    # Where it may work: the opted-in namespace; its watch everywhere; its Lease at home.
+    # Where it may work: the opted-in namespace, where it also watches jobs and pods (and
+    # nowhere else); its own Lease at home.
     assert cluster.can(t, "create", "pods/exec", "ml")
     assert cluster.can(t, "update", "configmaps", "ml")
-    assert cluster.can(t, "watch", "pods", "")
-    assert cluster.can(t, "update", "leases", NS)
+    for resource in ("pods", "configmaps"):
+        assert cluster.can(t, "watch", resource, "ml"), resource
+        assert not cluster.can(t, "watch", resource, ""), resource
+        assert not cluster.can(t, "list", resource, "kube-system"), resource
+    for name, allowed in (
+        ("tidelease-orchestrator", "yes"),
+        ("tidelease-leasing-controller", "no"),
+    ):
+        done = cluster.run("auth", "can-i", "update", f"leases/{name}", "-n", NS, token=t)
+        assert done.stdout.strip() == allowed, (name, done.stdout, done.stderr)
 
 
 def test_the_controllers_scale_workloads_only_where_leases_may_live(cluster: Kubectl) -> None:

@@ -238,10 +238,19 @@ class Cluster:
         key = key_file(self.dir / "queue-release.key").key()
         assert key, "the cluster has no queue release key"
         proof = release_proof(key, pod["metadata"]["uid"])
+        gates = [
+            g
+            for g in pod["spec"].get("schedulingGates") or []
+            if g["name"] != contract.SCHEDULING_GATE
+        ]
+        # One patch, as the queues controller's: the gate lifted is what kube-scheduler acts on.
         self.kube.patch(
             "Pod",
             name,
-            {"metadata": {"annotations": {contract.ANN_QUEUE_RELEASED: proof}}},
+            {
+                "metadata": {"annotations": {contract.ANN_QUEUE_RELEASED: proof}},
+                "spec": {"schedulingGates": gates or None},
+            },
             namespace,
         )
 
@@ -463,6 +472,10 @@ class NodeGroup:
         spec["terminationGracePeriodSeconds"] = 0
         if priority_class is not None:
             spec["priorityClassName"] = priority_class
+        if contract.ANN_JOB_CLASS in obj["metadata"]["annotations"]:
+            # A pod of the shared queues waits at their gate (as the chart's gate policy sets
+            # it) until released: Cluster.release, or the queues controller.
+            spec["schedulingGates"] = [{"name": contract.SCHEDULING_GATE}]
         return obj
 
     def create_pod(self, namespace: str, name: str, gpus: int, **kwargs: Any) -> str:

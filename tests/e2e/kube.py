@@ -74,6 +74,12 @@ class ApiError(Exception):
     def __init__(self, method: str, path: str, status: int, body: str) -> None:
         super().__init__(f"{method} {path}: HTTP {status}: {body[:500]}")
         self.status = status
+        # The Status object's message, whole (the body itself when it is not one).
+        try:
+            parsed = json.loads(body)
+        except ValueError:
+            parsed = None
+        self.message = str(parsed.get("message", body)) if isinstance(parsed, dict) else body
 
 
 def path_of(kind: str, name: str = "", namespace: str | None = None) -> str:

@@ -12,6 +12,7 @@ the extender (its preempt verb taking GPUs from the batch job worth least).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import statistics
@@ -89,23 +90,22 @@ def gate(cluster: Cluster, namespace: str) -> Iterator[None]:
         cluster.kube.delete("MutatingAdmissionPolicy", name)
 
 
-@pytest.fixture
-def queues(cluster: Cluster, tmp_path: Path) -> Iterator[Path]:
-    """`tidelease controllers --queues-controller` with thresholds of seconds; its log."""
+@contextlib.contextmanager
+def queues_controller(
+    cluster: Cluster, log: Path, settings: dict[str, str], *args: str
+) -> Iterator[Path]:
+    """`tidelease controllers --queues-controller` (``args`` beside), with the cluster's key of
+    the release proofs, which its extender checks (hack/lib/cluster.sh), and the extender
+    settings ``settings`` (TIDELEASE_EXTENDER_<NAME>); its log, once ready."""
     port = free_port()
-    log = tmp_path / "queues.log"
-    # The cluster's key of the release proofs, which its extender checks (hack/lib/cluster.sh).
-    key = cluster.dir / "queue-release.key"
     env = {
         **os.environ,
-        "TIDELEASE_EXTENDER_QUEUE_RELEASE_KEY_FILE": str(key),
-        "TIDELEASE_EXTENDER_QUEUE_DEMOTE_BATCH_S": "4",
-        "TIDELEASE_EXTENDER_QUEUE_PROMOTE_S": "4",
-        "TIDELEASE_EXTENDER_QUEUE_INTERVAL_S": "1",
+        "TIDELEASE_EXTENDER_QUEUE_RELEASE_KEY_FILE": str(cluster.dir / "queue-release.key"),
+        **{f"TIDELEASE_EXTENDER_{k.upper()}": v for k, v in settings.items()},
     }
     with log.open("w") as out:
         proc = subprocess.Popen(
-            [str(ROOT / ".venv/bin/tidelease"), "controllers", "--queues-controller",
+            [str(ROOT / ".venv/bin/tidelease"), "controllers", "--queues-controller", *args,
              "--kubeconfig", str(cluster.kubeconfig), "--probe-host", "127.0.0.1",
              "--probe-port", str(port)],
             stdout=out, stderr=subprocess.STDOUT, env=env,
@@ -125,6 +125,14 @@ def queues(cluster: Cluster, tmp_path: Path) -> Iterator[Path]:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.fixture
+def queues(cluster: Cluster, tmp_path: Path) -> Iterator[Path]:
+    """The queues controller with thresholds of seconds; its log."""
+    thresholds = {"queue_demote_batch_s": "4", "queue_promote_s": "4", "queue_interval_s": "1"}
+    with queues_controller(cluster, tmp_path / "queues.log", thresholds) as log:
+        yield log
 
 
 def batch_pod(group: NodeGroup, namespace: str, owner: str, gpus: int) -> dict[str, Any]:
@@ -237,7 +245,7 @@ def test_a_long_batch_job_is_demoted_and_promoted_back_once_starved(
     def promoted() -> list[dict[str, Any]] | None:
         return [
             e for e in events_of(cluster, namespace, "QueuePromoted")
-            if "job long: queue 3 -> 2" in e.get("message", "")
+            if f"job {namespace}/long: queue 3 -> 2" in e.get("message", "")  # jobs by namespace
         ] or None  # fmt: skip
 
     got = wait_for(promoted, what="long promoted back to queue 2", timeout=30)

@@ -58,10 +58,11 @@ def test_owner_gets_its_own_tagged_devices_never_another_jobs(
     cluster: Cluster, namespace: str, group: NodeGroup
 ) -> None:
     """(b) A high-priority pod of job A lands on A's tagged devices, never on B's."""
+    job_a, job_b = f"{namespace}/job-a", f"{namespace}/job-b"  # tags name the namespace's job
     x = group.add_node(
-        "x", lambda n: b.devices(n, 4, owner="job-a") + b.devices(n, 4, owner="job-b", start=4)
+        "x", lambda n: b.devices(n, 4, owner=job_a) + b.devices(n, 4, owner=job_b, start=4)
     )
-    group.add_node("y", lambda n: b.devices(n, 8, owner="job-b"))
+    group.add_node("y", lambda n: b.devices(n, 8, owner=job_b))
     group.wait_ready()
 
     owner = {"priority": Priority.HIGH, "owner": "job-a", "priority_class": ONLINE}
@@ -69,7 +70,7 @@ def test_owner_gets_its_own_tagged_devices_never_another_jobs(
     pod = cluster.wait_bound(namespace, "a-1")
     assert pod["spec"]["nodeName"] == x
     devices = cluster.gpu_node_uuids(x)
-    assert {devices[u].get("owner") for u in devices_of(pod)} == {"job-a"}
+    assert {devices[u].get("owner") for u in devices_of(pod)} == {job_a}
 
     # All of A's devices are taken now; B's twelve free ones must not be used.
     group.create_pod(namespace, "a-2", 1, **owner)
@@ -80,7 +81,8 @@ def test_borrowers_take_untagged_devices_first_then_tagged_ones(
     cluster: Cluster, namespace: str, group: NodeGroup
 ) -> None:
     """(c) Low-priority pods borrow devices tagged for a job once the untagged ones are gone."""
-    z = group.add_node("z", lambda n: b.devices(n, 4) + b.devices(n, 4, owner="job-a", start=4))
+    job_a = f"{namespace}/job-a"
+    z = group.add_node("z", lambda n: b.devices(n, 4) + b.devices(n, 4, owner=job_a, start=4))
     group.wait_ready()
     devices = cluster.gpu_node_uuids(z)
     borrower = {"priority": Priority.LOW, "owner": "job-c", "priority_class": BORROWER}
@@ -92,7 +94,7 @@ def test_borrowers_take_untagged_devices_first_then_tagged_ones(
     group.create_pod(namespace, "c-2", 4, **borrower)
     second = cluster.wait_bound(namespace, "c-2")
     assert second["spec"]["nodeName"] == z
-    assert {devices[u].get("owner") for u in devices_of(second)} == {"job-a"}
+    assert {devices[u].get("owner") for u in devices_of(second)} == {job_a}
 
 
 def test_unhealthy_devices_are_avoided(cluster: Cluster, namespace: str, group: NodeGroup) -> None:

@@ -25,16 +25,26 @@ the local cluster's components, which run outside it under the admin's user.
 
 from __future__ import annotations
 
+import json
+import re
+import threading
+import time
+import urllib.parse
+import urllib.request
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from common import admissionpolicy, builders, contract, tenancy
 from common.model import Priority
-from tests.e2e.harness import BORROWER, ONLINE, Cluster, NodeGroup
+from common.queryscope import scope_query
+from tests.e2e.harness import BORROWER, ONLINE, Cluster, NodeGroup, workload
 from tests.e2e.kube import ApiError, Kube, wait_for
 from tests.e2e.test_leasing import REPLICA_GPUS, Job
+from tests.e2e.test_queues import queues_controller
 
 pytestmark = pytest.mark.cluster
 
@@ -126,8 +136,8 @@ def refusal(call: Any, status: int, *contains: str) -> str:
         call()
     assert e.value.status == status, e.value
     for text in contains:
-        assert text in str(e.value), e.value
-    return str(e.value)
+        assert text in e.value.message, e.value.message
+    return e.value.message
 
 
 def ledger_devices(cluster: Cluster, uid: str) -> list[str]:
@@ -186,6 +196,7 @@ def test_with_the_policies_every_attempt_is_refused_at_admission(
 ) -> None:
     job, ns_b = tenancy_job
     tenant = cluster.kube.as_user(TENANT)
+    job.replicas_placed(4)
     groups = job.lend_groups(keep=2)
     lent = {u for devs in groups.values() for u in devs}
 
@@ -214,7 +225,7 @@ def test_with_the_policies_every_attempt_is_refused_at_admission(
         priority_class=BORROWER,
     )
     tenant.create(grab)
-    cluster.wait_unschedulable(ns_b, "grab", "standby GPUs are kept for reclaims")
+    cluster.wait_unschedulable(ns_b, "grab", "reserved for reclaims (standby pool)")
 
     # What it would change after admission.
     raise_priority = {"metadata": {"annotations": {contract.ANN_PRIORITY: "high"}}}
@@ -240,7 +251,7 @@ def test_with_the_policies_every_attempt_is_refused_at_admission(
     refusal(
         lambda: tenant.patch("Pod", "queued", ungate, ns_b),
         403,
-        f"the scheduling gate {contract.SCHEDULING_GATE} is removed by tidelease's queues",
+        admissionpolicy.gate_refusal(TENANT),
     )
     assert sorted(ledger_devices(cluster, uids["b-0"])) == sorted(
         cluster.pod(ns_b, "b-0")["metadata"]["annotations"][contract.ANN_DEVICES].split(",")
@@ -254,6 +265,7 @@ def test_without_the_policies_the_extender_and_controllers_refuse_alone(
 ) -> None:
     job, ns_b = tenancy_job
     tenant = cluster.kube.as_user(TENANT)
+    job.replicas_placed(4)
     groups = job.lend_groups(keep=2)
     lent = {u for devs in groups.values() for u in devs}
 
@@ -283,7 +295,7 @@ def test_without_the_policies_the_extender_and_controllers_refuse_alone(
             priority_class=BORROWER,
         )
     )
-    cluster.wait_unschedulable(ns_b, "grab", "standby GPUs are kept for reclaims")
+    cluster.wait_unschedulable(ns_b, "grab", "reserved for reclaims (standby pool)")
 
     # Changed after admission: accepted by the API server, worth nothing to tidelease.
     before = {name: sorted(ledger_devices(cluster, uid)) for name, uid in uids.items()}
@@ -324,6 +336,8 @@ def test_two_namespaces_with_one_job_name_lend_and_reclaim_side_by_side(
     group.wait_ready()
     first, second = (Job(cluster, group, cluster.namespace(p)) for p in ("same-a", "same-b"))
     try:
+        for job in (first, second):
+            job.replicas_placed(4)
         lent = {job.ns: job.lend_groups(keep=2) for job in (first, second)}
         for job in (first, second):
             for devices in lent[job.ns].values():
@@ -340,3 +354,216 @@ def test_two_namespaces_with_one_job_name_lend_and_reclaim_side_by_side(
     finally:
         for job in (first, second):
             cluster.kube.delete("Namespace", job.ns)
+
+
+# --- a tenant's throughput query (common/queryscope.py) ---
+
+QUERY_INTERVAL_S = 1.0  # the queues controller's passes in the test below
+
+
+class Prometheus:
+    """Prometheus's query API on a loopback port (what PrometheusSource calls: a form POST to
+    /api/v1/query or /api/v1/query_range, or a GET): it records every query it is asked and
+    answers, as Prometheus does for series it does not have, an empty result."""
+
+    def __init__(self) -> None:
+        self.url = ""
+        self._queries: list[str] = []
+        self._lock = threading.Lock()
+
+    def queries(self) -> list[str]:
+        with self._lock:
+            return list(self._queries)
+
+    def handler(self) -> type[BaseHTTPRequestHandler]:
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self._answer("")
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                self._answer(self.rfile.read(length).decode())
+
+            def _answer(self, form: str) -> None:
+                url = urllib.parse.urlsplit(self.path)
+                params = urllib.parse.parse_qs(url.query) | urllib.parse.parse_qs(form)
+                result_type = {"/api/v1/query": "vector", "/api/v1/query_range": "matrix"}
+                if url.path not in result_type:
+                    self._reply(404, _error("not_found", f"{url.path}: no such endpoint"))
+                elif "query" not in params:
+                    self._reply(400, _error("bad_data", 'invalid parameter "query"'))
+                else:
+                    with fake._lock:
+                        fake._queries += params["query"]
+                    data = {"resultType": result_type[url.path], "result": []}
+                    self._reply(200, {"status": "success", "data": data})
+
+            def _reply(self, status: int, body: dict[str, Any]) -> None:
+                raw = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        return Handler
+
+
+def _error(kind: str, message: str) -> dict[str, Any]:
+    return {"status": "error", "errorType": kind, "error": message}
+
+
+@pytest.fixture
+def prometheus() -> Iterator[Prometheus]:
+    fake = Prometheus()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), fake.handler())
+    fake.url = f"http://127.0.0.1:{server.server_address[1]}"
+    thread = threading.Thread(target=server.serve_forever, name="prometheus", daemon=True)
+    thread.start()
+    try:
+        yield fake
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+@pytest.fixture
+def profiling_queues(cluster: Cluster, tmp_path: Path, prometheus: Prometheus) -> Iterator[Path]:
+    """`tidelease controllers --queues-controller` reading throughputs from ``prometheus``,
+    with the cluster's queue release key (its releases are placed); its log."""
+    settings = {"queue_interval_s": str(QUERY_INTERVAL_S)}
+    with queues_controller(
+        cluster, tmp_path / "queues.log", settings, "--planner-prometheus", prometheus.url
+    ) as log:
+        yield log
+
+
+def grant_edit(cluster: Cluster, namespace: str, user: str) -> None:
+    """The built-in ``edit`` role in ``namespace`` for ``user``, and nothing else."""
+    cluster.kube.create(
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": "tenant-edit", "namespace": namespace},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "edit",
+            },
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+        }
+    )
+
+
+def profiled_job(group: NodeGroup, ns: str, name: str, query: str) -> dict[str, Any]:
+    """An elastic batch job of one 1-GPU replica, a Deployment, that names its throughput
+    query: all the queues controller needs to profile it (owner, class, workload, ceiling)."""
+    pod = group.pod(
+        ns,
+        name,
+        1,
+        owner=name,
+        priority=Priority.LOW,
+        priority_class=BORROWER,
+        extra_annotations={
+            contract.ANN_JOB_CLASS: "batch",
+            contract.ANN_WORKLOAD: f"Deployment/{name}",
+            contract.ANN_MAX_REPLICAS: "1",  # never grown: one pod to watch
+            contract.ANN_THROUGHPUT_QUERY: query,
+        },
+    )
+    return workload("Deployment", name, ns, pod, replicas=1)
+
+
+def wait_job_running(cluster: Cluster, ns: str, name: str, log: Path) -> str:
+    """The name of the job's pod once released, bound and Running."""
+
+    def running() -> str | None:
+        for p in cluster.kube.list("Pod", ns, selector=f"app={name}"):
+            if (
+                p["spec"].get("nodeName")
+                and (p.get("status") or {}).get("phase") == "Running"
+                and not p["metadata"].get("deletionTimestamp")
+            ):
+                return str(p["metadata"]["name"])
+        return None
+
+    return wait_for(
+        running,
+        what=f"job {ns}/{name} running",
+        timeout=60,
+        describe=lambda: log.read_text()[-3000:],
+    )
+
+
+def query_refusals(cluster: Cluster, ns: str, pod: str) -> list[dict[str, Any]]:
+    return [
+        e
+        for e in cluster.kube.list("Event", ns)
+        if e.get("reason") == "ThroughputQueryRefused"
+        and (e.get("involvedObject") or {}).get("name") == pod
+    ]
+
+
+def test_a_tenants_throughput_query_reads_its_own_namespace_only(
+    cluster: Cluster, group: NodeGroup, prometheus: Prometheus, profiling_queues: Path
+) -> None:
+    """B's elastic job names a throughput query of A's series: it is never run, and its pod
+    gets a Warning Event that says why. B's other job names a query of no namespace (every
+    tenant's series): it is run with B's namespace added, and Prometheus sees nothing else."""
+    cluster.ensure_priority_class(BORROWER, 10)
+    group.add_node("n1", lambda name: builders.devices(name, 2))
+    group.wait_ready()
+    ns_a = cluster.namespace("ten-a")
+    ns_b = cluster.namespace("ten-b", online=False)
+    try:
+        grant_edit(cluster, ns_b, TENANT)
+        tenant = cluster.kube.as_user(TENANT)
+        log = profiling_queues
+
+        theirs = f'sum(rate(trainer_samples_total{{namespace="{ns_a}"}}[1m]))'
+        tenant.create(profiled_job(group, ns_b, "peek", theirs))
+        peek = wait_job_running(cluster, ns_b, "peek", log)
+        (event, *_) = wait_for(
+            lambda: query_refusals(cluster, ns_b, peek),
+            what=f"ThroughputQueryRefused on {ns_b}/{peek}",
+            timeout=30,
+            describe=lambda: log.read_text()[-3000:],
+        )
+        message = event.get("message", "")
+        assert event.get("type") == "Warning", event
+        assert f"{contract.ANN_THROUGHPUT_QUERY} is not run" in message, message
+        assert f'namespace="{ns_a}"' in message, message  # the selector it refused
+        assert f'namespace="{ns_b}"' in message, message  # what a query of B may read
+
+        # The control: the same profiler runs a query of B's, scoped. peek runs all along, so
+        # a query of its would be asked in the same passes.
+        own = "sum(rate(trainer_samples_total[1m]))"
+        tenant.create(profiled_job(group, ns_b, "own", own))
+        own_pod = wait_job_running(cluster, ns_b, "own", log)
+        scoped = scope_query(own, ns_b)
+        assert f'namespace="{ns_b}"' in scoped, scoped
+        wait_for(
+            lambda: scoped in prometheus.queries(),
+            what="B's own query run, scoped to B",
+            timeout=60,
+            describe=lambda: f"asked: {prometheus.queries()}\n{log.read_text()[-3000:]}",
+        )
+        time.sleep(2 * QUERY_INTERVAL_S)  # passes more, with both jobs running
+        asked = prometheus.queries()
+        assert asked, asked
+        for query in asked:
+            matchers = re.findall(r'namespace\s*(=~|!=|!~|=)\s*"([^"]*)"', query)
+            assert matchers, asked
+            assert set(matchers) == {("=", ns_b)}, asked
+            assert ns_a not in query, asked
+        assert not query_refusals(cluster, ns_b, own_pod)
+    finally:
+        for ns in (ns_a, ns_b):
+            cluster.kube.delete("Namespace", ns)

@@ -4,7 +4,7 @@ the `tidelease` parser accepts."""
 
 from __future__ import annotations
 
-import base64
+import json
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -162,12 +162,36 @@ def test_the_agent_mounts_only_what_its_parts_need() -> None:
         "device-plugins",
         "cri",
         "cache",
-        "cache-token",
+        "peer-cache-token",
     }
     bare = agent_pod("agent.cache.enabled=false")
     assert [v["name"] for v in bare["volumes"]] == ["kube-api-access", "device-plugins"]
     args = bare["containers"][0]["args"]
     assert not [a for a in args if a.startswith(("--cri-endpoint", "--cache-"))], args
+
+
+def test_the_peer_cache_has_per_node_identity_and_no_shared_secret() -> None:
+    """Each agent presents its own pod-bound token for the cache's audience and checks its
+    peers' with a TokenReview: no Secret of the chart's holds a cache token."""
+    objs = render()
+    assert not [o for o in objs if o["kind"] == "Secret" and "cache" in o["metadata"]["name"]]
+    pod = agent_pod()
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "peer-cache-token"]
+    (source,) = volume["projected"]["sources"]
+    assert source["serviceAccountToken"] == {
+        "path": "token",
+        "audience": "tidelease-peer-cache",
+        "expirationSeconds": 3600,
+    }
+    args = pod["containers"][0]["args"]
+    assert "--cache-token-file=/var/run/secrets/tidelease/peer-cache/token" in args
+    assert "--cache-audience=tidelease-peer-cache" in args
+    assert "--cache-peer-account=tidelease-agent" in args
+    rules = find(objs, "ClusterRole", "tidelease-agent")["rules"]
+    assert {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"],
+            "verbs": ["create"]} in rules  # fmt: skip
+    off = find(render("agent.cache.enabled=false"), "ClusterRole", "tidelease-agent")["rules"]
+    assert not [r for r in off if "tokenreviews" in r["resources"]]
 
 
 SA = "/var/run/secrets/kubernetes.io/serviceaccount"
@@ -176,7 +200,7 @@ DEFAULT_MOUNTS = {
     "/var/lib/kubelet/device-plugins": ("device-plugins", False),
     SA: ("kube-api-access", True),
     "/var/cache/tidelease": ("cache", False),
-    "/etc/tidelease/cache-token": ("cache-token", True),
+    "/var/run/secrets/tidelease/peer-cache": ("peer-cache-token", True),
 }
 DEFAULT_HOST_PATHS = {
     "device-plugins": ("/var/lib/kubelet/device-plugins", "Directory"),
@@ -304,16 +328,17 @@ def test_the_settings_file_is_valid_and_names_the_release_namespace(tmp_path: Pa
 def test_the_queues_release_key_is_a_secret_both_deployments_mount_and_the_settings_name(
     mode: str, tmp_path: Path
 ) -> None:
-    """With the queues on: a Secret of a random key (kept across upgrades by lookup), mounted
-    read-only into the extender's and the controllers' pods, and the settings file's
-    queue_release_key_file points into that mount. No Role of the chart reads it."""
+    """With the queues on: the Secret the queues controller makes in the cluster (none rendered:
+    `helm template` stays the same), mounted read-only (optional: it fills in once made) into
+    the extender's and the controllers' pods; the settings file's queue_release_key_file
+    points into that mount and names the Secret. No Role of the chart reads it."""
     from extender.scheduler.settings import load_settings
 
     objs = render("extender.controllers.queues=true", f"scheduling.mode={mode}")
-    secret = find(objs, "Secret", "tidelease-queue-release-key")
-    assert secret["type"] == "Opaque"
-    assert len(base64.b64decode(secret["data"]["key"])) == 64
+    assert not [o for o in objs if o["kind"] == "Secret"]
+    secret = {"metadata": {"name": "tidelease-queue-release-key"}}
     settings_yaml = find(objs, "ConfigMap", "tidelease-extender-settings")["data"]["settings.yaml"]
+    assert yaml.safe_load(settings_yaml)["queue_release_secret"] == secret["metadata"]["name"]
     key_file = Path(yaml.safe_load(settings_yaml)["queue_release_key_file"])
     for name, container in (
         ("tidelease-extender", "extender"),
@@ -326,6 +351,7 @@ def test_the_queues_release_key_is_a_secret_both_deployments_mount_and_the_setti
             if v.get("secret", {}).get("secretName") == secret["metadata"]["name"]
         ]
         assert volume["secret"]["defaultMode"] == 0o440
+        assert volume["secret"]["optional"] is True
         assert spec["securityContext"]["fsGroup"] == spec["securityContext"]["runAsGroup"]
         (mount,) = [
             m
@@ -337,13 +363,16 @@ def test_the_queues_release_key_is_a_secret_both_deployments_mount_and_the_setti
     for role in (o for o in objs if o["kind"] in ("Role", "ClusterRole")):
         for rule in role.get("rules") or []:
             assert secret["metadata"]["name"] not in rule.get("resourceNames", []), role
-    # The settings load (the key is there, as the mount makes it).
+    # The settings load before the Secret exists (its pods start; queue pods wait), and read
+    # the key once the mount has it.
     key = tmp_path / "key"
-    key.write_bytes(base64.b64decode(secret["data"]["key"]))
     f = tmp_path / "settings.yaml"
     f.write_text(settings_yaml)
-    settings = load_settings(file=f, env={"TIDELEASE_EXTENDER_QUEUE_RELEASE_KEY_FILE": str(key)})
-    assert settings.queue_release_key() == base64.b64decode(secret["data"]["key"])
+    env = {"TIDELEASE_EXTENDER_QUEUE_RELEASE_KEY_FILE": str(key)}
+    settings = load_settings(file=f, env=env)
+    assert settings.queue_release_key() == b""  # refuses every queue pod meanwhile
+    key.write_bytes(b"k" * 64)
+    assert settings.queue_release_key() == b"k" * 64
 
     # Queues off (the default): no Secret, no mount, no setting.
     off = render()
@@ -422,6 +451,15 @@ def test_bind_serves_only_the_scheduler_of_the_mode(
     assert load_settings(file=f, env={}).scheduler_names == served
 
 
+# networkPolicies.metricsFrom's default: the Prometheus Operator's Prometheus pods.
+PROMETHEUS = [
+    {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+    }
+]
+
+
 def test_network_policies_admit_only_the_scheduler_to_the_verbs() -> None:
     own = find(render(), "NetworkPolicy", "tidelease-extender")["spec"]["ingress"]
     # ownScheduler: no rule names the verbs' port (they listen on loopback in the pod).
@@ -432,7 +470,7 @@ def test_network_policies_admit_only_the_scheduler_to_the_verbs() -> None:
         "tidelease-extender",
     )["spec"]["ingress"]
     assert cluster == [
-        {"ports": [{"port": 8889, "protocol": "TCP"}]},
+        {"from": PROMETHEUS, "ports": [{"port": 8889, "protocol": "TCP"}]},
         {
             "from": [{"ipBlock": {"cidr": "10.0.0.0/24"}}],
             "ports": [{"port": 8888, "protocol": "TCP"}],
@@ -454,6 +492,116 @@ def test_network_policies_admit_only_the_scheduler_to_the_verbs() -> None:
         }
     ]
     assert rule["ports"] == [{"port": 8477, "protocol": "TCP"}]
+
+
+def pod_templates(objs: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """(kind/name, pod template) of every workload the chart renders."""
+    out = []
+    for o in objs:
+        spec = o.get("spec") or {}
+        if o["kind"] in ("Deployment", "DaemonSet", "StatefulSet", "ReplicaSet", "Job"):
+            template = spec["template"]
+        elif o["kind"] == "CronJob":
+            template = spec["jobTemplate"]["spec"]["template"]
+        elif o["kind"] == "Pod":
+            template = o
+        else:
+            continue
+        out.append((f"{o['kind']}/{o['metadata']['name']}", template))
+    return out
+
+
+def policies_of(objs: list[dict[str, Any]], labels: dict[str, str]) -> list[dict[str, Any]]:
+    """The ingress NetworkPolicies whose podSelector (matchLabels) selects ``labels``."""
+    out = []
+    for o in objs:
+        if o["kind"] != "NetworkPolicy" or "Ingress" not in o["spec"].get("policyTypes", []):
+            continue
+        selector = o["spec"]["podSelector"]
+        assert set(selector) <= {"matchLabels"}, selector  # what this check understands
+        if (selector.get("matchLabels") or {}).items() <= labels.items():
+            out.append(o)
+    return out
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        pytest.param((), id="defaults"),
+        pytest.param(
+            ("scheduling.mode=clusterScheduler", "networkPolicies.schedulerCIDRs={10.0.0.0/24}"),
+            id="cluster-scheduler",
+        ),
+        pytest.param(
+            (
+                "extender.controllers.hotRestartOperator=true",
+                "extender.controllers.queues=true",
+                "agent.hotRestart.enabled=true",
+                "queues.gatePolicy=true",
+            ),
+            id="everything-on",
+        ),
+        pytest.param(("agent.cache.enabled=false",), id="no-cache"),
+    ],
+)
+def test_every_pod_and_every_container_port_is_under_a_network_policy(
+    values: tuple[str, ...],
+) -> None:
+    objs = render(*values)
+    templates = pod_templates(objs)
+    assert templates
+    for name, template in templates:
+        assert not template["spec"].get("hostNetwork"), name  # policies would not apply
+        policies = policies_of(objs, template["metadata"].get("labels") or {})
+        assert policies, f"{name}: no NetworkPolicy selects its pods"
+        admitted = {
+            port.get("port")
+            for policy in policies
+            for rule in policy["spec"].get("ingress") or []
+            for port in rule.get("ports") or []
+        }
+        spec = template["spec"]
+        every = spec.get("containers", []) + spec.get("initContainers", [])
+        for container in every:
+            for port in container.get("ports") or []:
+                assert {port["containerPort"], port.get("name")} & admitted, (
+                    f"{name}: port {port} of {container['name']} is in no NetworkPolicy"
+                )
+
+
+def test_probe_and_metrics_ports_are_admitted_from_the_nodes_and_the_scrapers_only() -> None:
+    def ingress(*args: str) -> dict[str, list[dict[str, Any]]]:
+        out = helm(
+            "template", "tidelease", str(CHART), "--namespace", NAMESPACE,
+            "--kube-version", kube_version(), *args,
+        ).stdout  # fmt: skip
+        return {
+            o["metadata"]["name"]: o["spec"]["ingress"]
+            for o in yaml.safe_load_all(out)
+            if o and o["kind"] == "NetworkPolicy"
+        }
+
+    probes = {"tidelease-extender": 8889, "tidelease-controllers": 8891}
+    probes["tidelease-orchestrator"] = 8890
+    # Defaults: the scrapers (Prometheus in monitoring); the kubelet as the pod's own node.
+    for name, port in probes.items():
+        (rule, *_) = ingress()[name]
+        assert rule["from"] == PROMETHEUS, name
+        assert {"port": port, "protocol": "TCP"} in rule["ports"]
+    # Nodes named, scrapers elsewhere.
+    scraper = {"namespaceSelector": {"matchLabels": {"team": "observability"}}}
+    named = ingress(
+        "--set", "networkPolicies.nodeCIDRs={192.168.10.0/24}",
+        "--set-json", f"networkPolicies.metricsFrom=[{json.dumps(scraper)}]",
+    )  # fmt: skip
+    for name in probes:
+        (rule,) = named[name]
+        assert rule["from"] == [{"ipBlock": {"cidr": "192.168.10.0/24"}}, scraper], name
+    # Neither: no rule (an empty `from` would admit every source), so nothing but the node.
+    closed = ingress("--set-json", "networkPolicies.metricsFrom=[]")
+    for name in probes:
+        assert closed[name] == [], name
+    assert closed["tidelease-agent"] != []  # the peer cache: the other agents
 
 
 def test_the_admission_policies_are_the_generated_ones_and_can_be_switched_off() -> None:

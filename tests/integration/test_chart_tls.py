@@ -12,10 +12,14 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 from common.httpserving import Limits, ServerTLS, TLSContext, listen
+from extender.certrotation.controller import Rotation, RotationMetrics, load_rotation_settings
+from extender.certrotation.testing import FakeSecrets
 from tests.chart import CHART, NAMESPACE, containers, find, helm, kube_version
 
 CLUSTER = "scheduling.mode=clusterScheduler"
@@ -56,26 +60,48 @@ def scheduler_extender(objs: list[dict[str, Any]]) -> dict[str, Any]:
     return dict(extender)
 
 
-def test_the_chart_makes_a_ca_a_serving_and_a_client_certificate(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "values",
+    [
+        pytest.param((), id="ownScheduler"),
+        pytest.param((CLUSTER,), id="clusterScheduler"),
+        pytest.param((CLUSTER, "extender.tls.certManager=true"), id="cert-manager"),
+        pytest.param((CLUSTER, "extender.controllers.queues=true"), id="queues"),
+    ],
+)
+def test_helm_template_renders_the_same_twice(values: tuple[str, ...]) -> None:
+    """GitOps tools render with `helm template`: nothing random, nothing made at render time."""
+    args = [a for v in values for a in ("--set", v)]
+
+    def once() -> str:
+        return helm(
+            "template", "tidelease", str(CHART), "--namespace", NAMESPACE,
+            "--kube-version", kube_version(), *args,
+        ).stdout  # fmt: skip
+
+    assert once() == once()
+
+
+def test_the_chart_makes_no_certificate_and_has_the_controllers_make_them() -> None:
     objs = render(CLUSTER)
-    ca = secret_files(objs, "tidelease-extender-ca", tmp_path / "ca")
-    serving = secret_files(objs, "tidelease-extender-tls", tmp_path / "serving")
-    client = secret_files(objs, "tidelease-scheduler-client", tmp_path / "client")
-    assert set(serving) == set(client) == {"tls.crt", "tls.key", "ca.crt"}
-    assert (
-        serving["ca.crt"].read_bytes()
-        == client["ca.crt"].read_bytes()
-        == ca["tls.crt"].read_bytes()
+    assert not [o for o in objs if o["kind"] == "Secret" and "extender" in o["metadata"]["name"]]
+    for obj in objs:
+        assert obj["apiVersion"] != "cert-manager.io/v1"
+    config = yaml.safe_load(
+        find(objs, "ConfigMap", "tidelease-certificates")["data"]["certificates.yaml"]
     )
-    for leaf in (serving, client):
-        assert (
-            openssl("verify", "-CAfile", str(ca["tls.crt"]), str(leaf["tls.crt"]))
-            .strip()
-            .endswith("OK")
-        )
-    text = openssl("x509", "-in", str(serving["tls.crt"]), "-noout", "-text")
-    assert f"DNS:{SVC}" in text
-    assert f"DNS:{SVC}.cluster.local" in text
+    assert config["namespace"] == NAMESPACE
+    assert SVC in config["dnsNames"]
+    assert f"{SVC}.cluster.local" in config["dnsNames"]
+    assert (config["caValidityDays"], config["servingValidityDays"]) == (3650, 90)
+    ctl = containers(find(objs, "Deployment", "tidelease-controllers"))["controllers"]
+    assert "--certificates=/etc/tidelease/certificates/certificates.yaml" in ctl["args"]
+    rules = find(objs, "Role", "tidelease-controllers")["rules"]
+    secrets = [r for r in rules if "secrets" in r["resources"]]
+    assert {"verbs": ["get", "update"], "resourceNames": sorted(r for r in (
+        "tidelease-extender-ca", "tidelease-extender-tls", "tidelease-scheduler-client"))} in [
+        {"verbs": r["verbs"], "resourceNames": sorted(r.get("resourceNames", []))} for r in secrets
+    ]  # fmt: skip
     # The scheduler checks the serving certificate against the Service name, whatever URL.
     extender = scheduler_extender(objs)
     assert extender["enableHTTPS"] is True
@@ -86,8 +112,10 @@ def test_the_chart_makes_a_ca_a_serving_and_a_client_certificate(tmp_path: Path)
         "keyFile": "/etc/kubernetes/tidelease/tls.key",
         "caFile": "/etc/kubernetes/tidelease/ca.crt",
     }
-    for obj in objs:
-        assert obj["apiVersion"] != "cert-manager.io/v1"
+    settings = yaml.safe_load(
+        find(objs, "ConfigMap", "tidelease-extender-settings")["data"]["settings.yaml"]
+    )
+    assert settings["client_names"] == ["tidelease-scheduler-client"]
 
 
 def test_the_extender_serves_https_from_the_secret_and_requires_the_client_ca() -> None:
@@ -143,20 +171,39 @@ def test_cert_manager_makes_them_when_the_cluster_serves_it() -> None:
     assert serving["usages"] == ["server auth", "digital signature"]
     client = find(objs, "Certificate", "tidelease-scheduler-client")["spec"]
     assert client["usages"] == ["client auth", "digital signature"]
-    assert client["renewBefore"] == "720h"
-    # Asked not to, the chart makes them itself even where cert-manager is served.
+    assert (client["duration"], client["renewBefore"]) == ("8760h", "2920h")
+    assert (serving["duration"], serving["renewBefore"]) == ("2160h", "720h")
+    # Asked not to, the controllers make them even where cert-manager is served.
     own = render(CLUSTER, "extender.tls.certManager=false", api_versions=("cert-manager.io/v1",))
     assert not [o for o in own if o["apiVersion"] == "cert-manager.io/v1"]
-    find(own, "Secret", "tidelease-extender-tls")
+    find(own, "ConfigMap", "tidelease-certificates")
 
 
 async def test_kube_schedulers_files_pass_the_extenders_tls(tmp_path: Path) -> None:
-    """The chart-made certificates in a real handshake, as kube-scheduler makes it: its client
-    certificate, the extender's CA, the Service name as serverName."""
-    objs = render(CLUSTER)
-    serving = secret_files(objs, "tidelease-extender-tls", tmp_path / "serving")
-    client = secret_files(objs, "tidelease-scheduler-client", tmp_path / "client")
-    stranger = secret_files(render(CLUSTER), "tidelease-scheduler-client", tmp_path / "stranger")
+    """The certificates the rotation makes, in a real handshake as kube-scheduler makes it: its
+    client certificate, the extender's CA, the Service name as serverName; another install's
+    client certificate (another CA) refused."""
+    config = yaml.safe_load(
+        find(render(CLUSTER), "ConfigMap", "tidelease-certificates")["data"]["certificates.yaml"]
+    )
+    (tmp_path / "certificates.yaml").write_text(yaml.safe_dump(config))
+    settings = load_rotation_settings(tmp_path / "certificates.yaml")
+
+    async def made(into: Path) -> tuple[dict[str, Path], dict[str, Path]]:
+        secrets = FakeSecrets()
+        await Rotation(secrets, settings, RotationMetrics.create(CollectorRegistry())).step()
+        out = []
+        for name in ("tidelease-extender-tls", "tidelease-scheduler-client"):
+            (into / name).mkdir(parents=True)
+            files = {}
+            for key, value in secrets.data[name].items():
+                (into / name / key).write_bytes(value)
+                files[key] = into / name / key
+            out.append(files)
+        return out[0], out[1]
+
+    serving, client = await made(tmp_path / "ours")
+    _, stranger = await made(tmp_path / "theirs")
 
     async def ok(_: web.Request) -> web.Response:
         return web.Response(text="ok")
@@ -165,7 +212,14 @@ async def test_kube_schedulers_files_pass_the_extenders_tls(tmp_path: Path) -> N
     app.router.add_get("/", ok)
     runner = web.AppRunner(app)
     await runner.setup()
-    tls = TLSContext(ServerTLS(serving["tls.crt"], serving["tls.key"], serving["ca.crt"]))
+    tls = TLSContext(
+        ServerTLS(
+            serving["tls.crt"],
+            serving["tls.key"],
+            serving["ca.crt"],
+            ("tidelease-scheduler-client",),
+        )
+    )
     try:
         await listen(runner, "127.0.0.1", 0, limits=Limits(), tls=tls)
         port = runner.addresses[0][1]
@@ -183,7 +237,6 @@ async def test_kube_schedulers_files_pass_the_extenders_tls(tmp_path: Path) -> N
                 writer.close()
 
         assert (await get(client)).endswith(b"ok")
-        # Another install's client certificate (another CA) is refused.
         refused = b""
         with contextlib.suppress(ssl.SSLError, ConnectionError):
             refused = await get(stranger)

@@ -570,14 +570,18 @@ CACHE_MAIN = textwrap.dedent(
     from pathlib import Path
     from nodeagent.cache.serving import ServeSettings, run_cache_server
     from nodeagent.cache.store import CacheStore
+    from nodeagent.cache.testing import KnownTokens
 
     async def main() -> None:
         bound: list[int] = []
         ready = asyncio.Event()
-        settings = ServeSettings(host="127.0.0.1", port=0, token_file=Path(sys.argv[2]))
+        settings = ServeSettings(host="127.0.0.1", port=0)
+        verifier = KnownTokens(Path(sys.argv[2]))
         store = CacheStore(Path(sys.argv[1]), max_bytes=1 << 30)
         task = asyncio.create_task(
-            run_cache_server(store=store, settings=settings, ready=ready, bound=bound)
+            run_cache_server(
+                store=store, settings=settings, verifier=verifier, ready=ready, bound=bound
+            )
         )
         await ready.wait()
         print(bound[0], flush=True)

@@ -377,3 +377,34 @@ async def test_a_verbs_log_lines_name_the_verb_and_the_pod(server: Server) -> No
         if e["logger"] == "extender.scheduler.binding" or "bind of" in e["msg"]
     }
     assert about == {("bind", "default", "hp-a"), ("bind", "default", "borrower")}, entries
+
+
+async def test_a_pod_tidelease_refuses_is_filtered_out_scored_flat_and_preempts_nobody(
+    server: Server,
+) -> None:
+    """A high-priority pod of a namespace not granted online jobs (docs/tenancy.md): the filter
+    says why in its Error; prioritize and preempt, which kube-scheduler may call for it anyway
+    (preempt after its own filters refused every node), answer nothing for it, not a 400."""
+    from common.model import Priority, Tier
+    from common.tenancy import online_refusal
+
+    pod = builders.pod(
+        "intruder", 4, namespace="team-b", priority=Priority.HIGH, owner="job-b", tier=Tier.HA
+    )
+    nodes = ["node-a", "node-b"]
+    status, reply = await server.post("filter", {"Pod": pod, "NodeNames": nodes})
+    assert status == 200
+    assert reply["Error"] == "tidelease: " + online_refusal(
+        "team-b", f"{contract.ANN_PRIORITY}: high"
+    )
+    status, reply = await server.post("prioritize", {"Pod": pod, "NodeNames": nodes})
+    assert (status, reply) == (200, [{"Host": n, "Score": 0} for n in nodes])
+    status, reply = await server.post(
+        "preempt",
+        {
+            "Pod": pod,
+            "NodeNameToVictims": None,
+            "NodeNameToMetaVictims": {"node-a": {"Pods": [], "NumPDBViolations": 0}},
+        },
+    )
+    assert (status, reply) == (200, {"NodeNameToMetaVictims": {}})

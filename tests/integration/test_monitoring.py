@@ -11,19 +11,22 @@ import re
 import subprocess
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
+from common.httpserving import TLSContext
 from common.reconcile import ControllerMetrics
+from extender.certrotation.controller import RotationMetrics
 from extender.cluster.store import MemoryStore
 from extender.leasing.controller import LeasingMetrics
 from extender.orchestration.metrics import OrchestratorMetrics
 from extender.planner.controller import PlannerMetrics
 from extender.prewarm.controller import PrewarmMetrics
-from extender.scheduler.serving import build_app
+from extender.scheduler.serving import TLSExpiry, build_app
 from extender.scheduler.settings import ExtenderSettings
 from tests.chart import CHART, binary, find, helm, kube_version, render
 from tests.integration.conftest import Server
@@ -60,10 +63,16 @@ def promtool(*args: str) -> subprocess.CompletedProcess[str]:
 
 def _registries() -> list[CollectorRegistry]:
     """The registries of the processes: the extender's as serving builds it (its verbs'
-    metrics and the cluster's), the controllers' (leasing, prewarm, planner and their reconcile
-    loops) and the orchestrator's."""
+    metrics and the cluster's, its certificates' ends), the controllers' (leasing, prewarm,
+    planner, the certificate rotation and their reconcile loops) and the orchestrator's."""
     extender = build_app(store=MemoryStore([]), settings=ExtenderSettings()).metrics.registry
+    # With HTTPS (clusterScheduler mode): when its certificates end.
+    tls = SimpleNamespace(
+        serving_not_after=1.0, client_ca_not_after=1.0, client_not_after=1.0, reloads=0
+    )
+    extender.register(TLSExpiry(cast(TLSContext, tls)))
     controllers = CollectorRegistry()
+    RotationMetrics.create(controllers)
     LeasingMetrics(controllers)
     PrewarmMetrics(controllers)
     PlannerMetrics(controllers)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import math
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -145,4 +144,4 @@ def test_the_device_plugin_refuses_times_that_are_not_finite(change: dict[str, f
 )
 def test_the_cache_server_refuses_bad_settings(settings: ServeSettings, problem: str) -> None:
     assert settings.validate() == [problem]
-    assert ServeSettings(port=0, token_file=Path("/t")).validate() == []
+    assert ServeSettings(port=0).validate() == []

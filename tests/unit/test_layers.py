@@ -32,6 +32,8 @@ LAYERS: dict[str, frozenset[str]] = {
         # the agents as the control plane sees them (AgentReady)
         "extender.agents": ("common",),
         "extender.hotrestart": ("common",),
+        # the TLS certificates of the extender and its scheduler, made and renewed in the cluster
+        "extender.certrotation": ("common",),
         "extender.orchestration": ("common",),
         "extender.leasing": ("common", "extender.cluster", "extender.queues"),
         "extender.scheduler": ("common", "extender.cluster", "extender.queues", "extender.leasing"),
@@ -51,6 +53,7 @@ LAYERS: dict[str, frozenset[str]] = {
         "extender": (
             "common",
             "extender.agents",
+            "extender.certrotation",
             "extender.cluster",
             "extender.ctl",
             "extender.hotrestart",

@@ -52,11 +52,6 @@ readOnlyRootFilesystem: true
 capabilities: {drop: [ALL]}
 {{- end -}}
 
-{{/* The Secret holding the peer cache's token. */}}
-{{- define "tidelease.cacheSecret" -}}
-{{ .Values.agent.cache.tokenSecret | default "tidelease-cache-token" }}
-{{- end -}}
-
 {{/*
 The shared queues' release key (queue-release-secret.yaml): the Secret, and where the extender
 and the controllers find it (the settings' queue_release_key_file).
@@ -139,3 +134,22 @@ auto and the cluster serves cert-manager.io/v1.
 true
 {{- end -}}
 {{- end -}}
+
+{{/*
+"true" when the controllers' certificate rotation makes and renews the extender's certificates
+(extender/certrotation): clusterScheduler mode without cert-manager.
+*/}}
+{{- define "tidelease.ownCertificates" -}}
+{{- if and .Values.extender.enabled (eq .Values.scheduling.mode "clusterScheduler") (not (include "tidelease.certManager" .)) -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{- /* "true" when `tidelease controllers` runs anything (controllers.yaml): its Deployment,
+ServiceAccount and RBAC exist, and so do the policies about that ServiceAccount. */}}
+{{- define "tidelease.controllersEnabled" -}}
+{{- $c := .Values.extender.controllers -}}
+{{- if and .Values.extender.enabled (or $c.leasing $c.hotRestartOperator $c.agentConditions $c.queues $c.prewarm $c.planner (include "tidelease.ownCertificates" .)) -}}
+true
+{{- end -}}
+{{- end }}
