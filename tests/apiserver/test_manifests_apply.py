@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.apiserver.conftest import ApiServer
 from tests.apiserver.kubectl import Kubectl
@@ -88,34 +89,25 @@ def test_install_upgrade_uninstall(apiserver: ApiServer) -> None:
         kubectl(apiserver, "get", "crd", f"{crd}.tidelease.io")
 
 
-def test_cluster_scheduler_certificates_are_kept_across_upgrades_and_renewed_near_their_end(
+def test_cluster_scheduler_certificates_are_made_in_the_cluster_not_by_helm(
     apiserver: ApiServer,
 ) -> None:
-    """The chart-made CA and certificates (no cert-manager here) survive an upgrade; an upgrade
-    within renewDays of their end makes new leaves (the CA, years away, is kept)."""
+    """No certificate or key is in what helm applies (`helm template` stays the same from render
+    to render; renewal needs no upgrade): the chart applies the controllers' instructions, the
+    ConfigMap tidelease-certificates, and the controllers make the Secrets in the cluster
+    (extender/certrotation: tests/apiserver/test_certificate_swap.py, tests/unit)."""
     kubeconfig = ("--kubeconfig", str(apiserver.kubeconfig), "--namespace", NAMESPACE)
     mode = ("--set", "scheduling.mode=clusterScheduler")
-    names = ("tidelease-extender-ca", "tidelease-extender-tls", "tidelease-scheduler-client")
-
-    def secrets() -> dict[str, dict[str, str]]:
-        return {n: get(apiserver, "secret", n)["data"] for n in names}
-
     helm("install", RELEASE, str(CHART), "--create-namespace", *kubeconfig, *mode, timeout=180)
     try:
-        first = secrets()
-        assert (
-            first["tidelease-extender-tls"]["ca.crt"] == first["tidelease-extender-ca"]["tls.crt"]
-        )
+        manifest = helm("get", "manifest", RELEASE, *kubeconfig).stdout
+        kinds = {d.get("kind") for d in yaml.safe_load_all(manifest) if isinstance(d, dict)}
+        assert "Secret" not in kinds, kinds
+        plan = get(apiserver, "configmap", "tidelease-certificates")["data"]["certificates.yaml"]
+        assert "tidelease-extender.tidelease-system.svc" in plan  # the serving certificate's name
         helm("upgrade", RELEASE, str(CHART), *kubeconfig, *mode, timeout=180)
-        assert secrets() == first
-        # Renewed 400 days ahead of their end: the leaves (365 days) are due, the CA is not.
-        early = ("--set", "extender.tls.renewDays=400")
-        helm("upgrade", RELEASE, str(CHART), *kubeconfig, *mode, *early, timeout=180)
-        renewed = secrets()
-        assert renewed["tidelease-extender-ca"] == first["tidelease-extender-ca"]
-        for leaf in names[1:]:
-            assert renewed[leaf]["tls.crt"] != first[leaf]["tls.crt"], leaf
-            assert renewed[leaf]["ca.crt"] == first[leaf]["ca.crt"], leaf
+        again = get(apiserver, "configmap", "tidelease-certificates")["data"]["certificates.yaml"]
+        assert again == plan
     finally:
         helm("uninstall", RELEASE, *kubeconfig, "--wait", timeout=180)
     assert ours(apiserver) == set()
