@@ -100,8 +100,9 @@ FAKE_UUID_PREFIX="GPU-${NAME}"
 if [[ "${DRA}" == true ]]; then
   CDI_DIR="${DIR}/cdi"
   mkdir -p "${CDI_DIR}"
-  # A unix socket path holds at most 107 bytes: the DRA socket is the longest one here.
-  sock="${PLUGINS_DIR}/gpu.tidelease.io/dra.sock"
+  # A unix socket path holds at most 107 bytes: the DRA plugin's registration socket (in the
+  # kubelet's plugins_registry, beside its plugins dir) is the longest one here.
+  sock="$(dirname "${PLUGINS_DIR}")/plugins_registry/gpu.tidelease.io-reg.sock"
   ((${#sock} <= 107)) || tl::die "-D ${DIR} is too long for the DRA plugin's socket ${sock}"
 fi
 KUBELET="$(tl::bin kubelet)"

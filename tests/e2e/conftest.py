@@ -9,6 +9,8 @@ a failure that says to run hack/build-binaries.sh, never a skip.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,7 +30,13 @@ _running: Cluster | None = None
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     global _running
     base = tmp_path_factory.mktemp("cluster")
-    state = base / "cluster" / "cluster.env"
+    # The cluster's own directory is short, whatever pytest's run counter has grown to: a real
+    # node's unix sockets live in it, and a socket path holds at most 107 bytes. Linked from
+    # pytest's directory, so its logs are found where the rest of the run's are.
+    short = Path(tempfile.mkdtemp(prefix="tl-e2e-", dir="/tmp"))
+    _prune(short)
+    (base / "cluster").symlink_to(short)
+    state = short / "cluster.env"
     log = base / "cluster-up.log"
     real = os.environ.get("TIDELEASE_E2E_REAL_NODE", "true")
     env = {
@@ -63,6 +71,17 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             yield _running
     finally:
         _running = None
+
+
+def _prune(keep: Path, runs: int = 3) -> None:
+    """Remove the cluster directories of older runs but the newest ``runs`` (pytest keeps as
+    many of its own)."""
+    older = sorted(
+        (p for p in keep.parent.glob("tl-e2e-*") if p != keep and p.is_dir()),
+        key=lambda p: p.stat().st_mtime,
+    )
+    for old in older[: max(0, len(older) - (runs - 1))]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 @pytest.fixture

@@ -183,31 +183,41 @@ def extender(tmp_path: Path) -> Iterator[Server]:
     """A fresh extender for each attack: its figures are its own."""
     snap = tmp_path / "cluster.json"
     snap.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": cluster_objects()}))
-    port, probe_port = free_port(), free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "common.cli",
-            "extender",
-            "--snapshot",
-            str(snap),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--probe-host",
-            "127.0.0.1",
-            "--probe-port",
-            str(probe_port),
-        ],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    server = Server(proc, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{probe_port}")
+    errors = tmp_path / "extender.err"
+    for attempt in range(3):  # a port taken between free_port() and the bind: new ports
+        port, probe_port = free_port(), free_port()
+        with errors.open("w") as err:
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "common.cli",
+                    "extender",
+                    "--snapshot",
+                    str(snap),
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(port),
+                    "--probe-host",
+                    "127.0.0.1",
+                    "--probe-port",
+                    str(probe_port),
+                ],
+                cwd=ROOT,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+            )
+        server = Server(proc, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{probe_port}")
+        try:
+            wait_answers(server.probe_url, proc)
+            break
+        except AssertionError:
+            server.stop()
+            said = errors.read_text(errors="replace")
+            if attempt == 2 or "address already in use" not in said.lower():
+                raise AssertionError(f"the extender did not start:\n{said[-2000:]}") from None
     try:
-        wait_answers(server.probe_url, proc)
         figure(f"extender RSS at start {mib(server.rss())} ({NODES} GPU nodes)")
         yield server
         assert proc.poll() is None, "the extender died"
