@@ -25,6 +25,7 @@ _KINDS: dict[str, tuple[str, str, bool]] = {
     "Namespace": ("/api/v1", "namespaces", False),
     "Node": ("/api/v1", "nodes", False),
     "Pod": ("/api/v1", "pods", True),
+    "ConfigMap": ("/api/v1", "configmaps", True),
     "Event": ("/api/v1", "events", True),
     "PriorityClass": ("/apis/scheduling.k8s.io/v1", "priorityclasses", False),
     contract.KIND_GPU_NODE: (

@@ -449,7 +449,7 @@ def test_each_class_is_allocated_exactly_the_devices_it_selects(
     with mirrored(cluster, group.nodes):
         for node in nodes.values():
             offered = wait_published(cluster, node, {f"gpu-{i}" for i in range(8)} - {"gpu-6"})
-            assert offered["gpu-3"]["lentBy"] == "job-b"
+            assert offered["gpu-3"]["lentBy"] == b.owner_key("job-b")  # the job of its namespace
             assert offered["gpu-4"]["replica"] == "job-b-0"
             assert offered["gpu-5"]["standby"] is True
             assert offered["gpu-1"]["tierRank"] == 2
@@ -528,7 +528,7 @@ def test_another_jobs_lent_devices_go_to_borrowers_not_to_a_jobs_own_pods(
     wait_nodes_ready(cluster, group)
     with mirrored(cluster, group.nodes):
         offered = wait_published(cluster, node, {"gpu-0", "gpu-1", "gpu-2", "gpu-3"})
-        lent = {name for name, a in offered.items() if a["lentBy"] == "job-b"}
+        lent = {name for name, a in offered.items() if a["lentBy"] == b.owner_key("job-b")}
         assert lent == {"gpu-0", "gpu-1"}
         a_pod = create_claim_pod(
             cluster,

@@ -281,8 +281,9 @@ def test_only_the_replica_whose_device_failed_falls_back_to_standby_in_dra_mode(
     assert [(g["replica"], g["devices"]) for g in status["lent"]] == [
         (f"{OWNER}-3", groups[f"{OWNER}-1"])
     ]
-    for u in placed[f"{OWNER}-1"]:
-        assert (standby[u].get("owner"), standby[u].get("standby")) == (OWNER, True), standby[u]
+    for u in placed[f"{OWNER}-1"]:  # tagged with the job of the lease's namespace
+        on_loan = (standby[u].get("owner"), standby[u].get("standby"))
+        assert on_loan == (f"{job.ns}/{OWNER}", True), standby[u]
 
 
 def break_device(cluster: Cluster, node: str, uuid: str) -> None:

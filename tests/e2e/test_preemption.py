@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from common import builders
+from common import builders, contract
 from common.model import Priority
 from tests.e2e.harness import BORROWER, ONLINE, Cluster, NodeGroup, devices_of
 from tests.e2e.kube import wait_for
@@ -46,7 +46,8 @@ class FilledNode:
 def _fill_node(cluster: Cluster, namespace: str, group: NodeGroup) -> FilledNode:
     """One node: 4 devices tagged for job-a, 4 untagged, all taken by low-priority pods."""
     cluster.ensure_priority_class(LOWEST, 10)
-    x = group.add_node("x", lambda n: b.devices(n, 4, owner="job-a") + b.devices(n, 4, start=4))
+    job_a = f"{namespace}/job-a"  # the job's key: its namespace and name
+    x = group.add_node("x", lambda n: b.devices(n, 4, owner=job_a) + b.devices(n, 4, start=4))
     group.wait_ready()
     devices = cluster.gpu_node_uuids(x)
     # The others come first and take the untagged devices (borrowers prefer those) ...
@@ -60,21 +61,55 @@ def _fill_node(cluster: Cluster, namespace: str, group: NodeGroup) -> FilledNode
     for name in ("borrower-0", "borrower-1"):
         group.create_pod(namespace, name, 2, priority=Priority.LOW, priority_class=BORROWER)
         pod = cluster.wait_bound(namespace, name)
-        assert {devices[u].get("owner") for u in devices_of(pod)} == {"job-a"}
+        assert {devices[u].get("owner") for u in devices_of(pod)} == {job_a}
         borrowers[name] = pod["metadata"]["uid"]
     return FilledNode(x, devices, borrowers, others)
 
 
 def _reclaim(group: NodeGroup, namespace: str, gpus: int) -> str:
-    return group.create_pod(
+    """job-a's reclaim pod: a reclaim because job-a's GpuLease reclaims and the pod is its
+    workload's (docs/tenancy.md: nothing a pod declares makes it one). The workload is a stand-in
+    that makes no pods of its own (a ConfigMap: the pod names it as its controller, and the
+    garbage collector sees it exist); the leasing controller cannot scale it and leaves the
+    lease as it is, which is all the extender's preempt verb needs."""
+    kube = group.cluster.kube
+    holder = kube.create(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "job-a", "namespace": namespace},
+        }
+    )
+    lease = builders.gpu_lease("job-a", namespace, gpus_per_replica=gpus, desired_gpus=gpus)
+    lease["spec"]["workload"] = {"apiVersion": "v1", "kind": "ConfigMap", "name": "job-a"}
+    kube.create(lease)
+    kube.patch(
+        contract.KIND_GPU_LEASE,
+        "job-a",
+        {"status": {"phase": "Reclaiming", "targetReplicas": 1}},
+        namespace,
+        subresource="status",
+    )
+    pod = group.pod(
         namespace,
         "a-reclaim",
         gpus,
         priority=Priority.HIGH,
         owner="job-a",
-        reclaim=True,
+        reclaim=True,  # grants nothing: kept to show it
         priority_class=ONLINE,
     )
+    pod["metadata"]["ownerReferences"] = [
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "name": "job-a",
+            "uid": holder["metadata"]["uid"],
+            "controller": True,
+        }
+    ]
+    kube.create(pod)
+    return "a-reclaim"
 
 
 def _evicted(cluster: Cluster, namespace: str, name: str, uid: str) -> bool:
@@ -128,7 +163,7 @@ def test_reclaim_pod_is_bound_to_the_devices_its_borrowers_held(
     _reclaim(group, namespace, 4)
     pod = cluster.wait_bound(namespace, "a-reclaim", timeout=RECLAIM_TIMEOUT_S)
     assert pod["spec"]["nodeName"] == filled.node
-    assert {filled.devices[u].get("owner") for u in devices_of(pod)} == {"job-a"}
+    assert {filled.devices[u].get("owner") for u in devices_of(pod)} == {f"{namespace}/job-a"}
     _untouched(cluster, namespace, filled.others)
 
 
@@ -136,7 +171,7 @@ def test_reclaim_preempts_its_borrowers_not_pods_on_other_nodes(
     cluster: Cluster, namespace: str, group: NodeGroup
 ) -> None:
     """Two nodes: borrowers fill job-a's tagged node x, other low-priority pods untagged y."""
-    x = group.add_node("x", lambda n: b.devices(n, 8, owner="job-a"))
+    x = group.add_node("x", lambda n: b.devices(n, 8, owner=f"{namespace}/job-a"))
     y = group.add_node("y", lambda n: b.devices(n, 8))
     group.wait_ready()
     low = {"priority": Priority.LOW, "priority_class": BORROWER}
