@@ -30,6 +30,7 @@ from common.hotrestart import (
     request_id,
     same_image,
 )
+from common.podrequest import controller_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +137,7 @@ def workload_template(raw: dict[str, Any]) -> Template | None:
 def owner_key(raw: dict[str, Any]) -> str | None:
     """namespace/name of the StatefulSet that controls a pod, if one does."""
     meta = raw.get("metadata") or {}
-    for ref in meta.get("ownerReferences") or []:
-        if ref.get("kind") == "StatefulSet" and ref.get("controller"):
-            return f"{meta.get('namespace', '')}/{ref.get('name', '')}"
-    return None
+    controller = controller_of(meta)
+    if controller is None or controller[0] != "StatefulSet":
+        return None
+    return f"{meta.get('namespace', '')}/{controller[1]}"

@@ -302,3 +302,24 @@ async def test_an_agent_renews_only_its_own_heartbeat(cluster: Kubectl, tmp_path
         await api.close()
         for name in ("tidelease-leasing-controller", "tidelease-agent-node-a"):
             c.kubectl("delete", "lease", name, "-n", NS, "--ignore-not-found")
+
+
+def test_what_this_wave_granted_reaches_no_further(cluster: Kubectl) -> None:
+    """The grants tenancy and least privilege added, tried with a stolen token: the controllers
+    create Secrets only in the release namespace (the queues' key, the certificates) and read
+    none there but the certificates'; the agent reads a ledger by name and lists none; every
+    component reads namespaces (the granted label), none changes one."""
+    controllers = token(cluster, "tidelease-controllers")
+    for ns in ("kube-system", "default", "ml"):
+        assert not cluster.can(controllers, "create", "secrets", ns), ns
+    assert not cluster.can(controllers, "get", "secrets/tidelease-queue-release-key", NS)
+    assert not cluster.can(controllers, "list", "secrets", NS)
+    agent = token(cluster, "tidelease-agent", "agent-node-a")
+    assert cluster.can(agent, "get", "gpuallocations.tidelease.io")
+    for verb in ("list", "watch", "update", "delete"):
+        assert not cluster.can(agent, verb, "gpuallocations.tidelease.io"), verb
+    for account in ("tidelease-extender", "tidelease-controllers"):
+        t = token(cluster, account)
+        assert cluster.can(t, "list", "namespaces")
+        for verb in ("update", "patch", "create", "delete"):
+            assert not cluster.can(t, verb, "namespaces"), (account, verb)

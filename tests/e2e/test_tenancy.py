@@ -130,6 +130,43 @@ def tenant_pod(job: Job, ns: str, name: str, **kwargs: Any) -> dict[str, Any]:
     return job.group.pod(ns, name, REPLICA_GPUS, **kwargs)
 
 
+def impostor_pod(job: Job, ns: str) -> dict[str, Any]:
+    """High priority, A's job name and the online class: what would take A's lent devices."""
+    return tenant_pod(
+        job, ns, "impostor", priority=Priority.HIGH, owner="recsys", priority_class=ONLINE
+    )
+
+
+def classed_pod(job: Job, ns: str) -> dict[str, Any]:
+    """The online PriorityClass alone."""
+    return tenant_pod(job, ns, "classed", priority=Priority.LOW, priority_class=ONLINE)
+
+
+def grab_pod(job: Job, ns: str) -> dict[str, Any]:
+    """A borrower that says it reclaims, named for A's job: after the standby devices."""
+    return tenant_pod(
+        job,
+        ns,
+        "grab",
+        priority=Priority.LOW,
+        owner="recsys",
+        reclaim=True,
+        priority_class=BORROWER,
+    )
+
+
+def queued_pod(job: Job, ns: str) -> dict[str, Any]:
+    """A pod of the shared queues, created at their gate (NodeGroup.pod sets it)."""
+    return tenant_pod(
+        job,
+        ns,
+        "queued",
+        priority=Priority.LOW,
+        priority_class=BORROWER,
+        extra_annotations={contract.ANN_JOB_CLASS: "batch"},
+    )
+
+
 def refusal(call: Any, status: int, *contains: str) -> str:
     """The API server's refusal of ``call()``: its status and message."""
     with pytest.raises(ApiError) as e:
@@ -201,11 +238,9 @@ def test_with_the_policies_every_attempt_is_refused_at_admission(
     lent = {u for devs in groups.values() for u in devs}
 
     high = tenancy.online_refusal(ns_b, f"{contract.ANN_PRIORITY}: high")
-    impostor = tenant_pod(
-        job, ns_b, "impostor", priority=Priority.HIGH, owner="recsys", priority_class=ONLINE
-    )
+    impostor = impostor_pod(job, ns_b)
     refusal(lambda: tenant.create(impostor), 422, high)
-    classed = tenant_pod(job, ns_b, "classed", priority=Priority.LOW, priority_class=ONLINE)
+    classed = classed_pod(job, ns_b)
     refusal(
         lambda: tenant.create(classed),
         422,
@@ -215,16 +250,7 @@ def test_with_the_policies_every_attempt_is_refused_at_admission(
     uids = borrow_as_tenant(job, tenant, ns_b, lent)
     # reclaim: "true" is a valid annotation that grants nothing: the pod is a borrower, and the
     # standby devices (all that is free) stay kept for reclaims.
-    grab = tenant_pod(
-        job,
-        ns_b,
-        "grab",
-        priority=Priority.LOW,
-        owner="recsys",
-        reclaim=True,
-        priority_class=BORROWER,
-    )
-    tenant.create(grab)
+    tenant.create(grab_pod(job, ns_b))
     cluster.wait_unschedulable(ns_b, "grab", "reserved for reclaims (standby pool)")
 
     # What it would change after admission.
@@ -237,16 +263,7 @@ def test_with_the_policies_every_attempt_is_refused_at_admission(
         403,
         f"annotation {contract.ANN_DEVICES} is written by tidelease only",
     )
-    gated = tenant_pod(
-        job,
-        ns_b,
-        "queued",
-        priority=Priority.LOW,
-        priority_class=BORROWER,
-        extra_annotations={contract.ANN_JOB_CLASS: "batch"},
-    )
-    gated["spec"]["schedulingGates"] = [{"name": contract.SCHEDULING_GATE}]
-    tenant.create(gated)
+    tenant.create(queued_pod(job, ns_b))
     ungate = {"spec": {"schedulingGates": None}}
     refusal(
         lambda: tenant.patch("Pod", "queued", ungate, ns_b),
@@ -270,31 +287,17 @@ def test_without_the_policies_the_extender_and_controllers_refuse_alone(
     lent = {u for devs in groups.values() for u in devs}
 
     # Admitted, never placed: the filter gives the policy's reason.
-    tenant.create(
-        tenant_pod(
-            job, ns_b, "impostor", priority=Priority.HIGH, owner="recsys", priority_class=ONLINE
-        )
-    )
+    tenant.create(impostor_pod(job, ns_b))
     cluster.wait_unschedulable(
         ns_b, "impostor", tenancy.online_refusal(ns_b, f"{contract.ANN_PRIORITY}: high")
     )
-    tenant.create(tenant_pod(job, ns_b, "classed", priority=Priority.LOW, priority_class=ONLINE))
+    tenant.create(classed_pod(job, ns_b))
     cluster.wait_unschedulable(
         ns_b, "classed", tenancy.online_refusal(ns_b, f"priorityClassName {ONLINE}")
     )
 
     uids = borrow_as_tenant(job, tenant, ns_b, lent)
-    tenant.create(
-        tenant_pod(
-            job,
-            ns_b,
-            "grab",
-            priority=Priority.LOW,
-            owner="recsys",
-            reclaim=True,
-            priority_class=BORROWER,
-        )
-    )
+    tenant.create(grab_pod(job, ns_b))
     cluster.wait_unschedulable(ns_b, "grab", "reserved for reclaims (standby pool)")
 
     # Changed after admission: accepted by the API server, worth nothing to tidelease.
@@ -306,16 +309,7 @@ def test_without_the_policies_the_extender_and_controllers_refuse_alone(
     )
     assert {name: sorted(ledger_devices(cluster, uid)) for name, uid in uids.items()} == before
 
-    gated = tenant_pod(
-        job,
-        ns_b,
-        "queued",
-        priority=Priority.LOW,
-        priority_class=BORROWER,
-        extra_annotations={contract.ANN_JOB_CLASS: "batch"},
-    )
-    gated["spec"]["schedulingGates"] = [{"name": contract.SCHEDULING_GATE}]
-    tenant.create(gated)
+    tenant.create(queued_pod(job, ns_b))
     tenant.patch("Pod", "queued", {"spec": {"schedulingGates": None}}, ns_b)
     cluster.wait_unschedulable(ns_b, "queued", QUEUE_WAIT)
 
