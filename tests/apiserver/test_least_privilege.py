@@ -230,17 +230,31 @@ async def test_the_leasing_controllers_own_writes_pass_with_its_token(
         await api.close()
 
 
-def test_the_controllers_write_only_their_own_leases(cluster: Kubectl) -> None:
-    c, t = cluster, token(cluster, "tidelease-controllers")
+@pytest.mark.parametrize(
+    ("account", "own"),
+    [
+        ("tidelease-controllers", "tidelease-planner"),
+        ("tidelease-extender", "tidelease-scheduler"),  # its kube-scheduler's (ownScheduler)
+        ("tidelease-orchestrator", "tidelease-orchestrator"),
+    ],
+)
+def test_each_component_writes_only_its_own_leases(cluster: Kubectl, account: str, own: str) -> None:
+    """leases-policy.yaml: no component creates another's leader Lease or a forged heartbeat,
+    nor updates a Lease not its own; its own is created and renewed."""
+    c, t = cluster, token(cluster, account)
     lease = {
         "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
         "metadata": {"name": "attacker", "namespace": NS},
         "spec": {"holderIdentity": "attacker"},
     }  # fmt: skip
-    assert "only their own leader-election Leases" in c.refused(
-        t, "create", "-f", "-", stdin=json.dumps(lease)
-    )
-    # Another's Lease (an agent's heartbeat) is not updated: RBAC names the controllers' own.
+    mine = f"{account} writes only its own leader-election Leases"
+    assert mine in c.refused(t, "create", "-f", "-", stdin=json.dumps(lease))
+    forged = {**lease, "metadata": {"name": "tidelease-agent-node-y", "namespace": NS}}
+    assert mine in c.refused(t, "create", "-f", "-", stdin=json.dumps(forged))
+    leader = "tidelease-orchestrator" if own == "tidelease-planner" else "tidelease-planner"
+    other = {**lease, "metadata": {"name": leader, "namespace": NS}}
+    assert mine in c.refused(t, "create", "-f", "-", stdin=json.dumps(other))
+    # Another's Lease (an agent's heartbeat) is not updated: RBAC names each one's own.
     heartbeat = {**lease, "metadata": {"name": "tidelease-agent-node-z", "namespace": NS}}
     c.apply(heartbeat)
     try:
@@ -253,12 +267,13 @@ def test_the_controllers_write_only_their_own_leases(cluster: Kubectl) -> None:
     finally:
         c.kubectl("delete", "lease", "tidelease-agent-node-z", "-n", NS, "--ignore-not-found")
     # Its own leader Lease: created and renewed.
-    own = {**lease, "metadata": {"name": "tidelease-planner", "namespace": NS}}
-    c.kubectl("create", "-f", "-", stdin=json.dumps(own), token=t)
-    stored = json.loads(c.kubectl("get", "lease", "tidelease-planner", "-n", NS, "-o", "json"))
-    stored["spec"]["holderIdentity"] = "controllers-0"
+    c.kubectl("delete", "lease", own, "-n", NS, "--ignore-not-found")
+    created = {**lease, "metadata": {"name": own, "namespace": NS}}
+    c.kubectl("create", "-f", "-", stdin=json.dumps(created), token=t)
+    stored = json.loads(c.kubectl("get", "lease", own, "-n", NS, "-o", "json"))
+    stored["spec"]["holderIdentity"] = f"{account}-0"
     c.kubectl("replace", "-f", "-", stdin=json.dumps(stored), token=t)
-    c.kubectl("delete", "lease", "tidelease-planner", "-n", NS)
+    c.kubectl("delete", "lease", own, "-n", NS)
 
 
 async def test_an_agent_renews_only_its_own_heartbeat(cluster: Kubectl, tmp_path: Path) -> None:

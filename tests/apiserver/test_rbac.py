@@ -123,9 +123,14 @@ def test_the_extender_cannot_take_the_scheduler_lease_or_reach_past_its_namespac
         ("create", "pods/binding", "default"),
         ("update", "gpuallocations.tidelease.io", ""),
         ("create", "leases", NS),
-        ("update", "leases", NS),
     ):
         assert cluster.can(t, verb, resource, ns), (verb, resource, ns)
+    # Updates: its kube-scheduler's Lease by name, no other (an agent's heartbeat, a controller's
+    # leader Lease).
+    assert not cluster.can(t, "update", "leases", NS)
+    for name, answer in (("tidelease-scheduler", "yes"), ("tidelease-agent-node-a", "no")):
+        done = cluster.run("auth", "can-i", "update", f"leases/{name}", "-n", NS, token=t)
+        assert done.stdout.strip() == answer, (name, done)
 
 
 def test_the_controllers_write_what_they_reconcile_and_cannot_bind(cluster: Kubectl) -> None:
