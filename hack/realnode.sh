@@ -15,9 +15,12 @@
 # DRA plugin in the kubelet's plugin dirs (under its --root-dir), so the node offers no
 # nvidia.com/gpu, and containers get the devices of their claims through CDI. -t TIERS (HA, MA or
 # LA per GPU, comma-separated) gives the fake GPUs those tiers: before the agent starts, its
-# GpuNode gets an availability history from which the agent assesses them.
+# GpuNode gets an availability history from which the agent assesses them. With -s NS/ACCOUNT, the
+# agent started here runs as that ServiceAccount (the chart's tidelease-agent), with a token bound
+# to this Node as the kubelet's tokens for the DaemonSet's pods are (minted with KUBECONFIG's
+# credentials, which it otherwise uses): the chart's grants and own-node policy apply to it.
 #
-# usage: hack/realnode.sh -D DIR -k KUBECONFIG -n NAME [-g GPUS [-a | -d [-t TIERS]]]
+# usage: hack/realnode.sh -D DIR -k KUBECONFIG -n NAME [-g GPUS [-a | -d [-t TIERS]] [-s NS/ACCOUNT]]
 #                         [-c KUBELET_CLIENT_CA] [-L LOGS]
 #
 # Runs in the foreground until SIGINT/SIGTERM or until TL_REALNODE_PARENT_PID exits; then it
@@ -40,10 +43,11 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 source "${TL_HACK}/lib/containerd.sh"
 source "${TL_HACK}/lib/python.sh"
 
-usage() { sed -n '2,36p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,39p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 DIR="" KUBECONFIG_PATH="" NAME="" GPUS=0 CLIENT_CA="" LOGS="" AGENT_IN_POD=false DRA=false TIERS=""
-while getopts ":D:k:n:g:c:L:adt:h" opt; do
+AGENT_ACCOUNT=""
+while getopts ":D:k:n:g:c:L:adt:s:h" opt; do
   case "${opt}" in
     D) DIR="$(realpath -m -- "${OPTARG}")" ;;
     k) KUBECONFIG_PATH="$(realpath -- "${OPTARG}")" ;;
@@ -54,6 +58,7 @@ while getopts ":D:k:n:g:c:L:adt:h" opt; do
     a) AGENT_IN_POD=true ;;
     d) DRA=true ;;
     t) TIERS="${OPTARG}" ;;
+    s) AGENT_ACCOUNT="${OPTARG}" ;;
     h) usage; exit 0 ;;
     *) usage >&2; exit 2 ;;
   esac
@@ -317,7 +322,13 @@ elif ((GPUS > 0)); then
       --kubelet-registry-dir "${REGISTRY_DIR}" --kubelet-plugins-dir "${PLUGINS_DIR}"
       --cdi-dir "${CDI_DIR}")
   fi
-  "${TL_VENV}/bin/tidelease" agent --node "${NAME}" --kubeconfig "${KUBECONFIG_PATH}" \
+  agent_kubeconfig="${KUBECONFIG_PATH}"
+  if [[ -n "${AGENT_ACCOUNT}" ]]; then
+    agent_kubeconfig="${DIR}/agent.kubeconfig"
+    tl::account_kubeconfig "${KUBECONFIG_PATH}" "${agent_kubeconfig}" "${AGENT_ACCOUNT}" "${NAME}" ||
+      tl::die "minting a token of ${AGENT_ACCOUNT} bound to node ${NAME}"
+  fi
+  "${TL_VENV}/bin/tidelease" agent --node "${NAME}" --kubeconfig "${agent_kubeconfig}" \
     --backend fake --fake-gpus "${GPUS}" --cycle 1 --quiet-period 3 \
     --host-device-root "${DIR}/fakedev" "${agent_flags[@]}" \
     --cri-endpoint "unix://${TL_CTRD_SOCK}" \

@@ -11,7 +11,10 @@
 # (KEY=VALUE lines, see tl::cluster::write_state) that tells the tests where things are.
 #
 # Loopback only: every port is a free 127.0.0.1 port; the kube-schedulers serve /metrics without
-# credentials (for hack/bench-scale.py); all clients use one cluster-admin token.
+# credentials (for hack/bench-scale.py). The control plane's own components and the tests use one
+# cluster-admin token; tidelease's components run as the chart's ServiceAccounts, with the chart's
+# RBAC and identity-keyed admission policies applied (tl::cluster::apply_grants): every test runs
+# on the grants an admin installs, so a grant the chart lacks fails a test.
 #
 #   tl::cluster::start   start everything and wait until it is ready (sets TL_CLUSTER_* below)
 #   tl::cluster::stop    stop everything started by this shell, in reverse order (idempotent)
@@ -35,6 +38,9 @@ TL_CLUSTER_DIR="${TL_CLUSTER_DIR:-${TMPDIR:-/tmp}/tidelease-cluster-${UID}}"
 # Number of kwok GPU nodes created at start, named ${TL_CLUSTER_NODE_PREFIX}-<i>.
 TL_CLUSTER_NODES="${TL_CLUSTER_NODES:-4}"
 TL_CLUSTER_NODE_PREFIX="${TL_CLUSTER_NODE_PREFIX:-kwok-gpu}"
+# The release namespace tidelease's components run in (their ServiceAccounts, heartbeats, leader
+# elections): the chart's as tl::chart::render renders it.
+TL_CLUSTER_NAMESPACE=tidelease-system
 TL_CLUSTER_GPUS_PER_NODE="${TL_CLUSTER_GPUS_PER_NODE:-8}"
 TL_CLUSTER_GPU_TYPE="${TL_CLUSTER_GPU_TYPE:-H20}"
 # true: also run a second kube-scheduler, without extenders, for pods with this schedulerName
@@ -270,10 +276,69 @@ tl::cluster::apply_manifests() {
     tl::cluster::_kubectl apply -f "${TL_CHART}/crds" &&
       tl::chart::render --show-only templates/priorityclasses.yaml |
       tl::cluster::_kubectl apply -f - &&
-      tl::cluster::_kubectl create namespace tidelease-system --dry-run=client -o yaml |
+      tl::cluster::_kubectl create namespace "${TL_CLUSTER_NAMESPACE}" --dry-run=client -o yaml |
       tl::cluster::_kubectl apply -f - &&
       tl::cluster::_kubectl wait --for condition=established --timeout=60s crd --all
   } >"${log}" 2>&1 || tl::cp::_fail "applying the chart's CRDs and PriorityClasses" "${log}"
+}
+
+# tl::cluster::apply_grants - the chart's ServiceAccounts, their RBAC and the admission policies
+# keyed on their identities (agent-policy, controllers-policy, leases-policy), rendered as
+# `helm install` makes them for this cluster (clusterScheduler mode, DRA on, the optional
+# controllers the tests start on, every namespace a lease and orchestrator namespace) and applied
+# alone, the cluster-wide ones named with the suffix -local and all labelled instance "local"
+# (a release of the chart in the same cluster, as tests/e2e/test_helm_install.py installs in a
+# namespace of its own, keeps its names and finds only its own objects);
+# then a kubeconfig per account with its token (tl::cluster::account_kubeconfig). The
+# extender, the controllers, the real nodes' agents (tokens bound to their node) and the
+# components tests start (queues controller, orchestrator) run with them. The tenant-facing
+# policies are left to the tests that check them (tests/e2e/test_tenancy.py: on and off).
+tl::cluster::apply_grants() {
+  local log="${TL_CLUSTER_DIR}/logs/grants.log" template account
+  local -a shown=()
+  for template in agent-rbac agent-policy controllers controllers-policy leases-policy \
+    extender-rbac orchestrator; do
+    shown+=(--show-only "templates/${template}.yaml")
+  done
+  {
+    tl::chart::render --set scheduling.mode=clusterScheduler --set dra.enabled=true \
+      --set 'extender.leaseNamespaces={*}' --set 'orchestrator.namespaces={*}' \
+      --set extender.controllers.hotRestartOperator=true --set extender.controllers.queues=true \
+      --set agent.hotRestart.enabled=true \
+      "${shown[@]}" | "${TL_PY}" -c '
+import sys
+
+import yaml
+
+grants = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
+          "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+cluster_wide = {"ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
+                "ValidatingAdmissionPolicyBinding"}
+kept = [doc for doc in yaml.safe_load_all(sys.stdin) if doc and doc["kind"] in grants]
+for doc in kept:
+    labels = doc["metadata"].setdefault("labels", {})
+    labels.update({"app.kubernetes.io/instance": "local", "app.kubernetes.io/managed-by": "hack"})
+    if doc["kind"] in cluster_wide:
+        doc["metadata"]["name"] += "-local"
+    if doc.get("roleRef", {}).get("kind") == "ClusterRole":
+        doc["roleRef"]["name"] += "-local"
+    if doc["kind"] == "ValidatingAdmissionPolicyBinding":
+        doc["spec"]["policyName"] += "-local"
+yaml.safe_dump_all(kept, sys.stdout)
+' | tl::cluster::_kubectl apply -f - &&
+      for account in tidelease-extender tidelease-controllers tidelease-orchestrator; do
+        tl::account_kubeconfig "${TL_CP_KUBECONFIG}" \
+          "$(tl::cluster::account_kubeconfig "${account}")" "${TL_CLUSTER_NAMESPACE}/${account}" ||
+          return 1
+      done
+  } >"${log}" 2>&1 || tl::cp::_fail "applying the chart's grants" "${log}"
+}
+
+# tl::cluster::account_kubeconfig ACCOUNT - where the kubeconfig of the chart's ServiceAccount
+# ACCOUNT is (DIR/accounts/ACCOUNT.kubeconfig; tests/e2e/harness.py's Cluster.as_account).
+tl::cluster::account_kubeconfig() {
+  mkdir -p "${TL_CLUSTER_DIR}/accounts"
+  printf '%s/accounts/%s.kubeconfig\n' "${TL_CLUSTER_DIR}" "$1"
 }
 
 # tl::cluster::create_nodes COUNT [PREFIX] - kwok GPU nodes and their GpuNode objects.
@@ -391,7 +456,7 @@ tl::cluster::start_extender() {
     TIDELEASE_EXTENDER_METRICS_AUTH="${TIDELEASE_EXTENDER_METRICS_AUTH:-true}" \
     TIDELEASE_EXTENDER_QUEUE_RELEASE_KEY_FILE="${TL_CLUSTER_QUEUE_RELEASE_KEY}" \
     "${TL_VENV}/bin/tidelease" --log-level "${TL_CLUSTER_EXTENDER_LOG_LEVEL}" extender \
-    --kubeconfig "${TL_CP_KUBECONFIG}" --host 127.0.0.1 --port "${port}" \
+    --kubeconfig "$(tl::cluster::account_kubeconfig tidelease-extender)" --host 127.0.0.1 --port "${port}" \
     --probe-host 127.0.0.1 --probe-port "${probe_port}" \
     --tls-cert-file "${serving}/tls.crt" --tls-key-file "${serving}/tls.key" \
     --client-ca-file "${serving}/ca.crt" \
@@ -415,7 +480,7 @@ tl::cluster::start_controllers() {
     TIDELEASE_EXTENDER_METRICS_AUTH="${TIDELEASE_EXTENDER_METRICS_AUTH:-true}" \
     TIDELEASE_EXTENDER_DRA="${TL_CLUSTER_LEASING_DRA}" \
     "${TL_VENV}/bin/tidelease" --log-level "${TL_CLUSTER_EXTENDER_LOG_LEVEL}" controllers \
-    --kubeconfig "${TL_CP_KUBECONFIG}" --probe-host 127.0.0.1 --probe-port "${port}" \
+    --kubeconfig "$(tl::cluster::account_kubeconfig tidelease-controllers)" --probe-host 127.0.0.1 --probe-port "${port}" \
     "${flags[@]}" >"${log}" 2>&1 &
   TL_CLUSTER_CONTROLLERS_PID=$!
   tl::cluster::record_pid TL_CLUSTER_CONTROLLERS_PID "${TL_CLUSTER_CONTROLLERS_PID}"
@@ -543,7 +608,8 @@ tl::cluster::_launch_real_node() {
   shift 4
   TL_REALNODE_PARENT_PID="$$" TL_CLUSTER_GPU_TYPE="${TL_CLUSTER_GPU_TYPE}" \
     "${TL_HACK}/realnode.sh" -D "${dir}" -k "${TL_CP_KUBECONFIG}" -n "${name}" \
-    -c "${TL_CLUSTER_KUBELET_CLIENT_CA}" "$@" >"${log}" 2>&1 &
+    -c "${TL_CLUSTER_KUBELET_CLIENT_CA}" -s "${TL_CLUSTER_NAMESPACE}/tidelease-agent" "$@" \
+    >"${log}" 2>&1 &
   TL_CLUSTER__LAST_PID=$!
   tl::cluster::record_pid "${key}" "${TL_CLUSTER__LAST_PID}"
   tl::log "starting real node ${name} (pid ${TL_CLUSTER__LAST_PID})"
@@ -679,6 +745,7 @@ tl::cluster::start() {
   tl::cluster::start_controller_manager
   tl::cluster::start_kwok
   tl::cluster::apply_manifests
+  tl::cluster::apply_grants
   tl::cluster::create_nodes "${TL_CLUSTER_NODES}"
   tl::cluster::extender_certs
   tl::cluster::queue_release_key

@@ -97,6 +97,22 @@ tl::chart::render() {
     --kube-version "${KUBE_VERSION}" "$@"
 }
 
+# tl::account_kubeconfig SRC DST NAMESPACE/ACCOUNT [NODE] - DST (mode 0600): the kubeconfig SRC
+# (its server and CA) with a token of the ServiceAccount ACCOUNT for its credentials, minted with
+# SRC's (`kubectl create token`, 48 hours), bound to the Node NODE when given: as the kubelet's
+# tokens for the chart's agent pods name their node (user extra
+# authentication.kubernetes.io/node-name, which the agent's admission policy compares).
+tl::account_kubeconfig() {
+  local src="$1" dst="$2" account="${3#*/}" namespace="${3%%/*}" node="${4:-}" kubectl token user
+  kubectl="$(tl::bin kubectl)"
+  token="$("${kubectl}" --kubeconfig "${src}" create token "${account}" -n "${namespace}" \
+    --duration=48h ${node:+--bound-object-kind Node --bound-object-name "${node}"})" || return 1
+  (umask 077 && "${kubectl}" --kubeconfig "${src}" config view --raw --minify --flatten >"${dst}")
+  user="$("${kubectl}" --kubeconfig "${dst}" config view -o jsonpath='{.contexts[0].context.user}')"
+  "${kubectl}" --kubeconfig "${dst}" config unset "users.${user}" >/dev/null
+  "${kubectl}" --kubeconfig "${dst}" config set-credentials "${user}" --token="${token}" >/dev/null
+}
+
 # tl::bin_path NAME - where the cached binary for NAME lives: $(cache)/bin/<version>/<name>.
 tl::bin_path() {
   local version

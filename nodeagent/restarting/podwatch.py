@@ -12,7 +12,6 @@ on the pod (``tidelease.io/hot-restart-status``) and as an Event.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -128,7 +127,7 @@ class PodRestarter:
             status.phase.value,
             status.reason,
         )
-        with contextlib.suppress(TideleaseError):
+        try:
             await self.pods.event(
                 pod,
                 "HotRestarted" if ok else "HotRestartFailed",
@@ -136,6 +135,8 @@ class PodRestarter:
                 + (f" ({status.finished_at - status.started_at:.1f} s)" if ok else ""),
                 warning=not ok,
             )
+        except TideleaseError as e:  # the outcome is in the pod's status either way
+            log.warning("pod %s: hot restart %s: no Event: %s", pod.key, status.id, e)
 
 
 async def run_pod_hot_restarts(

@@ -238,7 +238,9 @@ async def test_the_leasing_controllers_own_writes_pass_with_its_token(
         ("tidelease-orchestrator", "tidelease-orchestrator"),
     ],
 )
-def test_each_component_writes_only_its_own_leases(cluster: Kubectl, account: str, own: str) -> None:
+def test_each_component_writes_only_its_own_leases(
+    cluster: Kubectl, account: str, own: str
+) -> None:
     """leases-policy.yaml: no component creates another's leader Lease or a forged heartbeat,
     nor updates a Lease not its own; its own is created and renewed."""
     c, t = cluster, token(cluster, account)

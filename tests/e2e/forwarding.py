@@ -1,6 +1,7 @@
-"""A TCP forwarder from an address pods can reach (their bridge's gateway) to the API server on
-loopback: the local cluster has no kube-proxy, so the `kubernetes` Service leads nowhere, and
-the API server listens on 127.0.0.1 only. Bytes pass through untouched (TLS end to end)."""
+"""A TCP forwarder: from an address pods can reach (their bridge's gateway) to the API server on
+loopback (the local cluster has no kube-proxy, so the `kubernetes` Service leads nowhere, and
+the API server listens on 127.0.0.1 only), or between two processes a test wants to part
+(``Forwarder.cut``). Bytes pass through untouched (TLS end to end)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import socket
 import socketserver
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 
 def _pipe(src: socket.socket, dst: socket.socket) -> None:
@@ -19,12 +21,30 @@ def _pipe(src: socket.socket, dst: socket.socket) -> None:
         dst.shutdown(socket.SHUT_WR)
 
 
+@dataclass
+class Forwarder:
+    port: int = 0  # where it listens
+    accepted: int = 0  # connections forwarded so far
+    _open: set[socket.socket] = field(default_factory=set)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def cut(self) -> int:
+        """Close every connection open now (the client must open new ones); how many."""
+        with self._lock:
+            sockets = list(self._open)
+        for s in sockets:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                s.close()
+        return len(sockets) // 2
+
+
 @contextlib.contextmanager
-def forwarding(listen_host: str, target: tuple[str, int]) -> Iterator[int]:
-    """Forward connections to ``listen_host`` (a free port, yielded) to ``target`` until the
-    block exits; then stop listening and close what is open."""
-    open_sockets: set[socket.socket] = set()
-    lock = threading.Lock()
+def forwarding(listen_host: str, target: tuple[str, int]) -> Iterator[Forwarder]:
+    """Forward connections to ``listen_host`` (on a free port: ``Forwarder.port``) to ``target``
+    until the block exits; then stop listening and close what is open."""
+    forwarder = Forwarder()
 
     class Handler(socketserver.BaseRequestHandler):
         def handle(self) -> None:
@@ -34,14 +54,15 @@ def forwarding(listen_host: str, target: tuple[str, int]) -> Iterator[int]:
             except OSError:
                 return
             upstream.settimeout(None)
-            with lock:
-                open_sockets.update((client, upstream))
+            with forwarder._lock:
+                forwarder._open.update((client, upstream))
+                forwarder.accepted += 1
             back = threading.Thread(target=_pipe, args=(upstream, client), daemon=True)
             back.start()
             _pipe(client, upstream)
             back.join()
-            with lock:
-                open_sockets.difference_update((client, upstream))
+            with forwarder._lock:
+                forwarder._open.difference_update((client, upstream))
             upstream.close()
 
     class Server(socketserver.ThreadingTCPServer):
@@ -51,12 +72,10 @@ def forwarding(listen_host: str, target: tuple[str, int]) -> Iterator[int]:
     with Server((listen_host, 0), Handler) as server:
         thread = threading.Thread(target=server.serve_forever, daemon=True)
         thread.start()
+        forwarder.port = server.server_address[1]
         try:
-            yield server.server_address[1]
+            yield forwarder
         finally:
             server.shutdown()
-            with lock:
-                for s in open_sockets:
-                    with contextlib.suppress(OSError):
-                        s.close()
+            forwarder.cut()
             thread.join(timeout=5)

@@ -167,6 +167,14 @@ class Cluster:
             real_dra_node=RealNode.dra_from_state(facts),
         )
 
+    def as_account(self, account: str) -> Path:
+        """The kubeconfig of the chart's ServiceAccount ``account`` (``tidelease-controllers``,
+        ``-extender``, ``-orchestrator``) with the chart's grants (hack/lib/cluster.sh's
+        apply_grants): tidelease's components run with these, never the admin's."""
+        path = self.dir / "accounts" / f"{account}.kubeconfig"
+        assert path.is_file(), f"{path}: the cluster made no kubeconfig for {account}"
+        return path
+
     def extender_tls(self) -> ssl.SSLContext:
         """A client context as kube-scheduler's: its certificate, and the extender's CA."""
         certs = self.extender_client_certs

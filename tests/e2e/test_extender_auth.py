@@ -165,11 +165,11 @@ def test_a_pod_on_the_real_node_cannot_bind_or_read_metrics(
         f"Content-Length: {len(payload)}\\r\\nConnection: close\\r\\n\\r\\n{payload}"
     )
     with (
-        forwarding(real_node.gateway, (verbs.hostname, verbs.port)) as verbs_port,
-        forwarding(real_node.gateway, (probes.hostname, probes.port)) as probes_port,
+        forwarding(real_node.gateway, (verbs.hostname, verbs.port)) as verbs_fwd,
+        forwarding(real_node.gateway, (probes.hostname, probes.port)) as probes_fwd,
     ):
         script = POD_SCRIPT.format(
-            gw=real_node.gateway, probes=probes_port, verbs=verbs_port,
+            gw=real_node.gateway, probes=probes_fwd.port, verbs=verbs_fwd.port,
             bind=request.replace("'", ""),
         )  # fmt: skip
         name = unique("stranger")

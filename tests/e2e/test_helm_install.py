@@ -15,6 +15,7 @@ chart's kubernetesAPI and hostAliases values.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -229,7 +230,7 @@ def stack(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         api = urllib.parse.urlsplit(cluster.server)
         assert api.hostname is not None
         assert api.port is not None
-        with forwarding(facts["TL_REALNODE_GATEWAY"], (api.hostname, api.port)) as port:
+        with forwarding(facts["TL_REALNODE_GATEWAY"], (api.hostname, api.port)) as forwarder:
             on_node = [
                 f"nodeSelector.kubernetes\\.io/hostname={NODE}",
                 "tolerations[0].key=tidelease.io/real-node",
@@ -243,7 +244,7 @@ def stack(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
                 f"scheduling.kubeScheduler.image.tag={scheduler.ref.rpartition(':')[2]}",
                 "scheduling.kubeScheduler.image.pullPolicy=Never",
                 "kubernetesAPI.host=kubernetes.default.svc",
-                f"kubernetesAPI.port={port}",
+                f"kubernetesAPI.port={forwarder.port}",
                 f"hostAliases[0].ip={facts['TL_REALNODE_GATEWAY']}",
                 "hostAliases[0].hostnames[0]=kubernetes.default.svc",
                 # The session cluster made them already (not this release's to own).
@@ -394,6 +395,101 @@ def test_a_pod_on_the_node_cannot_reach_the_verbs_or_read_metrics(stack: Stack) 
     assert "tidelease_" not in log, log
 
 
+# Each flood is held this long: more than a liveness period (10 s) and several readiness periods.
+FLOOD_HOLD_S = 12.0
+PROBED = ("extender", "controllers", "orchestrator")
+
+
+def probe_ports(pod: dict[str, Any]) -> set[int]:
+    """The ports the kubelet probes in tidelease's containers of ``pod`` (named ports
+    resolved); the kube-scheduler beside the extender is upstream's, left alone."""
+    ports: set[int] = set()
+    for container in pod["spec"]["containers"]:
+        if container["name"] == "kube-scheduler":
+            continue
+        named = {p.get("name"): p["containerPort"] for p in container.get("ports", [])}
+        for kind in ("livenessProbe", "readinessProbe"):
+            port = ((container.get(kind) or {}).get("httpGet") or {}).get("port")
+            if port is not None:
+                ports.add(int(named.get(port, port)))
+    return ports
+
+
+def kubelet_probes(stack: Stack) -> dict[tuple[str, str, str, str], float]:
+    """The node's kubelet's own count of its probes (its /metrics/probes, through the API
+    server): (pod, container, probe type, result) -> probes, for the release's pods."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = stack.cluster.kubectl("get", "--raw", f"/api/v1/nodes/{NODE}/proxy/metrics/probes")
+    counts: dict[tuple[str, str, str, str], float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = sample.labels
+            if sample.name == "prober_probe_total" and labels.get("namespace") == NAMESPACE:
+                key = (labels["pod"], labels["container"], labels["probe_type"], labels["result"])
+                counts[key] = sample.value
+    return counts
+
+
+async def test_the_kubelets_probes_succeed_through_connection_floods(stack: Stack) -> None:
+    """Every probes-and-metrics port of every extender, controllers and orchestrator pod is
+    flooded at once with 64 and 1,000 idle and silent connections (tests/flooding.py), each
+    flood held FLOOD_HOLD_S, while the node's real kubelet probes them: its own count says no
+    probe failed and each was probed, no container restarted, every pod stayed Ready. ``-s``
+    prints what a client probing alongside measured."""
+    from common.httpserving import raise_fd_limit
+    from tests.flooding import FLOODS, flooding, pct, probe
+
+    pods = [p for component in PROBED for p in stack.pods(component)]
+    targets = sorted({(p["status"]["podIP"], port) for p in pods for port in probe_ports(p)})
+    assert len(targets) == 6, targets  # two pods of each, one probes port each
+    raise_fd_limit(4 * 1_000 * len(targets))
+    restarts = {
+        p["metadata"]["name"]: [c["restartCount"] for c in p["status"]["containerStatuses"]]
+        for p in pods
+    }
+    before = kubelet_probes(stack)
+    for kind, count in FLOODS:
+        async with flooding(targets, kind, count) as flood:
+            latencies: list[float] = []
+            end = asyncio.get_running_loop().time() + FLOOD_HOLD_S
+            while asyncio.get_running_loop().time() < end:
+                for host, port in targets:
+                    latencies.append(await probe(host, port))
+                await asyncio.sleep(0.5)
+        print(
+            f"probe-flood (real node): {count} {kind} connections to each of {len(targets)} "
+            f"ports (opened in {flood.opened_s:.1f} s), {FLOOD_HOLD_S:.0f} s: "
+            f"{len(latencies)} probes alongside, all 200, p50 {pct(latencies, 0.5):.1f} ms, "
+            f"p99 {pct(latencies, 0.99):.1f} ms",
+            flush=True,
+        )
+    after = kubelet_probes(stack)
+    probed = {(pod, c, kind) for pod, c, kind, _ in after if c != "kube-scheduler"}
+    assert len(probed) == 2 * len(targets), probed  # liveness and readiness, each container
+    totals: dict[str, float] = {}
+    for pod, container, kind in sorted(probed):
+
+        def delta(result: str, key: tuple[str, str, str] = (pod, container, kind)) -> float:
+            return after.get((*key, result), 0.0) - before.get((*key, result), 0.0)
+
+        assert delta("failed") == 0, (pod, container, kind)
+        assert delta("unknown") == 0, (pod, container, kind)
+        # At least one probe per liveness period of the four floods' time.
+        assert delta("successful") >= len(FLOODS) * FLOOD_HOLD_S // 10, (pod, container, kind)
+        totals[kind] = totals.get(kind, 0.0) + delta("successful")
+    print(
+        "probe-flood (real node): the kubelet's probes meanwhile: "
+        + ", ".join(f"{kind} {n:.0f} successful" for kind, n in sorted(totals.items()))
+        + ", none failed",
+        flush=True,
+    )
+    for p in stack.pods("extender") + stack.pods("controllers") + stack.pods("orchestrator"):
+        name = p["metadata"]["name"]
+        assert [c["restartCount"] for c in p["status"]["containerStatuses"]] == restarts[name]
+        assert all(c["ready"] for c in p["status"]["containerStatuses"]), name
+
+
 def test_a_pod_with_invalid_annotations_is_refused_at_creation(stack: Stack) -> None:
     """The chart's ValidatingAdmissionPolicy, enforced by the cluster's API server: kubectl
     create fails with the message the extender's filter would give; nothing is created."""
@@ -473,7 +569,7 @@ def test_helm_uninstall_leaves_only_the_crds_and_their_objects(stack: Stack) -> 
         "get", "deployments,daemonsets,services,configmaps,secrets,serviceaccounts,roles,"
         "rolebindings,clusterroles,clusterrolebindings,validatingadmissionpolicies,"
         "validatingadmissionpolicybindings", "-A", "-l",
-        "app.kubernetes.io/part-of=tidelease", "-o", "name",
+        f"app.kubernetes.io/part-of=tidelease,app.kubernetes.io/instance={RELEASE}", "-o", "name",
     )  # fmt: skip
     assert left.strip() == ""
     wait_for(lambda: not stack.pods("extender") and not stack.pods("agent"), what="pods gone")

@@ -204,11 +204,11 @@ async def test_commands_run_for_real_through_exec_on_the_real_node(
             str(ROOT / ".venv" / "bin" / "tidelease"),
             "orchestrator",
             "--kubeconfig",
-            str(cluster.kubeconfig),
+            str(cluster.as_account("tidelease-orchestrator")),
             "--namespace",
             namespace,
             "--lease-namespace",
-            namespace,
+            "tidelease-system",
             stdout=out,
             stderr=subprocess.STDOUT,
         )

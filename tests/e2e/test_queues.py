@@ -106,7 +106,8 @@ def queues_controller(
     with log.open("w") as out:
         proc = subprocess.Popen(
             [str(ROOT / ".venv/bin/tidelease"), "controllers", "--queues-controller", *args,
-             "--kubeconfig", str(cluster.kubeconfig), "--probe-host", "127.0.0.1",
+             "--kubeconfig", str(cluster.as_account("tidelease-controllers")),
+             "--probe-host", "127.0.0.1",
              "--probe-port", str(port)],
             stdout=out, stderr=subprocess.STDOUT, env=env,
         )  # fmt: skip

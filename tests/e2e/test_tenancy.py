@@ -20,7 +20,8 @@ lease again: B's borrowers get their notice and are evicted, whatever they wrote
 replicas come back on their own UUIDs, replica by replica, as the API server's ledgers say.
 
 The policies are the chart's (common.admissionpolicy, as `helm install` applies them), trusting
-the local cluster's components, which run outside it under the admin's user.
+tidelease's ServiceAccounts, as whom its components run here, and the admin's user, as whom the
+local cluster's kube-controller-manager runs outside it.
 """
 
 from __future__ import annotations
@@ -49,9 +50,10 @@ from tests.e2e.test_queues import queues_controller
 pytestmark = pytest.mark.cluster
 
 TENANT = "tenant-b"
-# The user the local cluster's extender, controllers and kube-controller-manager run as
-# (hack/lib/controlplane.sh): the chart's policies trust it as they trust tidelease's
-# ServiceAccounts.
+# The user the local cluster's kube-controller-manager (its StatefulSet and Deployment
+# controllers create the workloads' pods) and the tests' own set-up run as
+# (hack/lib/controlplane.sh); tidelease's extender and controllers run as the chart's
+# ServiceAccounts (hack/lib/cluster.sh), which the policies trust by default.
 COMPONENTS = "tidelease-admin"
 QUEUE_WAIT = "waiting for the shared queues to release it"
 

@@ -1,11 +1,11 @@
 """The kubelet's probes are answered whatever other clients do (issue 31): each probes-and-metrics
 listener (the extender's, the controllers', the orchestrator's), a real server in a process of
 its own on loopback, is flooded with 64 and 1,000 idle keep-alive connections (one request
-answered, then nothing) and with 64 and 1,000 silent ones (opened, nothing sent), held open,
-while a probe loop (a new connection per probe, a 1 s timeout, as the kubelet probes) asks
-/healthz. Every probe must get 200. Before, 64 such connections made every probe a 503
-(``PROBE_LIMITS`` refused past its cap); now the listener closes the connection quiet the
-longest to admit a new one (common/httpserving.py).
+answered, then nothing) and with 64 and 1,000 silent ones (opened, nothing sent), held open
+(tests/flooding.py), while a probe loop (a new connection per probe, a 1 s timeout, as the
+kubelet probes) asks /healthz. Every probe must get 200. Before, 64 such connections made
+every probe a 503 (``PROBE_LIMITS`` refused past its cap); now the listener closes the
+connection quiet the longest to admit a new one (common/httpserving.py).
 
 ``pytest -s`` prints the figures (one ``probe-flood:`` line per listener and flood: probe
 latency p50/p99, and what the server's guard did).
@@ -14,23 +14,20 @@ latency p50/p99, and what the server's guard did).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from common.httpserving import PROBE_LIMITS, raise_fd_limit
+from tests.flooding import FLOODS, flooding, pct, probe
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBES = 40  # per flood
-PROBE_TIMEOUT_S = 1.0  # the kubelet's default timeoutSeconds
-FLOODS = [("idle", 64), ("idle", 1_000), ("silent", 64), ("silent", 1_000)]
 
 # Each server as its command runs it: the component's own probes app, runner and listener.
 LAUNCH = {
@@ -110,73 +107,25 @@ def listener(request: pytest.FixtureRequest) -> Iterator[tuple[str, int]]:
             proc.stdout.close()
 
 
-async def probe(port: int) -> float:
-    """One kubelet-style probe: a new connection, GET /healthz, the whole answer within
-    PROBE_TIMEOUT_S; seconds taken. Anything but 200 in time fails."""
-    start = time.perf_counter()
-    async with asyncio.timeout(PROBE_TIMEOUT_S):
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        try:
-            writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            reply = await reader.read()
-        finally:
-            writer.close()
-    assert reply.startswith(b"HTTP/1.1 200"), reply[:80]
-    return time.perf_counter() - start
-
-
-async def hold(port: int, kind: str, held: list[asyncio.StreamWriter]) -> None:
-    """One flooding connection, kept: ``idle`` asks /healthz once (keep-alive) and reads the
-    answer's head, ``silent`` sends nothing. The server may close it to make room: no matter."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    held.append(writer)
-    if kind == "idle":
-        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-        with contextlib.suppress(OSError, TimeoutError, asyncio.IncompleteReadError):
-            async with asyncio.timeout(2):
-                await reader.readuntil(b"\r\n\r\n")
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
-
-
 async def test_probes_are_answered_through_every_flood(listener: tuple[str, int]) -> None:
     name, port = listener
     raise_fd_limit(4096)
-    baseline = [await probe(port) for _ in range(PROBES)]
+    baseline = [await probe("127.0.0.1", port) for _ in range(PROBES)]
     print(
         f"probe-flood: {name} no flood: p50 {pct(baseline, 0.5):.1f} ms, "
         f"p99 {pct(baseline, 0.99):.1f} ms",
         flush=True,
     )
     for kind, count in FLOODS:
-        held: list[asyncio.StreamWriter] = []
-        limit = asyncio.Semaphore(200)
-
-        async def one(
-            kind: str = kind,
-            held: list[asyncio.StreamWriter] = held,
-            limit: asyncio.Semaphore = limit,
-        ) -> None:
-            async with limit:
-                await hold(port, kind, held)
-
-        opened = time.perf_counter()
-        await asyncio.gather(*(one() for _ in range(count)))
-        opened = time.perf_counter() - opened
-        try:
+        async with flooding([("127.0.0.1", port)], kind, count) as flood:
             latencies = []
             for _ in range(PROBES):
-                latencies.append(await probe(port))
+                latencies.append(await probe("127.0.0.1", port))
                 await asyncio.sleep(0.01)
-        finally:
-            for writer in held:
-                writer.close()
         print(
-            f"probe-flood: {name} {count} {kind} connections held (opened in {opened:.2f} s, "
-            f"cap {PROBE_LIMITS.max_connections}): {len(latencies)}/{PROBES} probes 200, "
+            f"probe-flood: {name} {count} {kind} connections held (opened in "
+            f"{flood.opened_s:.2f} s, cap {PROBE_LIMITS.max_connections}): "
+            f"{len(latencies)}/{PROBES} probes 200, "
             f"p50 {pct(latencies, 0.5):.1f} ms, p99 {pct(latencies, 0.99):.1f} ms",
             flush=True,
         )
