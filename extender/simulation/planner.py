@@ -35,7 +35,7 @@ from extender.simulation.queues import QueueResult, QueueSettings, run_all
 from extender.simulation.surges import surge_trace
 from extender.simulation.traces import Trace, tidal_trace
 
-# The settings of the published tables (docs/planner.md): W = 10 min, a 30 s re-form pause,
+# The settings of the published tables (docs/performance.md): W = 10 min, a 30 s re-form pause,
 # tau = 30 min (kale fig. 5's upper value), 15 % headroom over the forecast.
 ONLINE = OnlineSettings(
     step_s=300.0,
