@@ -2,7 +2,7 @@
 measured, on a real containerd (hack/containerd.sh, started here unless --socket is given).
 
 Hot restart: the app container of a running sandbox restarted on the other image (app:v1 <->
-app:v2) with :func:`nodeagent.restarting.insandbox.hot_restart`, timed until the pod answers
+app:v2) with :func:`nodeagent.hotrestart.insandbox.hot_restart`, timed until the pod answers
 the new version over HTTP. Recreate: the sandbox stopped and removed, a new one run with the app
 on the other image, timed until it answers (a new pod IP each time). Medians of --runs each.
 
@@ -42,8 +42,8 @@ from pathlib import Path
 from common.prelaunch import Bandwidths, PrelaunchInputs, prelaunch_window
 from nodeagent.cri import api_pb2 as pb
 from nodeagent.cri.client import GrpcRuntime
-from nodeagent.restarting.insandbox import hot_restart
-from nodeagent.restarting.planning import RestartSettings
+from nodeagent.hotrestart.insandbox import hot_restart
+from nodeagent.hotrestart.planning import RestartSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = {"v1": "docker.io/local/app:v1", "v2": "docker.io/local/app:v2"}

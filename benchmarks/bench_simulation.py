@@ -15,11 +15,11 @@ import argparse
 import os
 import time
 
-from extender.simulation.cli import default_standby
-from extender.simulation.controlling import Policy
-from extender.simulation.scenario import Scenario, draw_failures
-from extender.simulation.simulating import SimSettings, simulate
-from extender.simulation.tides import default_cluster, default_trace
+from extender.leasingsim.cli import default_standby
+from extender.leasingsim.controlling import Policy
+from extender.leasingsim.scenario import Scenario, draw_failures
+from extender.leasingsim.simulating import SimSettings, simulate
+from extender.leasingsim.tides import default_cluster, default_trace
 
 TARGET_S = 60.0
 

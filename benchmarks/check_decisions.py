@@ -48,7 +48,7 @@ from common.objects import gpu_node_object
 from common.timefmt import epoch
 from extender.cluster.store import MemoryStore
 from extender.scheduler import wire
-from extender.scheduler.server import ExtenderApp
+from extender.scheduler.handlers import ExtenderApp
 from extender.scheduler.serving import build_app
 from extender.scheduler.settings import ExtenderSettings
 

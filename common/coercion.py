@@ -6,7 +6,9 @@ and returns None, so a caller reads every value and reports every problem at onc
 
 The extender's settings file (extender/scheduler/settings.py), the agent's flags
 (nodeagent/main.py) and the orchestrator's (extender/orchestration/command.py) all read through
-here.
+here. The checks beneath (:func:`whole`, :func:`number`, :func:`finite`, :func:`real`) also
+serve parsers that word their problems themselves (the orchestrator's dependency file and
+records).
 """
 
 from __future__ import annotations
@@ -14,14 +16,34 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 _INTEGER = re.compile(r"[+-]?[0-9]+")
 
 
+def whole(value: object) -> TypeGuard[int]:
+    """An integer, not a bool passed for one (YAML and JSON read ``true`` as a bool, and Python
+    counts bools as integers)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def number(value: object) -> TypeGuard[int | float]:
+    """A real number, integer or float (not a bool passed for one); it may be NaN or infinite."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def real(value: int | float) -> float:
+    """``value`` as a float; an integer past the largest float is infinite (float() would raise
+    OverflowError)."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
 def finite(value: object) -> bool:
     """A real number, not NaN or infinite (nor a bool passed for one)."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return number(value) and math.isfinite(real(value))
 
 
 def as_bool(name: str, value: Any, problems: list[str]) -> bool | None:
@@ -37,7 +59,7 @@ def as_bool(name: str, value: Any, problems: list[str]) -> bool | None:
 
 
 def as_int(name: str, value: Any, problems: list[str]) -> int | None:
-    if isinstance(value, int) and not isinstance(value, bool):
+    if whole(value):
         return value
     if isinstance(value, str) and _INTEGER.fullmatch(value.strip()):
         return int(value)
@@ -46,18 +68,18 @@ def as_int(name: str, value: Any, problems: list[str]) -> int | None:
 
 
 def as_float(name: str, value: Any, problems: list[str]) -> float | None:
-    number: float | None = None
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        number = float(value)
+    parsed: float | None = None
+    if number(value):
+        parsed = real(value)
     elif isinstance(value, str):
         try:
-            number = float(value)
+            parsed = float(value)
         except ValueError:
-            number = None
-    if number is None or not math.isfinite(number):
+            parsed = None
+    if parsed is None or not math.isfinite(parsed):
         problems.append(f"{name}: want a finite number, got {value!r}")
         return None
-    return number
+    return parsed
 
 
 def as_names(name: str, value: Any, problems: list[str]) -> tuple[str, ...] | None:
@@ -71,29 +93,29 @@ def as_names(name: str, value: Any, problems: list[str]) -> tuple[str, ...] | No
 
 def as_positive(name: str, value: Any, problems: list[str]) -> float | None:
     """A finite number above zero (a timeout, an interval, a TTL)."""
-    number = as_float(name, value, problems)
-    if number is not None and number <= 0:
+    parsed = as_float(name, value, problems)
+    if parsed is not None and parsed <= 0:
         problems.append(f"{name}: want a positive number of seconds, got {value!r}")
         return None
-    return number
+    return parsed
 
 
 def as_count(name: str, value: Any, problems: list[str], *, minimum: int = 0) -> int | None:
     """A whole number of at least ``minimum``."""
-    number = as_int(name, value, problems)
-    if number is not None and number < minimum:
+    parsed = as_int(name, value, problems)
+    if parsed is not None and parsed < minimum:
         problems.append(f"{name}: want a whole number of at least {minimum}, got {value!r}")
         return None
-    return number
+    return parsed
 
 
 def as_port(name: str, value: Any, problems: list[str]) -> int | None:
     """A TCP port, 0..65535 (0: any free port, or off where the setting says so)."""
-    number = as_int(name, value, problems)
-    if number is not None and not 0 <= number <= 65535:
+    parsed = as_int(name, value, problems)
+    if parsed is not None and not 0 <= parsed <= 65535:
         problems.append(f"{name}: want a port in 0..65535, got {value!r}")
         return None
-    return number
+    return parsed
 
 
 def coerce(name: str, kind: type, value: Any, problems: list[str]) -> Any:

@@ -46,13 +46,13 @@ from extender.leasing.controller import (
     VIEW_KINDS,
     LeaseCache,
     LeaseController,
-    LeasingMetrics,
     World,
 )
+from extender.leasing.metrics import LeasingMetrics
 from extender.queues.controller import LEADER_LEASE as QUEUES_LEASE
 from extender.queues.controller import QueueMetrics, QueuesController, QueueSettings
-from extender.queues.profiler import NullReader, Profiler
-from extender.scheduler.server import readiness
+from extender.queues.measuring import NullReader, Profiler
+from extender.scheduler.handlers import readiness
 from extender.scheduler.serving import run_api_probe_at
 from extender.scheduler.settings import ExtenderSettings
 

@@ -30,7 +30,7 @@ from common import builders, contract
 from common.model import Priority, Tier
 from common.tenancy import job_key
 from extender.cluster.store import MemoryStore
-from extender.leasing.rules import ordinal
+from extender.rightofreturn.rules import ordinal
 from extender.scheduler.driver import Outcome, SchedulerDriver
 from extender.scheduler.serving import Running, serve
 from extender.scheduler.settings import ExtenderSettings

@@ -154,7 +154,7 @@ def _controllers(args: argparse.Namespace) -> int:
     async def main() -> None:
         from common.kubeclient import KubeClient
         from extender.cluster.kubestore import KubeStore
-        from extender.leasing.controller import KubeWorld
+        from extender.leasing.kubeworld import KubeWorld
 
         stop = _stop_on_signals()
         store = await KubeStore.connect(settings.kubeconfig, settings.agent_namespace)
@@ -222,7 +222,7 @@ def _rotation_settings(path: Path | None) -> RotationSettings | None:
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from extender.simulation import cli as simulation
+    from extender.leasingsim import cli as simulation
 
     p = argparse.ArgumentParser(
         prog="tidelease simulate",
@@ -235,7 +235,7 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 def _plan_simulate(args: argparse.Namespace) -> int:
-    from extender.simulation import plannercli as command
+    from extender.plannersim import cli as command
 
     code: int = command.run(args)
     return code
@@ -383,7 +383,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "plan-simulate",
         help="the elastic planner on an embedded tidal trace: online jobs and shared queues",
     )
-    from extender.simulation.plannercli import add_arguments as add_plan_arguments
+    from extender.plannersim.cli import add_arguments as add_plan_arguments
 
     add_plan_arguments(plan)
     plan.set_defaults(run=_plan_simulate)

@@ -6,7 +6,7 @@
 #
 # usage: hack/gen-proto.sh [OUT_ROOT]
 #   OUT_ROOT   root the modules are written under (default: the checkout), at the protos' own
-#              paths, e.g. OUT_ROOT/nodeagent/dra/registration_pb2.py
+#              paths, e.g. OUT_ROOT/nodeagent/dradriver/registration_pb2.py
 #   PYTHON     interpreter with grpcio-tools (default: .venv/bin/python of the checkout)
 set -o errexit -o nounset -o pipefail
 
@@ -16,8 +16,8 @@ PYTHON="${PYTHON:-${TL_ROOT}/.venv/bin/python}"
 PROTOS=(
   nodeagent/deviceplugin/api.proto
   nodeagent/cri/api.proto
-  nodeagent/dra/api.proto
-  nodeagent/dra/registration.proto
+  nodeagent/dradriver/api.proto
+  nodeagent/dradriver/registration.proto
 )
 
 usage() { sed -n '2,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }

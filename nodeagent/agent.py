@@ -26,11 +26,11 @@ from common.errors import InvalidInput, TideleaseError
 from common.model import GpuUuid, Health, Tier
 from common.timefmt import epoch, rfc3339
 from common.waiting import wait_event
-from nodeagent.availability import History, TierSettings, assessment_due
 from nodeagent.deviceplugin.devices import PluginDevice
 from nodeagent.health import DeviceHealth, HealthSettings, HealthTracker
 from nodeagent.nvml import GpuInfo, GpuReader, Sample, XidEvent
 from nodeagent.publishing import Publisher
+from nodeagent.tiering import History, TierSettings, assessment_due
 
 log = logging.getLogger(__name__)
 

@@ -89,7 +89,7 @@ def _agent(args: argparse.Namespace) -> int:
         # A missing node is reported above, as the flag.
         named = dataclasses.replace(plugin_settings, node_name=node or "unset")
         problems += [f"device plugin: {p}" for p in named.validate()]
-    from nodeagent.dra.settings import DraPluginSettings
+    from nodeagent.dradriver.settings import DraPluginSettings
 
     dra_settings = DraPluginSettings(
         node_name=node,
@@ -179,9 +179,9 @@ def _agent(args: argparse.Namespace) -> int:
                 )
             )
         if args.dra:
-            from nodeagent.dra.claims import KubeClaimReader
-            from nodeagent.dra.kubeletplugin import run_kubelet_plugin
-            from nodeagent.dra.slices import run_slice_mirror
+            from nodeagent.dradriver.claims import KubeClaimReader
+            from nodeagent.dradriver.kubeletplugin import run_kubelet_plugin
+            from nodeagent.dradriver.slices import run_slice_mirror
 
             tasks.append(asyncio.create_task(run_slice_mirror(client=kube, node=node)))
             tasks.append(
@@ -194,8 +194,8 @@ def _agent(args: argparse.Namespace) -> int:
                 )
             )
         if runtime is not None:
-            from common.hotrestartkube import KubePods
-            from nodeagent.restarting.podwatch import (
+            from common.hotrestartpods import KubePods
+            from nodeagent.hotrestart.podwatch import (
                 PodRestarter,
                 PodRestartSettings,
                 run_pod_hot_restarts,
@@ -229,7 +229,7 @@ def _agent(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the node agent's commands to ``tidelease``."""
-    from nodeagent.dra import settings as dra_defaults
+    from nodeagent.dradriver import settings as dra_defaults
 
     agent = sub.add_parser("agent", help="run the node agent (DaemonSet on GPU nodes)")
     agent.add_argument("--node", help="this node's name (default: $NODE_NAME)")

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -195,35 +195,6 @@ class KubePrewarmNode:
             body={"status": {"prewarm": prewarm}},
             content_type="application/merge-patch+json",
         )
-
-
-class MemoryPrewarmNode:
-    """A GpuNode in memory, for tests and for running without an API server: ``set`` the
-    directives; ``reports`` keeps every status written."""
-
-    def __init__(self) -> None:
-        self._events: asyncio.Queue[tuple[tuple[Directive, ...], tuple[ItemStatus, ...]]] = (
-            asyncio.Queue()
-        )
-        self.reports: list[dict[str, Any]] = []
-        self.changed = asyncio.Event()
-
-    def set(self, directives: Iterable[Directive], stored: Iterable[ItemStatus] = ()) -> None:
-        self._events.put_nowait((tuple(directives), tuple(stored)))
-
-    async def watch(self) -> AsyncIterator[tuple[tuple[Directive, ...], tuple[ItemStatus, ...]]]:
-        while True:
-            yield await self._events.get()
-
-    async def report(self, prewarm: dict[str, Any]) -> None:
-        self.reports.append(prewarm)
-        self.changed.set()
-
-    @property
-    def items(self) -> dict[Key, ItemStatus]:
-        """The latest report, by item."""
-        last = self.reports[-1] if self.reports else {}
-        return {i.key: i for i in parse_items(last)}
 
 
 # --- the work ---

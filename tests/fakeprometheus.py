@@ -1,4 +1,4 @@
-"""A FakePrometheus (extender.planner.sources) served on a loopback port, read through the real
+"""A FakePrometheus (extender.planner.testing) served on a loopback port, read through the real
 PrometheusSource: what the planner's and the queues' tests read their metrics from."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from extender.planner.sources import FakePrometheus, PrometheusSource
+from extender.planner.sources import PrometheusSource
+from extender.planner.testing import FakePrometheus
 
 
 @dataclass

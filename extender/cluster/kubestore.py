@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from common import contract, dra, tenancy
+from common import contract, deviceattributes, tenancy
 from common.errors import NotFound, Unavailable
 from common.kubeclient import KubeClient
 from common.model import Allocation, NodeName
@@ -20,7 +20,7 @@ _LIST_PATHS: dict[Kind, str] = {
     "GpuNode": f"{_CRD_BASE}/{contract.PLURAL_GPU_NODE}",
     "GpuAllocation": f"{_CRD_BASE}/{contract.PLURAL_GPU_ALLOCATION}",
     "GpuLease": f"{_CRD_BASE}/{contract.PLURAL_GPU_LEASE}",
-    "ResourceClaim": f"/apis/{dra.API_VERSION}/resourceclaims",
+    "ResourceClaim": f"/apis/{deviceattributes.API_VERSION}/resourceclaims",
 }
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from common import contract
-from common.dra import reclaiming
+from common.deviceattributes import reclaiming
 from common.errors import InvalidInput
 from common.heartbeat import heartbeat
 from common.model import (
@@ -40,8 +40,9 @@ from common.model import (
     Priority,
 )
 from common.objects import object_key, parse_gpu_allocation, parse_gpu_node, resource_version
-from common.replicas import names_replicas
-from common.tenancy import belongs, granted, job_key, online_refusal
+from common.tenancy import belongs, granted, online_refusal
+from extender.rightofreturn.lease import reclaim_of
+from extender.rightofreturn.replicas import names_replicas
 
 log = logging.getLogger(__name__)
 
@@ -352,25 +353,18 @@ class ClusterState:
             self.granted.discard(name)
 
     def apply_gpu_lease(self, event: str, obj: Mapping[str, Any]) -> None:
-        meta = obj.get("metadata") or {}
+        """A GpuLease came, changed or went: while it is reclaiming
+        (:func:`~extender.rightofreturn.lease.reclaim_of`), its owner's pods of its workload
+        are reclaims (:meth:`with_reclaim`)."""
         key = object_key(obj)
         for job, found in list(self._reclaiming.items()):
             if found.lease == key:
                 del self._reclaiming[job]
-        spec = obj.get("spec") or {}
-        owner = spec.get("owner")
-        phase = (obj.get("status") or {}).get("phase")
-        workload = spec.get("workload") or {}
-        kind, name = workload.get("kind"), workload.get("name")
-        if (
-            event != "DELETED"
-            and phase == "Reclaiming"
-            and isinstance(owner, str)
-            and isinstance(kind, str)
-            and isinstance(name, str)
-        ):
-            job = job_key(str(meta.get("namespace", "")), owner)
-            self._reclaiming[job] = _Reclaim(key, names_replicas(kind), kind, name)
+        reclaim = reclaim_of(obj) if event != "DELETED" else None
+        if reclaim is not None:
+            self._reclaiming[reclaim.owner] = _Reclaim(
+                key, names_replicas(reclaim.kind), reclaim.kind, reclaim.name
+            )
         self._reclaiming_owners = frozenset(self._reclaiming)
 
     def with_reclaim(self, req: PodRequest) -> PodRequest:
@@ -427,7 +421,8 @@ class ClusterState:
 @dataclass(frozen=True, slots=True)
 class _Reclaim:
     """A reclaiming GpuLease, as the view needs it: its key, whether its workload names its
-    replicas (common.replicas), and the workload whose pods take the lent devices back."""
+    replicas (extender.rightofreturn.replicas), and the workload whose pods take the lent
+    devices back."""
 
     lease: str
     per_replica: bool

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from common import contract
@@ -258,28 +258,6 @@ class ClusterView(Protocol):
         ...
 
     def want(self, wanted: bool, why: str) -> None: ...
-
-
-def _set_event() -> asyncio.Event:
-    event = asyncio.Event()
-    event.set()
-    return event
-
-
-@dataclass
-class FixedView:
-    """A view that is there and synced whether wanted or not, and watched by nobody: for
-    whoever fills the cluster state itself (tests)."""
-
-    cluster: ClusterState
-    pods: PodCache = field(default_factory=PodCache)
-    claims: ClaimCache = field(default_factory=ClaimCache)
-    on_pod: Callable[[dict[str, Any]], None] | None = None
-    synced: asyncio.Event = field(default_factory=_set_event)
-    active: bool = True
-
-    def want(self, wanted: bool, why: str) -> None:
-        """Nothing to start or stop."""
 
 
 class DemandView:

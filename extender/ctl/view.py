@@ -22,8 +22,8 @@ from common.availability import Interval, availability
 from common.errors import InvalidInput
 from common.model import Allocation, Priority
 from extender.cluster.state import ClusterState
-from extender.leasing.lease import parse_gpu_lease
-from extender.leasing.rules import target_gpus
+from extender.rightofreturn.lease import parse_gpu_lease
+from extender.rightofreturn.rules import target_gpus
 
 DEVICE_STATES = ("held", "borrowed", "free", "unusable")
 

@@ -1,6 +1,6 @@
 """The hot-restart operator (control plane): watches pods, writes hot-restart requests that the
 pods' node agents carry out in place (:mod:`extender.hotrestart.policy` decides;
-:mod:`nodeagent.restarting.podwatch` executes); watches StatefulSets too, and turns a template
+:mod:`nodeagent.hotrestart.podwatch` executes); watches StatefulSets too, and turns a template
 image change of an opted-in one (``OnDelete``) into wishes on its pods. Runs in the extender
 deployment under its own leader election (``tidelease controllers --hot-restart-operator``).
 
@@ -22,8 +22,8 @@ from prometheus_client import CollectorRegistry
 
 from common import contract
 from common.errors import Conflict, NotFound
-from common.hotrestart import PodView, Request, pod_view
-from common.hotrestartkube import KubePods
+from common.hotrestartpods import KubePods
+from common.hotrestartwire import PodView, Request, pod_view
 from common.kubeclient import KubeClient
 from common.reconcile import ReconcileLoop, ReconcileSettings, Result, run_checked
 from common.watches import Watches, object_key

@@ -21,7 +21,7 @@ from typing import Any
 
 from common import contract
 from common.errors import InvalidInput
-from common.hotrestart import (
+from common.hotrestartwire import (
     Phase,
     PodView,
     Request,

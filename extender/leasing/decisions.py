@@ -16,14 +16,14 @@ devices it holds again and mark the standby devices it holds as its loans.
 
 Right of return per replica: each lent device is tagged with the owner and with the replica
 that lent it (its group). Where the workload names its replicas (a StatefulSet,
-:func:`~extender.leasing.rules.names_replicas`), the replica a scale-up brings back takes back its
-own group, and only it: the extender lets a returning replica use no other group's devices and sends
-it to the node holding its group. A group that cannot come back whole (a device unhealthy, its
-node gone or silent, a device held by another job's high-priority pod) is swapped, at the start
-of the reclaim, with a group of the owner that stays lent and can come back (the replica takes
-that group instead, and the broken group stays lent under the other's name); without one the
-replica takes what the node of its group offers, then standby devices. A Deployment's pods have
-no stable names: its lent groups come back as a set.
+:func:`~extender.rightofreturn.replicas.names_replicas`), the replica a scale-up brings back
+takes back its own group, and only it: the extender lets a returning replica use no other
+group's devices and sends it to the node holding its group. A group that cannot come back whole
+(a device unhealthy, its node gone or silent, a device held by another job's high-priority pod)
+is swapped, at the start of the reclaim, with a group of the owner that stays lent and can come
+back (the replica takes that group instead, and the broken group stays lent under the other's
+name); without one the replica takes what the node of its group offers, then standby devices. A
+Deployment's pods have no stable names: its lent groups come back as a set.
 
 Loans: a standby device a reclaim takes stands in for a lent device that could not come back
 (failed, or on a node gone). It keeps its standby flag and is tagged with the owner while the
@@ -40,9 +40,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from common.model import Device, GpuUuid, Holder, JobKey
-from common.replicas import incoming_replicas
-from extender.leasing.lease import GpuLease, LeaseStatus, LentGroup, Notice, Trouble
-from extender.leasing.rules import (
+from extender.rightofreturn.lease import GpuLease, LeaseStatus, LentGroup, Notice, Trouble
+from extender.rightofreturn.replicas import incoming_replicas
+from extender.rightofreturn.rules import (
     devices_to_tag,
     group_can_return,
     ordinal,
@@ -212,9 +212,9 @@ def scale_up_groups(
     (every lent group, renamed where one stands in for another; the groups taken back).
 
     Where the workload names its replicas, each incoming replica takes back its own group. One
-    whose group cannot come back whole (:func:`~extender.leasing.rules.group_can_return`) takes,
-    instead, a group that stays lent and can (the cheapest by :func:`choose_groups`): the two
-    swap names, so the broken group stays lent for the replica still down. A replica with no
+    whose group cannot come back whole (:func:`~extender.rightofreturn.rules.group_can_return`)
+    takes, instead, a group that stays lent and can (the cheapest by :func:`choose_groups`): the
+    two swap names, so the broken group stays lent for the replica still down. A replica with no
     such group takes its own anyway (its healthy devices come back, standby for the rest).
     Elsewhere: :func:`choose_groups` picks ``target - have`` groups, any replica any group.
     """

@@ -39,6 +39,7 @@ from typing import Any, Final
 import yaml
 
 from common import contract
+from common.coercion import number, real, whole
 from common.errors import InvalidInput
 from extender.orchestration.rendering import placeholder_problems
 
@@ -144,7 +145,7 @@ def _kind(value: Any) -> str:
 
 
 def _int(p: _Problems, where: str, value: Any, minimum: int) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not whole(value):
         p.add(where, f"want an integer, got {_kind(value)}")
         return None
     if value < minimum:
@@ -154,13 +155,10 @@ def _int(p: _Problems, where: str, value: Any, minimum: int) -> int | None:
 
 
 def _seconds(p: _Problems, where: str, value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if not number(value):
         p.add(where, f"want a number of seconds, got {_kind(value)}")
         return None
-    try:
-        seconds = float(value)
-    except OverflowError:  # an integer past the largest float
-        seconds = math.inf
+    seconds = real(value)  # an integer past the largest float is infinite
     if not math.isfinite(seconds):  # .inf, .nan: a command never timed out, a retry never due
         p.add(where, f"want a finite number of seconds, got {_kind(value)}")
         return None
@@ -364,7 +362,7 @@ def _command(
         ready = spec.get("ready", "all")
         count: int | None = None
         if ready != "all":
-            if isinstance(ready, bool) or not isinstance(ready, int) or ready < 1:
+            if not whole(ready) or ready < 1:
                 p.add(f"{cwhere}.ready", f'want "all" or a count of at least 1, got {_kind(ready)}')
                 continue
             count = ready

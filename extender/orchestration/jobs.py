@@ -25,6 +25,7 @@ from typing import Any, Final
 import yaml
 
 from common import contract
+from common.coercion import whole
 from common.errors import InvalidInput
 from extender.orchestration.graph import Dag
 from extender.orchestration.records import ANN_RECORDS, Record, parse_records
@@ -91,7 +92,7 @@ def parse_replicas(text: str | None, roles: Mapping[str, int | None]) -> dict[st
     for role, count in given.items():
         if role not in roles:
             problems.append(f'{DATA_REPLICAS}.{role}: unknown role "{role}"')
-        elif isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        elif not whole(count) or count < 0:
             problems.append(
                 f"{DATA_REPLICAS}.{role}: want a count of at least 0, got {_shown(count)}"
             )

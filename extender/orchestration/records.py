@@ -17,6 +17,7 @@ from enum import StrEnum
 from typing import Any, Final
 
 from common import contract
+from common.coercion import number, real, whole
 from common.errors import InvalidInput
 from extender.orchestration.backoff import backoff_s
 from extender.orchestration.depfile import Command, Target
@@ -79,7 +80,7 @@ def record_of(key: str, records: Records, command: Command, uid: str) -> Record 
 def _attempts(value: object) -> int:
     """A record is written at its first attempt: a count of at least 1 (fewer would let a
     command run more often than its retry.attempts)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not whole(value) or value < 1:
         raise ValueError(f"attempts: want a whole number of at least 1, got {value!r:.40}")
     return value
 
@@ -87,12 +88,9 @@ def _attempts(value: object) -> int:
 def _time(value: object, key: str) -> float:
     """Epoch seconds: a finite number (NaN or Infinity would make a record never or always
     due)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if not number(value):
         raise ValueError(f"{key}: want a number of seconds, got {value!r:.40}")
-    try:
-        seconds = float(value)
-    except OverflowError:
-        seconds = math.inf
+    seconds = real(value)
     if not math.isfinite(seconds):
         raise ValueError(f"{key}: want a finite number of seconds")
     return seconds

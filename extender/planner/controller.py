@@ -35,10 +35,10 @@ from common.events import Involved, post_event
 from common.kubeclient import KubeClient
 from common.reconcile import ReconcileLoop, Requeue, Result, run_checked
 from common.watches import Watches, object_key
-from extender.leasing.lease import parse_gpu_lease
 from extender.planner.directives import desired_patch
 from extender.planner.sources import TrafficSource
 from extender.planner.stepping import PlannerSettings, lease_config, plan_step, scoped_queries
+from extender.rightofreturn.lease import parse_gpu_lease
 
 log = logging.getLogger(__name__)
 
@@ -104,59 +104,6 @@ class NullLeaseEvents:
 
     async def warn(self, lease: Mapping[str, Any], reason: str, message: str) -> None:
         return None
-
-
-@dataclass
-class MemoryLeaseEvents:
-    """The Events posted, as (lease key, reason, message)."""
-
-    posted: list[tuple[str, str, str]] = field(default_factory=list)
-
-    async def warn(self, lease: Mapping[str, Any], reason: str, message: str) -> None:
-        self.posted.append((object_key(lease), reason, message))
-
-
-def merge(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch."""
-    if not isinstance(patch, dict):
-        return patch
-    out = dict(target) if isinstance(target, dict) else {}
-    for k, v in patch.items():
-        if v is None:
-            out.pop(k, None)
-        else:
-            out[k] = merge(out.get(k), v)
-    return out
-
-
-@dataclass
-class MemoryLeases:
-    """A faithful fake of the API server's GpuLeases for the planner: merge patches conditioned
-    on resourceVersion, which every write bumps; ``writes`` records (namespace, name, patch)."""
-
-    objects: dict[str, dict[str, Any]] = field(default_factory=dict)
-    writes: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
-    _version: int = 0
-
-    def put(self, obj: dict[str, Any]) -> dict[str, Any]:
-        """Create or replace (as another writer would): a new resourceVersion."""
-        self._version += 1
-        meta = obj.setdefault("metadata", {})
-        meta["resourceVersion"] = str(self._version)
-        self.objects[f"{meta['namespace']}/{meta['name']}"] = obj
-        return obj
-
-    async def patch_spec(
-        self, namespace: str, name: str, resource_version: str, patch: dict[str, Any]
-    ) -> dict[str, Any]:
-        key = f"{namespace}/{name}"
-        current = self.objects.get(key)
-        if current is None:
-            raise NotFound(f"GpuLease {key} not found")
-        if current["metadata"]["resourceVersion"] != resource_version:
-            raise Conflict(f"GpuLease {key}: the object has been modified")
-        self.writes.append((namespace, name, patch))
-        return self.put(merge(current, patch))
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 The leasing controller (extender/leasing/controller.py) steers an online job to ``target_gpus``:
 ``spec.schedule``'s entry in force, or ``spec.desiredGPUs`` when there is no schedule
-(extender/leasing/rules.py). The planner speaks that language two ways:
+(extender/rightofreturn/rules.py). The planner speaks that language two ways:
 
 * :func:`desired_patch` — live: a JSON merge patch setting ``desiredGPUs`` to the planned
   count (and removing any schedule, which would otherwise win), sent every planning step when the
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from extender.leasing.rules import ScheduleEntry
+from extender.rightofreturn.rules import ScheduleEntry
 
 MAX_SCHEDULE_ENTRIES = 96  # the chart's crds/gpuleases.yaml: spec.schedule.maxItems
 DAY_MIN = 1440

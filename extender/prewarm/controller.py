@@ -49,7 +49,6 @@ from common.prewarmwire import Directive, directives_json, parse_directives, par
 from common.reconcile import ReconcileLoop, ReconcileSettings, Result, run_checked
 from common.timefmt import microtime
 from common.watches import Watches
-from extender.leasing.lease import GpuLease, Workload, parse_gpu_lease
 from extender.prewarm.policy import (
     PrewarmSettings,
     WorkloadTemplate,
@@ -57,6 +56,7 @@ from extender.prewarm.policy import (
     parse_workload,
     plan_prewarm,
 )
+from extender.rightofreturn.lease import GpuLease, Workload, parse_gpu_lease
 
 log = logging.getLogger(__name__)
 

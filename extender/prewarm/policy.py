@@ -32,7 +32,7 @@ from typing import Any
 
 from common import contract
 from common.errors import InvalidInput
-from common.hotrestart import normalized
+from common.hotrestartwire import normalized
 from common.model import (
     Device,
     GpuUuid,
@@ -51,8 +51,8 @@ from common.prewarmwire import (
 )
 from common.timefmt import microtime
 from extender.leasing.decisions import View, scale_up_groups
-from extender.leasing.lease import GpuLease, LentGroup
-from extender.leasing.rules import group_can_return, ordinal, replicas_for, target_gpus
+from extender.rightofreturn.lease import GpuLease, LentGroup
+from extender.rightofreturn.rules import group_can_return, ordinal, replicas_for, target_gpus
 from extender.scheduler.filtering import return_share
 from extender.scheduler.placement import plan_node
 

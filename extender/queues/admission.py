@@ -286,10 +286,6 @@ def book_from_json(data: Mapping[str, Any], default: Thresholds) -> Book:
 # --- what the pods say ---
 
 
-def _time(raw: object) -> float | None:
-    return epoch(raw) if isinstance(raw, str) else None
-
-
 def gate_index(pod: Mapping[str, Any]) -> int | None:
     """Where the queue gate is in the pod's scheduling gates, or None."""
     gates = (pod.get("spec") or {}).get("schedulingGates") or []
@@ -333,7 +329,7 @@ def observe(
         key = job_key(pod)
         classes.setdefault(key, job_class(annotations)[0])
         ends = [
-            _time(((c.get("state") or {}).get("terminated") or {}).get("finishedAt"))
+            epoch(((c.get("state") or {}).get("terminated") or {}).get("finishedAt"))
             for c in status.get("containerStatuses") or []
             if isinstance(c, dict)
         ]
@@ -343,11 +339,11 @@ def observe(
                 name=str(meta.get("name", "")),
                 uid=str(meta.get("uid", "")),
                 gpus=gpu_count(spec, resource, []),
-                created=_time(meta.get("creationTimestamp")) or 0.0,
+                created=epoch(meta.get("creationTimestamp")) or 0.0,
                 gated=gated(pod) or waits_for_proof(pod, release_key),
                 bound=bool(spec.get("nodeName")),
                 phase=str(status.get("phase") or "Pending"),
-                started=_time(status.get("startTime")),
+                started=epoch(status.get("startTime")),
                 finished=max((e for e in ends if e is not None), default=None),
                 constraints=constraints(spec),
             )

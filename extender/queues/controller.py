@@ -57,8 +57,8 @@ from extender.queues.allocation import JobView
 from extender.queues.fitting import Capacity, Constraints, NodeFacts, node_facts
 from extender.queues.growth import Elastic, declared, grow, shrink
 from extender.queues.jobviews import DEFAULT_THRESHOLDS, held_by_job, job_key, job_views
+from extender.queues.measuring import Profiler
 from extender.queues.mlfq import Queue, Thresholds
-from extender.queues.profiler import Profiler
 
 log = logging.getLogger(__name__)
 
@@ -532,7 +532,7 @@ class Elastics:
             told[key] = (uid, query)
 
     async def profile(self) -> None:
-        """Cornucopia's ramp-up profiler (extender.queues.profiler) on each elastic job that
+        """Cornucopia's ramp-up profiler (extender.queues.measuring) on each elastic job that
         names its throughput query: a reading at the GPUs it holds while every pod of it runs,
         the measurements kept on its workload; its view then scales by what was measured.
         A query is run only scoped to the job's namespace (one that cannot be is told, and

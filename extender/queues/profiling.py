@@ -1,4 +1,6 @@
-"""Cornucopia's ramp-up profiler (4.3, Algorithm 1) and scaling factors (eq. 1). Pure.
+"""A job's throughput profile (its throughput at each GPU count) and the scaling factors it gives
+(Cornucopia 4.3, Algorithm 1 and eq. 1). Pure; :mod:`extender.queues.measuring` measures
+profiles live.
 
 A job is grown one GPU at a time from 1 to twice its request; at each count it trains 5
 batches, the first 2 are warm-up and the mean throughput of the last 3 is kept. The scaling

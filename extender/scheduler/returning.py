@@ -3,17 +3,18 @@ cluster view.
 
 A replica that takes back its lent group (``PodRequest.lent_group``, a StatefulSet replica
 while its lease reclaims) goes to the node holding that group, while the group can come back
-whole (:func:`~extender.leasing.rules.group_can_return`, the leasing controller's rule): the filter
-rejects every other node and the preempt verb evicts only there, so kube-scheduler cannot send
-the replica to another node whose devices happen to be free. Where the group cannot come back,
-the replica is placed as any reclaim is (its node's other devices, then the standby pool).
+whole (:func:`~extender.rightofreturn.rules.group_can_return`, the leasing controller's rule):
+the filter rejects every other node and the preempt verb evicts only there, so kube-scheduler
+cannot send the replica to another node whose devices happen to be free. Where the group cannot
+come back, the replica is placed as any reclaim is (its node's other devices, then the standby
+pool).
 """
 
 from __future__ import annotations
 
 from common.model import Device, GpuUuid, Holder, NodeName, PodRequest
 from extender.cluster.state import ClusterState
-from extender.leasing.rules import group_can_return
+from extender.rightofreturn.rules import group_can_return
 
 RETURN_HOME = "tidelease: this replica's own lent GPUs are on node {node} (right of return)"
 

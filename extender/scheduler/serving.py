@@ -1,5 +1,6 @@
-"""Lifecycle of one extender instance: its watched view, the reaper and the HTTP servers. The
-controllers run in a process of their own (extender/controllers.py)."""
+"""Lifecycle of one extender instance: its watched view, the reaper and the HTTP servers that
+serve :mod:`extender.scheduler.handlers`. The controllers run in a process of their own
+(extender/controllers.py)."""
 
 from __future__ import annotations
 
@@ -35,8 +36,8 @@ from extender.cluster.state import ClusterState
 from extender.cluster.store import Store
 from extender.cluster.watching import PodCache, run_liveness, run_watch
 from extender.scheduler.binding import Binder, Clock, utcnow
+from extender.scheduler.handlers import ExtenderApp
 from extender.scheduler.metrics import ExtenderMetrics
-from extender.scheduler.server import ExtenderApp
 from extender.scheduler.settings import ExtenderSettings
 
 log = logging.getLogger(__name__)

@@ -317,8 +317,8 @@ def choose_shard_size(
     The makespan is not unimodal in the size (the shard count jumps, and which link takes the
     short last shard changes), so neither the bisection nor the scan alone reaches the best size
     often; together, with the descents, they reach it in most cases and stay within a few per
-    cent in the rest (docs/performance.md, "Shard-size choice", has the figures). Ties (within 1e-9) go
-    to the larger size: fewer requests.
+    cent in the rest (docs/performance.md, "Shard-size choice", has the figures). Ties (within
+    1e-9) go to the larger size: fewer requests.
     """
     if total <= 0:
         return ShardSizeChoice(piece_size, 0.0, "empty")

@@ -20,7 +20,7 @@ from common.kubeclient import KubeClient
 from common.model import Priority, Tier
 from extender.cluster.kubestore import KubeStore
 from extender.controllers import Enabled, controllers
-from extender.leasing.controller import KubeWorld
+from extender.leasing.kubeworld import KubeWorld
 from extender.scheduler.driver import SchedulerDriver
 from extender.scheduler.serving import Running, serve
 from extender.scheduler.settings import ExtenderSettings

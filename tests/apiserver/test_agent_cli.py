@@ -85,8 +85,8 @@ async def test_agent_in_dra_mode_publishes_its_slice_and_registers_with_the_kube
     publishes), the registration socket answering as the kubelet asks, sockets gone on SIGTERM."""
     import grpc
 
-    from common import dra
-    from nodeagent.dra import registration_pb2, registration_pb2_grpc
+    from common import deviceattributes
+    from nodeagent.dradriver import registration_pb2, registration_pb2_grpc
 
     node = f"node-{uuid.uuid4().hex[:6]}"
     registry, plugins = tmp_path / "registry", tmp_path / "plugins"
@@ -107,12 +107,14 @@ async def test_agent_in_dra_mode_publishes_its_slice_and_registers_with_the_kube
         "--cdi-dir",
         str(tmp_path / "cdi"),
     )
-    reg_socket = registry / f"{dra.DRIVER}-reg.sock"
-    dra_socket = plugins / dra.DRIVER / "dra.sock"
+    reg_socket = registry / f"{deviceattributes.DRIVER}-reg.sock"
+    dra_socket = plugins / deviceattributes.DRIVER / "dra.sock"
 
     async def published() -> dict[str, Any] | None:
         try:
-            obj = await kube.json("GET", f"{dra.SLICES_PATH}/{dra.slice_name(node)}")
+            obj = await kube.json(
+                "GET", f"{deviceattributes.SLICES_PATH}/{deviceattributes.slice_name(node)}"
+            )
         except NotFound:
             return None
         return obj if len(obj["spec"].get("devices") or []) == 2 else None
@@ -125,7 +127,7 @@ async def test_agent_in_dra_mode_publishes_its_slice_and_registers_with_the_kube
             )
         )
         assert stored["spec"]["nodeName"] == node
-        assert stored["spec"]["driver"] == dra.DRIVER
+        assert stored["spec"]["driver"] == deviceattributes.DRIVER
         assert {
             d["name"]: d["attributes"][f"{contract.PREFIX}/uuid"]["string"]
             for d in stored["spec"]["devices"]
@@ -138,7 +140,11 @@ async def test_agent_in_dra_mode_publishes_its_slice_and_registers_with_the_kube
         async with grpc.aio.insecure_channel(f"unix://{reg_socket}") as channel:
             stub = registration_pb2_grpc.RegistrationStub(channel)  # type: ignore[no-untyped-call]
             info = await stub.GetInfo(registration_pb2.InfoRequest(), timeout=5)
-        assert (info.type, info.name, info.endpoint) == ("DRAPlugin", dra.DRIVER, str(dra_socket))
+        assert (info.type, info.name, info.endpoint) == (
+            "DRAPlugin",
+            deviceattributes.DRIVER,
+            str(dra_socket),
+        )
         assert "v1.DRAPlugin" in info.supported_versions
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), 15) == 0
@@ -149,5 +155,7 @@ async def test_agent_in_dra_mode_publishes_its_slice_and_registers_with_the_kube
             proc.kill()
             await proc.wait()
         with contextlib.suppress(NotFound):
-            await kube.json("DELETE", f"{dra.SLICES_PATH}/{dra.slice_name(node)}")
+            await kube.json(
+                "DELETE", f"{deviceattributes.SLICES_PATH}/{deviceattributes.slice_name(node)}"
+            )
         await kube.close()

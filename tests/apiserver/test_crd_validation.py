@@ -12,7 +12,7 @@ from common import builders, contract
 from common.conditions import set_condition
 from common.errors import InvalidInput
 from common.kubeclient import KubeClient
-from extender.leasing.lease import MIN_GRACE_S
+from extender.rightofreturn.lease import MIN_GRACE_S
 from tests.apiserver.conftest import ApiServer
 
 pytestmark = pytest.mark.apiserver

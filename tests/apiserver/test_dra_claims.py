@@ -19,8 +19,8 @@ import pytest
 from common import builders
 from common.kubeclient import KubeClient
 from nodeagent.deviceplugin.testing import NODE, uuids
-from nodeagent.dra.claims import RESOURCE_API
-from nodeagent.dra.settings import DRIVER
+from nodeagent.dradriver.claims import RESOURCE_API
+from nodeagent.dradriver.settings import DRIVER
 from tests.apiserver.conftest import ApiServer
 from tests.unit.test_dra_plugin import container, devices_of, nvidia, running, settings_in
 

@@ -13,8 +13,8 @@ import pytest
 from common import builders
 from common.kubeclient import KubeClient
 from common.model import Holder, PodUid, Priority
-from extender.leasing.controller import DISRUPTION_REASON, KubeWorld
-from extender.leasing.lease import parse_gpu_lease
+from extender.leasing.kubeworld import DISRUPTION_REASON, KubeWorld
+from extender.rightofreturn.lease import parse_gpu_lease
 from tests.apiserver.conftest import ApiServer
 from tests.polling import eventually
 

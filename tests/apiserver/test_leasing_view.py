@@ -18,7 +18,7 @@ from common.errors import TooManyRequests
 from common.kubeclient import KubeClient
 from extender.cluster.kubestore import KubeStore
 from extender.controllers import Enabled, controllers
-from extender.leasing.controller import KubeWorld
+from extender.leasing.kubeworld import KubeWorld
 from extender.scheduler.settings import ExtenderSettings
 from tests.apiserver.conftest import ApiServer
 from tests.polling import eventually

@@ -188,8 +188,8 @@ async def test_the_leasing_controllers_own_writes_pass_with_its_token(
     scaling, as the leasing controller makes them, with the controllers' token; a status
     change beyond the condition is refused."""
     from common.model import Holder, PodUid, Priority
-    from extender.leasing.controller import KubeWorld
-    from extender.leasing.lease import Workload, parse_gpu_lease
+    from extender.leasing.kubeworld import KubeWorld
+    from extender.rightofreturn.lease import Workload, parse_gpu_lease
 
     c = borrowers
     t = token(c, "tidelease-controllers")

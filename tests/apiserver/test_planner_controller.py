@@ -24,8 +24,9 @@ from extender.planner.controller import (
     PlannerMetrics,
     run_planner_controller,
 )
-from extender.planner.sources import FakePrometheus, PrometheusSource, TidalJob
-from extender.simulation.online import TRUE_MODEL
+from extender.planner.sources import PrometheusSource
+from extender.planner.testing import FakePrometheus, TidalJob
+from extender.plannersim.online import TRUE_MODEL
 from tests.apiserver.conftest import ApiServer
 from tests.fakeprometheus import served
 from tests.integration.test_planning_live import MONDAY, SETTINGS, lease_object

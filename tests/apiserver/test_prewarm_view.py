@@ -21,7 +21,7 @@ from common.objects import gpu_allocation_object
 from common.prewarmwire import Directive, directives_json
 from extender.cluster.kubestore import KubeStore
 from extender.controllers import Enabled, controllers, elector_for
-from extender.leasing.controller import KubeWorld
+from extender.leasing.kubeworld import KubeWorld
 from extender.prewarm.policy import PrewarmSettings
 from extender.scheduler.settings import ExtenderSettings
 from tests.apiserver.conftest import ApiServer

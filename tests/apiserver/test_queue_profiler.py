@@ -16,8 +16,9 @@ from prometheus_client import CollectorRegistry
 
 from common import contract
 from common.kubeclient import KubeClient
-from extender.planner.sources import FakePrometheus, PrometheusSource
-from extender.queues.profiler import Profiler, ThroughputReader
+from extender.planner.sources import PrometheusSource
+from extender.planner.testing import FakePrometheus
+from extender.queues.measuring import Profiler, ThroughputReader
 from extender.queues.profiling import Profile
 from tests.apiserver.conftest import ApiServer
 from tests.fakeprometheus import served

@@ -207,7 +207,7 @@ def test_an_agent_writes_only_its_own_node(cluster: Kubectl) -> None:
 def test_an_agent_in_dra_mode_publishes_only_its_own_nodes_slice(cluster: Kubectl) -> None:
     """The agent's own token: its node's ResourceSlice (as `tidelease agent --dra` writes it)
     may be created and updated, another node's may not; claims are read, never written."""
-    from common import dra
+    from common import deviceattributes
 
     t = token(cluster, "tidelease-agent", pod="agent-node-a")
 
@@ -215,7 +215,7 @@ def test_an_agent_in_dra_mode_publishes_only_its_own_nodes_slice(cluster: Kubect
         gpunode = {"metadata": {"name": node}, "status": {"devices": [
             {"index": 0, "uuid": f"GPU-{node}", "type": "H20", "health": "Healthy", "tier": "HA"},
         ]}}  # fmt: skip
-        return dra.resource_slice(node, None, gpunode, 1)
+        return deviceattributes.resource_slice(node, None, gpunode, 1)
 
     mine, theirs = slice_of("node-a"), slice_of("node-b")
     try:
@@ -225,7 +225,9 @@ def test_an_agent_in_dra_mode_publishes_only_its_own_nodes_slice(cluster: Kubect
         )
         # Its own: updated (the mirror's writes) and deleted (a GpuNode without devices).
         stored = json.loads(
-            cluster.kubectl("get", "resourceslice", dra.slice_name("node-a"), "-o", "json")
+            cluster.kubectl(
+                "get", "resourceslice", deviceattributes.slice_name("node-a"), "-o", "json"
+            )
         )
         stored["metadata"].setdefault("labels", {})["x"] = "y"
         cluster.kubectl("replace", "-f", "-", stdin=json.dumps(stored), token=t)
@@ -233,10 +235,11 @@ def test_an_agent_in_dra_mode_publishes_only_its_own_nodes_slice(cluster: Kubect
         assert not cluster.can(t, "update", "resourceclaims/status", "ml")
         assert not cluster.can(t, "create", "resourceclaims", "ml")
         assert not cluster.can(t, "delete", "deviceclasses", "")
-        cluster.kubectl("delete", "resourceslice", dra.slice_name("node-a"), token=t)
+        cluster.kubectl("delete", "resourceslice", deviceattributes.slice_name("node-a"), token=t)
     finally:
         cluster.kubectl(
-            "delete", "resourceslice", dra.slice_name("node-a"), dra.slice_name("node-b"),
+            "delete", "resourceslice",
+            deviceattributes.slice_name("node-a"), deviceattributes.slice_name("node-b"),
             "--ignore-not-found",
         )  # fmt: skip
 
@@ -247,18 +250,18 @@ async def test_the_controllers_in_dra_mode_pin_claims_and_write_nothing_else_of_
     """The leasing controller's own pin (KubeWorld.pin: kube-scheduler's finalizer, the
     allocation through the status, an Event, the gate lifted), run with the controllers'
     token; that token can neither make nor delete claims, nor touch slices or classes."""
-    from common import dra
+    from common import deviceattributes
     from common.model import Device, DeviceClass, GpuUuid, NodeName, Tier
-    from extender.leasing import dra as pinning
-    from extender.leasing.controller import KubeWorld
-    from extender.leasing.lease import parse_gpu_lease
+    from extender.leasing import claimpinning as pinning
+    from extender.leasing.kubeworld import KubeWorld
+    from extender.rightofreturn.lease import parse_gpu_lease
 
     t = token(cluster, "tidelease-controllers")
     claim = {
-        "apiVersion": dra.API_VERSION, "kind": "ResourceClaim",
+        "apiVersion": deviceattributes.API_VERSION, "kind": "ResourceClaim",
         "metadata": {"name": "job-1-gpu", "namespace": "ml"},
         "spec": {"devices": {"requests": [
-            {"name": "gpu", "exactly": {"deviceClassName": dra.CLASS_HA, "count": 1}},
+            {"name": "gpu", "exactly": {"deviceClassName": deviceattributes.CLASS_HA, "count": 1}},
         ]}},
     }  # fmt: skip
     pod = {
@@ -276,7 +279,7 @@ async def test_the_controllers_in_dra_mode_pin_claims_and_write_nothing_else_of_
     api = await KubeClient.connect(kubeconfig)
     try:
         stored = await api.json(
-            "GET", f"/apis/{dra.API_VERSION}/namespaces/ml/resourceclaims/job-1-gpu"
+            "GET", f"/apis/{deviceattributes.API_VERSION}/namespaces/ml/resourceclaims/job-1-gpu"
         )
         uid = json.loads(cluster.kubectl("get", "pod", "job-1", "-n", "ml", "-o", "json"))[
             "metadata"

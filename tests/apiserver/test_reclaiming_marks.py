@@ -11,14 +11,14 @@ from typing import Any
 import pytest
 
 from common import builders as b
-from common import contract, dra
+from common import contract, deviceattributes
 from common.errors import InvalidInput
 from common.kubeclient import KubeClient
 from common.model import GpuUuid, NodeName
 from extender.cluster.state import ClusterState
-from extender.leasing import dra as pinning
-from extender.leasing.controller import KubeWorld
+from extender.leasing import claimpinning as pinning
 from extender.leasing.decisions import TagChange
+from extender.leasing.kubeworld import KubeWorld
 from tests.apiserver.conftest import ApiServer
 
 pytestmark = pytest.mark.apiserver
@@ -67,10 +67,10 @@ async def test_marks_are_set_kept_while_lent_and_gone_with_the_owner_tag(
     assert {u: e.get("reclaiming") for u, e in got.items()} == {d0: True, d1: True}
     obj = await kube.json("GET", f"{PATH}/{name}")
     slice_devices = {
-        d["attributes"][dra.qualified(dra.ATTR_UUID)]["string"]: d["attributes"][
-            dra.qualified(dra.ATTR_RECLAIMING)
-        ]["bool"]
-        for d in dra.slice_devices(obj)
+        d["attributes"][deviceattributes.qualified(deviceattributes.ATTR_UUID)]["string"]: d[
+            "attributes"
+        ][deviceattributes.qualified(deviceattributes.ATTR_RECLAIMING)]["bool"]
+        for d in deviceattributes.slice_devices(obj)
     }
     assert slice_devices == {d0: True, d1: True, d2: False}
     # The controllers' view reads the marks back (what a restarted controller starts from).

@@ -15,8 +15,8 @@ import pytest
 
 from nodeagent.cri.client import GrpcRuntime
 from nodeagent.cri.runtime import ContainerState, Runtime
-from nodeagent.restarting.insandbox import hot_restart
-from nodeagent.restarting.planning import RestartSettings, Step
+from nodeagent.hotrestart.insandbox import hot_restart
+from nodeagent.hotrestart.planning import RestartSettings, Step
 from tests.containerd.conftest import (
     ABSENT,
     APP_V1,

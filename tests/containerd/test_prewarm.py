@@ -27,7 +27,6 @@ from nodeagent.cache.store import CacheStore
 from nodeagent.cache.testing import PeerNode, start_peer, write_token
 from nodeagent.cri.client import GrpcRuntime
 from nodeagent.prewarm import (
-    MemoryPrewarmNode,
     PeerCheckpoints,
     PrewarmAgentSettings,
     Prewarmer,
@@ -35,6 +34,7 @@ from nodeagent.prewarm import (
 )
 from nodeagent.pulling.peers import Peer, StaticPeers
 from nodeagent.pulling.puller import bearer
+from nodeagent.testing import MemoryPrewarmNode
 from tests.containerd.conftest import ABSENT, APP_V1
 from tests.polling import eventually
 

@@ -1,12 +1,12 @@
 """Dynamic Resource Allocation with the unmodified kube-scheduler, and no extender.
 
-The node agent's :class:`nodeagent.dra.slices.SliceMirror` (run here, in the test process, one
-per kwok node, as each node's agent runs it) publishes each node's GpuNode as a ResourceSlice;
-the DeviceClasses are common.dra's; pods ask for devices through ResourceClaimTemplates, and
-the cluster's second kube-scheduler, ``tidelease-plain``, whose configuration has no extenders
+The node agent's :class:`nodeagent.dradriver.slices.SliceMirror` (run here, in the test process, one
+per kwok node, as each node's agent runs it) publishes each node's GpuNode as a ResourceSlice; the
+DeviceClasses are common.deviceattributes's; pods ask for devices through ResourceClaimTemplates,
+and the cluster's second kube-scheduler, ``tidelease-plain``, whose configuration has no extenders
 (TL_CLUSTER_PLAIN_SCHEDULER in tests/e2e/conftest.py), allocates them with its DynamicResources
-plugin: every CEL selector is evaluated by kube-scheduler itself. The GpuNodes are written here
-as the agent (status) and the leasing controller (spec.devices) would write them.
+plugin: every CEL selector is evaluated by kube-scheduler itself. The GpuNodes are written here as
+the agent (status) and the leasing controller (spec.devices) would write them.
 
 * a claim of each class, for *all* the devices it may have, is allocated exactly the devices
   the class should select (tiers, lent, standby, withdrawn unhealthy devices);
@@ -30,11 +30,11 @@ from typing import Any
 import pytest
 import yaml
 
-from common import builders, contract, dra
+from common import builders, contract, deviceattributes
 from common.kubeclient import KubeClient
 from common.model import Device, Priority, Tier
-from extender.leasing.dra import RECLAIM_GATE
-from nodeagent.dra.slices import SliceMirror
+from extender.leasing.claimpinning import RECLAIM_GATE
+from nodeagent.dradriver.slices import SliceMirror
 from tests.background import read_state
 from tests.e2e.harness import BORROWER, GROUP_LABEL, ONLINE, Cluster, NodeGroup
 from tests.e2e.kube import ApiError, wait_for
@@ -42,7 +42,7 @@ from tests.e2e.kube import ApiError, wait_for
 pytestmark = pytest.mark.cluster
 
 b = builders
-RESOURCE = f"/apis/{dra.API_VERSION}"
+RESOURCE = f"/apis/{deviceattributes.API_VERSION}"
 CLASSES = f"{RESOURCE}/deviceclasses"
 SCHEDULE_TIMEOUT_S = 60
 # kube-scheduler's reason for a pod none of whose nodes can allocate its claims.
@@ -69,9 +69,10 @@ def plain_scheduler(cluster: Cluster) -> str:
 
 @pytest.fixture(scope="module")
 def device_classes(cluster: Cluster) -> Iterator[list[str]]:
-    """common.dra's DeviceClasses, applied (replaced when they exist), deleted afterwards."""
+    """common.deviceattributes's DeviceClasses, applied (replaced when they exist), deleted
+    afterwards."""
     names = []
-    for obj in dra.device_classes():
+    for obj in deviceattributes.device_classes():
         name = obj["metadata"]["name"]
         try:
             cluster.kube.request("POST", CLASSES, obj)
@@ -162,14 +163,14 @@ def mirrored(cluster: Cluster, nodes: Sequence[str]) -> Iterator[None]:
         thread.join(30)
         assert not thread.is_alive(), "the mirrors did not stop"
         for node in nodes:
-            _delete(cluster, f"{dra.SLICES_PATH}/{dra.slice_name(node)}")
+            _delete(cluster, f"{deviceattributes.SLICES_PATH}/{deviceattributes.slice_name(node)}")
         assert not failed, failed
 
 
 def slice_of(cluster: Cluster, node: str) -> dict[str, Any] | None:
     try:
         obj: dict[str, Any] = cluster.kube.request(
-            "GET", f"{dra.SLICES_PATH}/{dra.slice_name(node)}"
+            "GET", f"{deviceattributes.SLICES_PATH}/{deviceattributes.slice_name(node)}"
         )
     except ApiError as e:
         if e.status == 404:
@@ -185,7 +186,7 @@ def published(cluster: Cluster, node: str) -> dict[str, dict[str, Any]]:
         attrs = {}
         for key, value in device["attributes"].items():
             ((_, inner),) = value.items()
-            attrs[key.removeprefix(f"{dra.DOMAIN}/")] = inner
+            attrs[key.removeprefix(f"{deviceattributes.DOMAIN}/")] = inner
         out[device["name"]] = attrs
     return out
 
@@ -249,7 +250,7 @@ def claim_template(
     if selectors:
         exactly["selectors"] = [{"cel": {"expression": s}} for s in selectors]
     return {
-        "apiVersion": dra.API_VERSION,
+        "apiVersion": deviceattributes.API_VERSION,
         "kind": "ResourceClaimTemplate",
         "metadata": {"name": name, "namespace": namespace},
         "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}},
@@ -376,7 +377,7 @@ def describe(cluster: Cluster, namespace: str, pod: str) -> str:
 
 def devices_on(results: list[dict[str, Any]], node: str) -> set[str]:
     """The allocated device names; every one of ``node``'s pool, of tidelease's driver."""
-    assert {(r["driver"], r["pool"]) for r in results} == {(dra.DRIVER, node)}, results
+    assert {(r["driver"], r["pool"]) for r in results} == {(deviceattributes.DRIVER, node)}, results
     return {r["device"] for r in results}
 
 
@@ -412,10 +413,10 @@ MATRIX: list[tuple[bool, Tier, bool, bool]] = [
     (True, Tier.LA, True, False),  # gpu-7: lent
 ]
 SELECTS = {
-    dra.CLASS_HA: {"gpu-0"},
-    dra.CLASS_MA: {"gpu-0", "gpu-1"},
-    dra.CLASS_LA: {"gpu-0", "gpu-1", "gpu-2"},
-    dra.CLASS_BORROW: {"gpu-0", "gpu-1", "gpu-2", "gpu-3", "gpu-4", "gpu-7"},
+    deviceattributes.CLASS_HA: {"gpu-0"},
+    deviceattributes.CLASS_MA: {"gpu-0", "gpu-1"},
+    deviceattributes.CLASS_LA: {"gpu-0", "gpu-1", "gpu-2"},
+    deviceattributes.CLASS_BORROW: {"gpu-0", "gpu-1", "gpu-2", "gpu-3", "gpu-4", "gpu-7"},
 }
 
 
@@ -483,7 +484,14 @@ def test_an_ha_claim_gets_the_nodes_ha_device(
     with mirrored(cluster, group.nodes):
         offered = wait_published(cluster, node, {"gpu-0", "gpu-1", "gpu-2", "gpu-3"})
         create_claim_pod(
-            cluster, group, plain_scheduler, namespace, "online", node, dra.CLASS_HA, owner="job-a"
+            cluster,
+            group,
+            plain_scheduler,
+            namespace,
+            "online",
+            node,
+            deviceattributes.CLASS_HA,
+            owner="job-a",
         )
         (device,) = devices_on(allocated(cluster, namespace, "online"), node)
         assert device == "gpu-2"
@@ -501,9 +509,13 @@ def test_an_ha_claim_gets_the_nodes_ha_device(
         gpu_node = cluster.kube.get(contract.KIND_GPU_NODE, node)
         assert stored is not None
         assert gpu_node is not None
-        assert stored["spec"] == dra.slice_spec(node, dra.slice_devices(gpu_node), 1)
+        assert stored["spec"] == deviceattributes.slice_spec(
+            node, deviceattributes.slice_devices(gpu_node), 1
+        )
         node_uid = (cluster.kube.get("Node", node) or {})["metadata"]["uid"]
-        assert stored["metadata"]["ownerReferences"] == [dra.owner_reference(node, node_uid)]
+        assert stored["metadata"]["ownerReferences"] == [
+            deviceattributes.owner_reference(node, node_uid)
+        ]
 
 
 def test_another_jobs_lent_devices_go_to_borrowers_not_to_a_jobs_own_pods(
@@ -537,7 +549,7 @@ def test_another_jobs_lent_devices_go_to_borrowers_not_to_a_jobs_own_pods(
             namespace,
             "job-a-0",
             node,
-            dra.CLASS_HA,
+            deviceattributes.CLASS_HA,
             priority=Priority.HIGH,
             owner="job-a",
         )
@@ -552,8 +564,8 @@ def test_another_jobs_lent_devices_go_to_borrowers_not_to_a_jobs_own_pods(
             namespace,
             "borrower",
             node,
-            dra.CLASS_BORROW,
-            selectors=[f'device.attributes["{dra.DOMAIN}"].tierRank >= 3'],
+            deviceattributes.CLASS_BORROW,
+            selectors=[f'device.attributes["{deviceattributes.DOMAIN}"].tierRank >= 3'],
         )
         (taken,) = devices_on(allocated(cluster, namespace, borrower), node)
         assert taken in lent  # never gpu-2, the standby HA device
@@ -588,7 +600,7 @@ def test_an_unhealthy_device_is_never_allocated_until_healthy_again(
     with mirrored(cluster, group.nodes):
         wait_published(cluster, node, set())
         pod = create_claim_pod(
-            cluster, group, plain_scheduler, namespace, "waits", node, dra.CLASS_LA
+            cluster, group, plain_scheduler, namespace, "waits", node, deviceattributes.CLASS_LA
         )
         wait_pending(cluster, namespace, pod)
         # (Read before the change: the mirror may republish before this thread reads again.)
@@ -622,7 +634,7 @@ def test_kube_scheduler_preempts_nobody_for_devices(
     with mirrored(cluster, group.nodes):
         wait_published(cluster, node, {"gpu-0"})
         low = create_claim_pod(
-            cluster, group, plain_scheduler, namespace, "low", node, dra.CLASS_BORROW
+            cluster, group, plain_scheduler, namespace, "low", node, deviceattributes.CLASS_BORROW
         )
         assert devices_on(allocated(cluster, namespace, low), node) == {"gpu-0"}
         high = create_claim_pod(
@@ -632,7 +644,7 @@ def test_kube_scheduler_preempts_nobody_for_devices(
             namespace,
             "high",
             node,
-            dra.CLASS_HA,
+            deviceattributes.CLASS_HA,
             priority=Priority.HIGH,
             owner="job-a",
         )

@@ -2,10 +2,10 @@
 replica's claim to the devices it lent, and kube-scheduler binds the pod where they are.
 
 As in test_dra.py (whose helpers these tests use): kwok nodes whose GpuNodes a SliceMirror per
-node publishes as ResourceSlices, common.dra's DeviceClasses, and the cluster's plain
+node publishes as ResourceSlices, common.deviceattributes's DeviceClasses, and the cluster's plain
 kube-scheduler ``tidelease-plain`` (no extender). The tests write what the leasing controller
-will write (extender.leasing.dra): the claim's finalizer, then its ``status.allocation``, then
-lift the pod's scheduling gate ``tidelease.io/reclaim``.
+will write (extender.leasing.claimpinning): the claim's finalizer, then its
+``status.allocation``, then lift the pod's scheduling gate ``tidelease.io/reclaim``.
 
 * a gated pod's claim, pinned to a device its job lent (which ``tidelease-ha`` excludes) on one
   node while a free HA device waits on another, gets exactly that device, and the pod that node;
@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
-from common import builders, dra
+from common import builders, deviceattributes
 from common.errors import InvalidInput
 from common.model import Device, Priority, Tier
-from extender.leasing import dra as pinning
+from extender.leasing import claimpinning as pinning
 from tests.e2e.harness import Cluster, NodeGroup
 from tests.e2e.kube import ApiError, wait_for
 from tests.e2e.test_dra import (  # noqa: F401  (fixtures)
@@ -69,7 +69,7 @@ def create_gated_pod(
     whose container uses a ``tidelease-ha`` claim from a template of its own; carrying the
     reclaim gate when ``gated``."""
     create_claim_pod(
-        cluster, group, scheduler, namespace, name, None, dra.CLASS_HA,
+        cluster, group, scheduler, namespace, name, None, deviceattributes.CLASS_HA,
         priority=Priority.HIGH, owner=OWNER, gated=gated,
     )  # fmt: skip
     return cluster.pod(namespace, name)
@@ -149,7 +149,12 @@ def test_a_pinned_claim_gets_exactly_its_lent_device_and_the_pod_that_node(
         assert written["status"]["allocation"] == {
             "devices": {
                 "results": [
-                    {"request": "gpu", "driver": dra.DRIVER, "pool": lent, "device": "gpu-1"}
+                    {
+                        "request": "gpu",
+                        "driver": deviceattributes.DRIVER,
+                        "pool": lent,
+                        "device": "gpu-1",
+                    }
                 ]
             },
             "nodeSelector": {
@@ -246,7 +251,13 @@ def test_nothing_upstream_stops_a_pin_to_a_device_another_claim_holds(
     with mirrored(cluster, group.nodes):
         wait_published(cluster, lent, {"gpu-0", "gpu-1"})
         create_claim_pod(
-            cluster, group, plain_scheduler, namespace, "borrower", lent, dra.CLASS_BORROW
+            cluster,
+            group,
+            plain_scheduler,
+            namespace,
+            "borrower",
+            lent,
+            deviceattributes.CLASS_BORROW,
         )
         (taken,) = devices_on(allocated(cluster, namespace, "borrower"), lent)
         index = pinning.device_index(taken)

@@ -17,7 +17,7 @@ devices back (the controller marks them ``reclaiming``, which ``tidelease-borrow
 the reclaim ends.
 
 As in test_dra.py (whose helpers these tests use): kwok nodes whose GpuNodes a SliceMirror per
-node (in this process) publishes as ResourceSlices, common.dra's DeviceClasses.
+node (in this process) publishes as ResourceSlices, common.deviceattributes's DeviceClasses.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from typing import Any
 
 import pytest
 
-from common import builders, contract, dra
+from common import builders, contract, deviceattributes
 from common.model import Device, Priority, Tier
-from extender.leasing import dra as pinning
+from extender.leasing import claimpinning as pinning
 from tests.e2e.harness import BORROWER, Cluster, NodeGroup, workload
 from tests.e2e.kube import wait_for
 from tests.e2e.test_dra import (  # noqa: F401  (fixtures)
@@ -67,7 +67,7 @@ class DraJob:
     def __init__(self, cluster: Cluster, group: NodeGroup, namespace: str, scheduler: str) -> None:
         self.cluster, self.group, self.ns, self.scheduler = cluster, group, namespace, scheduler
         create_claim_template(
-            cluster, claim_template(namespace, OWNER, dra.CLASS_HA, count=REPLICA_GPUS)
+            cluster, claim_template(namespace, OWNER, deviceattributes.CLASS_HA, count=REPLICA_GPUS)
         )
         pod = claim_pod(group, scheduler, OWNER, priority=Priority.HIGH, owner=OWNER, gated=True)
         cluster.kube.create(workload("StatefulSet", OWNER, namespace, pod, replicas=REPLICAS))
@@ -105,7 +105,7 @@ class DraJob:
             return None
         out = []
         for result in status["allocation"]["devices"]["results"]:
-            assert (result["driver"], result["pool"]) == (dra.DRIVER, node), result
+            assert (result["driver"], result["pool"]) == (deviceattributes.DRIVER, node), result
             index = pinning.device_index(result["device"])
             assert index is not None, result
             out.append(b.device_uuid(node, index))
@@ -249,7 +249,7 @@ def _borrower(job: DraJob, name: str) -> None:
     """A low-priority pod of the plain scheduler on any of the group's nodes, with a claim for
     4 devices of ``tidelease-borrow``."""
     create_claim_pod(
-        job.cluster, job.group, job.scheduler, job.ns, name, None, dra.CLASS_BORROW,
+        job.cluster, job.group, job.scheduler, job.ns, name, None, deviceattributes.CLASS_BORROW,
         count=REPLICA_GPUS,
     )  # fmt: skip
 
@@ -310,7 +310,8 @@ def test_a_reclaim_ends_though_every_evicted_borrower_is_replaced_in_dra_mode(
     job.placed(names)
     groups = job.lend_two()
     create_claim_template(
-        job.cluster, claim_template(job.ns, "finetune", dra.CLASS_BORROW, count=REPLICA_GPUS)
+        job.cluster,
+        claim_template(job.ns, "finetune", deviceattributes.CLASS_BORROW, count=REPLICA_GPUS),
     )
     pod = claim_pod(job.group, job.scheduler, "finetune")
     job.cluster.kube.create(workload("Deployment", "finetune", job.ns, pod, replicas=2))

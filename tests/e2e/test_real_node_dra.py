@@ -5,7 +5,7 @@ ResourceSlice from its GpuNode and serves the kubelet's DRA plugin, which prepar
 writing a CDI spec that containerd applies. Its fake GPUs have the tiers cluster-up asked for
 (TL_CLUSTER_REAL_DRA_NODE_TIERS, assessed by the agent from a seeded availability history). Pods
 are scheduled by the cluster's second kube-scheduler, which has no extenders: no tidelease code
-takes part in placing them, only the slice and common.dra's DeviceClasses.
+takes part in placing them, only the slice and common.deviceattributes's DeviceClasses.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from common import contract, dra
+from common import contract, deviceattributes
 from tests.e2e.harness import Cluster, RealNode, unique
 from tests.e2e.kube import wait_for
 from tests.e2e.test_dra import (  # noqa: F401  (fixtures)
@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.containerd]
 
 
 def _attribute(device: dict[str, Any], name: str) -> object:
-    value = device["attributes"][dra.qualified(name)]
+    value = device["attributes"][deviceattributes.qualified(name)]
     return next(iter(value.values()))  # {"string": ...}, {"int": ...} or {"bool": ...}
 
 
@@ -39,8 +39,8 @@ def _published(cluster: Cluster, node: str) -> dict[str, tuple[object, object, o
     got = _slice(cluster, node) or {}
     return {
         d["name"]: (
-            _attribute(d, dra.ATTR_UUID),
-            _attribute(d, dra.ATTR_TIER),
+            _attribute(d, deviceattributes.ATTR_UUID),
+            _attribute(d, deviceattributes.ATTR_TIER),
             _attribute(d, "index"),
         )
         for d in (got.get("spec") or {}).get("devices") or []
@@ -50,14 +50,14 @@ def _published(cluster: Cluster, node: str) -> dict[str, tuple[object, object, o
 def _gpu_node(cluster: Cluster, node: str) -> dict[str, tuple[object, object, object]]:
     """The node's GpuNode, per device name the slice should give it: (uuid, tier, index)."""
     return {
-        f"{dra.DEVICE_PREFIX}{d['index']}": (d["uuid"], d.get("tier"), d["index"])
+        f"{deviceattributes.DEVICE_PREFIX}{d['index']}": (d["uuid"], d.get("tier"), d["index"])
         for d in cluster.gpu_node_uuids(node).values()
     }
 
 
 def test_the_agent_publishes_the_real_nodes_gpus(cluster: Cluster, real_dra_node: RealNode) -> None:
     node = real_dra_node.name
-    want = {f"{dra.DEVICE_PREFIX}{i}" for i in range(real_dra_node.gpus)}
+    want = {f"{deviceattributes.DEVICE_PREFIX}{i}" for i in range(real_dra_node.gpus)}
 
     def mirrored() -> dict[str, tuple[object, object, object]] | None:
         published, gpu_node = _published(cluster, node), _gpu_node(cluster, node)
@@ -72,7 +72,7 @@ def test_the_agent_publishes_the_real_nodes_gpus(cluster: Cluster, real_dra_node
     # Per device: gpu-<index>, the GpuNode's UUID and tier (equal above), and the tier the
     # cluster asked for that index; the node's own UUIDs, not another fake node's.
     for name, (uuid, tier, index) in published.items():
-        assert name == f"{dra.DEVICE_PREFIX}{index}"
+        assert name == f"{deviceattributes.DEVICE_PREFIX}{index}"
         assert tier == real_dra_node.tiers[int(str(index))], (name, tier)
         assert str(uuid).startswith(f"GPU-{node}-"), uuid
     tiers = {tier for _, tier, _ in published.values()}
@@ -81,7 +81,11 @@ def test_the_agent_publishes_the_real_nodes_gpus(cluster: Cluster, real_dra_node
 
     got = _slice(cluster, node) or {}
     spec = got["spec"]
-    assert (spec["driver"], spec["nodeName"], spec["pool"]["name"]) == (dra.DRIVER, node, node)
+    assert (spec["driver"], spec["nodeName"], spec["pool"]["name"]) == (
+        deviceattributes.DRIVER,
+        node,
+        node,
+    )
     assert [o["name"] for o in got["metadata"].get("ownerReferences") or []] == [node]
     # DRA only: the node offers no GPUs as an extended resource.
     status = (cluster.kube.get("Node", node) or {}).get("status") or {}
@@ -96,9 +100,9 @@ def test_a_claim_for_one_ha_gpu_gets_an_ha_device_into_the_container(
     device_classes: list[str],  # noqa: F811
 ) -> None:
     node, kube = real_dra_node.name, cluster.kube
-    assert dra.CLASS_HA in device_classes
+    assert deviceattributes.CLASS_HA in device_classes
     template = "one-ha-gpu"
-    create_claim_template(cluster, claim_template(namespace, template, dra.CLASS_HA))
+    create_claim_template(cluster, claim_template(namespace, template, deviceattributes.CLASS_HA))
     name = unique("dra")
     pod_spec = real_dra_node.pod(
         namespace, name, claim_templates={"gpu": template}, scheduler_name=plain_scheduler
@@ -117,7 +121,9 @@ def test_a_claim_for_one_ha_gpu_gets_an_ha_device_into_the_container(
     )
     claim = kube.request("GET", claim_path)
     results = claim["status"]["allocation"]["devices"]["results"]
-    assert [(r["driver"], r["pool"], r["request"]) for r in results] == [(dra.DRIVER, node, "gpu")]
+    assert [(r["driver"], r["pool"], r["request"]) for r in results] == [
+        (deviceattributes.DRIVER, node, "gpu")
+    ]
     device = results[0]["device"]
     devices = _gpu_node(cluster, node)
     uuid, tier, index = devices[device]

@@ -657,14 +657,14 @@ def test_values_a_previous_release_lacks_take_their_defaults() -> None:
 
 
 def test_dra_mode_installs_the_classes_and_turns_the_agents_into_dra_drivers() -> None:
-    """dra.enabled: common.dra's DeviceClasses; agents that serve DRA and no device plugin
-    (the kubelet would offer the GPUs twice), with the kubelet's plugin dirs and the CDI dir
+    """dra.enabled: common.deviceattributes's DeviceClasses; agents that serve DRA and no device
+    plugin (the kubelet would offer the GPUs twice), with the kubelet's plugin dirs and the CDI dir
     mounted at the host's paths, and RBAC for their slices and claims; nothing of it by default."""
-    from common import dra
+    from common import deviceattributes
 
     objs = render("dra.enabled=true")
     classes = {o["metadata"]["name"]: o["spec"] for o in objs if o["kind"] == "DeviceClass"}
-    assert classes == {c["metadata"]["name"]: c["spec"] for c in dra.device_classes()}
+    assert classes == {c["metadata"]["name"]: c["spec"] for c in deviceattributes.device_classes()}
     pod = agent_pod("dra.enabled=true")
     args = pod["containers"][0]["args"]
     assert "--dra" in args

@@ -53,7 +53,7 @@ import yaml
 from common import builders
 from common.model import Priority, Tier
 from extender.cluster.state import MEMO_SHAPES
-from extender.scheduler.server import BODY_BUDGET_BYTES, BODY_READ_S, MAX_BODY_BYTES
+from extender.scheduler.handlers import BODY_BUDGET_BYTES, BODY_READ_S, MAX_BODY_BYTES
 from extender.scheduler.settings import ExtenderSettings
 from nodeagent.cache.serving import CACHE_LIMITS
 

@@ -22,7 +22,7 @@ from common.httpserving import TLSContext
 from common.reconcile import ControllerMetrics
 from extender.certrotation.controller import RotationMetrics
 from extender.cluster.store import MemoryStore
-from extender.leasing.controller import LeasingMetrics
+from extender.leasing.metrics import LeasingMetrics
 from extender.orchestration.metrics import OrchestratorMetrics
 from extender.planner.controller import PlannerMetrics
 from extender.prewarm.controller import PrewarmMetrics

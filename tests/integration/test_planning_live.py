@@ -16,11 +16,12 @@ from prometheus_client import CollectorRegistry
 
 from common import builders, contract
 from extender.planner.autoscaling import OnlineSettings
-from extender.planner.controller import MemoryLeases, PlannerController, PlannerMetrics
-from extender.planner.sources import FakePrometheus, PrometheusSource, TidalJob
+from extender.planner.controller import PlannerController, PlannerMetrics
+from extender.planner.sources import PrometheusSource
 from extender.planner.stepping import DAY_S, PlannerSettings
+from extender.planner.testing import FakePrometheus, MemoryLeases, TidalJob
 from extender.planner.throughput import min_workers
-from extender.simulation.online import TRUE_MODEL
+from extender.plannersim.online import TRUE_MODEL
 from tests.fakeprometheus import served
 
 GPUS_PER_REPLICA = 2

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from common.errors import InvalidInput
-from extender.simulation import cli
+from extender.leasingsim import cli
 
 CLUSTER = """
 groups:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from common.errors import InvalidInput
-from extender.simulation import cli
+from extender.leasingsim import cli
 
 GOLDEN = Path(__file__).parent / "golden"
 POLICY_ROWS = ("policy ", "----", "right-of-return ", "no-return ", "no-scaling ")

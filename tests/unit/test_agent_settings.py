@@ -54,6 +54,19 @@ def test_values_are_read_strictly(read: Any, value: object, want: object) -> Non
     assert all(p.startswith("x: want ") for p in problems)
 
 
+def test_the_checks_beneath_take_no_bool_for_a_number_and_no_huge_integer_for_finite() -> None:
+    """The checks the dependency file's and the records' parsers share (common/coercion.py): an
+    integer past the largest float is an infinite number, not an OverflowError."""
+    huge = 10**400
+    assert [coercion.whole(v) for v in (3, True, 3.0)] == [True, False, False]
+    assert [coercion.number(v) for v in (2.5, huge, False)] == [True, True, False]
+    assert (coercion.real(huge), coercion.real(-huge)) == (math.inf, -math.inf)
+    assert [coercion.finite(v) for v in (huge, 7)] == [False, True]
+    problems: list[str] = []
+    assert coercion.as_float("x", huge, problems) is None
+    assert problems == [f"x: want a finite number, got {huge!r}"]
+
+
 def _agent(*argv: str) -> argparse.Namespace:
     return parser().parse_args(["agent", *argv])
 

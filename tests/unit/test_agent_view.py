@@ -10,9 +10,9 @@ import pytest
 from common.model import Health, Tier
 from common.objects import parse_gpu_node
 from nodeagent.agent import AgentSettings, NodeView, gpu_type
-from nodeagent.availability import DAY
 from nodeagent.nvml import NvmlReader, XidEvent
 from nodeagent.nvmlfake import FakeNvml, full_gpu
+from nodeagent.tiering import DAY
 from tests.unit.test_manifests import crd_schema
 
 NODE = "gpu-node-1"

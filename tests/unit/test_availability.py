@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from common.errors import InvalidInput
 from common.model import Health, Tier
-from nodeagent.availability import DAY, History, TierSettings, assessment_due, tier_for
+from nodeagent.tiering import DAY, History, TierSettings, assessment_due, tier_for
 
 W = 14 * DAY
 U = "GPU-0"

@@ -19,16 +19,16 @@ import pytest
 
 from nodeagent.cri import api_pb2 as cri_pb2
 from nodeagent.deviceplugin import api_pb2
-from nodeagent.dra import api_pb2 as dra_pb2
-from nodeagent.dra import registration_pb2
+from nodeagent.dradriver import api_pb2 as dra_pb2
+from nodeagent.dradriver import registration_pb2
 
 ROOT = Path(__file__).resolve().parents[2]
 # Every proto hack/gen-proto.sh compiles, and the modules it writes for each.
 PROTOS = [
     Path("nodeagent/deviceplugin/api.proto"),
     Path("nodeagent/cri/api.proto"),
-    Path("nodeagent/dra/api.proto"),
-    Path("nodeagent/dra/registration.proto"),
+    Path("nodeagent/dradriver/api.proto"),
+    Path("nodeagent/dradriver/registration.proto"),
 ]
 GENERATED = ["_pb2.py", "_pb2.pyi", "_pb2_grpc.py"]
 

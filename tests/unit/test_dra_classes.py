@@ -1,5 +1,5 @@
-"""The DeviceClasses come from common.dra: the chart's template is what it writes now, each
-class's CEL asks what its rule says, and the chart's values switch them (off by default).
+"""The DeviceClasses come from common.deviceattributes: the chart's template is what it writes now,
+each class's CEL asks what its rule says, and the chart's values switch them (off by default).
 
 The CEL itself is evaluated by the real kube-scheduler in tests/e2e/test_dra.py, which checks
 which devices each class selects."""
@@ -15,18 +15,19 @@ import jsonschema
 import pytest
 import yaml
 
-from common import dra
+from common import deviceattributes
 from common.model import Tier
 
 CHART = Path(__file__).resolve().parents[2] / "manifests/charts/tidelease"
 TEMPLATE = CHART / "templates/dra-deviceclasses.yaml"
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-BY_NAME = {rule.name: rule for rule in dra.CLASSES}
+BY_NAME = {rule.name: rule for rule in deviceattributes.CLASSES}
 
 
 def test_the_chart_template_is_generated_from_the_classes() -> None:
-    assert TEMPLATE.read_text() == dra.chart_template(), (
-        "regenerate: python -m common.dra > " + str(TEMPLATE.relative_to(CHART.parents[1]))
+    assert TEMPLATE.read_text() == deviceattributes.chart_template(), (
+        "regenerate: python -m common.deviceattributes > "
+        + str(TEMPLATE.relative_to(CHART.parents[1]))
     )
 
 
@@ -39,11 +40,11 @@ def test_the_template_holds_the_classes_behind_the_dra_switch() -> None:
         line for line in lines if "{{" not in line or line.lstrip().startswith("expression")
     )
     docs = [d for d in yaml.safe_load_all(plain) if d]
-    assert docs == dra.device_classes()
+    assert docs == deviceattributes.device_classes()
 
 
 def test_the_classes_and_their_names() -> None:
-    classes = dra.device_classes()
+    classes = deviceattributes.device_classes()
     assert [c["metadata"]["name"] for c in classes] == [
         "tidelease-ha",
         "tidelease-ma",
@@ -86,11 +87,11 @@ def test_each_selector_asks_for_the_driver_a_tier_and_no_standby(
         )
         + "has(t.standby) && !t.standby)"
     )
-    assert dra.selector(rule) == want
+    assert deviceattributes.selector(rule) == want
 
 
 def test_the_tiers_the_classes_ask_for_are_the_tiers_devices_publish() -> None:
-    assert sorted(int(r.min_tier) for r in dra.CLASSES if not r.lent_too) == sorted(
+    assert sorted(int(r.min_tier) for r in deviceattributes.CLASSES if not r.lent_too) == sorted(
         int(t) for t in Tier
     )
     assert {t.name: int(t) for t in Tier} == {"HA": 3, "MA": 2, "LA": 1}

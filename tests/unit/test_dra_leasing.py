@@ -1,4 +1,5 @@
-"""extender.leasing.dra: claims read back as holdings, and the allocation that pins a claim."""
+"""extender.leasing.claimpinning: claims read back as holdings, and the allocation that pins a
+claim."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ from typing import Any
 import pytest
 
 from common import builders as b
-from common import dra
+from common import deviceattributes
 from common.errors import InvalidInput
 from common.model import Device, GpuUuid, Holder, NodeName, PodUid, Priority, Tier
-from extender.leasing import dra as pinning
+from extender.leasing import claimpinning as pinning
 
 NODE = NodeName("node-a")
 OTHER = NodeName("node-b")
@@ -28,12 +29,14 @@ def claim(
 ) -> dict[str, Any]:
     """A ResourceClaim as the API server returns it; ``results``: (driver, pool, device)."""
     if requests is None:
-        requests = [{"name": "gpu", "exactly": {"deviceClassName": dra.CLASS_HA, "count": 1}}]
+        requests = [
+            {"name": "gpu", "exactly": {"deviceClassName": deviceattributes.CLASS_HA, "count": 1}}
+        ]
     devices: dict[str, Any] = {"requests": requests}
     if config is not None:
         devices["config"] = config
     obj: dict[str, Any] = {
-        "apiVersion": dra.API_VERSION,
+        "apiVersion": deviceattributes.API_VERSION,
         "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": "ns", "resourceVersion": "7", **(meta or {})},
         "spec": {"devices": devices},
@@ -88,13 +91,23 @@ def test_device_index(name: str, index: int | None) -> None:
     ("obj", "expected"),
     [
         (claim(), ()),
-        (claim(results=[(dra.DRIVER, NODE, "gpu-2")]), ((NODE, "gpu-2"),)),
+        (claim(results=[(deviceattributes.DRIVER, NODE, "gpu-2")]), ((NODE, "gpu-2"),)),
         (
-            claim(results=[(dra.DRIVER, NODE, "gpu-3"), (dra.DRIVER, NODE, "gpu-1")]),
+            claim(
+                results=[
+                    (deviceattributes.DRIVER, NODE, "gpu-3"),
+                    (deviceattributes.DRIVER, NODE, "gpu-1"),
+                ]
+            ),
             ((NODE, "gpu-3"), (NODE, "gpu-1")),
         ),
         (
-            claim(results=[("gpu.nvidia.com", NODE, "gpu-0"), (dra.DRIVER, OTHER, "gpu-1")]),
+            claim(
+                results=[
+                    ("gpu.nvidia.com", NODE, "gpu-0"),
+                    (deviceattributes.DRIVER, OTHER, "gpu-1"),
+                ]
+            ),
             ((OTHER, "gpu-1"),),
         ),
         ({"metadata": {"name": "x"}, "status": {"allocation": "garbage"}}, ()),
@@ -124,12 +137,21 @@ def test_reserved_pods_keeps_core_pods_with_name_and_uid_only() -> None:
 def test_claim_holdings_maps_each_device_to_its_uuid_and_the_reserved_pods() -> None:
     held = claim(
         "held",
-        results=[(dra.DRIVER, NODE, "gpu-3"), (dra.DRIVER, NODE, "gpu-1")],
+        results=[
+            (deviceattributes.DRIVER, NODE, "gpu-3"),
+            (deviceattributes.DRIVER, NODE, "gpu-1"),
+        ],
         reserved=[pod_ref("job-a-1", "u1")],
     )
-    unused = claim("unused", results=[(dra.DRIVER, OTHER, "gpu-0")])
+    unused = claim("unused", results=[(deviceattributes.DRIVER, OTHER, "gpu-0")])
     foreign = claim("foreign", results=[("gpu.nvidia.com", NODE, "gpu-0")])
-    gone = claim("gone", results=[(dra.DRIVER, NODE, "gpu-9"), (dra.DRIVER, NODE, "gpu-0")])
+    gone = claim(
+        "gone",
+        results=[
+            (deviceattributes.DRIVER, NODE, "gpu-9"),
+            (deviceattributes.DRIVER, NODE, "gpu-0"),
+        ],
+    )
     holdings = pinning.claim_holdings([held, unused, claim("pending"), foreign, gone], DEVICES)
     assert holdings == (
         pinning.ClaimHolding(
@@ -147,21 +169,29 @@ def test_claim_holdings_maps_each_device_to_its_uuid_and_the_reserved_pods() -> 
 def test_an_index_two_devices_claim_is_unknown() -> None:
     (first,) = b.devices(NODE, 1)
     twice = [first, Device(NODE, 0, b.device_uuid("elsewhere", 0), first.cls)]
-    (holding,) = pinning.claim_holdings([claim(results=[(dra.DRIVER, NODE, "gpu-0")])], twice)
+    (holding,) = pinning.claim_holdings(
+        [claim(results=[(deviceattributes.DRIVER, NODE, "gpu-0")])], twice
+    )
     assert holding.devices == ()
     assert holding.node == ""
     assert holding.unknown == ((NODE, "gpu-0"),)
 
 
 def test_pod_devices_and_holders() -> None:
-    one = claim("one", results=[(dra.DRIVER, NODE, "gpu-0")], reserved=[pod_ref("a", "ua")])
-    two = claim("two", results=[(dra.DRIVER, NODE, "gpu-2")], reserved=[pod_ref("a", "ua")])
+    one = claim(
+        "one", results=[(deviceattributes.DRIVER, NODE, "gpu-0")], reserved=[pod_ref("a", "ua")]
+    )
+    two = claim(
+        "two", results=[(deviceattributes.DRIVER, NODE, "gpu-2")], reserved=[pod_ref("a", "ua")]
+    )
     shared = claim(
         "shared",
-        results=[(dra.DRIVER, OTHER, "gpu-1")],
+        results=[(deviceattributes.DRIVER, OTHER, "gpu-1")],
         reserved=[pod_ref("unknown", "ux"), pod_ref("b", "ub"), pod_ref("c", "uc")],
     )
-    nobody = claim("nobody", results=[(dra.DRIVER, OTHER, "gpu-0")], reserved=[pod_ref("z", "uz")])
+    nobody = claim(
+        "nobody", results=[(deviceattributes.DRIVER, OTHER, "gpu-0")], reserved=[pod_ref("z", "uz")]
+    )
     holdings = pinning.claim_holdings([one, two, shared, nobody], DEVICES)
     assert pinning.pod_devices(holdings) == {
         "ua": (NODE, (uuid(NODE, 0), uuid(NODE, 2))),
@@ -192,7 +222,9 @@ def selector(node: str) -> dict[str, Any]:
 
 def test_pinned_allocation_names_exactly_the_devices_in_order() -> None:
     obj = claim(
-        requests=[{"name": "gpus", "exactly": {"deviceClassName": dra.CLASS_HA, "count": 2}}]
+        requests=[
+            {"name": "gpus", "exactly": {"deviceClassName": deviceattributes.CLASS_HA, "count": 2}}
+        ]
     )
     before = copy.deepcopy(obj)
     status = pinning.pinned_allocation(obj, [DEVICES[3], DEVICES[1]])
@@ -200,8 +232,18 @@ def test_pinned_allocation_names_exactly_the_devices_in_order() -> None:
         "allocation": {
             "devices": {
                 "results": [
-                    {"request": "gpus", "driver": dra.DRIVER, "pool": NODE, "device": "gpu-3"},
-                    {"request": "gpus", "driver": dra.DRIVER, "pool": NODE, "device": "gpu-1"},
+                    {
+                        "request": "gpus",
+                        "driver": deviceattributes.DRIVER,
+                        "pool": NODE,
+                        "device": "gpu-3",
+                    },
+                    {
+                        "request": "gpus",
+                        "driver": deviceattributes.DRIVER,
+                        "pool": NODE,
+                        "device": "gpu-1",
+                    },
                 ]
             },
             "nodeSelector": selector(NODE),
@@ -216,13 +258,17 @@ def test_pinned_allocation_names_exactly_the_devices_in_order() -> None:
 
 
 def test_count_defaults_to_one() -> None:
-    obj = claim(requests=[{"name": "gpu", "exactly": {"deviceClassName": dra.CLASS_HA}}])
+    obj = claim(
+        requests=[{"name": "gpu", "exactly": {"deviceClassName": deviceattributes.CLASS_HA}}]
+    )
     results = pinning.pinned_allocation(obj, [DEVICES[4]])["allocation"]["devices"]["results"]
-    assert results == [{"request": "gpu", "driver": dra.DRIVER, "pool": OTHER, "device": "gpu-0"}]
+    assert results == [
+        {"request": "gpu", "driver": deviceattributes.DRIVER, "pool": OTHER, "device": "gpu-0"}
+    ]
 
 
 def test_the_claims_configuration_for_the_request_is_copied() -> None:
-    opaque = {"opaque": {"driver": dra.DRIVER, "parameters": {"mode": "x"}}}
+    opaque = {"opaque": {"driver": deviceattributes.DRIVER, "parameters": {"mode": "x"}}}
     obj = claim(
         config=[
             {"requests": ["gpu"], **opaque},
@@ -238,7 +284,7 @@ def test_the_claims_configuration_for_the_request_is_copied() -> None:
 
 
 def exactly(**fields: Any) -> list[dict[str, Any]]:
-    return [{"name": "gpu", "exactly": {"deviceClassName": dra.CLASS_HA, **fields}}]
+    return [{"name": "gpu", "exactly": {"deviceClassName": deviceattributes.CLASS_HA, **fields}}]
 
 
 @pytest.mark.parametrize(
@@ -263,7 +309,11 @@ def exactly(**fields: Any) -> list[dict[str, Any]]:
             [DEVICES[0]],
             "cannot be pinned",
         ),
-        (claim(results=[(dra.DRIVER, NODE, "gpu-0")]), [DEVICES[0]], "allocated already"),
+        (
+            claim(results=[(deviceattributes.DRIVER, NODE, "gpu-0")]),
+            [DEVICES[0]],
+            "allocated already",
+        ),
         (claim(), [], "no devices to pin"),
         (claim(requests=exactly(count=2)), [DEVICES[0], DEVICES[4]], "on several nodes"),
         (claim(requests=exactly(count=2)), [DEVICES[0], DEVICES[0]], "given twice"),

@@ -31,11 +31,11 @@ from common.errors import Unavailable
 from common.kubeclient import api_error
 from nodeagent.deviceplugin.devices import InMemoryDeviceSource
 from nodeagent.deviceplugin.testing import NODE, gpu, lost_gpu, uuids
-from nodeagent.dra import api_pb2 as pb
-from nodeagent.dra import api_pb2_grpc, registration_pb2, registration_pb2_grpc
-from nodeagent.dra.claims import JsonApi, KubeClaimReader, claim_path
-from nodeagent.dra.kubeletplugin import run_kubelet_plugin
-from nodeagent.dra.settings import DRIVER, DraPluginSettings
+from nodeagent.dradriver import api_pb2 as pb
+from nodeagent.dradriver import api_pb2_grpc, registration_pb2, registration_pb2_grpc
+from nodeagent.dradriver.claims import JsonApi, KubeClaimReader, claim_path
+from nodeagent.dradriver.kubeletplugin import run_kubelet_plugin
+from nodeagent.dradriver.settings import DRIVER, DraPluginSettings
 
 KIND = "tidelease.io/gpu"
 U = uuids(0, 1, 2, 3)
@@ -524,7 +524,7 @@ async def test_a_bad_claim_is_its_own_error(
     if setup is not None:
         setup(api, bad)
     async with running(settings_in(root), api) as kubelet:
-        with caplog.at_level(logging.WARNING, logger="nodeagent.dra"):
+        with caplog.at_level(logging.WARNING, logger="nodeagent.dradriver"):
             response = await kubelet.prepare(good, asked)
         assert set(response.claims) == {uid_of(good), uid_of(asked)}
         refused = response.claims[uid_of(asked)]

@@ -1,6 +1,6 @@
 """Reclaim in DRA mode: which gated pod of an owner the leasing controller pins to its lent
-devices, or lets go (extender.leasing.dra.next_claim_step), and the controller doing it over a
-MemoryStore (the claims watched, a gated pod stepping its lease at once)."""
+devices, or lets go (extender.leasing.claimpinning.next_claim_step), and the controller doing it
+over a MemoryStore (the claims watched, a gated pod stepping its lease at once)."""
 
 from __future__ import annotations
 
@@ -15,16 +15,18 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from common import builders as b
-from common import dra
+from common import deviceattributes
 from common.model import Device, GpuUuid, Holder, NodeName, Priority, Tier
 from common.tenancy import job_key
 from extender.cluster.store import MemoryStore
-from extender.cluster.watching import ClaimCache, FixedView
+from extender.cluster.testing import FixedView
+from extender.cluster.watching import ClaimCache
 from extender.controllers import Enabled, controllers
-from extender.leasing import dra as pinning
-from extender.leasing.controller import DRA_VIEW_KINDS, LeaseController, LeasingMetrics
+from extender.leasing import claimpinning as pinning
+from extender.leasing.controller import DRA_VIEW_KINDS, LeaseController
 from extender.leasing.decisions import TagChange
-from extender.leasing.lease import GpuLease, LeaseStatus, LentGroup, Workload, parse_gpu_lease
+from extender.leasing.metrics import LeasingMetrics
+from extender.rightofreturn.lease import GpuLease, LeaseStatus, LentGroup, Workload, parse_gpu_lease
 from extender.scheduler.settings import ExtenderSettings
 from tests.unit.cluster import cluster, granted_leases
 
@@ -68,13 +70,16 @@ def lease(
 
 def claim_obj(name: str, *, count: int = 2, allocated: bool = False) -> dict[str, Any]:
     obj: dict[str, Any] = {
-        "apiVersion": dra.API_VERSION,
+        "apiVersion": deviceattributes.API_VERSION,
         "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": NS, "resourceVersion": "5"},
         "spec": {
             "devices": {
                 "requests": [
-                    {"name": "gpu", "exactly": {"deviceClassName": dra.CLASS_HA, "count": count}}
+                    {
+                        "name": "gpu",
+                        "exactly": {"deviceClassName": deviceattributes.CLASS_HA, "count": count},
+                    }
                 ]
             }
         },
@@ -420,7 +425,7 @@ class World:
             obj = copy.deepcopy(obj)
             for entry in obj["spec"]["devices"]:
                 if entry["uuid"] in marks:
-                    entry[dra.ATTR_RECLAIMING] = marks[entry["uuid"]]
+                    entry[deviceattributes.ATTR_RECLAIMING] = marks[entry["uuid"]]
             self.store.put(obj)  # type: ignore[union-attr]
         self.event.set()
 
@@ -465,7 +470,7 @@ def borrowers_claim(name: str, device: int) -> dict[str, Any]:
                 "results": [
                     {
                         "request": "gpu",
-                        "driver": dra.DRIVER,
+                        "driver": deviceattributes.DRIVER,
                         "pool": NODE,
                         "device": f"gpu-{device}",
                     }
@@ -518,7 +523,7 @@ async def test_the_controller_pins_a_returning_replica_once_the_borrowers_claim_
         assert world.marks == [dict.fromkeys(GROUPS[0].devices, True)]
         stored = store.get("GpuNode", "", NODE)
         assert stored is not None
-        assert dra.reclaiming(stored) == set(GROUPS[0].devices)
+        assert deviceattributes.reclaiming(stored) == set(GROUPS[0].devices)
         store.delete("ResourceClaim", NS, "borrowed")
         await wait_for(world, lambda: bool(world.pins))
         assert world.pins == [("job-1", "job-1-gpu", GROUPS[0].devices)]
@@ -609,7 +614,7 @@ def test_observe_reads_holders_and_the_owners_devices_from_the_claims() -> None:
     the cache does not know (a pod replaced under the same name) makes no holder."""
     from extender.cluster.state import ClusterState
     from extender.cluster.watching import PodCache
-    from extender.leasing.controller import observe
+    from extender.leasing.observation import observe
 
     cluster = ClusterState()
     cluster.apply_gpu_node("ADDED", b.gpu_node(NODE, b.devices(NODE, 4, tier=Tier.HA)))
@@ -627,7 +632,12 @@ def test_observe_reads_holders_and_the_owners_devices_from_the_claims() -> None:
         "allocation": {
             "devices": {
                 "results": [
-                    {"request": "gpu", "driver": dra.DRIVER, "pool": NODE, "device": f"gpu-{i}"}
+                    {
+                        "request": "gpu",
+                        "driver": deviceattributes.DRIVER,
+                        "pool": NODE,
+                        "device": f"gpu-{i}",
+                    }
                     for i in (1, 0)
                 ]
             }

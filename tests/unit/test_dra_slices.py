@@ -1,6 +1,6 @@
-"""The node's ResourceSlice (common.dra, nodeagent.dra.slices): what each device publishes, which
-devices are withdrawn, the slice's name and pool generation, and the mirror that keeps the
-stored slice equal to what the GpuNode says, against a fake API server that checks
+"""The node's ResourceSlice (common.deviceattributes, nodeagent.dradriver.slices): what each device
+publishes, which devices are withdrawn, the slice's name and pool generation, and the mirror that
+keeps the stored slice equal to what the GpuNode says, against a fake API server that checks
 resourceVersions as the real one does.
 
 The CEL of the DeviceClasses is judged by the real kube-scheduler in tests/e2e/test_dra.py."""
@@ -17,12 +17,12 @@ from typing import Any, cast
 import pytest
 from prometheus_client import CollectorRegistry
 
-from common import builders, contract, dra
+from common import builders, contract, deviceattributes
 from common.errors import Conflict, InvalidInput, NotFound, Unavailable
 from common.kubeclient import KubeClient
 from common.model import Tier
 from common.reconcile import ReconcileSettings
-from nodeagent.dra.slices import GPU_NODES, NODES, SliceMirror, run_slice_mirror, sync_once
+from nodeagent.dradriver.slices import GPU_NODES, NODES, SliceMirror, run_slice_mirror, sync_once
 from tests.polling import eventually
 
 b = builders
@@ -43,7 +43,7 @@ def gpu_node(*groups: list[Any], unhealthy: dict[int, str] | None = None) -> dic
 
 def attrs(entry: dict[str, Any]) -> dict[str, Any]:
     """A device's attributes by short name, their values unwrapped."""
-    prefix = f"{dra.DOMAIN}/"
+    prefix = f"{deviceattributes.DOMAIN}/"
     out = {}
     for key, value in entry["attributes"].items():
         assert key.startswith(prefix), key
@@ -66,7 +66,7 @@ def test_each_device_publishes_its_attributes_under_the_tidelease_domain() -> No
     assert [t["uuid"] for t in tags] == [b.device_uuid(NODE, 1), b.device_uuid(NODE, 2)]
     tags[0]["reclaiming"] = True
     tags.append({"uuid": b.device_uuid(NODE, 0), "reclaiming": True})
-    devices = dra.slice_devices(obj)
+    devices = deviceattributes.slice_devices(obj)
     assert [d["name"] for d in devices] == ["gpu-0", "gpu-1", "gpu-2"]
     assert [attrs(d) for d in devices] == [
         {
@@ -111,12 +111,14 @@ def test_each_device_publishes_its_attributes_under_the_tidelease_domain() -> No
 
 
 def test_every_attribute_is_published_and_named_as_the_api_allows() -> None:
-    (entry,) = dra.slice_devices(gpu_node(b.devices(NODE, 1)))
-    assert set(entry["attributes"]) == {dra.qualified(a) for a in dra.ATTRIBUTES}
-    for attribute in dra.ATTRIBUTES:
+    (entry,) = deviceattributes.slice_devices(gpu_node(b.devices(NODE, 1)))
+    assert set(entry["attributes"]) == {
+        deviceattributes.qualified(a) for a in deviceattributes.ATTRIBUTES
+    }
+    for attribute in deviceattributes.ATTRIBUTES:
         assert C_IDENTIFIER.match(attribute), attribute
         assert len(attribute) <= 32, attribute
-    for domain in (dra.DOMAIN, dra.DRIVER):
+    for domain in (deviceattributes.DOMAIN, deviceattributes.DRIVER):
         assert DNS_SUBDOMAIN.match(domain), domain
         assert len(domain) <= 63, domain
 
@@ -124,22 +126,22 @@ def test_every_attribute_is_published_and_named_as_the_api_allows() -> None:
 @pytest.mark.parametrize("health", ["Unhealthy", "Unknown"])
 def test_devices_that_are_not_healthy_are_withdrawn(health: str) -> None:
     obj = gpu_node(b.devices(NODE, 4), unhealthy={1: health, 3: health})
-    assert [d["name"] for d in dra.slice_devices(obj)] == ["gpu-0", "gpu-2"]
+    assert [d["name"] for d in deviceattributes.slice_devices(obj)] == ["gpu-0", "gpu-2"]
     all_down = gpu_node(b.devices(NODE, 2), unhealthy={0: health, 1: health})
-    assert dra.slice_devices(all_down) == []
-    assert "devices" not in dra.resource_slice(NODE, None, all_down, 1)["spec"]
+    assert deviceattributes.slice_devices(all_down) == []
+    assert "devices" not in deviceattributes.resource_slice(NODE, None, all_down, 1)["spec"]
 
 
 def test_devices_sharing_an_index_are_both_withdrawn() -> None:
     obj = gpu_node(b.devices(NODE, 3))
     obj["status"]["devices"][2]["index"] = 1
-    assert [d["name"] for d in dra.slice_devices(obj)] == ["gpu-0"]
+    assert [d["name"] for d in deviceattributes.slice_devices(obj)] == ["gpu-0"]
 
 
 def test_a_slice_holds_at_most_128_devices_the_lowest_indexes() -> None:
     obj = gpu_node(b.devices(NODE, 130))
-    names = [d["name"] for d in dra.slice_devices(obj)]
-    assert len(names) == dra.MAX_DEVICES == 128
+    names = [d["name"] for d in deviceattributes.slice_devices(obj)]
+    assert len(names) == deviceattributes.MAX_DEVICES == 128
     assert names[-1] == "gpu-127"
 
 
@@ -147,20 +149,20 @@ def test_a_gpu_node_that_does_not_parse_is_refused() -> None:
     obj = gpu_node(b.devices(NODE, 1))
     obj["status"]["devices"][0]["tier"] = "XA"
     with pytest.raises(InvalidInput, match="tier"):
-        dra.slice_devices(obj)
+        deviceattributes.slice_devices(obj)
 
 
 def test_long_job_names_are_shortened_to_the_api_limit_stably() -> None:
     owner = "job-" + "x" * 200
-    value = dra.attribute_string(owner)
-    assert len(value) == dra.MAX_STRING == 64
+    value = deviceattributes.attribute_string(owner)
+    assert len(value) == deviceattributes.MAX_STRING == 64
     assert value.startswith(owner[:55] + "-")
-    assert value == dra.attribute_string(owner)
-    assert value != dra.attribute_string(owner[:-1] + "y")
-    assert dra.attribute_string("job-b") == "job-b"
+    assert value == deviceattributes.attribute_string(owner)
+    assert value != deviceattributes.attribute_string(owner[:-1] + "y")
+    assert deviceattributes.attribute_string("job-b") == "job-b"
     # Tags name the job with its namespace: the slice publishes that key, shortened alike.
-    (entry,) = dra.slice_devices(gpu_node(b.devices(NODE, 1, owner=f"ml/{owner}")))
-    assert attrs(entry)["lentBy"] == dra.attribute_string(f"ml/{owner}")
+    (entry,) = deviceattributes.slice_devices(gpu_node(b.devices(NODE, 1, owner=f"ml/{owner}")))
+    assert attrs(entry)["lentBy"] == deviceattributes.attribute_string(f"ml/{owner}")
 
 
 # --- the slice's name, pool and owner ---
@@ -172,7 +174,7 @@ def test_long_job_names_are_shortened_to_the_api_limit_stably() -> None:
     ids=["short", "dotted", "longest-kept", "one-too-long", "dots-at-the-cut", "longest-node"],
 )
 def test_slice_names_are_dns_subdomains_of_at_most_253_characters(node: str) -> None:
-    name = dra.slice_name(node)
+    name = deviceattributes.slice_name(node)
     assert len(name) <= 253
     assert DNS_SUBDOMAIN.match(name), name
     assert name.startswith("tidelease-")
@@ -182,11 +184,11 @@ def test_slice_names_are_dns_subdomains_of_at_most_253_characters(node: str) -> 
 
 def test_long_node_names_keep_their_slices_apart() -> None:
     one, two = "n" * 250 + "-aa", "n" * 250 + "-bb"
-    assert dra.slice_name(one) != dra.slice_name(two)
+    assert deviceattributes.slice_name(one) != deviceattributes.slice_name(two)
 
 
 def test_the_slice_is_the_nodes_pool_of_one_slice_owned_by_the_node() -> None:
-    obj = dra.resource_slice(NODE, "uid-1", gpu_node(b.devices(NODE, 2)), 7)
+    obj = deviceattributes.resource_slice(NODE, "uid-1", gpu_node(b.devices(NODE, 2)), 7)
     assert obj["apiVersion"] == "resource.k8s.io/v1"
     assert obj["kind"] == "ResourceSlice"
     assert obj["metadata"]["name"] == f"tidelease-{NODE}"
@@ -198,16 +200,16 @@ def test_the_slice_is_the_nodes_pool_of_one_slice_owned_by_the_node() -> None:
     assert spec["nodeName"] == NODE
     assert spec["pool"] == {"name": NODE, "generation": 7, "resourceSliceCount": 1}
     assert [DNS_LABEL.match(d["name"]) is not None for d in spec["devices"]] == [True, True]
-    without = dra.resource_slice(NODE, None, gpu_node(b.devices(NODE, 2)), 7)
+    without = deviceattributes.resource_slice(NODE, None, gpu_node(b.devices(NODE, 2)), 7)
     assert "ownerReferences" not in without["metadata"]
 
 
 def _stored(devices: list[dict[str, Any]], generation: int) -> dict[str, Any]:
-    return {"spec": dra.slice_spec(NODE, devices, generation)}
+    return {"spec": deviceattributes.slice_spec(NODE, devices, generation)}
 
 
-DEVS = dra.slice_devices(gpu_node(b.devices(NODE, 2)))
-LENT = dra.slice_devices(gpu_node(b.devices(NODE, 2, owner="job-b")))
+DEVS = deviceattributes.slice_devices(gpu_node(b.devices(NODE, 2)))
+LENT = deviceattributes.slice_devices(gpu_node(b.devices(NODE, 2, owner="job-b")))
 
 
 @pytest.mark.parametrize(
@@ -234,7 +236,7 @@ LENT = dra.slice_devices(gpu_node(b.devices(NODE, 2, owner="job-b")))
 def test_the_pool_generation_moves_only_when_the_devices_change(
     stored: dict[str, Any] | None, devices: list[dict[str, Any]], floor: int, want: int
 ) -> None:
-    assert dra.next_generation(stored, devices, floor) == want
+    assert deviceattributes.next_generation(stored, devices, floor) == want
 
 
 # --- the mirror, against a fake API server ---
@@ -325,7 +327,9 @@ class FakeApi:
     # --- the objects of this test's node ---
     @property
     def slice(self) -> dict[str, Any] | None:
-        return self.objects.get(f"{dra.SLICES_PATH}/{dra.slice_name(NODE)}")
+        return self.objects.get(
+            f"{deviceattributes.SLICES_PATH}/{deviceattributes.slice_name(NODE)}"
+        )
 
     def set_gpu_node(self, obj: dict[str, Any]) -> None:
         self.put(f"{GPU_NODES}/{NODE}", obj)
@@ -354,11 +358,13 @@ async def test_the_first_pass_creates_the_slice_owned_by_the_node(api: FakeApi) 
     api.set_gpu_node(gpu_node(b.devices(NODE, 4, tier=Tier.MA)))
     written = await sync_once(client(api), NODE)
     assert written == api.slice
-    assert api.writes == [("POST", dra.SLICES_PATH)]
-    want = dra.resource_slice(NODE, "node-uid", gpu_node(b.devices(NODE, 4, tier=Tier.MA)), 1)
+    assert api.writes == [("POST", deviceattributes.SLICES_PATH)]
+    want = deviceattributes.resource_slice(
+        NODE, "node-uid", gpu_node(b.devices(NODE, 4, tier=Tier.MA)), 1
+    )
     assert written["spec"] == want["spec"]
     assert written["metadata"]["ownerReferences"] == want["metadata"]["ownerReferences"]
-    assert written["metadata"]["labels"] == dra.SLICE_LABELS
+    assert written["metadata"]["labels"] == deviceattributes.SLICE_LABELS
 
 
 async def test_a_pass_writes_nothing_while_the_slice_matches(api: FakeApi) -> None:
@@ -370,7 +376,7 @@ async def test_a_pass_writes_nothing_while_the_slice_matches(api: FakeApi) -> No
     api.set_gpu_node(obj)
     again = await sync_once(client(api), NODE)
     assert again == first
-    assert api.writes == [("POST", dra.SLICES_PATH)]
+    assert api.writes == [("POST", deviceattributes.SLICES_PATH)]
 
 
 @pytest.mark.parametrize(
@@ -390,7 +396,10 @@ async def test_a_change_of_the_devices_updates_the_slice_at_the_next_generation(
     first = await mirror.sync()
     api.set_gpu_node(changed)
     second = await mirror.sync()
-    assert api.writes[-1] == ("PUT", f"{dra.SLICES_PATH}/{dra.slice_name(NODE)}")
+    assert api.writes[-1] == (
+        "PUT",
+        f"{deviceattributes.SLICES_PATH}/{deviceattributes.slice_name(NODE)}",
+    )
     assert slice_names(second) == want_devices
     assert generation_of(second) == generation_of(first) + 1
     assert attrs(second["spec"]["devices"][0])["lentBy"] == want_lent
@@ -431,7 +440,10 @@ async def test_the_slice_is_deleted_when_the_gpu_node_offers_no_devices(
     api.set_gpu_node(obj)
     assert await mirror.sync() == {}
     assert api.slice is None
-    assert api.writes[-1] == ("DELETE", f"{dra.SLICES_PATH}/{dra.slice_name(NODE)}")
+    assert api.writes[-1] == (
+        "DELETE",
+        f"{deviceattributes.SLICES_PATH}/{deviceattributes.slice_name(NODE)}",
+    )
     # Back: re-created, and the pool's generation does not go back.
     api.set_gpu_node(gpu_node(b.devices(NODE, 2)))
     assert generation_of(await mirror.sync()) == 2
@@ -464,11 +476,11 @@ async def test_an_update_keeps_what_others_wrote_in_the_metadata(api: FakeApi) -
     edited["metadata"]["ownerReferences"].append(
         {"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": "cm-uid"}
     )
-    api.put(f"{dra.SLICES_PATH}/{dra.slice_name(NODE)}", edited)
+    api.put(f"{deviceattributes.SLICES_PATH}/{deviceattributes.slice_name(NODE)}", edited)
     api.set_gpu_node(gpu_node(b.devices(NODE, 2, tier=Tier.LA)))
     updated = await sync_once(client(api), NODE)
     meta = updated["metadata"]
-    assert meta["labels"] == {**dra.SLICE_LABELS, "team": "ml"}
+    assert meta["labels"] == {**deviceattributes.SLICE_LABELS, "team": "ml"}
     assert meta["annotations"] == {"note": "kept"}
     assert [r["kind"] for r in meta["ownerReferences"]] == ["ConfigMap", "Node"]
 
@@ -478,21 +490,21 @@ async def test_an_edited_spec_is_put_back(api: FakeApi) -> None:
     first = await sync_once(client(api), NODE)
     edited = copy.deepcopy(first)
     edited["spec"]["devices"][0]["attributes"]["tidelease.io/standby"] = {"bool": True}
-    api.put(f"{dra.SLICES_PATH}/{dra.slice_name(NODE)}", edited)
+    api.put(f"{deviceattributes.SLICES_PATH}/{deviceattributes.slice_name(NODE)}", edited)
     fixed = await sync_once(client(api), NODE)
     assert fixed["spec"]["devices"] == first["spec"]["devices"]
     assert generation_of(fixed) == generation_of(first) + 1
 
 
 async def test_a_slice_of_that_name_for_another_driver_is_replaced(api: FakeApi) -> None:
-    path = f"{dra.SLICES_PATH}/{dra.slice_name(NODE)}"
-    foreign = dra.resource_slice(NODE, None, gpu_node(b.devices(NODE, 1)), 5)
+    path = f"{deviceattributes.SLICES_PATH}/{deviceattributes.slice_name(NODE)}"
+    foreign = deviceattributes.resource_slice(NODE, None, gpu_node(b.devices(NODE, 1)), 5)
     foreign["spec"]["driver"] = "gpu.example.com"
     old_uid = api.put(path, foreign)["metadata"]["uid"]
     api.set_gpu_node(gpu_node(b.devices(NODE, 1)))
     written = await sync_once(client(api), NODE)
     assert [m for m, _ in api.writes] == ["DELETE", "POST"]
-    assert written["spec"]["driver"] == dra.DRIVER
+    assert written["spec"]["driver"] == deviceattributes.DRIVER
     assert written["metadata"]["uid"] != old_uid
 
 
@@ -538,7 +550,7 @@ async def test_the_running_mirror_follows_the_gpu_node_through_failures(
     assert not api.fail["PUT"]
     assert generation_of(api.slice) == 2
     # Deleted by someone else: put back from the slice's own watch.
-    api.remove(f"{dra.SLICES_PATH}/{dra.slice_name(NODE)}")
+    api.remove(f"{deviceattributes.SLICES_PATH}/{deviceattributes.slice_name(NODE)}")
     await eventually(lambda: devices_are(["gpu-1"]), within_s=5, every_s=0.01)
     assert generation_of(api.slice) == 3  # re-created above what it wrote before
     assert mirror.generation == 3
@@ -585,4 +597,4 @@ async def test_the_mirror_stops_loudly_when_a_watch_ends(api: FakeApi) -> None:
 
 def test_the_watched_paths_are_the_api_servers() -> None:
     assert f"/apis/{contract.GROUP}/{contract.VERSION}/gpunodes" == GPU_NODES
-    assert dra.SLICES_PATH == "/apis/resource.k8s.io/v1/resourceslices"
+    assert deviceattributes.SLICES_PATH == "/apis/resource.k8s.io/v1/resourceslices"

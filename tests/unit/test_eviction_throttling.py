@@ -13,8 +13,8 @@ from common import builders
 from common.errors import TooManyRequests
 from common.kubeclient import api_error
 from common.model import Holder, PodUid, Priority
-from extender.leasing.controller import EVICTION_BACKOFF_MAX_S, EVICTION_TRIES, KubeWorld
-from extender.leasing.lease import parse_gpu_lease
+from extender.leasing.kubeworld import EVICTION_BACKOFF_MAX_S, EVICTION_TRIES, KubeWorld
+from extender.rightofreturn.lease import parse_gpu_lease
 
 POD = "/api/v1/namespaces/team/pods/borrower"
 

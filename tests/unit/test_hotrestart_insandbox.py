@@ -9,8 +9,8 @@ import pytest
 
 from nodeagent.cri import api_pb2 as pb
 from nodeagent.cri.testing import FakeRuntime
-from nodeagent.restarting.insandbox import hot_restart
-from nodeagent.restarting.planning import (
+from nodeagent.hotrestart.insandbox import hot_restart
+from nodeagent.hotrestart.planning import (
     Outcome,
     PullPolicy,
     RestartSettings,

@@ -13,7 +13,7 @@ import pytest
 
 from common import contract
 from common.errors import Conflict, InvalidInput, Unavailable
-from common.hotrestart import (
+from common.hotrestartwire import (
     Phase,
     PodView,
     Request,
@@ -29,8 +29,8 @@ from extender.hotrestart.operator import HotRestartOperator, KubeRequests, run_h
 from extender.hotrestart.policy import Reject, WriteRequest
 from extender.hotrestart.policy import decide as operator_decide
 from nodeagent.cri.testing import FakeRuntime
-from nodeagent.restarting.podwatch import PodRestarter, PodRestartSettings, run_pod_hot_restarts
-from nodeagent.restarting.requests import Begin, Finish, Wait, decide
+from nodeagent.hotrestart.podwatch import PodRestarter, PodRestartSettings, run_pod_hot_restarts
+from nodeagent.hotrestart.requests import Begin, Finish, Wait, decide
 from tests.polling import eventually
 
 V1, V2 = "local/app:v1", "local/app:v2"

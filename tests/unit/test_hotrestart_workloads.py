@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from common import contract
-from common.hotrestart import PodView, Request, pod_view
+from common.hotrestartwire import PodView, Request, pod_view
 from common.watches import WatchEnded
 from extender.hotrestart.operator import HotRestartOperator, run_hot_restart_operator
 from extender.hotrestart.policy import (

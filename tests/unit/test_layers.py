@@ -26,7 +26,9 @@ LAYERS: dict[str, frozenset[str]] = {
     for name, allowed in {
         "common": (),
         # the control plane, bottom up
-        "extender.cluster": ("common",),
+        # right of return: the GpuLease object and the rules of lending and taking back
+        "extender.rightofreturn": ("common",),
+        "extender.cluster": ("common", "extender.rightofreturn"),
         # the shared queues: pure policy, and the live admission controller over a watched view
         "extender.queues": ("common", "extender.cluster"),
         # the agents as the control plane sees them (AgentReady)
@@ -35,20 +37,44 @@ LAYERS: dict[str, frozenset[str]] = {
         # the TLS certificates of the extender and its scheduler, made and renewed in the cluster
         "extender.certrotation": ("common",),
         "extender.orchestration": ("common",),
-        "extender.leasing": ("common", "extender.cluster", "extender.queues"),
-        "extender.scheduler": ("common", "extender.cluster", "extender.queues", "extender.leasing"),
-        "extender.prewarm": ("common", "extender.leasing", "extender.scheduler"),
-        "extender.planner": ("common", "extender.leasing"),
-        "extender.simulation": (
+        "extender.leasing": (
             "common",
+            "extender.rightofreturn",
+            "extender.cluster",
+            "extender.queues",
+        ),
+        "extender.scheduler": (
+            "common",
+            "extender.rightofreturn",
             "extender.cluster",
             "extender.queues",
             "extender.leasing",
-            "extender.scheduler",
-            "extender.planner",
         ),
+        "extender.prewarm": (
+            "common",
+            "extender.rightofreturn",
+            "extender.leasing",
+            "extender.scheduler",
+        ),
+        "extender.planner": ("common", "extender.rightofreturn", "extender.leasing"),
+        # what lending with right of return yields on a cluster (tidelease simulate)
+        "extender.leasingsim": (
+            "common",
+            "extender.rightofreturn",
+            "extender.cluster",
+            "extender.leasing",
+            "extender.scheduler",
+        ),
+        # the planner and the shared queues against baselines (tidelease plan-simulate)
+        "extender.plannersim": ("common", "extender.queues", "extender.planner"),
         # what an admin sees (kubectl tidelease): the cluster view and the scheduler's own rules
-        "extender.ctl": ("common", "extender.cluster", "extender.leasing", "extender.scheduler"),
+        "extender.ctl": (
+            "common",
+            "extender.rightofreturn",
+            "extender.cluster",
+            "extender.leasing",
+            "extender.scheduler",
+        ),
         # extender/main.py wires the processes; extender/demo.py drives a real server
         "extender": (
             "common",
@@ -58,28 +84,30 @@ LAYERS: dict[str, frozenset[str]] = {
             "extender.ctl",
             "extender.hotrestart",
             "extender.leasing",
+            "extender.leasingsim",
             "extender.orchestration",
             "extender.planner",
+            "extender.plannersim",
             "extender.prewarm",
             "extender.queues",
+            "extender.rightofreturn",
             "extender.scheduler",
-            "extender.simulation",
         ),
         # the node agent
         "nodeagent.cache": ("common",),
         "nodeagent.cri": ("common",),
         "nodeagent.deviceplugin": ("common",),
-        "nodeagent.dra": ("common", "nodeagent.deviceplugin"),
+        "nodeagent.dradriver": ("common", "nodeagent.deviceplugin"),
+        "nodeagent.hotrestart": ("common", "nodeagent.cri"),
         "nodeagent.pulling": ("common", "nodeagent.cache"),
-        "nodeagent.restarting": ("common", "nodeagent.cri"),
         "nodeagent": (
             "common",
             "nodeagent.cache",
             "nodeagent.cri",
             "nodeagent.deviceplugin",
-            "nodeagent.dra",
+            "nodeagent.dradriver",
+            "nodeagent.hotrestart",
             "nodeagent.pulling",
-            "nodeagent.restarting",
         ),
     }.items()
 }
@@ -228,6 +256,6 @@ def test_the_rule_sees_what_it_checks() -> None:
     leasing = BY_NAME["extender.leasing.controller"]
     assert "asyncio" in leasing.io
     assert BY_NAME["extender.leasing.decisions"].pure
-    assert "extender.leasing.rules" in BY_NAME["extender.leasing.decisions"].runs
+    assert "extender.rightofreturn.rules" in BY_NAME["extender.leasing.decisions"].runs
     health = BY_NAME["nodeagent.health"]
     assert "nodeagent.nvml" in health.type_only - health.imports

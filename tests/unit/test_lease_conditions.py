@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from common.model import GpuUuid
 from common.timefmt import rfc3339
-from extender.leasing.lease import LeaseStatus, LentGroup, lease_conditions
+from extender.rightofreturn.lease import LeaseStatus, LentGroup, lease_conditions
 
 
 def by_type(conditions: list[dict[str, object]]) -> dict[object, dict[str, object]]:

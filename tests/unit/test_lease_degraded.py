@@ -12,10 +12,11 @@ from prometheus_client import CollectorRegistry
 from common import builders
 from common.model import Tier
 from common.timefmt import microtime
-from extender.cluster.watching import FixedView
-from extender.leasing.controller import LeaseCache, LeaseController, LeasingMetrics, TagChange
-from extender.leasing.decisions import OwnerPod, Wait, overdue
-from extender.leasing.lease import (
+from extender.cluster.testing import FixedView
+from extender.leasing.controller import LeaseCache, LeaseController
+from extender.leasing.decisions import OwnerPod, TagChange, Wait, overdue
+from extender.leasing.metrics import LeasingMetrics
+from extender.rightofreturn.lease import (
     GpuLease,
     LeaseStatus,
     Trouble,

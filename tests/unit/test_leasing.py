@@ -8,7 +8,7 @@ import pytest
 
 from common import builders
 from common.model import GpuUuid, JobKey, Priority, Tier
-from extender.leasing.rules import (
+from extender.rightofreturn.rules import (
     ScheduleEntry,
     devices_to_tag,
     parse_schedule_time,

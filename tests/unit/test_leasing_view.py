@@ -14,11 +14,13 @@ from prometheus_client import CollectorRegistry
 
 from common import builders
 from extender.cluster.store import KINDS, Kind, MemoryStore
-from extender.cluster.watching import DemandView, FixedView
+from extender.cluster.testing import FixedView
+from extender.cluster.watching import DemandView
 from extender.controllers import Enabled, Running, controllers
-from extender.leasing.controller import VIEW_KINDS, LeaseController, LeasingMetrics
+from extender.leasing.controller import VIEW_KINDS, LeaseController
 from extender.leasing.decisions import TagChange
-from extender.leasing.lease import Workload
+from extender.leasing.metrics import LeasingMetrics
+from extender.rightofreturn.lease import Workload
 from extender.scheduler.settings import ExtenderSettings
 from tests.unit.cluster import cluster, granted_leases
 

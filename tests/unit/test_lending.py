@@ -22,7 +22,14 @@ from extender.leasing.decisions import (
     WriteStatus,
     decide,
 )
-from extender.leasing.lease import GpuLease, LeaseSpec, LeaseStatus, LentGroup, Notice, Workload
+from extender.rightofreturn.lease import (
+    GpuLease,
+    LeaseSpec,
+    LeaseStatus,
+    LentGroup,
+    Notice,
+    Workload,
+)
 from tests.unit.cluster import granted_leases, holder
 
 OWNER = job_key("default", "recsys")
@@ -282,8 +289,9 @@ async def test_standby_top_up_through_the_controller() -> None:
 
     from prometheus_client import CollectorRegistry
 
-    from extender.cluster.watching import FixedView
-    from extender.leasing.controller import LeaseController, LeasingMetrics
+    from extender.cluster.testing import FixedView
+    from extender.leasing.controller import LeaseController
+    from extender.leasing.metrics import LeasingMetrics
     from tests.unit.cluster import allocate, cluster
 
     state = cluster(
@@ -316,8 +324,9 @@ async def test_standby_beyond_its_target_goes_back_through_the_controller() -> N
 
     from prometheus_client import CollectorRegistry
 
-    from extender.cluster.watching import FixedView
-    from extender.leasing.controller import LeaseController, LeasingMetrics
+    from extender.cluster.testing import FixedView
+    from extender.leasing.controller import LeaseController
+    from extender.leasing.metrics import LeasingMetrics
     from tests.unit.cluster import allocate, cluster
 
     state = cluster(
@@ -398,8 +407,9 @@ async def test_an_unexpected_error_on_one_lease_is_logged_and_the_others_go_on(
 ) -> None:
     from prometheus_client import CollectorRegistry
 
-    from extender.cluster.watching import FixedView
-    from extender.leasing.controller import LeaseController, LeasingMetrics
+    from extender.cluster.testing import FixedView
+    from extender.leasing.controller import LeaseController
+    from extender.leasing.metrics import LeasingMetrics
     from tests.unit.cluster import cluster
 
     leases = granted_leases()
@@ -462,12 +472,9 @@ async def test_each_lease_is_a_key_its_events_queue_and_its_step_says_when_next(
     from prometheus_client import CollectorRegistry
 
     from common.reconcile import Requeue
-    from extender.cluster.watching import FixedView
-    from extender.leasing.controller import (
-        STANDBY_KEY,
-        LeaseController,
-        LeasingMetrics,
-    )
+    from extender.cluster.testing import FixedView
+    from extender.leasing.controller import STANDBY_KEY, LeaseController
+    from extender.leasing.metrics import LeasingMetrics
     from tests.unit.cluster import cluster
 
     leases = granted_leases()
@@ -497,12 +504,9 @@ async def test_the_standby_key_tops_up_once_per_interval_and_retries_a_failure()
 
     from common.errors import Unavailable
     from common.reconcile import Requeue
-    from extender.cluster.watching import FixedView
-    from extender.leasing.controller import (
-        STANDBY_KEY,
-        LeaseController,
-        LeasingMetrics,
-    )
+    from extender.cluster.testing import FixedView
+    from extender.leasing.controller import STANDBY_KEY, LeaseController
+    from extender.leasing.metrics import LeasingMetrics
     from tests.unit.cluster import cluster
 
     now = NOW

@@ -50,7 +50,7 @@ def test_gpu_allocation_schema_accepts_what_we_write() -> None:
 
 
 def test_the_example_lease_is_valid() -> None:
-    from extender.leasing.lease import parse_gpu_lease
+    from extender.rightofreturn.lease import parse_gpu_lease
 
     (lease,) = load(MANIFESTS / "examples" / "gpulease.yaml")
     lease["metadata"]["namespace"] = "ml"
@@ -64,7 +64,7 @@ def test_the_crd_and_the_parser_refuse_the_same_notices(grace: int) -> None:
     """graceSeconds below the minimum (no time to checkpoint) or above the maximum: refused by
     the CRD's schema and by the controller's parser alike; the bounds themselves pass."""
     from common.errors import InvalidInput
-    from extender.leasing.lease import MAX_GRACE_S, MIN_GRACE_S, parse_gpu_lease
+    from extender.rightofreturn.lease import MAX_GRACE_S, MIN_GRACE_S, parse_gpu_lease
 
     (lease,) = load(MANIFESTS / "examples" / "gpulease.yaml")
     lease["metadata"]["namespace"] = "ml"

@@ -14,7 +14,6 @@ from common import builders, contract
 from common.model import Holder, PodUid, Priority
 from common.podrequest import parse_pod
 from extender.leasing.decisions import View, choose_groups
-from extender.leasing.lease import LentGroup
 from extender.queues.jobviews import (
     held_by_job,
     job_views,
@@ -24,6 +23,7 @@ from extender.queues.jobviews import (
 )
 from extender.queues.mlfq import Queue
 from extender.queues.preemption import eviction_cost
+from extender.rightofreturn.lease import LentGroup
 from extender.scheduler.partialpreemption import choose_preemption
 from extender.scheduler.preemption import Proposal, preempt_nodes
 from tests.unit.cluster import allocate, cluster, holder

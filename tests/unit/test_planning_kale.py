@@ -9,7 +9,6 @@ import pytest
 
 from common import builders
 from common.errors import InvalidInput
-from extender.leasing.lease import parse_gpu_lease
 from extender.planner.autoscaling import Measurements, OnlineSettings, Reason, plan_online
 from extender.planner.directives import (
     LeaseDirective,
@@ -27,6 +26,7 @@ from extender.planner.throughput import (
     fit_throughput,
     min_workers,
 )
+from extender.rightofreturn.lease import parse_gpu_lease
 
 # Kale 3.4.1's example: synchronous job, M = 16,384, theta0..theta3 as printed.
 EXAMPLE = ThroughputModel(Form.SYNC, (0.00035, 2.5726, 0.9824, 0.02786), scale=16384)

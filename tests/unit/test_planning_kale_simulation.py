@@ -8,19 +8,22 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from extender.simulation.hpa import HpaSettings, HpaState, decide, recommend
-from extender.simulation.online import (
-    TRUE_MODEL,
-    KaleSettings,
+from extender.plannersim.autoscalers import (
+    AutoscalerSettings,
     Tick,
-    fitted_model,
-    kale_forecast,
-    kale_hpa,
+    forecast_autoscaler,
+    hpa_autoscaler,
     simulate_ticks,
 )
-from extender.simulation.planner import KALE, KALE_HPA, KALE_PLANNER
-from extender.simulation.surges import SurgeModel, surge_trace
-from extender.simulation.traces import MINUTES_PER_DAY, MINUTES_PER_WEEK, Trace
+from extender.plannersim.comparison import (
+    AUTOSCALER_COMPARISON,
+    AUTOSCALER_HPA,
+    AUTOSCALER_PLANNER,
+)
+from extender.plannersim.hpa import HpaSettings, HpaState, decide, recommend
+from extender.plannersim.online import TRUE_MODEL, fitted_model
+from extender.plannersim.surges import SurgeModel, surge_trace
+from extender.plannersim.traces import MINUTES_PER_DAY, MINUTES_PER_WEEK, Trace
 
 HPA = HpaSettings()
 
@@ -84,7 +87,7 @@ def test_new_workers_are_useful_only_after_the_prelaunch_window() -> None:
     def more(seen: Tick) -> int | None:
         return 16 if seen.t_s == 15.0 else None
 
-    s = KaleSettings(prelaunch_s=600.0, pause_s=0.0)
+    s = AutoscalerSettings(prelaunch_s=600.0, pause_s=0.0)
     late = simulate_ticks("late", rate, s, 8, more)
     now = simulate_ticks("now", rate, replace(s, prelaunch_s=0.0), 8, more)
     assert late.workers[0] == 16  # GPUs held from the decision ...
@@ -122,8 +125,8 @@ def _short(trace: Trace, days: int) -> Trace:
 def test_planner_beats_the_hpa_on_sharp_rises() -> None:
     trace = _short(surge_trace(7, weeks=2), 2)
     fit = fitted_model(7)
-    planner, _ = kale_forecast(trace, KALE, KALE_PLANNER, fit.model)
-    hpa = kale_hpa(trace, KALE, fit.model, KALE_HPA)
+    planner, _ = forecast_autoscaler(trace, AUTOSCALER_COMPARISON, AUTOSCALER_PLANNER, fit.model)
+    hpa = hpa_autoscaler(trace, AUTOSCALER_COMPARISON, fit.model, AUTOSCALER_HPA)
     assert hpa.slo_violation > 0.05
     assert planner.slo_violation < hpa.slo_violation / 5
     assert planner.mean_lag_min < hpa.mean_lag_min / 2

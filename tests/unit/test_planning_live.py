@@ -14,15 +14,8 @@ from common import builders, contract
 from common.errors import Conflict, InvalidInput, Unavailable
 from common.reconcile import Requeue
 from extender.planner.autoscaling import OnlineSettings
-from extender.planner.controller import (
-    MemoryLeaseEvents,
-    MemoryLeases,
-    PlannerController,
-    PlannerMetrics,
-    merge,
-    opted_in,
-)
-from extender.planner.sources import FakeTrafficSource, TidalJob, parse_instant, parse_range
+from extender.planner.controller import PlannerController, PlannerMetrics, opted_in
+from extender.planner.sources import parse_instant, parse_range
 from extender.planner.stepping import (
     LeasePlanConfig,
     Observations,
@@ -32,8 +25,15 @@ from extender.planner.stepping import (
     pair_throughput,
     plan_step,
 )
+from extender.planner.testing import (
+    FakeTrafficSource,
+    MemoryLeaseEvents,
+    MemoryLeases,
+    TidalJob,
+    merge,
+)
 from extender.planner.throughput import Form, Observation
-from extender.simulation.online import TRUE_MODEL
+from extender.plannersim.online import TRUE_MODEL
 
 ROOT = Path(__file__).resolve().parents[2]
 Q = Queries(traffic="traffic", workers="workers", throughput="throughput")

@@ -21,7 +21,6 @@ from common.kubeclient import KubeClient
 from common.model import Allocation, GpuUuid, Holder, NodeName, PodUid, Priority
 from common.objects import gpu_allocation_object
 from common.prewarmwire import Directive, directives_json, parse_directives
-from extender.leasing.lease import Workload
 from extender.prewarm.controller import (
     PrewarmController,
     PrewarmMetrics,
@@ -30,6 +29,7 @@ from extender.prewarm.controller import (
     wants_view,
 )
 from extender.prewarm.policy import PrewarmSettings, WorkloadTemplate
+from extender.rightofreturn.lease import Workload
 
 GB = 1e9
 NODES = 3

@@ -41,7 +41,6 @@ from common.prewarmwire import (
     parse_directives,
     parse_items,
 )
-from extender.leasing.lease import GpuLease, Workload, parse_gpu_lease
 from extender.prewarm.policy import (
     PrewarmPlan,
     PrewarmSettings,
@@ -51,6 +50,7 @@ from extender.prewarm.policy import (
     parse_workload,
     plan_prewarm,
 )
+from extender.rightofreturn.lease import GpuLease, Workload, parse_gpu_lease
 from extender.scheduler.filtering import filter_nodes
 from tests.unit.cluster import cluster
 

@@ -1,4 +1,4 @@
-"""The ramp-up profiler live (extender.queues.profiler): a job's throughput metric read at 1..6
+"""The ramp-up profiler live (extender.queues.measuring): a job's throughput metric read at 1..6
 GPUs, with warm-up readings after each change, gives exactly the eq. 1 scaling factors of its
 true throughput; the profile falls back from measured to the annotation to linear; the
 measurements survive a restart through the workload's annotation, and bad stored data is
@@ -17,8 +17,7 @@ from prometheus_client import CollectorRegistry
 from common import contract
 from common.errors import InvalidInput, NotFound, Unavailable
 from common.kubeclient import KubeClient
-from extender.queues.profiler import (
-    FakeReader,
+from extender.queues.measuring import (
     Measurements,
     Profiler,
     Source,
@@ -28,6 +27,7 @@ from extender.queues.profiler import (
     measured_profile,
 )
 from extender.queues.profiling import Profile
+from extender.queues.testing import FakeReader
 
 QUERY = 'sum(rate(trainer_samples_total{job="resnet"}[1m]))'
 JOB = "team-a/resnet"
@@ -345,7 +345,7 @@ async def test_bad_stored_data_is_ignored_with_a_log_line(
 ) -> None:
     kube = Kube({WORKLOAD: workload({contract.ANN_THROUGHPUT_MEASURED: raw})})
     profiler, _, _ = made()
-    with caplog.at_level(logging.WARNING, logger="extender.queues.profiler"):
+    with caplog.at_level(logging.WARNING, logger="extender.queues.measuring"):
         assert await profiler.load(kube_of(kube), JOB, WORKLOAD)
     assert profiler.measured(JOB) == {}
     assert f"annotation {contract.ANN_THROUGHPUT_MEASURED} on {WORKLOAD} ignored" in caplog.text

@@ -14,7 +14,8 @@ from common import contract
 from common.kubeclient import KubeClient
 from extender.cluster.store import Store
 from extender.queues.controller import Elastics, QueueMetrics, QueuesController, QueueSettings
-from extender.queues.profiler import FakeReader, Profiler
+from extender.queues.measuring import Profiler
+from extender.queues.testing import FakeReader
 
 
 @dataclass

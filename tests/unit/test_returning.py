@@ -27,8 +27,8 @@ from common.objects import parse_gpu_node
 from common.podrequest import parse_pod
 from common.tenancy import job_key
 from extender.cluster.state import ClusterState
-from extender.leasing.lease import parse_gpu_lease
 from extender.prewarm.policy import PrewarmSettings, WorkloadTemplate, plan_lease
+from extender.rightofreturn.lease import parse_gpu_lease
 from extender.scheduler.filtering import filter_nodes
 from extender.scheduler.placement import Verdict, pick_devices, verdict
 from extender.scheduler.preemption import Proposal, preempt_nodes

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from extender.simulation.estimating import band, estimate, seeds_from, share, t_quantile
+from extender.leasingsim.estimating import band, estimate, seeds_from, share, t_quantile
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,7 @@
 
 The world keeps per node its free healthy devices and those outside the standby pool (indexes by
 count), and its healthy standby devices per type and tier; the tag check
-(:class:`~extender.simulation.tagging.TagChecks`) keeps the answer of
+(:class:`~extender.leasingsim.tagging.TagChecks`) keeps the answer of
 :func:`~extender.leasing.decisions.stale_tags` per owner and lent group; the filter remembers
 ``own_resolvable`` per node state. Each is checked against what a look at everything gives,
 after random device changes, binds and releases.
@@ -17,11 +17,11 @@ from hypothesis import strategies as st
 
 from common.model import DeviceClass, GpuUuid, Holder, JobKey, NodeName, PodUid, Priority, Tier
 from extender.leasing.decisions import View, stale_tags
-from extender.leasing.lease import LentGroup
+from extender.leasingsim.scenario import NodeSpec
+from extender.leasingsim.tagging import TagChecks
+from extender.leasingsim.world import SimCluster
+from extender.rightofreturn.lease import LentGroup
 from extender.scheduler.filtering import own_resolvable
-from extender.simulation.scenario import NodeSpec
-from extender.simulation.tagging import TagChecks
-from extender.simulation.world import SimCluster
 
 TYPES = ("H20", "A100")
 OWNERS = (None, JobKey("j"), JobKey("k"))
@@ -180,7 +180,7 @@ def test_own_resolvable_remembered_answers_as_afresh(
 
 def _group_can_return_reference(owner: JobKey, uuids: list[GpuUuid], world: SimCluster) -> bool:
     """group_can_return as first written: every device can return, all on one node."""
-    from extender.leasing.rules import can_return
+    from extender.rightofreturn.rules import can_return
 
     devices, holders = world.devices, world.holder_of
     nodes = {devices[u].node for u in uuids if u in devices}
@@ -202,7 +202,7 @@ def test_group_can_return_answers_as_its_reference(
     picks: list[int],
     owner: JobKey,
 ) -> None:
-    from extender.leasing.rules import group_can_return
+    from extender.rightofreturn.rules import group_can_return
 
     world = world_of()
     for step in steps:

@@ -9,14 +9,14 @@ import pytest
 
 from common.errors import InvalidInput
 from common.model import Tier
-from extender.simulation.loading import (
+from extender.leasingsim.loading import (
     cluster_document,
     load_cluster,
     parse_cluster,
     parse_trace,
     trace_csv,
 )
-from extender.simulation.scenario import FailureModel, NodeSpec, Role
+from extender.leasingsim.scenario import FailureModel, NodeSpec, Role
 
 CLUSTER = """
 seed: 3

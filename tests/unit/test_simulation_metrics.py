@@ -7,8 +7,8 @@ from dataclasses import replace
 import pytest
 
 from common.model import Tier
-from extender.simulation.controlling import ReclaimRecord, matched
-from extender.simulation.metrics import Series, summarize
+from extender.leasingsim.controlling import ReclaimRecord, matched
+from extender.leasingsim.metrics import Series, summarize
 
 HA, MA, LA = Tier.HA, Tier.MA, Tier.LA
 

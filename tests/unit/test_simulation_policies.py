@@ -24,9 +24,9 @@ import pytest
 
 from common.model import JobKey, NodeName, Tier
 from extender.leasing.decisions import RESYNC_S, STEADY, OwnerPod, SetTags, View, Wait
-from extender.simulation import controlling
-from extender.simulation.controlling import Policy, standby_targets
-from extender.simulation.scenario import (
+from extender.leasingsim import controlling
+from extender.leasingsim.controlling import Policy, standby_targets
+from extender.leasingsim.scenario import (
     BorrowerJob,
     DeviceFailure,
     NodeSpec,
@@ -36,10 +36,10 @@ from extender.simulation.scenario import (
     Trace,
     draw_failures,
 )
-from extender.simulation.scheduling import Scheduler, SchedulerSettings
-from extender.simulation.simulating import RunResult, SimSettings, simulate
-from extender.simulation.tides import default_cluster, default_trace
-from extender.simulation.world import SimCluster
+from extender.leasingsim.scheduling import Scheduler, SchedulerSettings
+from extender.leasingsim.simulating import RunResult, SimSettings, simulate
+from extender.leasingsim.tides import default_cluster, default_trace
+from extender.leasingsim.world import SimCluster
 
 HA, MA, LA = Tier.HA, Tier.MA, Tier.LA
 

@@ -22,11 +22,11 @@ from common.model import (
     Priority,
     Tier,
 )
+from extender.leasingsim.scenario import NodeSpec
+from extender.leasingsim.scheduling import Scheduler, SchedulerSettings
+from extender.leasingsim.world import SimCluster
 from extender.scheduler.filtering import filter_nodes
 from extender.scheduler.scoring import prioritize_nodes
-from extender.simulation.scenario import NodeSpec
-from extender.simulation.scheduling import Scheduler, SchedulerSettings
-from extender.simulation.world import SimCluster
 
 TYPES = ("H20", "A100")
 TIERS = (Tier.HA, Tier.MA, Tier.LA)

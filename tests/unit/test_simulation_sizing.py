@@ -8,18 +8,18 @@ from dataclasses import replace
 
 import pytest
 
-from extender.simulation.controlling import Policy
-from extender.simulation.metrics import Series, summarize
-from extender.simulation.scenario import Scenario, draw_failures
-from extender.simulation.simulating import RunResult, SimSettings, simulate
-from extender.simulation.sizing import (
+from extender.leasingsim.controlling import Policy
+from extender.leasingsim.metrics import Series, summarize
+from extender.leasingsim.scenario import Scenario, draw_failures
+from extender.leasingsim.simulating import RunResult, SimSettings, simulate
+from extender.leasingsim.sizing import (
     SizingPoint,
     answer_of,
     default_sizes,
     point,
     sweep,
 )
-from extender.simulation.tides import default_cluster, default_trace
+from extender.leasingsim.tides import default_cluster, default_trace
 
 
 def fake(size: int, full: int, reclaims: int = 1000, *, seed: int = 1) -> RunResult:

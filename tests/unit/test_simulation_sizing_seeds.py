@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from extender.simulation.controlling import Policy
-from extender.simulation.scenario import Scenario, draw_failures
-from extender.simulation.simulating import RunResult, SimSettings, simulate
-from extender.simulation.sizing import SizingPoint, answer_of, point, sweep
-from extender.simulation.tides import default_cluster, default_trace
+from extender.leasingsim.controlling import Policy
+from extender.leasingsim.scenario import Scenario, draw_failures
+from extender.leasingsim.simulating import RunResult, SimSettings, simulate
+from extender.leasingsim.sizing import SizingPoint, answer_of, point, sweep
+from extender.leasingsim.tides import default_cluster, default_trace
 from tests.unit.test_simulation_sizing import fake
 
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from common.model import Tier
-from extender.simulation.scenario import Role, draw_failures
-from extender.simulation.tides import TideModel, default_cluster, default_trace, tide
+from extender.leasingsim.scenario import Role, draw_failures
+from extender.leasingsim.tides import TideModel, default_cluster, default_trace, tide
 
 
 def test_default_cluster_is_10k_gpus_with_more_reliable_online_nodes() -> None:
