@@ -93,7 +93,7 @@ class PodCache:
 
 class ClaimCache:
     """ResourceClaims from the watch, raw, by namespace/name (the leasing controller's, in DRA
-    mode: who holds which device, extender.leasing.dra)."""
+    mode: who holds which device, extender.leasing.claimpinning)."""
 
     def __init__(self) -> None:
         self._raw: dict[tuple[str, str], dict[str, Any]] = {}
