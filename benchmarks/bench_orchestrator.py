@@ -30,8 +30,8 @@ from typing import Any
 
 from extender.orchestration.evaluation import evaluate
 from extender.orchestration.graph import Dag, load
+from extender.orchestration.jobreadiness import Snapshot, pod_state
 from extender.orchestration.records import Record, State, issue_key
-from extender.orchestration.snapshot import Snapshot, pod_state
 from extender.orchestration.testing import pod
 
 FRAMEWORKS = Path(__file__).resolve().parents[1] / "manifests" / "orchestration" / "frameworks"

@@ -1,6 +1,6 @@
 """Multi-peer checkpoint pull on loopback, and the cache server's single-stream throughput.
 
-Peers are real cache servers (``nodeagent.cache.serving``, sendfile) in a separate process, each
+Peers are real cache servers (``nodeagent.cache.peerserver``, sendfile) in a separate process, each
 behind a link emulator (``nodeagent.cache.testing.LinkEmulator``: a token bucket for the rate,
 a delay on every request) of its own rate and latency. The puller runs in this process and
 writes to a fresh cache each run. In the same run it measures:
@@ -53,9 +53,9 @@ from pathlib import Path
 
 import aiohttp
 
+from nodeagent.cache.cachestore import CacheStore
 from nodeagent.cache.manifest import Manifest, piece_count
 from nodeagent.cache.naming import EntryId, Kind
-from nodeagent.cache.store import CacheStore
 from nodeagent.cache.testing import clone_entry, random_file, start_peer, write_token
 from nodeagent.pulling.assignment import (
     Assignment,
@@ -198,7 +198,7 @@ async def run(args: argparse.Namespace, root: Path) -> None:
     (root / "src.bin").unlink()
     DIGESTS[BIG] = sparse_entry(seed, BIG, int(args.serve_gib * (1 << 30)))
     # The peers' process opens the seed next: a cache directory is held by one process at a
-    # time (a POSIX lock on <dir>/.lock, nodeagent/cache/store.py), this one until it lets go.
+    # time (a POSIX lock on <dir>/.lock, nodeagent/cache/cachestore.py), this one until it lets go.
     seed.close()
     print(f"# setup: {args.size_mib} MiB random checkpoint in {time.perf_counter() - t:.1f}s")
 

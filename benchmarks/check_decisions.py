@@ -48,8 +48,8 @@ from common.objects import gpu_node_object
 from common.timefmt import epoch
 from extender.cluster.store import MemoryStore
 from extender.scheduler import wire
+from extender.scheduler.extenderserver import build_app
 from extender.scheduler.handlers import ExtenderApp
-from extender.scheduler.serving import build_app
 from extender.scheduler.settings import ExtenderSettings
 
 PRIORITIES = [0, 100, 1000, 5000, 100000]

@@ -8,13 +8,19 @@ The extender's settings file (extender/scheduler/settings.py), the agent's flags
 (nodeagent/main.py) and the orchestrator's (extender/orchestration/command.py) all read through
 here. The checks beneath (:func:`whole`, :func:`number`, :func:`finite`, :func:`real`) also
 serve parsers that word their problems themselves (the orchestrator's dependency file and
-records).
+records, the GpuLease, the pod request).
+
+Fields of API objects that may be absent are read leniently instead: :func:`mapping`,
+:func:`items` and :func:`text` give an empty value for a field that is missing or of another
+type, where nothing is to be reported (the DRA claims the leasing controller reads, a GpuLease's
+conditions, a pod's owner references).
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeGuard
 
@@ -44,6 +50,21 @@ def real(value: int | float) -> float:
 def finite(value: object) -> bool:
     """A real number, not NaN or infinite (nor a bool passed for one)."""
     return number(value) and math.isfinite(real(value))
+
+
+def mapping(value: object) -> Mapping[str, Any]:
+    """``value`` if it is a mapping, else an empty one."""
+    return value if isinstance(value, Mapping) else {}
+
+
+def items(value: object) -> list[Any]:
+    """``value`` if it is a list, else an empty one."""
+    return value if isinstance(value, list) else []
+
+
+def text(value: object) -> str:
+    """``value`` if it is a string, else the empty one."""
+    return value if isinstance(value, str) else ""
 
 
 def as_bool(name: str, value: Any, problems: list[str]) -> bool | None:

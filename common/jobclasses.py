@@ -1,13 +1,19 @@
-"""Job classes of the shared queues (cornucopia 3.1), read from pod annotations. Pure.
+"""Job classes of the shared queues, read from pod annotations. Pure.
 
-``tidelease.io/job-class: interactive | batch`` (default batch: cornucopia accepts no unlabeled
-job; a missing label is treated as the class that is never favoured) and
+A job says on its pods whether someone waits for it (interactive: debugging and trial runs,
+served first) or not (batch: long training), and whether it can change its GPU count while it
+runs (elastic) or needs exactly the GPUs it asks for:
+
+``tidelease.io/job-class: interactive | batch`` (default batch: the queues' design assumes every
+job is labelled; a missing label is treated as the class that is never favoured) and
 ``tidelease.io/elastic: "false"`` (model-parallel and other jobs that must run on exactly the
 GPUs they ask for; default elastic). Three classes follow: interactive, batch and non-elastic
 (a non-elastic job is queued by its job class but never scaled, and is preempted whole).
 ``tidelease.io/throughput`` is the job's scaling profile. Their rules are
 common.annotationrules' (the filter and the admission policy report bad values); the planner
 reads them here.
+
+Reference: cornucopia 3.1 (docs/references.md).
 """
 
 from __future__ import annotations

@@ -38,7 +38,8 @@ class Health(enum.Enum):
 
 
 class Priority(enum.Enum):
-    """tidelease's two classes (weflex 3.5): HP jobs are protected, LP jobs may be preempted."""
+    """tidelease's two priority classes: high-priority (HP) jobs, such as online training, are
+    never preempted; low-priority (LP) jobs may be, to give GPUs back to HP jobs (weflex 3.5)."""
 
     HIGH = "high"
     LOW = "low"
@@ -47,9 +48,9 @@ class Priority(enum.Enum):
 class DeviceClass(NamedTuple):
     """What placement needs to know of a device, apart from its identity.
 
-    Devices with the same class are interchangeable for Algorithm 1, which lets a node summarise
-    its devices as counts per class. A NamedTuple, so that hashing and comparing (the hot path of
-    every filter call) run in C.
+    Devices with the same class are interchangeable for placement (which devices a pod may
+    take: weflex Algorithm 1), which lets a node summarise its devices as counts per class. A
+    NamedTuple, so that hashing and comparing (the hot path of every filter call) run in C.
     """
 
     gpu_type: str
@@ -143,7 +144,8 @@ class PodRequest:
 
 
 class NodeCache(NamedTuple):
-    """What a node holds locally: checkpoints and container images (weflex 3.3)."""
+    """What a node holds locally: checkpoints and container images. A job restarted on a node
+    that holds both skips their download and starts in seconds (weflex 3.3)."""
 
     images: frozenset[str] = frozenset()
     checkpoints: frozenset[str] = frozenset()

@@ -13,6 +13,7 @@ from typing import Any
 from common import contract
 from common.annotationrules import annotation_problems
 from common.checkpointref import parse_checkpoint_ref
+from common.coercion import items, whole
 from common.errors import InvalidInput
 from common.model import PodRequest, PodUid, Priority, Tier
 from common.tenancy import job_key
@@ -54,7 +55,7 @@ def _list(value: object, where: str, problems: list[str]) -> list[Any]:
 
 def _quantity(value: object, where: str, problems: list[str]) -> int:
     """An extended resource quantity: Kubernetes only admits whole numbers for these."""
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1_000_000:
+    if whole(value) and 0 <= value < 1_000_000:
         return value
     if isinstance(value, str) and _INTEGER.match(value):
         return int(value)
@@ -111,7 +112,7 @@ def parse_pod(pod: object, *, resource: str = contract.DEFAULT_GPU_RESOURCE) -> 
     pod_priority = spec.get("priority", 0)
     if pod_priority is None:
         pod_priority = 0
-    if not isinstance(pod_priority, int) or isinstance(pod_priority, bool):
+    if not whole(pod_priority):
         problems.append(f"Pod.spec.priority must be an integer, got {pod_priority!r}")
         pod_priority = 0
 
@@ -160,7 +161,7 @@ def parse_pod(pod: object, *, resource: str = contract.DEFAULT_GPU_RESOURCE) -> 
 def controller_of(meta: Mapping[str, Any]) -> tuple[str, str] | None:
     """The (kind, name) of an object's controlling owner reference, if it has one."""
     refs = meta.get("ownerReferences")
-    for ref in refs if isinstance(refs, list) else ():
+    for ref in items(refs):
         if isinstance(ref, dict) and ref.get("controller") is True:
             kind, name = ref.get("kind"), ref.get("name")
             if isinstance(kind, str) and isinstance(name, str):

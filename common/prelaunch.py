@@ -1,4 +1,5 @@
-"""The prelaunch window W of a node (weflex 3.3, equations 1-3). Pure.
+"""The prelaunch window W of a node: how long before a scaling event the node's preparation
+must start so that it is ready in time. Pure.
 
 Before a scaling event, a node that will run a job needs its image and checkpoint local and the
 checkpoint loaded onto its GPUs. The time that takes, from the node's cache state and the
@@ -12,7 +13,9 @@ eta are the local cache hit ratios (1: all present, 0: nothing), S sizes in byte
 in bytes per second (network, registry, checkpoint storage, GPU interconnect), T_gpu_adj the
 time to move GPU capacity (lend/reclaim). Image and checkpoint are fetched in parallel, hence
 the max. A node whose image and checkpoint are both cached has W = T_gpu_adj + S_ckpt / B_gpu:
-the "virtually zero restart latency" of reclaimed original nodes.
+the "virtually zero restart latency" (the paper's words) of reclaimed original nodes.
+
+Reference: weflex 3.3, equations 1-3 (docs/references.md).
 """
 
 from __future__ import annotations

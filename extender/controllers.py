@@ -52,8 +52,8 @@ from extender.leasing.metrics import LeasingMetrics
 from extender.queues.controller import LEADER_LEASE as QUEUES_LEASE
 from extender.queues.controller import QueueMetrics, QueuesController, QueueSettings
 from extender.queues.measuring import NullReader, Profiler
+from extender.scheduler.extenderserver import run_api_probe_at
 from extender.scheduler.handlers import readiness
-from extender.scheduler.serving import run_api_probe_at
 from extender.scheduler.settings import ExtenderSettings
 
 if TYPE_CHECKING:

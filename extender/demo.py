@@ -32,7 +32,7 @@ from common.tenancy import job_key
 from extender.cluster.store import MemoryStore
 from extender.rightofreturn.rules import ordinal
 from extender.scheduler.driver import Outcome, SchedulerDriver
-from extender.scheduler.serving import Running, serve
+from extender.scheduler.extenderserver import Running, serve
 from extender.scheduler.settings import ExtenderSettings
 
 OWNER = job_key("default", "recsys")  # recsys, a job of namespace default

@@ -77,8 +77,8 @@ def _settings(args: argparse.Namespace, **more: object) -> ExtenderSettings:
 
 
 def _extender(args: argparse.Namespace) -> int:
-    from extender.cluster.snapshot import load_snapshot
-    from extender.scheduler.serving import run_extender
+    from extender.cluster.snapshotfile import load_snapshot
+    from extender.scheduler.extenderserver import run_extender
 
     settings = _settings(
         args,

@@ -42,7 +42,7 @@ from common.timefmt import microtime
 from nodeagent.cri.runtime import ImageInfo
 
 if TYPE_CHECKING:
-    from nodeagent.cache.store import CacheStore
+    from nodeagent.cache.cachestore import CacheStore
     from nodeagent.pulling.command import AgentCache
     from nodeagent.pulling.peers import PeerSource
     from nodeagent.pulling.puller import PullSettings

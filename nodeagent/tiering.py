@@ -9,9 +9,11 @@ simply not observed — it counts as unknown, not as down — and so is time whe
 read the device (Unknown health). A device never observed is taken as fully available: no
 downtime has been seen.
 
-Tiers follow weflex 3.5: HA at 100 %, MA from 97 % up to 100 %, LA below 97 %. They are
-assessed on a schedule (every 14 days by default), not continuously, so that placement sees
-stable tiers; the same history always gives the same tier.
+Tiers: HA (high availability) at 100 %, MA (medium) from 97 % up to 100 %, LA (low) below
+97 %. They are assessed on a schedule (every 14 days by default), not continuously, so that
+placement sees stable tiers; the same history always gives the same tier.
+
+Reference: weflex 3.5 (docs/references.md).
 """
 
 from __future__ import annotations

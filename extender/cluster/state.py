@@ -150,7 +150,7 @@ class NodeState:
 
     def freeable(self, pod_priority: int) -> Freeable:
         """What a preemptor of this pod priority could free here by eviction: the devices of
-        low-priority pods of a lower pod priority (:func:`extender.scheduler.preemption.freeable`
+        low-priority pods of a lower pod priority (:func:`extender.scheduler.victims.freeable`
         for a preemptor that holds no devices on this node)."""
         return self.freeable_by[bisect_left(self.low_priorities, pod_priority)]
 
@@ -202,7 +202,7 @@ class ClusterState:
         # memo[request shape][state key] -> answer (a state key, or a tuple starting with one)
         self.memo = ShapeMemo()
         # Owners (job keys) whose GpuLease is reclaiming: their workloads' high-priority pods
-        # are reclaim requests (Algorithm 1's IsReclaim); a pod never declares one.
+        # are reclaim requests (IsReclaim of weflex Algorithm 1); a pod never declares one.
         self._reclaiming: dict[JobKey, _Reclaim] = {}
         # The same owners: the devices they lent are what borrowers may not take.
         self._reclaiming_owners: frozenset[JobKey] = frozenset()
@@ -368,7 +368,7 @@ class ClusterState:
         self._reclaiming_owners = frozenset(self._reclaiming)
 
     def with_reclaim(self, req: PodRequest) -> PodRequest:
-        """The request as Algorithm 1 sees it: a reclaim when its namespace's lease for its
+        """The request as placement sees it: a reclaim when its namespace's lease for its
         owner is reclaiming and the pod is one of the lease's workload's replicas (its owner
         references); where that workload names its replicas, the pod takes back its own lent
         group (``lent_group``: the replica's name, as the leasing controller recorded the

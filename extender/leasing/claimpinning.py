@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from common import contract, deviceattributes
+from common.coercion import items, mapping, text
 from common.errors import InvalidInput
 from common.model import Device, GpuUuid, Holder, NodeName, PodUid
 from extender.rightofreturn.lease import GpuLease, LentGroup
@@ -67,28 +68,16 @@ def device_index(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def _mapping(value: object) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _list(value: object) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
-def _str(value: object) -> str:
-    return value if isinstance(value, str) else ""
-
-
 def claim_devices(claim: Mapping[str, Any]) -> tuple[tuple[NodeName, str], ...]:
     """The tidelease devices allocated to ``claim``, as (node, device name) in the order of
     its results: those of driver ``gpu.tidelease.io`` (their pool is their node). Other
     drivers' devices, and an unallocated claim, give none."""
-    status = _mapping(claim.get("status"))
-    results = _list(_mapping(_mapping(status.get("allocation")).get("devices")).get("results"))
+    status = mapping(claim.get("status"))
+    results = items(mapping(mapping(status.get("allocation")).get("devices")).get("results"))
     out = []
     for result in results:
-        r = _mapping(result)
-        pool, device = _str(r.get("pool")), _str(r.get("device"))
+        r = mapping(result)
+        pool, device = text(r.get("pool")), text(r.get("device"))
         if r.get("driver") == deviceattributes.DRIVER and pool and device:
             out.append((NodeName(pool), device))
     return tuple(out)
@@ -120,11 +109,11 @@ class ClaimHolding:
 def reserved_pods(claim: Mapping[str, Any]) -> tuple[ReservedPod, ...]:
     """The pods of ``claim``'s ``status.reservedFor`` (entries of resource "pods", core group,
     with a name and a UID)."""
-    namespace = _str(_mapping(claim.get("metadata")).get("namespace"))
+    namespace = text(mapping(claim.get("metadata")).get("namespace"))
     out = []
-    for entry in _list(_mapping(claim.get("status")).get("reservedFor")):
-        e = _mapping(entry)
-        name, uid = _str(e.get("name")), _str(e.get("uid"))
+    for entry in items(mapping(claim.get("status")).get("reservedFor")):
+        e = mapping(entry)
+        name, uid = text(e.get("name")), text(e.get("uid"))
         if e.get("resource") == "pods" and not e.get("apiGroup") and name and uid:
             out.append(ReservedPod(namespace, name, PodUid(uid)))
     return tuple(out)
@@ -155,12 +144,12 @@ def claim_holdings(
         named = claim_devices(claim)
         if not named:
             continue
-        meta = _mapping(claim.get("metadata"))
+        meta = mapping(claim.get("metadata"))
         found = [known[n] for n in named if n in known]
         out.append(
             ClaimHolding(
-                namespace=_str(meta.get("namespace")),
-                claim=_str(meta.get("name")),
+                namespace=text(meta.get("namespace")),
+                claim=text(meta.get("name")),
                 node=found[0].node if found else NodeName(""),
                 devices=tuple(d.uuid for d in found),
                 pods=reserved_pods(claim),
@@ -206,21 +195,21 @@ def device_holders(
 
 
 def _where(claim: Mapping[str, Any]) -> str:
-    meta = _mapping(claim.get("metadata"))
-    return f"ResourceClaim {_str(meta.get('namespace'))}/{_str(meta.get('name'))}"
+    meta = mapping(claim.get("metadata"))
+    return f"ResourceClaim {text(meta.get('namespace'))}/{text(meta.get('name'))}"
 
 
 def _request(claim: Mapping[str, Any], wanted: int) -> str:
     """The name of the claim's one request, which must ask for exactly ``wanted`` devices."""
     where = _where(claim)
-    requests = _list(_mapping(_mapping(claim.get("spec")).get("devices")).get("requests"))
+    requests = items(mapping(mapping(claim.get("spec")).get("devices")).get("requests"))
     if len(requests) != 1:
         raise InvalidInput(
             f"{where} has {len(requests)} device requests: only a claim with one request can "
             "be pinned to a replica's lent devices"
         )
-    request = _mapping(requests[0])
-    name = _str(request.get("name"))
+    request = mapping(requests[0])
+    name = text(request.get("name"))
     exactly = request.get("exactly")
     if not name or not isinstance(exactly, Mapping):
         raise InvalidInput(
@@ -245,9 +234,9 @@ def _configs(claim: Mapping[str, Any], request: str) -> list[dict[str, Any]]:
     """The claim's configurations for ``request``, as kube-scheduler copies them into an
     allocation (``source: FromClaim``; tidelease's DeviceClasses carry none)."""
     out = []
-    for entry in _list(_mapping(_mapping(claim.get("spec")).get("devices")).get("config")):
-        config = dict(_mapping(entry))
-        requests = _list(config.get("requests"))
+    for entry in items(mapping(mapping(claim.get("spec")).get("devices")).get("config")):
+        config = dict(mapping(entry))
+        requests = items(config.get("requests"))
         if requests and request not in requests:
             continue
         out.append({"source": CONFIG_FROM_CLAIM, **config})
@@ -277,7 +266,7 @@ def pinned_allocation(claim: Mapping[str, Any], devices: Sequence[Device]) -> di
     one ``ExactCount`` request for as many devices as given, admin access; and for devices
     that are none, repeated, on several nodes, or more than an allocation may hold."""
     where = _where(claim)
-    if _mapping(claim.get("status")).get("allocation") is not None:
+    if mapping(claim.get("status")).get("allocation") is not None:
         raise InvalidInput(f"{where} is allocated already (an allocation is immutable)")
     if not devices:
         raise InvalidInput(f"{where}: no devices to pin")
@@ -305,11 +294,11 @@ def pinned_allocation(claim: Mapping[str, Any], devices: Sequence[Device]) -> di
 def finalizer_patch(claim: Mapping[str, Any]) -> dict[str, Any] | None:
     """The merge patch of ``claim``'s metadata that adds :data:`FINALIZER` (with its
     resourceVersion, so that it fails on a claim changed meanwhile), or None when it is set."""
-    meta = _mapping(claim.get("metadata"))
-    finalizers = [f for f in _list(meta.get("finalizers")) if isinstance(f, str)]
+    meta = mapping(claim.get("metadata"))
+    finalizers = [f for f in items(meta.get("finalizers")) if isinstance(f, str)]
     if FINALIZER in finalizers:
         return None
-    version = _str(meta.get("resourceVersion"))
+    version = text(meta.get("resourceVersion"))
     patch: dict[str, Any] = {"finalizers": [*finalizers, FINALIZER]}
     if version:
         patch["resourceVersion"] = version
@@ -320,10 +309,10 @@ def pin_patch(claim: Mapping[str, Any], group: str) -> dict[str, Any] | None:
     """The merge patch of ``claim``'s metadata that adds :data:`FINALIZER` and names the lent
     ``group`` in :data:`RETURNED_GROUP` (with its resourceVersion), or None when both are so."""
     patch = finalizer_patch(claim) or {"metadata": {}}
-    meta = _mapping(claim.get("metadata"))
-    if _mapping(meta.get("annotations")).get(RETURNED_GROUP) != group:
+    meta = mapping(claim.get("metadata"))
+    if mapping(meta.get("annotations")).get(RETURNED_GROUP) != group:
         patch["metadata"]["annotations"] = {RETURNED_GROUP: group}
-        version = _str(meta.get("resourceVersion"))
+        version = text(meta.get("resourceVersion"))
         if version:
             patch["metadata"]["resourceVersion"] = version
     return patch if patch["metadata"] else None
@@ -331,27 +320,27 @@ def pin_patch(claim: Mapping[str, Any], group: str) -> dict[str, Any] | None:
 
 def returned_group(claim: Mapping[str, Any] | None) -> str:
     """The lent group a pinned claim takes back (:data:`RETURNED_GROUP`), "" for none."""
-    annotations = _mapping(_mapping((claim or {}).get("metadata")).get("annotations"))
-    return _str(annotations.get(RETURNED_GROUP))
+    annotations = mapping(mapping((claim or {}).get("metadata")).get("annotations"))
+    return text(annotations.get(RETURNED_GROUP))
 
 
 def claim_stays(claim: Mapping[str, Any], live: Set[str]) -> bool:
     """Whether ``claim`` stays with its pod: not being deleted, and the pod that owns it (a
     template's claim) among ``live`` (pods present and not being deleted, by UID). A claim no
     pod owns stays while it exists."""
-    meta = _mapping(claim.get("metadata"))
+    meta = mapping(claim.get("metadata"))
     if meta.get("deletionTimestamp"):
         return False
-    owners = [_mapping(r) for r in _list(meta.get("ownerReferences"))]
-    pods = [_str(r.get("uid")) for r in owners if r.get("kind") == "Pod"]
+    owners = [mapping(r) for r in items(meta.get("ownerReferences"))]
+    pods = [text(r.get("uid")) for r in owners if r.get("kind") == "Pod"]
     return all(uid in live for uid in pods)
 
 
 def ungated(pod: Mapping[str, Any]) -> dict[str, Any] | None:
     """The merge patch of ``pod``'s spec that lifts :data:`RECLAIM_GATE` (other gates stay), or
     None when the pod does not carry it."""
-    gates = _list(_mapping(pod.get("spec")).get("schedulingGates"))
-    kept = [g for g in gates if _mapping(g).get("name") != RECLAIM_GATE]
+    gates = items(mapping(pod.get("spec")).get("schedulingGates"))
+    kept = [g for g in gates if mapping(g).get("name") != RECLAIM_GATE]
     if len(kept) == len(gates):
         return None
     return {"spec": {"schedulingGates": kept or None}}
@@ -379,25 +368,25 @@ class GatedPod:
 def gated_pod(pod: Mapping[str, Any]) -> GatedPod | None:
     """``pod`` as a :class:`GatedPod` while it carries :data:`RECLAIM_GATE` and is not being
     deleted; None otherwise."""
-    meta, spec = _mapping(pod.get("metadata")), _mapping(pod.get("spec"))
+    meta, spec = mapping(pod.get("metadata")), mapping(pod.get("spec"))
     if meta.get("deletionTimestamp"):
         return None
-    gates = _list(spec.get("schedulingGates"))
-    if not any(_mapping(g).get("name") == RECLAIM_GATE for g in gates):
+    gates = items(spec.get("schedulingGates"))
+    if not any(mapping(g).get("name") == RECLAIM_GATE for g in gates):
         return None
     created = {
-        _str(_mapping(s).get("name")): _str(_mapping(s).get("resourceClaimName"))
-        for s in _list(_mapping(pod.get("status")).get("resourceClaimStatuses"))
+        text(mapping(s).get("name")): text(mapping(s).get("resourceClaimName"))
+        for s in items(mapping(pod.get("status")).get("resourceClaimStatuses"))
     }
     claims = []
-    for ref in _list(spec.get("resourceClaims")):
-        r = _mapping(ref)
-        direct = _str(r.get("resourceClaimName"))
-        claims.append(direct or created.get(_str(r.get("name")), ""))
+    for ref in items(spec.get("resourceClaims")):
+        r = mapping(ref)
+        direct = text(r.get("resourceClaimName"))
+        claims.append(direct or created.get(text(r.get("name")), ""))
     return GatedPod(
-        _str(meta.get("namespace")),
-        _str(meta.get("name")),
-        PodUid(_str(meta.get("uid"))),
+        text(meta.get("namespace")),
+        text(meta.get("name")),
+        PodUid(text(meta.get("uid"))),
         tuple(claims),
     )
 
@@ -503,7 +492,7 @@ def next_claim_step(
         claim = claims.get((pod.namespace, pod.claims[0])) if pod.claims[0] else None
         if claim is None:
             continue  # the claim controller has not made it yet, or the watch lags
-        if _mapping(claim.get("status")).get("allocation") is not None:
+        if mapping(claim.get("status")).get("allocation") is not None:
             return Ungate(pod, f"its claim {pod.claims[0]} is allocated")
         wanted = [devices.get(u) for u in group.devices]
         lost = [

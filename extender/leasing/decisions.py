@@ -30,8 +30,10 @@ Loans: a standby device a reclaim takes stands in for a lent device that could n
 owner holds it, and goes back to the pool when the replica holding it is released; the lent
 device it stands in for stays lent, and comes back at a later reclaim once it can. So the
 devices the owner holds or has lent are always the devices it held before lending: the same
-number, of the same types and tiers (weflex 3.5: "the stable proportion of HA devices"), with
-nothing lent twice and nothing kept for good from the standby pool.
+number, of the same types and tiers (so its share of high-availability devices stays what it
+was), with nothing lent twice and nothing kept for good from the standby pool.
+
+Reference: weflex 3.5, "the stable proportion of HA devices" (docs/references.md).
 """
 
 from __future__ import annotations
@@ -76,8 +78,9 @@ class View:
     devices: Mapping[GpuUuid, Device]
     holders: Mapping[GpuUuid, Holder]
     offering: Mapping[str, bool]
-    # How bad evicting these borrowers is (smaller is better): cornucopia's partial-preemption
-    # rule when the controller knows the jobs (extender.queues.preemption.eviction_cost);
+    # How bad evicting these borrowers is (smaller is better): the shared queues' partial
+    # preemption rule (queue hit, jobs halted, throughput lost; cornucopia Algorithm 3) when the
+    # controller knows the jobs (extender.queues.preemptionorder.eviction_cost);
     # None: every borrower counts the same.
     eviction_cost: Callable[[Sequence[Holder]], tuple[int, int, float]] | None = None
     # Where the caller keeps the answer of stale_tags up to date as devices change (the cluster

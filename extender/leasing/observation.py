@@ -21,7 +21,7 @@ from extender.leasing import claimpinning
 from extender.leasing.decisions import OwnerPod, View
 from extender.queues.allocation import JobView
 from extender.queues.jobviews import held_by_job, job_views
-from extender.queues.preemption import eviction_cost
+from extender.queues.preemptionorder import eviction_cost
 from extender.rightofreturn.lease import GpuLease
 
 
@@ -102,8 +102,9 @@ def _holder(raw: Mapping[str, Any], granted: Collection[str]) -> Holder | None:
 def _eviction_cost(
     cluster: ClusterState, pods: PodCache
 ) -> Callable[[Sequence[Holder]], tuple[int, int, float]]:
-    """Cornucopia's cost of evicting borrowers, over the jobs of the watched pods (built on
-    first use: most steps evict nobody)."""
+    """The cost of evicting borrowers by the shared queues' rule (queue hit, jobs halted,
+    throughput lost; cornucopia), over the jobs of the watched pods (built on first use: most
+    steps evict nobody)."""
     allocations = [a for state in cluster for a in state.allocations.values()]
     known: list[tuple[dict[JobKey, JobView], dict[PodUid, int]]] = []
 

@@ -7,7 +7,7 @@ Nothing here re-implements a rule. Nodes are chosen by
 :func:`extender.scheduler.scoring.prioritize_nodes` over a
 :class:`extender.cluster.state.ClusterState` (as kube-scheduler with the extender would), devices
 by :func:`extender.scheduler.placement.pick_devices`, victims by
-:func:`extender.scheduler.preemption.choose_victims`; the leasing controller's every step (lend,
+:func:`extender.scheduler.victims.choose_victims`; the leasing controller's every step (lend,
 tag, scale, notice, evict, clear tags) is :func:`extender.leasing.decisions.decide`, executed on
 the simulated world (:func:`extender.leasing.execution.execute`), and the standby pool is topped
 up by :func:`extender.rightofreturn.rules.standby_changes`. What the simulator adds is time,

@@ -24,7 +24,6 @@ from typing import Any, TextIO
 from common.errors import InvalidInput
 from extender.leasingsim.controlling import Policy
 from extender.leasingsim.estimating import DEFAULT_SEEDS, LEVEL, seeds_from
-from extender.leasingsim.executing import Runner
 from extender.leasingsim.loading import cluster_document, load_cluster, load_trace, trace_csv
 from extender.leasingsim.metrics import over_seeds
 from extender.leasingsim.reporting import (
@@ -34,6 +33,7 @@ from extender.leasingsim.reporting import (
     seeds_note,
     sizing_table,
 )
+from extender.leasingsim.runner import Runner
 from extender.leasingsim.scenario import Scenario, check, draw_failures
 from extender.leasingsim.simulating import RunResult, SimSettings
 from extender.leasingsim.sizing import TARGET, Sizing, default_sizes, sweep

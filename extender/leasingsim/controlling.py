@@ -97,10 +97,11 @@ class ReclaimRecord:
     completes, by kind: the owner's own lent devices (*returned*, the same devices back, from
     any of its lent groups), standby devices on loan (*backfilled*), and anything else
     (*foreign*: free or preempted devices, what placement found). A due device is *matched* by
-    a returned or backfilled device of the same GPU type and an equal or better tier (weflex
-    FETCHSTANDBY(k, r): reliability >= r), each device matching one due device, best tiers
-    first. The reclaim is *full* when every due device is matched and the reclaim completed
-    within the grace period plus 10 s.
+    a returned or backfilled device of the same GPU type and an equal or better tier (a stand-in
+    is at least as reliable as what it replaces: FETCHSTANDBY(k, r) of weflex Algorithm 1,
+    reliability >= r), each device matching one due device, best tiers first. The reclaim is
+    *full* when every due device is matched and the reclaim completed within the grace period
+    plus 10 s.
     """
 
     minute: int  # when it started

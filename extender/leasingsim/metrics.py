@@ -1,9 +1,10 @@
 """What a run measures: time series sampled every step, and their summary. Pure.
 
-* **HA share** of the online jobs (weflex fig. 14): of *the online jobs' GPUs*, the share of HA
-  tier. Their GPUs are the devices their pods hold, but standby devices on loan (the pool's,
-  standing in for lent devices that could not come back yet), plus the devices they have lent with
-  right of return (tagged with their name, due back), each device once. Under right of return this
+* **HA share** of the online jobs (does lending cost them reliable devices?): of *the online
+  jobs' GPUs*, the share of HA tier (high availability: never down in the tier window). Their
+  GPUs are the devices their pods hold, but standby devices on loan (the pool's, standing in for
+  lent devices that could not come back yet), plus the devices they have lent with right of
+  return (tagged with their name, due back), each device once. Under right of return this
   is the set they held before lending, whatever the tide; without it (no return, no scaling) it is
   what they hold. How good the stand-ins are is measured by the reclaims. *start*: the pre-lease
   placement. It is compared at each day's online peak (the step where the jobs hold the most
@@ -11,9 +12,9 @@
   *max* the extremes over the days, *drift* the largest distance from *start*. *steps drift*: the
   largest distance from *start* over every step (for right of return the share is flat through the
   day too; without it, the share of what is held moves with the tide).
-* **Fulfilment** of the borrowers (weflex fig. 10): GPUs their running pods hold over GPUs
-  asked by every borrower that is pending or running. *trough*: mean over the steps where the
-  online demand is in its lowest quarter; *peak*: in its highest quarter.
+* **Fulfilment** of the borrowers (how much of what they ask they get): GPUs their running pods hold
+  over GPUs asked by every borrower that is pending or running. *trough*: mean over the steps where
+  the online demand is in its lowest quarter; *peak*: in its highest quarter.
 * **Reclaims** (:class:`~.controlling.ReclaimRecord`): a reclaim asks back the devices of the
   lent groups it takes back (*due*); it is *full* when each due device is matched, by the same
   device or another of the owner's lent devices or a standby device on loan, of the same GPU
@@ -27,6 +28,8 @@
 
 Over several seeds each figure of a :class:`Summary` is the mean of its per-seed values with
 a t interval (:func:`over_seeds`, :mod:`~extender.leasingsim.estimating`).
+
+Reference: weflex fig. 14 (HA share), fig. 10 (fulfilment) (docs/references.md).
 """
 
 from __future__ import annotations

@@ -72,9 +72,9 @@ def _mean_band(
 
 
 def ha_share(results: Sequence[RunResult] | Sequence[Runs], path: Path) -> Path:
-    """weflex fig. 14: the HA share of the online jobs' GPUs at each day's online peak, per
-    policy; for right of return also at every step (its GPUs are the same all day: held, on
-    loan or lent), against the pre-lease share and the cluster's average."""
+    """The HA share of the online jobs' GPUs at each day's online peak, per policy; for right
+    of return also at every step (its GPUs are the same all day: held, on loan or lent),
+    against the pre-lease share and the cluster's average (as weflex fig. 14 plots it)."""
     groups = _groups(results)
     fig = Figure(figsize=(10, 4.5))
     ax = fig.add_subplot()
@@ -125,7 +125,8 @@ def ha_share(results: Sequence[RunResult] | Sequence[Runs], path: Path) -> Path:
 
 
 def fulfilment(results: Sequence[RunResult] | Sequence[Runs], path: Path) -> Path:
-    """weflex fig. 10: borrowers' request fulfilment over time, against the online demand."""
+    """Borrowers' request fulfilment over time, against the online demand (as weflex fig. 10
+    plots it)."""
     groups = _groups(results)
     fig = Figure(figsize=(10, 4.5))
     ax = fig.add_subplot()

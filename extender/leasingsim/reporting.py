@@ -277,7 +277,9 @@ def findings(
     sizing: Sizing | None,
     total_gpus: int,
 ) -> str:
-    """The results in words: weflex figures 14 and 10, and the standby answer."""
+    """The results in words: the online jobs' HA share by policy, the borrowers' fulfilment in
+    the online troughs and peaks (the report's "fig. 14" and "fig. 10" lines: weflex figures 14
+    and 10), the reclaims, and the standby answer."""
     groups = _groups(summaries)
     by = {g[0].policy: g for g in groups}
     lines = ["Findings:"]

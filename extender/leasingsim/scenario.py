@@ -11,8 +11,11 @@ Time in a trace is whole minutes from its start (``start``, UTC epoch seconds, i
   (node, index, time, repair time). Failures may instead be drawn from the cluster's
   :class:`FailureModel`.
 
-Tiers are assessed over a two-week window (weflex 3.5); a trace is at most a window long, so a
-device keeps its tier for the whole run. Failures change its health, not its tier.
+A device's tier is assessed from its availability over a two-week window; a trace is at most a
+window long, so a device keeps its tier for the whole run. Failures change its health, not its
+tier.
+
+Reference: weflex 3.5 (docs/references.md).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ devices of :func:`extender.scheduler.placement.pick_devices`, recorded in the no
 When no node passes, high-priority pods preempt as kube-scheduler's DefaultPreemption does: from
 a random node (seeded), it collects the nodes the filter marked as resolvable by eviction
 (``FailedNodes``) until it has ``max(10 % of the nodes, 100)`` candidates, asks the extender's
-preempt (:func:`extender.scheduler.preemption.choose_victims` per node), evicts the victims of the
+preempt (:func:`extender.scheduler.victims.choose_victims` per node), evicts the victims of the
 node with the fewest (ties by name) and runs the cycle once more.
 
 Three shortcuts keep a two-week run of 10,000 GPUs fast, none changing an answer:
@@ -44,8 +44,8 @@ from extender.scheduler.placement import (
     plan_node,
     remembered_plans,
 )
-from extender.scheduler.preemption import choose_victims
 from extender.scheduler.scoring import ScoreWeights, prioritize_nodes
+from extender.scheduler.victims import choose_victims
 
 Evict = Callable[[Holder], object]
 Victims = tuple[int, tuple[Holder, ...] | None]  # at a node version, choose_victims' answer

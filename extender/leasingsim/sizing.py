@@ -1,14 +1,15 @@
 """How large a standby pool must be: sweep sizes, keep the smallest that meets the target. Pure.
 
-The question (weflex 3.3 leaves it to estimation): the smallest standby pool with which at
-least 99.9 % of reclaims are *full* under the cluster's failure model. A reclaim is full when
-every device it asks back is matched, by the same device or another of the owner's lent
-devices or a standby device on loan, of the same GPU type and an equal or better tier, within
-the grace period + 10 s (:class:`~extender.leasingsim.controlling.ReclaimRecord`). Lent devices
-fail while lent; a replica whose devices cannot all come back takes a whole node of standby
-devices on loan, so the pool must hold whole nodes, of tiers as good as the groups they stand
-in for. The pool's size is split over GPU types and tiers in proportion to the devices the
-online jobs hold at the start (:func:`~extender.leasingsim.controlling.standby_targets`).
+The question (the paper gives its pool only as "dozens of spare nodes", leaving the size to
+estimation): the smallest standby pool with which at least 99.9 % of reclaims are *full* under the
+cluster's failure model. A reclaim is full when every device it asks back is matched, by the same
+device or another of the owner's lent devices or a standby device on loan, of the same GPU type and
+an equal or better tier, within the grace period + 10 s
+(:class:`~extender.leasingsim.controlling.ReclaimRecord`). Lent devices fail while lent; a replica
+whose devices cannot all come back takes a whole node of standby devices on loan, so the pool must
+hold whole nodes, of tiers as good as the groups they stand in for. The pool's size is split over
+GPU types and tiers in proportion to the devices the online jobs hold at the start
+(:func:`~extender.leasingsim.controlling.standby_targets`).
 
 The sweep runs the right-of-return policy once per size and seed, in ascending order of size,
 ``batch`` sizes at a time (they may run in parallel). Over several seeds each size's share of
@@ -20,6 +21,8 @@ monotone in the size; the answer is the smallest size from which ``confirm`` con
 sizes all meet the target, and the sweep stops there. The answer is therefore non-decreasing in
 the target (a size that meets a higher target meets a lower one). Only sizes up to the last one
 confirming are reported, so the report does not depend on ``batch``.
+
+Reference: weflex 3.3 (docs/references.md).
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The built-in cluster and trace, generated deterministically from a seed. Pure.
 
 **Cluster**: 1,250 nodes of 8 GPUs (10,000 GPUs): 1,000 H20 nodes and 250 A100 nodes. About 48 %
-of the GPUs start out held by online jobs (weflex 4.3.1); those nodes are a little more reliable
-than the rest (74 % HA against a cluster average of 70 %, weflex 4.7 and fig. 5).
+of the GPUs start out held by online jobs, as in the paper's production cluster; those nodes are
+a little more reliable than the rest (74 % HA against a cluster average of 70 %, as measured
+there).
 
 **Online demand** (:func:`tide`): per job, a daily tide with its trough around 04:00 and a broad
 high from late morning to the evening, lower at weekends, with slow multiplicative noise (an
@@ -10,10 +11,12 @@ AR(1) process); the trough is 16-24 % of the peak, so the peak is at least 4x th
 
 **Borrowers**: Poisson arrivals of low-priority jobs (1, 2, 4 or 8 GPUs; running times
 log-normal around 12 h; patience a day), plus a backlog already waiting at minute 0, enough that
-borrowers get well under half of what they ask at the online peak (weflex 4.3.2: about 40 %).
+borrowers get well under half of what they ask at the online peak (the paper saw about 40 %).
 
 **Failures**: drawn from the cluster's failure model (:func:`~.scenario.draw_failures`): LA
 devices fail most often, HA least.
+
+Reference: weflex 4.3.1 (48 %), 4.3.2 (40 %), 4.7 and fig. 5 (74 %, 70 %) (docs/references.md).
 """
 
 from __future__ import annotations

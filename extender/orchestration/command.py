@@ -109,8 +109,8 @@ async def _main(args: argparse.Namespace, settings: Any, identity: str) -> None:
     from common.kubeclient import KubeClient
     from common.leaderelection import LeaderElector
     from extender.orchestration.controller import LEASE_NAME, Orchestrator, run_orchestrator
-    from extender.orchestration.executing import Executor, KubeExec, NullExecutor
     from extender.orchestration.metrics import OrchestratorMetrics
+    from extender.orchestration.podexec import Executor, KubeExec, NullExecutor
     from extender.orchestration.storing import KubeJobStore
 
     stop = asyncio.Event()

@@ -1,6 +1,6 @@
 """The orchestrator: keeps every orchestrated job's pod readiness by role from a pod watch,
-evaluates the job's DAG on every change and issues the commands whose preconditions hold
-(weflex 3.4, figure 8). Keeps each elastic Horovod job's discover_hosts ConfigMap current.
+evaluates the job's DAG on every change and issues the commands whose preconditions hold.
+Keeps each elastic Horovod job's discover_hosts ConfigMap current.
 
 Idempotent and restartable: before issuing, a RUNNING record is written to the job's ConfigMap
 by compare-and-swap against the freshly read records (:func:`records.claim`), and after the
@@ -14,6 +14,8 @@ its ConfigMap or of one of its pods, a command ending, and every ``resync_s`` re
 reconcile that leaves a retry or a takeover ahead asks to run again then (``Requeue``). The
 loop decides *when* a job is looked at; the commands themselves run as tasks of their own,
 ``max_parallel`` at a time, with their retries and backoff kept in the job's records.
+
+Reference: weflex 3.4, figure 8 (docs/references.md).
 """
 
 from __future__ import annotations
@@ -33,8 +35,14 @@ from common.objects import object_key
 from common.reconcile import ReconcileLoop, ReconcileSettings, Requeue, Result, run_checked
 from common.watches import Watches
 from extender.orchestration.evaluation import Evaluation, Issue, evaluate
-from extender.orchestration.executing import OUTPUT_TAIL, ExecRequest, Executor
 from extender.orchestration.graph import Dag, load
+from extender.orchestration.jobreadiness import (
+    LABEL_JOB,
+    PodState,
+    Snapshot,
+    job_of,
+    pod_state,
+)
 from extender.orchestration.jobs import (
     JOB,
     LABEL_ORCHESTRATION,
@@ -43,6 +51,7 @@ from extender.orchestration.jobs import (
     parse_job,
 )
 from extender.orchestration.metrics import OrchestratorMetrics
+from extender.orchestration.podexec import OUTPUT_TAIL, ExecRequest, Executor
 from extender.orchestration.records import (
     Record,
     State,
@@ -59,13 +68,6 @@ from extender.orchestration.rendering import (
     discover_hosts_script,
     hosts_lines,
     render,
-)
-from extender.orchestration.snapshot import (
-    LABEL_JOB,
-    PodState,
-    Snapshot,
-    job_of,
-    pod_state,
 )
 from extender.orchestration.storing import JobStore
 

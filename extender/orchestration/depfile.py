@@ -1,6 +1,7 @@
-"""The dependency file a framework ships (weflex 3.4): roles, commands and preconditions.
-Parsed and validated once, into frozen values; every problem is reported at once, each with its
-place in the file (``commands[2].after[0]: unknown command "ray-head"``). Pure.
+"""The dependency file a framework ships: its commands, the role of the pods each runs in, and what
+must hold before each runs (its preconditions). Parsed and validated once, into frozen values; every
+problem is reported at once, each with its place in the file (``commands[2].after[0]: unknown
+command "ray-head"``). Pure.
 
 .. code-block:: yaml
 
@@ -25,6 +26,8 @@ place in the file (``commands[2].after[0]: unknown command "ray-head"``). Pure.
                                        # it still runs (or exited 0) after settleSeconds
 
 docs/orchestration.md describes the semantics.
+
+Reference: weflex 3.4 (docs/references.md).
 """
 
 from __future__ import annotations

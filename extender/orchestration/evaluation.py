@@ -1,6 +1,7 @@
-"""Which commands to issue now: the DAG, the readiness snapshot and the records in, the issues
-and the reasons for waiting out (weflex 3.4's "DAG query"). Pure, and cheap enough to run on
-every pod status change (benchmarks/bench_orchestrator.py: a 1,000-pod job well under 10 ms).
+"""Which commands to issue now, checking before each that what it depends on is done and its
+conditions hold: the DAG, the readiness snapshot and the records in, the issues and the reasons
+for waiting out. Pure, and cheap enough to run on every pod status change
+(benchmarks/bench_orchestrator.py: a 1,000-pod job well under 10 ms).
 
 A command is issued into a pod when
 - every command in its ``after`` is done (an ``on: each`` command counts as done once it is
@@ -8,6 +9,8 @@ A command is issued into a pod when
 - every ``when`` condition holds on the snapshot,
 - the pod is a ready pod of the command's role (``one``: the first such pod by name),
 - its record allows an attempt (not done, not given up, not in flight, not backing off).
+
+Reference: weflex 3.4, its "DAG query" (docs/references.md).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from dataclasses import dataclass
 
 from extender.orchestration.depfile import Command, Target
 from extender.orchestration.graph import Dag
+from extender.orchestration.jobreadiness import PodState, Snapshot
 from extender.orchestration.records import (
     Record,
     Records,
@@ -26,7 +30,6 @@ from extender.orchestration.records import (
     issue_key,
     record_of,
 )
-from extender.orchestration.snapshot import PodState, Snapshot
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,7 @@
 """The dependency file as a DAG: one node per command, an edge from each command named in
-``after`` to the command that waits for it (weflex 3.4). Pure.
+``after`` to the command that waits for it. Pure.
+
+Reference: weflex 3.4 (docs/references.md).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from extender.orchestration.snapshot import PodState, Snapshot
+from extender.orchestration.jobreadiness import PodState, Snapshot
 
 PLACEHOLDER = re.compile(r"\{\{\s*([a-z]+)(?::([A-Za-z0-9._-]+))?\s*\}\}")
 ROLE_FIELDS = frozenset({"address", "addresses", "hosts", "count", "replicas"})

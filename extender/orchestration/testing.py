@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 from common.errors import NotFound, Unavailable
-from extender.orchestration.executing import ExecRequest, ExecResult
+from extender.orchestration.jobreadiness import LABEL_JOB, LABEL_ROLE
 from extender.orchestration.jobs import (
     DATA_DEPENDENCIES,
     DATA_REPLICAS,
@@ -20,8 +20,8 @@ from extender.orchestration.jobs import (
     LABEL_ORCHESTRATION,
     JobRef,
 )
+from extender.orchestration.podexec import ExecRequest, ExecResult
 from extender.orchestration.records import ANN_RECORDS, Record, dump_records, parse_records
-from extender.orchestration.snapshot import LABEL_JOB, LABEL_ROLE
 from extender.orchestration.storing import Change
 
 

@@ -1,16 +1,23 @@
-"""The online planner (kale 3.4): forecast -> minimal workers -> stabilised plan -> target, with
-a reactive fallback on measured lag. Pure: the caller gives the forecast, the model and the
+"""The online planner: forecast -> minimal workers -> stabilised plan -> target, with a
+reactive fallback on measured lag. Pure: the caller gives the forecast, the model and the
 measurements; :func:`plan_online` returns the workers to hold now and why.
 
-Lead time. Workers asked for now are serving only after the prelaunch window ``W`` (weflex eq.
-1-3, computed elsewhere and passed in as ``lead_s``) plus the pause of the restart. So the target
-now is the largest stabilised count over ``[now, now + lead_s + pause_s]``: capacity for a rise
-is asked for ``W`` ahead of it, and capacity is only released once no step inside the window
-still needs it.
+For each step of the forecast, the fewest workers whose predicted throughput exceeds the
+predicted traffic (:mod:`extender.planner.throughput`); that series, led by the count held now,
+is stabilised (:mod:`extender.planner.stabilizing`: a count that would last less than ``tau_s``
+takes the larger of its neighbours), so that short-lived changes are not made.
 
-Fallback (kale 3.4.3). When the measured lag exceeds ``lag_threshold_s`` the forecast was wrong
-(a spike, a slower GPU): the target becomes at least the fewest workers that both keep up with
-the measured rate and drain the backlog within ``drain_s``.
+Lead time. Workers asked for now are serving only after the prelaunch window ``W`` (how long a new
+worker takes to be ready: :mod:`common.prelaunch`, computed elsewhere and passed in as ``lead_s``)
+plus the pause of the restart. So the target now is the largest stabilised count over
+``[now, now + lead_s + pause_s]``: capacity for a rise is asked for ``W`` ahead of it, and capacity
+is only released once no step inside the window still needs it.
+
+Fallback. When the measured lag exceeds ``lag_threshold_s`` the forecast was wrong (a spike, a
+slower GPU): the target becomes at least the fewest workers that both keep up with the measured
+rate and drain the backlog within ``drain_s``.
+
+Reference: kale 3.4 (3.4.1 eq. 10, 3.4.2 Algorithm 1, 3.4.3); weflex eq. 1-3 (docs/references.md).
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ class OnlineSettings:
     max_workers: int = 256
     lag_threshold_s: float = 300.0  # fallback trigger
     drain_s: float = 900.0  # the fallback drains the backlog within this
-    headroom: float = 0.0  # plan for forecast * (1 + headroom); 0 is kale's eq. 10 as written
+    headroom: float = 0.0  # plan for forecast * (1 + headroom); 0: the forecast as is (kale eq. 10)
 
     def validate(self) -> list[str]:
         problems = []
@@ -75,13 +82,14 @@ class Measurements:
 class OnlineDecision:
     workers: int
     reason: Reason
-    initial_plan: tuple[int, ...]  # eq. 10 per forecast step, led by the current count
-    plan: tuple[int, ...]  # after Algorithm 1
+    initial_plan: tuple[int, ...]  # fewest workers per step (kale eq. 10), led by the count now
+    plan: tuple[int, ...]  # after the stabilisation (kale Algorithm 1)
     calibrations: int
 
 
 def workers_for(table: CapacityTable, traffic: float, s: OnlineSettings) -> tuple[int, bool]:
-    """Eq. 10 within the allowed range; ``(max_workers, True)`` when not even that is enough."""
+    """The fewest workers that carry ``traffic`` (kale eq. 10), within the allowed range;
+    ``(max_workers, True)`` when not even that is enough."""
     w = table.min_workers(traffic)
     return (s.max_workers, True) if w is None else (w, False)
 
@@ -95,8 +103,8 @@ def plan_online(
     """Workers to hold from now on.
 
     ``forecast[k]`` is the predicted rate at ``now + k * step_s`` for ``k = 0..horizon``. The
-    series handed to Algorithm 1 starts with the count held now, so that a short excursion
-    right at the start of the plan is calibrated like any other.
+    series handed to the stabilisation (kale Algorithm 1) starts with the count held now, so
+    that a short excursion right at the start of the plan is calibrated like any other.
     """
     table = CapacityTable.build(model, settings.min_workers, settings.max_workers)
     counts: list[int] = []

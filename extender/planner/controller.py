@@ -1,5 +1,5 @@
 """The live planner: every planning step, each opted-in GpuLease's ``spec.desiredGPUs`` becomes
-what the online planner (kale 3.4) says, ``W`` ahead of the traffic.
+what the online planner (:mod:`extender.planner.autoscaling`) says, ``W`` ahead of the traffic.
 
 Runs in the extender deployment under its own leader election (``tidelease extender --planner``). It
 watches GpuLeases; each one annotated ``tidelease.io/planner: "true"`` is a key of the controller's
@@ -15,6 +15,8 @@ counted, and leave the lease as it is. Other changes to a lease (our own write a
 plan it again before its step: planning is paced by the step, not by edits. Nothing is stored
 locally: the history is re-read from the source each step, so a restarted or new leader decides as
 the last one did.
+
+Reference: kale 3.4 (docs/references.md).
 """
 
 from __future__ import annotations

@@ -1,16 +1,19 @@
-"""Traffic forecasting (kale 3.2) behind a small interface, with a seasonal default. Pure.
+"""Traffic forecasting (the samples/s a job will receive at each coming planning step) behind
+a small interface, with a seasonal default. Pure.
 
-Kale uses a FEDformer-style Transformer and says the forecaster is pluggable. The default here
-is a seasonal profile with exponential smoothing, numpy-free and cheap enough to update every
-planning step: an hour-of-week profile captures the weekly tide (weekends differ from
-weekdays), an hour-of-day profile stands in for hours of the week not seen yet (the first
-week), and an exponentially smoothed level tracks how this week differs from the last::
+The paper the planner follows uses a FEDformer-style Transformer and says the forecaster is
+pluggable. The default here is a seasonal profile with exponential smoothing, numpy-free and cheap
+enough to update every planning step: an hour-of-week profile captures the weekly tide (weekends
+differ from weekdays), an hour-of-day profile stands in for hours of the week not seen yet (the
+first week), and an exponentially smoothed level tracks how this week differs from the last::
 
     p(t)   = profile at t, interpolated linearly between bucket centres
     level ← alpha * y / p(t) + (1 - alpha) * level          (clamped to 0.5..2 per observation)
     s[b]  ← s[b] + gamma * (y - p(t))                    (b: the hour-of-week bucket of t)
     y_hat(t)  = level * p(t)
 State is a frozen value: ``observe`` returns a new one, so a planner can be replayed.
+
+Reference: kale 3.2 (docs/references.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Kale Algorithm 1: calibrate an autoscaling plan so that short-lived changes are not made. Pure.
+"""Calibrate an autoscaling plan so that short-lived changes are not made. Pure.
 
 The plan is a series of worker counts ``R = r0..rn``, one per planning step of ``step_s``
 seconds. Walking it, wherever two successive counts differ by at least ``rho``, the run of equal
@@ -7,6 +7,8 @@ its counts are replaced by the larger of the counts just before and just after i
 ``max(r_start, r_end)``). The paper's loop bound (``i < n - 1``) is kept: a run that reaches the
 end of the series has no "after" and is never calibrated. Defaults are the paper's: ``rho = 1``,
 ``tau = 10 min``.
+
+Reference: kale 3.4.2, Algorithm 1 (CALCDURATION, CALIBRATE) (docs/references.md).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ def stabilize_with_reasons(
     rho: int = DEFAULT_RHO,
     tau_s: float = DEFAULT_TAU_S,
 ) -> tuple[tuple[int, ...], tuple[Calibration, ...]]:
-    """Algorithm 1, returning the calibrated plan and each calibration made."""
+    """The calibrated plan and each calibration made (kale Algorithm 1)."""
     r = list(plan)
     n = len(r) - 1  # the paper's R = {r0, ..., rn}
     done: list[Calibration] = []
@@ -63,5 +65,5 @@ def stabilize_with_reasons(
 def stabilize(
     plan: Sequence[int], step_s: float, *, rho: int = DEFAULT_RHO, tau_s: float = DEFAULT_TAU_S
 ) -> tuple[int, ...]:
-    """Algorithm 1: the calibrated plan."""
+    """The calibrated plan (kale Algorithm 1)."""
     return stabilize_with_reasons(plan, step_s, rho=rho, tau_s=tau_s)[0]

@@ -7,12 +7,15 @@ traffic source and hands them here; this module turns them into the inputs of
 
 * the traffic history (``(time, samples/s)`` every planning step) is folded into the seasonal
   forecaster from scratch, and the forecast read at ``now + k * step_s`` for the horizon;
-* the ``(workers, samples/s)`` pairs of the throughput history are fitted by NNLS (kale eq. 6 or
-  9, :func:`~extender.planner.throughput.fit_throughput`);
+* the ``(workers, samples/s)`` pairs of the throughput history are fitted by non-negative least
+  squares (NNLS) to the throughput model, synchronous or asynchronous training
+  (:func:`~extender.planner.throughput.fit_throughput`);
 * the measured rate, backlog and lag of now feed the lag fallback.
 
 Nothing is kept between steps: a restarted planner reads the same history again and decides the
 same way. GPUs are workers times the lease's ``gpusPerReplica`` (one worker per replica).
+
+Reference: kale eq. 6 and 9 (docs/references.md).
 """
 
 from __future__ import annotations

@@ -1,18 +1,22 @@
-"""The resource-throughput model of online training (kale 3.3, eq. 6 and 9), fitted by NNLS. Pure.
+"""How many samples/s an online training job processes with ``w`` workers: the model, fitted by
+non-negative least squares (NNLS) to measured pairs. Pure.
 
-With the worker-to-parameter-server ratio held constant (as kale does), the throughput of ``w``
-workers is, for synchronous training (eq. 6, times the global batch size ``M`` of eq. 4)::
+With the worker-to-parameter-server ratio held constant (as the paper does), the throughput of
+``w`` workers is, for synchronous training (every step waits for all workers; ``M`` the global
+batch size)::
 
     f_sync(w) = M / (theta0 + theta1/w + theta2/w^2 + theta3*w)
 
-and for asynchronous training (eq. 9, times the per-worker batch)::
+and for asynchronous training (workers step independently; ``scale`` the per-worker batch)::
 
     f_async(w) = scale * w / (theta0 + theta1/w + theta2*w)
 
 Both are linear in theta once inverted (``scale/f = theta*x(w)`` and
-``scale*w/f = theta*x(w)``), so the non-negative theta of kale are found by non-negative
-least squares on observed (workers, samples/s) pairs. :func:`min_workers` is kale's eq. 10:
-the fewest workers whose predicted throughput exceeds a traffic rate.
+``scale*w/f = theta*x(w)``), so the non-negative theta are found by non-negative least squares
+on observed (workers, samples/s) pairs. :func:`min_workers` answers the planner's question: the
+fewest workers whose predicted throughput exceeds a traffic rate.
+
+Reference: kale 3.3 (eq. 4, 6 and 9), 3.4.1 (eq. 10) (docs/references.md).
 """
 
 from __future__ import annotations
@@ -30,8 +34,8 @@ from common.errors import InvalidInput
 
 
 class Form(enum.Enum):
-    SYNC = "sync"  # eq. 6
-    ASYNC = "async"  # eq. 9
+    SYNC = "sync"  # synchronous training (kale eq. 6)
+    ASYNC = "async"  # asynchronous training (kale eq. 9)
 
 
 def _features(form: Form, w: float) -> tuple[float, ...]:
@@ -42,11 +46,11 @@ def _features(form: Form, w: float) -> tuple[float, ...]:
 
 @dataclass(frozen=True, slots=True)
 class ThroughputModel:
-    """Kale's fitted throughput function of the worker count (samples/s)."""
+    """The fitted throughput function of the worker count (samples/s; kale 3.3)."""
 
     form: Form
     theta: tuple[float, ...]
-    scale: float = 1.0  # M of eq. 4 for sync, the per-worker batch for async
+    scale: float = 1.0  # global batch M for sync (kale eq. 4), the per-worker batch for async
 
     def predict(self, workers: int) -> float:
         if workers <= 0:
@@ -105,7 +109,7 @@ def fit_throughput(obs: Sequence[Observation], form: Form, scale: float = 1.0) -
 def min_workers(
     model: ThroughputModel, traffic: float, *, lowest: int = 1, highest: int = 1024
 ) -> int | None:
-    """Kale eq. 10: the fewest workers in ``lowest..highest`` with ``f(w) > traffic``; ``None``
+    """The fewest workers in ``lowest..highest`` with ``f(w) > traffic`` (kale eq. 10); ``None``
     when no count in range is enough (the caller then holds ``highest``)."""
     for w in range(max(1, lowest), highest + 1):
         if model.predict(w) > traffic:

@@ -5,7 +5,7 @@ The policies are the live code's: the forecast planner is
 :func:`extender.planner.autoscaling.plan_online` over :mod:`extender.planner.forecasting` and a
 fitted :mod:`extender.planner.throughput` model; the shared queues are
 :mod:`extender.queues.mlfq`, :mod:`extender.queues.allocation` and
-:mod:`extender.queues.preemption`. What the simulator adds is the traffic, the jobs and the
+:mod:`extender.queues.preemptionorder`. What the simulator adds is the traffic, the jobs and the
 baselines:
 
 * :mod:`.traces` — the embedded tidal trace: three weeks of per-minute traffic;
@@ -21,6 +21,9 @@ baselines:
 
 Only :mod:`.comparison`, :mod:`.figures` and :mod:`.cli` do I/O (files, clock, plots); the
 modules that say they are pure are checked by tests/unit/test_layers.py. The autoscaler
-comparison follows kale's, the MLFQ policy cornucopia's. The leasing simulator is
-:mod:`extender.leasingsim`; neither imports the other.
+comparison repeats the one in the paper the planner follows (forecast planner against the HPA);
+the MLFQ policy (multi-level feedback queue) is the one of the paper the shared queues follow.
+The leasing simulator is :mod:`extender.leasingsim`; neither imports the other.
+
+Reference: kale (autoscaler comparison), cornucopia (MLFQ policy) (docs/references.md).
 """

@@ -7,7 +7,10 @@ starting at once), a scale-down cancels starting workers first, and the HPA (:mo
 the ready workers' GPU utilisation every sync period. The job, its lag and the planner's
 forecaster are :mod:`.online`'s.
 
-After kale's comparison of its planner with the HPA (kale 1, 3.4, 4.4).
+It repeats, in simulation, the comparison that the paper the planner follows makes between its
+forecast planner and the HPA, which added workers late on every rise.
+
+Reference: kale 1, 3.4, 4.4 (docs/references.md).
 """
 
 from __future__ import annotations
@@ -223,7 +226,8 @@ def hpa_autoscaler(
 def forecast_autoscaler(
     trace: Trace, s: AutoscalerSettings, settings: OnlineSettings, model: ThroughputModel
 ) -> tuple[AutoscalerResult, dict[str, int]]:
-    """The forecast planner (kale 3.4) deciding every planning step, its lead ``lead_s``."""
+    """The forecast planner (:func:`~extender.planner.autoscaling.plan_online`; kale 3.4)
+    deciding every planning step, its lead ``lead_s``."""
     forecaster, state = warmed_forecaster(trace, settings)
     step_min = int(settings.step_s // 60)
     base = trace.eval_start

@@ -1,7 +1,9 @@
 """``tidelease plan-simulate``: the planner's simulator from the command line.
 
-The options keep the paper's name for the autoscaler comparison (``--kale-trace``; the help
-says "kale comparison"): users' scripts pass them.
+The autoscaler comparison's options keep the name of the paper it reproduces (``--kale-trace``;
+the help says "kale comparison"): users' scripts pass them.
+
+Reference: kale (docs/references.md).
 """
 
 from __future__ import annotations

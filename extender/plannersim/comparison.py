@@ -1,16 +1,19 @@
 """Both halves of the planner against their baselines, measured in one run: tables and figures.
 
-The autoscaler comparison (the headline): the forecast planner vs Kubernetes' HPA with its
-defaults vs static peak provisioning, on a daily tide with sharp rises (:mod:`.surges`, or the
-embedded trace), every 15 s, new workers useful only after the prelaunch window ``W``
-(:mod:`.autoscalers`). Online job on the embedded trace (the earlier, minute-stepped table,
-kept reproducible; :mod:`.online`): forecast planner vs a threshold (HPA-like) policy vs static
-peak (and the planner with kale's eq. 10 as written, without headroom). Shared queue
+The autoscaler comparison (the headline): the forecast planner vs Kubernetes' HPA with its defaults
+vs static peak provisioning, on a daily tide with sharp rises (:mod:`.surges`, or the embedded
+trace), every 15 s, new workers useful only after the prelaunch window ``W`` (:mod:`.autoscalers`).
+Online job on the embedded trace (the earlier, minute-stepped table, kept reproducible;
+:mod:`.online`): forecast planner vs a threshold (HPA-like) policy vs static peak (and the planner
+holding exactly the fewest workers the forecast needs, without headroom). Shared queue
 (:mod:`.sharedpool`): the MLFQ policy vs FIFO vs strict priority. ``tidelease plan-simulate``
 (:mod:`.cli`) calls :func:`run`.
 
-The autoscaler comparison reproduces kale's (the report still heads it "Kale comparison"); the
-MLFQ policy is cornucopia's (its rows are still named so).
+The autoscaler comparison reproduces the one in the paper the planner follows (the report
+still heads it "Kale comparison"); the MLFQ policy is the one of the paper the shared queues
+follow (its rows are still named "cornucopia").
+
+Reference: kale eq. 10, 4.4; cornucopia (docs/references.md).
 """
 
 from __future__ import annotations

@@ -21,7 +21,10 @@ gets, not a strawman:
 The metric here is a utilisation (GPU busy time over wall time, 0..1), so it saturates at 1:
 an overloaded job reads 100 % whatever the backlog, and one round can add at most ``1 /
 target - 1`` of the ready pods. With new pods useful only after the prelaunch window ``W``, the
-HPA climbs a sharp rise in rounds of ``W`` — what makes it late (kale 1, 4.4).
+HPA climbs a sharp rise in rounds of ``W`` — what makes it late (the paper the planner follows
+saw the HPA add workers 20 minutes after a rise).
+
+Reference: kale 1, 4.4 (docs/references.md).
 """
 
 from __future__ import annotations

@@ -1,20 +1,24 @@
 """One online job on the tidal trace, minute by minute, under three policies. Pure.
 
 * ``forecast`` — the planner of :mod:`autoscaling` (seasonal forecast, NNLS model fitted to
-  noisy measurements, Algorithm 1, lead ``W``, lag fallback), deciding every planning step;
+  noisy measurements, short-lived changes stabilised away, lead ``W``, lag fallback), deciding
+  every planning step;
 * ``threshold`` — HPA-like: every minute ``desired = ceil(w · u / target)`` on the utilisation
   ``u`` over the last 5 minutes, 10 % tolerance, scale-down only to the largest
   recommendation of the last 5 minutes (HPA's stabilisation window);
 * ``static`` — the peak of the history weeks plus 10 %, all week.
 
-The job: kale's synchronous form (eq. 6) with known θ is the truth; the planner only sees its
-NNLS fit. A scaling action asked at ``t``: a rise holds the new GPUs from ``t`` (they are being
-prelaunched), the new workers join at ``t + W`` and the job pauses ``pause_s`` to re-form; a
-fall pauses ``pause_s`` and releases at once. One action at a time. Lag is the FIFO sojourn
-time of the sample being consumed (kale 2.2); SLO violation: lag over 20 minutes.
+The job: the synchronous throughput model (:mod:`extender.planner.throughput`) with known θ is the
+truth; the planner only sees its NNLS fit. A scaling action asked at ``t``: a rise holds the new
+GPUs from ``t`` (they are being prelaunched), the new workers join at ``t + W`` and the job pauses
+``pause_s`` to re-form; a fall pauses ``pause_s`` and releases at once. One action at a time. Lag is
+how long the sample being consumed waited in the queue (first in, first out); SLO violation: lag
+over 20 minutes.
 
 The job's true model, its lag and the warmed forecaster serve :mod:`.autoscalers` too, the
 finer-clocked comparison with Kubernetes' HPA.
+
+Reference: kale 2.2, eq. 6, Algorithm 1 (docs/references.md).
 """
 
 from __future__ import annotations

@@ -1,8 +1,11 @@
 """A shared GPU pool with interactive, batch and non-elastic jobs, under three policies. Pure.
 
-* ``cornucopia`` (the shared queues' own policy, named after the paper it follows) — MLFQ
-  (:mod:`mlfq`), greedy allocation (:mod:`allocation`, Algorithm 2) and scaling-aware partial
-  preemption (:mod:`preemption`, Algorithm 3), with scaling factors from a noisy ramp-up
+* ``cornucopia`` (the shared queues' own policy, named after the paper it follows) — the
+  multi-level feedback queue (:mod:`mlfq`: interactive jobs first, long runners demoted,
+  starved jobs promoted), greedy allocation (:mod:`allocation`: free GPUs one at a time to the
+  job that speeds up most) and scaling-aware partial preemption
+  (:mod:`extender.queues.preemptionorder`: GPUs taken one at a time from the job that slows down
+  least), with scaling factors from a noisy ramp-up
   profile (:mod:`profiling`); GPUs a job holds beyond its request are the first to go back
   when a job of its queue or a higher one waits;
 * ``fifo`` — first come, first served, exactly the GPUs asked for, no backfill, no preemption;
@@ -12,7 +15,9 @@
 
 Time advances in steps of ``dt_s``; a job with ``g`` GPUs progresses at its true throughput
 ``T(g)``. A running job whose count changes pauses ``rescale_s``; a job (re)started pauses
-``start_s``. Queuing time counts only time without any GPU (cornucopia 5.1).
+``start_s``. Queuing time counts only time without any GPU.
+
+Reference: cornucopia 4.2, Algorithm 2, Algorithm 3, 5.1 (docs/references.md).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import numpy as np
 from common.jobclasses import JobClass, JobKind
 from extender.queues.allocation import JobView, allocate
 from extender.queues.mlfq import Means, Queue, Thresholds, adapt, initial_queue, requeue
-from extender.queues.preemption import preempt_counts
+from extender.queues.preemptionorder import preempt_counts
 from extender.queues.profiling import Profile, profile_from_batches, ramp_up_counts
 
 
@@ -120,7 +125,7 @@ class QueueResult:
     jct_s: float  # mean over all jobs
     batch_jct_s: float
     interactive_jct_s: float
-    preemptions: int  # GPU takes (cornucopia) or evictions (strict priority)
+    preemptions: int  # GPU takes (the cornucopia policy) or evictions (strict priority)
     finished: int
     jobs: int
     utilisation: float

@@ -1,10 +1,9 @@
-"""A daily tide with sharp rises, shaped like kale's traffic: the autoscaler comparison's
-trace. Pure.
+"""A daily tide with sharp rises, shaped like the production traffic of the paper the planner
+follows: the autoscaler comparison's trace. Pure.
 
-Kale (2.3, fig. 2a) shows a day that climbs from an early-morning trough (about 34k samples/s)
-to an evening peak (about 260k, 7.65x), weekends higher for longer; its HPA falls behind "during
-the period of workload spikes" (4.4, fig. 10). What this generator models, per minute (minute 0
-is a Monday 00:00 UTC):
+That traffic climbs from an early-morning trough (about 34k samples/s) to an evening peak
+(about 260k, 7.65x), weekends higher for longer; the HPA falls behind it "during the period of
+workload spikes". What this generator models, per minute (minute 0 is a Monday 00:00 UTC):
 
 * a **tide**: a piecewise-linear day through ``DAY_KNOTS`` (fractions of the weekday peak): the
   trough at 04:00, a slow climb, then three **rises** — the morning commute (07:30, +125 % in
@@ -18,6 +17,8 @@ is a Monday 00:00 UTC):
 
 The rises recur every day at about the same time, so a seasonal forecast sees them coming; a
 reactive policy sees each only when it has arrived. Deterministic for a seed.
+
+Reference: kale 2.3 and fig. 2a, 4.4 and fig. 10 (docs/references.md).
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
 """The embedded tidal trace of the planner's simulator: three weeks of per-minute traffic. Pure.
 
-Shaped after kale's fig. 2a: a working day climbs from a night trough (about 34k samples/s) to
-an evening peak (about 260k), weekends run higher for longer; multiplicative AR(1) noise, and a
-few unannounced spikes (+40..+90 % for 20-60 min) that no forecast can see. Minute 0 is a
-Monday 00:00 UTC. Deterministic for a seed.
+Shaped after the production traffic of the paper the planner follows: a working day climbs from a
+night trough (about 34k samples/s) to an evening peak (about 260k), weekends run higher for longer;
+multiplicative AR(1) noise, and a few unannounced spikes (+40..+90 % for 20-60 min) that no forecast
+can see. Minute 0 is a Monday 00:00 UTC. Deterministic for a seed.
+
+Reference: kale fig. 2a (docs/references.md).
 """
 
 from __future__ import annotations

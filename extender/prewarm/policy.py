@@ -31,6 +31,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from common import contract
+from common.coercion import whole
 from common.errors import InvalidInput
 from common.hotrestartwire import normalized
 from common.model import (
@@ -144,7 +145,7 @@ def parse_workload(obj: Mapping[str, Any]) -> WorkloadTemplate:
     checkpoint = annotations.get(contract.ANN_CHECKPOINT)
     replicas = spec.get("replicas")
     return WorkloadTemplate(
-        replicas=replicas if isinstance(replicas, int) and not isinstance(replicas, bool) else 1,
+        replicas=replicas if whole(replicas) else 1,
         images=tuple(images),
         checkpoint=checkpoint if isinstance(checkpoint, str) and checkpoint else None,
         image_bytes=image_bytes,

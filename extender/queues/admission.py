@@ -1,5 +1,6 @@
-"""Cornucopia's MLFQ as live admission: which gated pods to release, and how jobs move between
-queues as they run, starve and complete. Pure; extender.queues.controller does the I/O.
+"""The shared queues' multi-level feedback queue (MLFQ) as live admission: which gated pods to
+release, and how jobs move between queues as they run, starve and complete. Pure;
+extender.queues.controller does the I/O.
 
 A GPU pod that declares ``tidelease.io/job-class`` is created with the scheduling gate
 ``tidelease.io/queue`` (docs/planner.md, "Shared queues live"): kube-scheduler leaves it alone
@@ -8,8 +9,8 @@ seen (:class:`Book`, stored in a ConfigMap so that a restart keeps it):
 
 * a job enters the queue of its class (interactive: 1, batch: 2);
 * every pass adds the time since the last to the job's *executed* time while it holds GPUs,
-  and to its *starved* time while it holds none and has pods waiting (cornucopia 4.2: queuing
-  time counts only when a job is stripped of every GPU);
+  and to its *starved* time while it holds none and has pods waiting (queuing time counts only
+  when a job is stripped of every GPU);
 * :func:`extender.queues.mlfq.requeue` moves it: demoted 1 -> 2 and 2 -> 3 by executed time,
   promoted 3 -> 2 by starved time; both counters restart in the new queue;
 * a job whose pods all ended, one at least successfully, completed: its duration (first start
@@ -17,14 +18,16 @@ seen (:class:`Book`, stored in a ConfigMap so that a restart keeps it):
   failure; every ``adapt_every`` completions the thresholds are recomputed from the means
   (:func:`extender.queues.mlfq.adapt`).
 
-Release order (:func:`release`): queue 1, 2, 3; within a queue, the job that entered it first,
-then the pod created first. Interactive pods are released at once: when they do not fit,
-kube-scheduler's preemption through the extender's preempt verb takes GPUs from the batch job
-worth least (cornucopia Algorithm 3). Pods of queues 2 and 3 are released only when they fit
-(extender.queues.fitting: one node they may use with their GPUs free, less those of pods
-released and not yet placed), in order; one that does not fit keeps the nodes it may use from
-every later pod, so a large job at the head is not overtaken by smaller ones forever:
-starvation is bounded by the head of line and by the promotion from queue 3.
+Release order (:func:`release`): queue 1, 2, 3; within a queue, the job that entered it first, then
+the pod created first. Interactive pods are released at once: when they do not fit, kube-scheduler's
+preemption through the extender's preempt verb takes GPUs from the batch job worth least (the one
+whose throughput suffers least). Pods of queues 2 and 3 are released only when they fit
+(extender.queues.fitting: one node they may use with their GPUs free, less those of pods released
+and not yet placed), in order; one that does not fit keeps the nodes it may use from every later
+pod, so a large job at the head is not overtaken by smaller ones forever: starvation is bounded by
+the head of line and by the promotion from queue 3.
+
+Reference: cornucopia 4.2, Algorithm 3 (docs/references.md).
 """
 
 from __future__ import annotations

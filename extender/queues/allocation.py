@@ -1,15 +1,18 @@
-"""Cornucopia Algorithm 2: greedy allocation of free GPUs, interactive jobs first. Pure.
+"""Greedy allocation of free GPUs, interactive jobs first. Pure.
 
-Jobs are visited in priority order (queue 1, 2, 3; first come first within a queue). An
-interactive job gets its whole remaining request when it fits, else every free GPU (partial
-execution; a non-elastic job waits until its whole request fits). Batch jobs get one GPU at a
-time, each to the job of its queue whose current scaling factor (eq. 1) is largest, until no
-GPU is left. Two choices the paper leaves open, written down here:
+Jobs are visited in priority order (queue 1, 2, 3; first come first within a queue). An interactive
+job gets its whole remaining request when it fits, else every free GPU (partial execution; a
+non-elastic job waits until its whole request fits). Batch jobs get one GPU at a time, each to the
+job of its queue whose current scaling factor (the throughput its next GPU adds, relative to what
+its second added) is largest, until no GPU is left. Two choices the paper leaves open, written
+down here:
 
 * a job with no GPU has no throughput: its first GPU comes before any job's next one (scaling
   factor +inf), so that waiting jobs start before running ones grow;
 * an elastic job grows at most to twice its request, the range the ramp-up profiler measured;
   a non-elastic job gets exactly its request, at once, or nothing.
+
+Reference: cornucopia 4.4, Algorithm 2, eq. 1 (docs/references.md).
 """
 
 from __future__ import annotations
@@ -63,7 +66,8 @@ def priority_order(jobs: Sequence[JobView]) -> list[JobView]:
 
 
 def allocate(jobs: Sequence[JobView], free: int) -> tuple[Grant, ...]:
-    """Algorithm 2 over ``free`` GPUs; one grant per job that gets any."""
+    """The greedy allocation (cornucopia Algorithm 2) over ``free`` GPUs; one grant per job
+    that gets any."""
     ordered = priority_order(jobs)
     held = {j.key: j.held for j in ordered}
     granted: dict[str, int] = {}

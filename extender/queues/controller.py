@@ -1,5 +1,5 @@
-"""The queues controller: cornucopia's MLFQ as live admission (extender.queues.admission); one of
-``tidelease controllers``, leader-elected.
+"""The queues controller: the shared queues' multi-level feedback queue (MLFQ) as live admission
+(extender.queues.admission); one of ``tidelease controllers``, leader-elected.
 
 It watches the GPU pods, the GpuNodes, their ledgers and the agents' Leases (the extender's own
 watch rules, extender.cluster.watching), and makes a pass on every change of a pod that
@@ -16,6 +16,8 @@ declares its job class, and every ``interval_s`` to advance the jobs' counters:
 * the book is stored in the ConfigMap ``tidelease-queues`` (its namespace: the agents' and the
   leader elections') after a move, a completion or a release, and at most every
   ``save_every_s`` otherwise: a restart keeps it, losing at most that much counted time.
+
+Reference: cornucopia 4.2 (the MLFQ) (docs/references.md).
 """
 
 from __future__ import annotations
@@ -73,8 +75,9 @@ SCALE_WAIT_S = 30.0
 
 @dataclass(frozen=True, slots=True)
 class QueueSettings:
-    # Cornucopia's starting thresholds (twice the means an admin expects: interactive sessions
-    # of 30 min, a runtime to failure of 12 h, batch jobs of 6 h), adapted from completions.
+    # The MLFQ's starting thresholds (twice the means an admin expects: interactive sessions
+    # of 30 min, a runtime to failure of 12 h, batch jobs of 6 h; cornucopia 4.2), adapted
+    # from completions.
     thresholds: Thresholds = DEFAULT_THRESHOLDS
     adapt_every: int = 1000  # completions between two adaptations (the paper's 1000)
     interval_s: float = 5.0  # a pass at least this often (counters, promotions)
@@ -532,11 +535,12 @@ class Elastics:
             told[key] = (uid, query)
 
     async def profile(self) -> None:
-        """Cornucopia's ramp-up profiler (extender.queues.measuring) on each elastic job that
-        names its throughput query: a reading at the GPUs it holds while every pod of it runs,
-        the measurements kept on its workload; its view then scales by what was measured.
-        A query is run only scoped to the job's namespace (one that cannot be is told, and
-        the job is profiled as if it named none)."""
+        """The ramp-up profiler (extender.queues.measuring: the job's throughput at each GPU
+        count it runs at; cornucopia 4.3) on each elastic job that names its throughput query:
+        a reading at the GPUs it holds while every pod of it runs, the measurements kept on its
+        workload; its view then scales by what was measured. A query is run only scoped to the
+        job's namespace (one that cannot be is told, and the job is profiled as if it named
+        none)."""
         prof = self.ctl.profiler
         if prof is None:
             return
@@ -584,8 +588,8 @@ class Elastics:
         return True
 
     async def grow(self, cap: Capacity) -> None:
-        """One replica more for the job Algorithm 2 picks among those whose next replica fits,
-        while no scale write of any job is still under way."""
+        """One replica more for the job that scales best among those whose next replica fits
+        (cornucopia Algorithm 2), while no scale write of any job is still under way."""
         settled = self._settled()
         if self.ctl.scaling:
             return
@@ -596,7 +600,8 @@ class Elastics:
 
     async def shrink_for(self, releases: list[Release], cap: Capacity) -> list[Release]:
         """The releases, less interactive pods that wait for elastic jobs to shrink for them
-        (Algorithm 3 by whole replicas, on GPU counts) rather than preempt."""
+        (the jobs that lose least, by whole replicas, on GPU counts: cornucopia Algorithm 3)
+        rather than preempt."""
         out = []
         shrinking = any(
             k in self.ctl.scaling and self.ctl.scaling[k][0] < n for k, n in self.replicas.items()

@@ -1,6 +1,7 @@
-"""Elastic growth and shrinking of live batch jobs: cornucopia's Algorithm 2 (free GPUs, one at a
-time, to the job that scales best) and Algorithm 3 (partial preemption for an interactive
-arrival), on jobs whose replicas a workload with a scale subresource owns. Pure.
+"""Elastic growth and shrinking of live batch jobs: free GPUs go, one at a time, to the job that
+scales best; an interactive arrival that does not fit takes GPUs from the jobs that lose least by
+giving them up (partial preemption). On jobs whose replicas a workload with a scale subresource
+owns. Pure.
 
 A batch job opts in on its pods (their template):
 
@@ -9,13 +10,15 @@ A batch job opts in on its pods (their template):
 * ``tidelease.io/max-replicas: "<n>"``: it never grows past that.
 
 Growth happens only while no pod waits at the queue gate (a waiting job's first GPU comes
-before any running job's next, as Algorithm 2 has it), nothing released is still unplaced, and
-the chosen job has all its pods placed: then the job whose next replica brings the largest mean
-scaling factor (eq. 1, from its throughput profile) grows by one replica, if that replica's
-GPUs are free. An interactive pod that does not fit shrinks the elastic jobs Algorithm 3
-chooses (the GPUs worth least first; never below one replica) by whole replicas, and waits for
-their GPUs instead of preempting; when that cannot free enough, kube-scheduler's preemption
-does, as for any job.
+before any running job's next), nothing released is still unplaced, and the chosen job has all
+its pods placed: then the job whose next replica brings the largest mean scaling factor (the
+throughput a job's next GPU adds, relative to what its second GPU added; from its throughput
+profile) grows by one replica, if that replica's GPUs are free. An interactive pod that does not
+fit shrinks the elastic jobs the partial preemption chooses (the GPUs worth least first; never
+below one replica) by whole replicas, and waits for their GPUs instead of preempting; when that
+cannot free enough, kube-scheduler's preemption does, as for any job.
+
+Reference: cornucopia Algorithm 2, Algorithm 3, eq. 1 (docs/references.md).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from common.annotationrules import problem, rule_of
 from common.jobclasses import JobKind
 from extender.queues.allocation import JobView
 from extender.queues.mlfq import Queue
-from extender.queues.preemption import preempt_counts
+from extender.queues.preemptionorder import preempt_counts
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,9 +90,10 @@ def grow(
     elastic: Mapping[str, Elastic],
     replicas: Mapping[str, int],
 ) -> Grow | None:
-    """Algorithm 2's next step for running elastic batch jobs: one replica more for the job
-    whose next replica's GPUs bring the largest mean scaling factor, among ``elastic`` (those
-    whose next replica fits now) below their maximum; None when none may grow."""
+    """The next growth step for running elastic batch jobs (cornucopia Algorithm 2): one
+    replica more for the job whose next replica's GPUs bring the largest mean scaling factor,
+    among ``elastic`` (those whose next replica fits now) below their maximum; None when none
+    may grow."""
     best: tuple[float, int, float, str] | None = None
     for key, e in elastic.items():
         job = jobs.get(key)
@@ -116,9 +120,9 @@ def shrink(
     elastic: Mapping[str, Elastic],
     replicas: Mapping[str, int],
 ) -> dict[str, int] | None:
-    """Algorithm 3 for an interactive arrival short of ``need`` GPUs, on elastic jobs with a
-    workload, by whole replicas and never below one: the new replica count of each job shrunk,
-    or None when they cannot free ``need``."""
+    """Partial preemption (cornucopia Algorithm 3) for an interactive arrival short of ``need``
+    GPUs, on elastic jobs with a workload, by whole replicas and never below one: the new
+    replica count of each job shrunk, or None when they cannot free ``need``."""
     views = []
     for key, e in elastic.items():
         job, n = jobs.get(key), replicas.get(key)

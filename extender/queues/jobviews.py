@@ -1,6 +1,6 @@
-"""The planner's view of the jobs running now, from their pods: what cornucopia's partial
-preemption (:mod:`extender.queues.preemption`) needs when the extender's preempt verb uses it.
-Pure.
+"""The planner's view of the jobs running now, from their pods: what the shared queues' partial
+preemption (GPUs taken from the jobs that lose least by giving them up, rather than whole jobs;
+:mod:`extender.queues.preemptionorder`) needs when the extender's preempt verb uses it. Pure.
 
 A job is the pods sharing a ``tidelease.io/owner`` (a pod without one is a job of its own). Its
 class comes from ``tidelease.io/job-class`` and ``tidelease.io/elastic`` on its pods; its queue
@@ -12,6 +12,8 @@ throughput profile, when the job publishes one, is ``tidelease.io/throughput``: 
 1, 2, ... GPUs (``"100,190,270"``); without
 it the job scales linearly (every GPU worth the same), and among such jobs the one holding most
 GPUs loses least by giving one up.
+
+Reference: cornucopia Algorithm 3 (partial preemption) (docs/references.md).
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ from extender.queues.mlfq import Queue, Thresholds, initial_queue, requeue
 from extender.queues.profiling import Profile
 
 # Twice the means an admin would start from: interactive sessions of 30 min, a runtime to
-# failure of 12 h, batch jobs of 6 h (cornucopia adapts them from completed jobs; the
-# extender, which sees no completions, keeps them).
+# failure of 12 h, batch jobs of 6 h (the queues adapt them from completed jobs, cornucopia
+# 4.2; the extender, which sees no completions, keeps them).
 DEFAULT_THRESHOLDS: Final = Thresholds(
     demote_1_s=2 * 1800.0, demote_2_s=2 * 12 * 3600.0, promote_3_s=2 * 6 * 3600.0
 )
@@ -109,7 +111,8 @@ def held_by_job(allocations: Iterable[Allocation]) -> dict[str, int]:
 
 
 def opted_in(pod: Mapping[str, Any]) -> bool:
-    """Whether a preemptor asks for cornucopia's partial preemption: it declares its class."""
+    """Whether a preemptor asks for the shared queues' partial preemption (cornucopia
+    Algorithm 3): it declares its class."""
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     return contract.ANN_JOB_CLASS in annotations
 

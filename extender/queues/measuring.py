@@ -1,32 +1,35 @@
-"""Measuring a job's throughput profile live (Cornucopia's ramp-up profiler, 4.3, Algorithm 1):
-a job's throughput read from its own metric while it runs at different GPU counts, its
-:class:`~extender.queues.profiling.Profile` (and so its eq. 1 scaling factors) from those
-readings, and the readings kept on the job's workload, so that a restart does not lose them.
+"""Measuring a job's throughput profile live (the ramp-up profiler: a job's throughput measured
+at each GPU count as it grows): a job's throughput read from its own metric while it runs at
+different GPU counts, its :class:`~extender.queues.profiling.Profile` (and so its scaling
+factors) from those readings, and the readings kept on the job's workload, so that a restart
+does not lose them.
 
 A job declares its metric on its pods, ``tidelease.io/throughput-query``: PromQL giving one
 series, the samples/s of the whole job (``sum(rate(trainer_samples_total{job="x"}[1m]))``).
 The queues controller calls :meth:`Profiler.observe` every pass with the GPUs the job holds;
 a reading is taken at most every ``every_s`` and only at a count not measured yet:
 
-* Algorithm 1 at each count: the readings since the count last changed count, the first 2 are
-  warm-up and dropped, the mean of the next 3 is the job's throughput at that count (exactly
-  3, as the paper's 5 batches; later readings at a measured count are not taken: a job is
-  profiled once). A count left before its 5th reading starts over when the job comes back.
-  The query's rate window should be at most the warm-up, 2 x ``every_s`` (default 30 s).
+* At each count (as the paper's profiler): the readings since the count last changed count, the
+  first 2 are warm-up and dropped, the mean of the next 3 is the job's throughput at that count
+  (exactly 3, as the paper's 5 batches; later readings at a measured count are not taken: a job is
+  profiled once). A count left before its 5th reading starts over when the job comes back. The
+  query's rate window should be at most the warm-up, 2 x ``every_s`` (default 30 s).
 * Measured counts are kept on the job's workload (its Deployment or StatefulSet), annotation
   ``tidelease.io/throughput-measured``: ``"1:100,2:190,3:270"`` (GPUs:samples/s, 6
   significant digits, at most :data:`MAX_GPUS` entries), written with a merge patch when a
   count is measured, read back by the next leader before it writes.
-* The profile a job's view gets (:func:`choose`): the measured one once it reaches as far as
-  the job's ``tidelease.io/throughput`` annotation does (or as far as Algorithm 1 goes, twice
-  the request, if that is sooner); before that the annotation; without an annotation any
-  measured profile of 2 counts or more; else none (linear: every GPU worth the same).
+* The profile a job's view gets (:func:`choose`): the measured one once it reaches as far as the
+  job's ``tidelease.io/throughput`` annotation does (or as far as the paper's profiler goes, twice
+  the request, if that is sooner); before that the annotation; without an annotation any measured
+  profile of 2 counts or more; else none (linear: every GPU worth the same).
 
 Gaps: a job that never ran at some counts (replicas of 2 GPUs give 2, 4, 6; a job admitted
 at 2 never ran at 1) gets straight lines between its measured counts and, below the lowest, a
 straight line from zero (linear speedup before the bottleneck, as the paper observes): the
 profile is exact where measured and never mixes in the annotation, whose samples/s may come
 from other hardware or another batch size.
+
+Reference: cornucopia 4.3, Algorithm 1, eq. 1 (docs/references.md).
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-KEPT: Final = 3  # readings averaged after the warm-up (Algorithm 1: 5 batches, 2 warm-up)
+KEPT: Final = 3  # readings averaged after the warm-up (cornucopia: 5 batches, 2 warm-up)
 MAX_GPUS: Final = 128  # counts past this are not measured (keeps the annotation small)
 MAX_STORED_CHARS: Final = 4096
 DIGITS: Final = 6  # significant digits kept (and stored)
@@ -126,7 +129,7 @@ def choose(
     measured: Mapping[int, float], annotated: Profile, request: int
 ) -> tuple[Profile, Source]:
     """The profile a job's view gets, and where it comes from: measured once it reaches as far
-    as the annotation (or twice the request, Algorithm 1's end, if sooner); else the
+    as the annotation (or twice the request, where the profiler stops, if sooner); else the
     annotation; else measured with 2 counts or more; else linear (no profile)."""
     m = measured_profile(measured)
     if m.max_gpus >= 2:

@@ -1,4 +1,5 @@
-"""Cornucopia's three-queue MLFQ (4.2) with adaptive thresholds. Pure.
+"""The three-queue multi-level feedback queue (MLFQ) of the shared queues, with adaptive
+thresholds. Pure.
 
 Queue 1 holds interactive jobs, queue 2 batch jobs, queue 3 long-running jobs (against
 starvation of the rest). Three thresholds move jobs:
@@ -14,6 +15,8 @@ Executed and starved times count from the job's entry into its current queue, so
 promoted job is not demoted again at once. The thresholds start from the admin's estimates and
 are recomputed from the means of the jobs seen, every ``every`` completions (1000 in the paper).
 Preemption only ever takes from a lower queue: queue 1 is never preempted.
+
+Reference: cornucopia 4.2 (docs/references.md).
 """
 
 from __future__ import annotations

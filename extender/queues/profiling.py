@@ -1,5 +1,5 @@
 """A job's throughput profile (its throughput at each GPU count) and the scaling factors it gives
-(Cornucopia 4.3, Algorithm 1 and eq. 1). Pure; :mod:`extender.queues.measuring` measures
+(how much a job speeds up per extra GPU). Pure; :mod:`extender.queues.measuring` measures
 profiles live.
 
 A job is grown one GPU at a time from 1 to twice its request; at each count it trains 5
@@ -11,6 +11,8 @@ its second::
 
 A linear job has ``S = 1`` everywhere, a sub-linear one ``S < 1`` past its knee. Non-elastic
 jobs are not profiled and have ``S = 1`` (to compare with the others).
+
+Reference: cornucopia 4.3, Algorithm 1 and eq. 1 (docs/references.md).
 """
 
 from __future__ import annotations
@@ -54,19 +56,20 @@ class Profile:
 
 
 def scaling_factors(profile: Profile) -> tuple[float, ...]:
-    """``S^1 .. S^(n-1)`` of a profile with ``n`` counts (eq. 1)."""
+    """``S^1 .. S^(n-1)`` of a profile with ``n`` counts (cornucopia eq. 1)."""
     return tuple(profile.scaling_factor(j) for j in range(1, profile.max_gpus))
 
 
 def ramp_up_counts(requested: int) -> tuple[int, ...]:
-    """Algorithm 1's GPU counts: 1 to twice the request."""
+    """The GPU counts the ramp-up profiler measures: 1 to twice the request (cornucopia
+    Algorithm 1)."""
     return tuple(range(1, 2 * requested + 1))
 
 
 def profile_from_batches(
     batch_seconds: Mapping[int, Sequence[float]], per_gpu_batch: float
 ) -> Profile:
-    """A profile from the timed batches at each count (Algorithm 1's lines 3-4): warm-up
+    """A profile from the timed batches at each count (cornucopia Algorithm 1, lines 3-4): warm-up
     batches dropped, the throughput of the rest averaged. Data parallel: with ``g`` GPUs one
     batch is ``g * per_gpu_batch`` samples."""
     problems = []

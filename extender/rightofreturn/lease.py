@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any, Literal
 
+from common.coercion import items, whole
 from common.conditions import set_condition
 from common.errors import InvalidInput
 from common.model import GpuUuid, JobKey
@@ -159,7 +160,7 @@ def _int(
 ) -> int:
     if value is None and default is not None:
         return default
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+    if not whole(value) or not low <= value <= high:
         problems.append(f"{where} must be an integer in {low}..{high}")
         return default or 0
     return value
@@ -285,7 +286,7 @@ def reclaim_of(obj: Mapping[str, Any]) -> Reclaim | None:
 
 
 def _true_reason(conditions: object, kind: str) -> str | None:
-    for c in conditions if isinstance(conditions, list) else ():
+    for c in items(conditions):
         if isinstance(c, dict) and c.get("type") == kind and c.get("status") == "True":
             return str(c.get("reason") or "")
     return None

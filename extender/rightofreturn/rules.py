@@ -1,4 +1,10 @@
-"""Right-of-return leasing decisions (weflex 3.2 steps a-e, 3.5). Pure: typed values in, plans out.
+"""Right-of-return leasing decisions: an online job lends the GPUs it does not need now and
+gets the same devices back when it needs them again. Pure: typed values in, plans out.
+
+On a scale-down the released devices are tagged with the owner and borrowers may use them; on a
+scale-up the owner takes them back (borrowers get notice, then are evicted), and where a lent
+device cannot come back (failed, its node gone) the standby pool supplies one of the same type
+and tier; then the workload is scaled up onto what it holds again.
 
 The leasing controller and the cluster simulator both decide through these functions, so there
 is one implementation of every rule:
@@ -18,6 +24,8 @@ is one implementation of every rule:
   its target per GPU type and tier again; :func:`standby_excess` — which free standby devices
   leave it where it holds more (loans given back add to it); :func:`standby_changes` — both, the
   pool's periodic top-up.
+
+Reference: weflex 3.2 (steps a-e), 3.5 (docs/references.md).
 """
 
 from __future__ import annotations
@@ -91,13 +99,14 @@ def devices_to_tag(released: Iterable[Device]) -> tuple[Device, ...]:
     """Released devices to tag with the owner: all of them, whatever their tier or health, except
     standby devices the replica had on loan from the pool (those go back to the pool).
 
-    weflex 3.5 tags only HA and MA devices, because its pods take devices across nodes. A
-    tidelease replica takes all its GPUs on one node, so an untagged device among those it
-    released would be one that borrowers take first (they prefer untagged devices) and that
-    nobody evicts at reclaim: the replica could not come back to its own devices and would go to
-    whatever is free, of the cluster's average tier (with 8-GPU replicas and 6 % LA devices, four
-    replicas in ten). A device that is unhealthy when released is tagged too: it comes back once
-    repaired, instead of leaving such a hole. The owner keeps its tier mix exactly.
+    The paper's design (weflex 3.5) tags only high- and medium-availability (HA, MA) devices,
+    because its pods take devices across nodes. A tidelease replica takes all its GPUs on one
+    node, so an untagged device among those it released would be one that borrowers take first
+    (they prefer untagged devices) and that nobody evicts at reclaim: the replica could not come
+    back to its own devices and would go to whatever is free, of the cluster's average tier
+    (with 8-GPU replicas and 6 % LA devices, four replicas in ten). A device that is unhealthy
+    when released is tagged too: it comes back once repaired, instead of leaving such a hole.
+    The owner keeps its tier mix exactly.
     """
     return tuple(d for d in released if not d.cls.standby)
 
@@ -269,7 +278,7 @@ def standby_changes(
     free: Iterable[Device],
     standby: Iterable[Device],
 ) -> StandbyChanges:
-    """The standby pool's periodic top-up (weflex 3.5: released GPUs rejoin the pool): free
+    """The standby pool's periodic top-up (released GPUs rejoin the pool; weflex 3.5): free
     standby devices beyond a target (loans given back) leave it (:func:`standby_excess`), free
     untagged devices join it where it is short (:func:`standby_topup`, whole nodes first), both
     judged on ``pool`` as it is (healthy standby devices, on loan or not, by type and tier).

@@ -3,7 +3,7 @@
 Device choice sticks because every allocation goes through the node's ``GpuAllocation`` ledger
 with compare-and-swap on its resourceVersion:
 
-1. pick devices on the chosen node from the current view (Algorithm 1, :func:`pick_devices`);
+1. pick devices on the chosen node from the current view (:func:`pick_devices`);
 2. write the ledger with the new allocation, conditional on the version the pick was made from;
    a lost race re-reads the ledger and picks again, so two replicas (or two concurrent binds)
    never hand out one device twice;
@@ -14,6 +14,8 @@ with compare-and-swap on its resourceVersion:
 If 3 fails the allocation is released again; if the process dies in between, the reaper
 releases it once the pod turns out not to be bound there (:func:`stale_allocations`). A retried
 bind of a pod that already holds an allocation on the node reuses it.
+
+Reference: weflex Algorithm 1 (PICKGPUS) (docs/references.md).
 """
 
 from __future__ import annotations

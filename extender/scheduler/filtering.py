@@ -1,14 +1,15 @@
 """The filter verb's decision: which candidate nodes can host a pod. Pure over the cluster view.
 
-The standby pool is the last resort of a reclaim (Algorithm 1, lines 19-23): while the owner's
-pod can be placed on usable devices, here or after evicting borrowers of its own lent devices,
-nodes that would need standby devices are rejected, so kube-scheduler reclaims the lent devices
-(through the preempt verb) instead of spending standby capacity. kube-scheduler runs preemption
-only when no node passes the filter, which is why this is decided over all candidate nodes.
-Evicting other borrowers (of untagged devices, or of other jobs' lent ones) is not reclaiming:
-Algorithm 1's usable devices are the free ones and the owner's own tagged ones, so where only
-that would make room, the reclaim takes standby devices, and evicts such borrowers only when
-even the standby pool cannot place it.
+The standby pool is the last resort of a reclaim: while the owner's pod can be placed on usable
+devices, here or after evicting borrowers of its own lent devices, nodes that would need standby
+devices are rejected, so kube-scheduler reclaims the lent devices (through the preempt verb) instead
+of spending standby capacity. kube-scheduler runs preemption only when no node passes the filter,
+which is why this is decided over all candidate nodes. Evicting other borrowers (of untagged
+devices, or of other jobs' lent ones) is not reclaiming: a reclaim's usable devices are the free
+ones and the owner's own tagged ones, so where only that would make room, the reclaim takes standby
+devices, and evicts such borrowers only when even the standby pool cannot place it.
+
+Reference: weflex Algorithm 1 (lines 19-23) (docs/references.md).
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from extender.scheduler.placement import (
     plan_node,
     remembered_plans,
 )
-from extender.scheduler.preemption import freeable, may_evict, resolvable_counts
 from extender.scheduler.returning import RETURN_HOME, lent_group_home
+from extender.scheduler.victims import freeable, may_evict, resolvable_counts
 
 AGENT_SILENT = "tidelease: node agent silent for too long; its GPUs are not offered"
 NO_INVENTORY = (
@@ -236,7 +237,7 @@ def return_share(plan: NodePlan, req: PodRequest) -> tuple[float, float, float]:
     """Of the devices the plan takes: the share that are the owner's own lent ones, then the
     share from the standby pool (the rest are other devices: a stand-in takes as few as it
     can), then their mean tier (a stand-in replaces lent devices that cannot come back, so it
-    takes the best tiers it can: equal or better, FETCHSTANDBY(k, r) of Algorithm 1)."""
+    takes the best tiers it can: equal or better, FETCHSTANDBY(k, r) of weflex Algorithm 1)."""
     if not plan.taken:
         return (0.0, 0.0, 0.0)
     own = sum(n for c, n in plan.take if own_tag(c, req))

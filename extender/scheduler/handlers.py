@@ -1,5 +1,6 @@
 """The extender's HTTP handlers (aiohttp): the scheduler-extender verbs and the probes. Handlers
-only translate between wire and decisions; :mod:`extender.scheduler.serving` runs the servers.
+only translate between wire and decisions; :mod:`extender.scheduler.extenderserver` runs the
+servers.
 
 Routes: ``POST /filter``, ``/prioritize``, ``/bind``, ``/preempt`` (register ``urlPrefix`` as the
 server's address and the verbs by these names), ``GET /healthz``, ``/readyz``, ``/metrics``.
@@ -35,9 +36,9 @@ from extender.scheduler.binding import Binder, BindRefused
 from extender.scheduler.filtering import filter_nodes
 from extender.scheduler.metrics import ExtenderMetrics
 from extender.scheduler.partialpreemption import choose_preemption
-from extender.scheduler.preemption import Chooser, choose_victims, preempt_nodes
 from extender.scheduler.scoring import prioritize_nodes
 from extender.scheduler.settings import ExtenderSettings
+from extender.scheduler.victims import Chooser, choose_victims, preempt_nodes
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +188,8 @@ class ExtenderApp:
             return 200, wire.preemption_result({})
         choose: Chooser = choose_victims
         if opted_in(args.pod):
-            # Cornucopia's partial preemption: from the lower queues, the GPUs worth least.
+            # The shared queues' partial preemption (cornucopia): from the lower queues, the GPUs
+            # worth least.
             allocations = [a for state in self.cluster for a in state.allocations.values()]
             jobs = job_views(
                 self.pods.raw_pods(),

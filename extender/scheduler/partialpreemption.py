@@ -1,10 +1,10 @@
 """The preempt verb's hook for cornucopia's partial preemption (Algorithm 3) on one node. Pure.
 
 :func:`choose_preemption` works on one node's devices and ledger, with the inputs of
-:func:`extender.scheduler.preemption.choose_victims` plus the queues' view of the jobs
+:func:`extender.scheduler.victims.choose_victims` plus the queues' view of the jobs
 (:mod:`extender.queues.jobviews`), and returns victims the same way: pods whose eviction lets
 the preemptor fit, ``()`` when it fits already, ``None`` when eviction cannot help. The order in
-which GPUs are taken is :mod:`extender.queues.preemption`'s.
+which GPUs are taken is :mod:`extender.queues.preemptionorder`'s.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from common.model import Allocation, Device, DeviceClass, Holder, JobKey, PodRequest
 from extender.queues.allocation import JobView
 from extender.queues.mlfq import Queue
-from extender.queues.preemption import loss_factor, order_key, unknown_job
+from extender.queues.preemptionorder import loss_factor, order_key, unknown_job
 from extender.scheduler.placement import Verdict, free_counts, plan_node, verdict
-from extender.scheduler.preemption import may_evict
+from extender.scheduler.victims import may_evict
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +116,6 @@ def choose_preemption(
     preemptor: Queue | None = None,
 ) -> tuple[Holder, ...] | None:
     """The preempt verb's hook: :func:`plan_preemption`'s victims, shaped like
-    :func:`extender.scheduler.preemption.choose_victims`'s answer."""
+    :func:`extender.scheduler.victims.choose_victims`'s answer."""
     decision = plan_preemption(devices, allocations, req, jobs, preemptor=preemptor)
     return None if decision is None else decision.victims

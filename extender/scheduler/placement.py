@@ -1,16 +1,23 @@
-"""Algorithm 1 of weflex (priority-based pod scheduling) at device granularity. Pure functions.
+"""Which of a node's free GPUs a pod may take, device by device. Pure functions.
+
+The rule: a device must be healthy, of the pod's GPU type and at least its reliability tier;
+untagged devices are open to every pod; a device an online job lent (tagged with that job) is
+open to borrowers (low priority) until the job takes it back, and to the job's own pods (a
+returning replica: its own lent group only), but not to other high-priority pods; standby
+devices are kept for a reclaim whose lent devices cannot come back.
 
 A pod's GPUs all come from one node, so kube-scheduler asks, node by node, whether the pod fits;
 the answer here is a :class:`NodePlan`: which classes of devices the pod would take, or why it
-cannot. The rule for a single device is :func:`verdict` (Algorithm 1, lines 5-13, plus the
-standby pool of lines 19-23); :func:`plan_node` applies it to a node's free devices, summarised
-as counts per :class:`~common.model.DeviceClass`; :func:`pick_devices` turns a plan into concrete
-devices at bind time. Filter, prioritize, preempt and bind all go through :func:`plan_node`, so
-they can never disagree.
+cannot. The rule for a single device is :func:`verdict`; :func:`plan_node` applies it to a
+node's free devices, summarised as counts per :class:`~common.model.DeviceClass`;
+:func:`pick_devices` turns a plan into concrete devices at bind time. Filter, prioritize,
+preempt and bind all go through :func:`plan_node`, so they can never disagree.
 
-Where a pod does not fit, Algorithm 1's "return Usable" (a partial allocation) has no meaning for
-a single pod: the node is rejected with the reason, and the job-level planner decides what to do
-with fewer GPUs.
+Where a pod does not fit, handing it the devices there are (a partial allocation, as the
+paper's scheduler does for a job) has no meaning for a single pod: the node is rejected with the
+reason, and the job-level planner decides what to do with fewer GPUs.
+
+Reference: weflex 3.5, Algorithm 1 (lines 5-13, 19-23, "return Usable") (docs/references.md).
 """
 
 from __future__ import annotations
@@ -39,7 +46,8 @@ class Verdict(enum.Enum):
 
 
 def verdict(cls: DeviceClass, req: PodRequest) -> Verdict:
-    """Algorithm 1, lines 5-13, for one device class; standby devices per lines 19-23."""
+    """What one device class is to the pod: usable, or why not (the rule in the module's
+    docstring; weflex Algorithm 1, lines 5-13, and lines 19-23 for standby devices)."""
     if not cls.healthy:
         return Verdict.UNHEALTHY  # unhealthy devices are never offered
     if req.gpu_type is not None and cls.gpu_type != req.gpu_type:
@@ -140,7 +148,8 @@ def plan_node(
     req: PodRequest,
     verdicts: dict[DeviceClass, Verdict] | None = None,
 ) -> NodePlan:
-    """Algorithm 1 over one node's free devices (counts per class).
+    """Whether the pod fits on one node's free devices (counts per class), and which it would
+    take (weflex Algorithm 1 over one node).
 
     All devices of a pod come from one GPU type. Among types that fit, the owner prefers the
     type holding its own tagged devices, then the type with the fewest usable devices (packing).
@@ -215,7 +224,8 @@ def free_counts(devices: Iterable[Device], allocated: Iterable[GpuUuid]) -> Coun
 def pick_devices(
     devices: Sequence[Device], allocated: Iterable[GpuUuid], req: PodRequest
 ) -> tuple[NodePlan, tuple[Device, ...]]:
-    """PICKGPUS at bind time: the concrete devices for a plan, lowest index first per class."""
+    """The concrete devices for a plan at bind time, lowest index first per class (PICKGPUS
+    of weflex Algorithm 1)."""
     taken = set(allocated)
     free = [d for d in devices if d.uuid not in taken]
     plan = plan_node(Counter(d.cls for d in free), req)

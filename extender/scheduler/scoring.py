@@ -2,13 +2,15 @@
 
 A score is a weighted sum of four parts, each in [0, 1]:
 
-* cache — the node holds the pod's checkpoint and/or images (PICKGPUS of Algorithm 1): a pod
-  that loads locally restarts in seconds instead of minutes (weflex 3.3);
+* cache — the node holds the pod's checkpoint and/or images: a pod that loads locally restarts
+  in seconds instead of minutes;
 * return — for a high-priority pod, the share of its devices that carry its own tag (the owner
   gets the same devices back); for a borrower, the share that is untagged (fewer evictions later);
 * reliability — best fit: devices whose tier is just what the pod asked for, keeping higher
   tiers free for pods that need them;
 * packing — how full the node is after placement, keeping whole nodes free for large pods.
+
+Reference: weflex 3.3, Algorithm 1 (PICKGPUS) (docs/references.md).
 """
 
 from __future__ import annotations

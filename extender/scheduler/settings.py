@@ -79,8 +79,9 @@ class ExtenderSettings:
     hot_restart_operator: bool = False
     agent_conditions: bool = False
     queues_controller: bool = False
-    # The shared queues (docs/planner.md "Shared queues live"): cornucopia's starting
-    # thresholds, adapted every queue_adapt_every completions; a pass at least this often.
+    # The shared queues (docs/planner.md "Shared queues live"): the starting thresholds that
+    # move jobs between queues (demoted after running long, promoted after starving; cornucopia
+    # 4.2), adapted every queue_adapt_every completions; a pass at least this often.
     queue_demote_interactive_s: float = 3600.0
     queue_demote_batch_s: float = 86400.0
     queue_promote_s: float = 43200.0

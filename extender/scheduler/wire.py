@@ -14,7 +14,7 @@ from json.encoder import encode_basestring_ascii
 from typing import Any, Final
 
 from common.errors import InvalidInput
-from extender.scheduler.preemption import Proposal
+from extender.scheduler.victims import Proposal
 
 # Go's int64, the type of NumPDBViolations: a larger count could not be read back.
 INT64_MAX: Final = 2**63 - 1

@@ -33,6 +33,7 @@ from typing import Any
 from aiohttp import web
 
 from common.errors import Unavailable
+from nodeagent.cache.cachestore import CacheStore
 from nodeagent.cache.credentials import TokenFile
 from nodeagent.cache.identity import (
     DEFAULT_AUDIENCE,
@@ -46,8 +47,7 @@ from nodeagent.cache.identity import (
 )
 from nodeagent.cache.naming import EntryId, Kind
 from nodeagent.cache.peerauth import PeerVerifier
-from nodeagent.cache.serving import cache_app
-from nodeagent.cache.store import CacheStore
+from nodeagent.cache.peerserver import cache_app
 
 _CHUNK = 256 << 10
 

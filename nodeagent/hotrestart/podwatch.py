@@ -1,5 +1,5 @@
 """The node agent's hot restarts of kubelet-managed pods: watch this node's pods, carry out
-:mod:`nodeagent.hotrestart.requests`' decisions.
+:mod:`nodeagent.hotrestart.restartdecision`' decisions.
 
 The agent never removes a container the kubelet manages (the kubelet would recreate it, undoing
 or duplicating the restart). It pre-pulls the new image through CRI, so that the restart does not
@@ -28,7 +28,7 @@ from common.watches import Watches, object_key
 from nodeagent.cri.runtime import Runtime
 from nodeagent.hotrestart.insandbox import ensure_image
 from nodeagent.hotrestart.planning import RestartSettings
-from nodeagent.hotrestart.requests import Begin, Finish, Wait, decide
+from nodeagent.hotrestart.restartdecision import Begin, Finish, Wait, decide
 
 log = logging.getLogger(__name__)
 

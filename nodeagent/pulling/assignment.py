@@ -1,9 +1,9 @@
 """Which peer sends which shard, and how big shards are. Pure.
 
-The model (chaos III, eq. 1 with a per-request cost): link ``u`` can start at ``start_s`` and
-sends a shard of ``b`` bytes in ``latency_s + b / rate``; shards on a link go one after another,
-so the link finishes at ``start_s + sum of its shards' times``; the pull's makespan is the latest
-finish over the links that send anything.
+The model (the paper's transfer-time model, plus a per-request cost): link ``u`` can start at
+``start_s`` and sends a shard of ``b`` bytes in ``latency_s + b / rate``; shards on a link go one
+after another, so the link finishes at ``start_s + sum of its shards' times``; the pull's makespan
+is the latest finish over the links that send anything.
 
 **Earliest completion is optimal for equal shards.** With every shard taking ``t_u`` on link
 ``u``, the k-th shard a link sends cannot finish before ``a_u + k * t_u``: the possible finishing
@@ -15,6 +15,8 @@ the 4/3 bound the paper quotes for its greedy. A file rarely divides evenly, so 
 shorter: :func:`assign` tries the short shard on each link (it raises that link's start) and keeps
 the best, which is again exact. Shards of arbitrary sizes (a resumed pull's gaps) go longest
 first to the earliest finish, a heuristic.
+
+Reference: chaos III, eq. 1, Algorithm 2 and its 4/3 bound (docs/references.md).
 """
 
 from __future__ import annotations

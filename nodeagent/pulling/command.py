@@ -27,8 +27,8 @@ from nodeagent.cache.eviction import DEFAULT_PARTIAL_TTL_S, DEFAULT_RESERVE_BYTE
 # when used.
 if TYPE_CHECKING:
     from common.delegatedauth import Reviewer
-    from nodeagent.cache.serving import ServeSettings
-    from nodeagent.cache.store import CacheStore
+    from nodeagent.cache.cachestore import CacheStore
+    from nodeagent.cache.peerserver import ServeSettings
 
 DEFAULT_CACHE_PORT = 8477
 DEFAULT_MAX_BYTES = 200 << 30
@@ -130,7 +130,7 @@ class AgentCache:
     def run(self, api: Reviewer) -> Coroutine[Any, Any, None]:
         """Serve the cache to the peers ``api`` (the API server) vouches for."""
         from nodeagent.cache.peerauth import TokenReviewVerifier
-        from nodeagent.cache.serving import run_cache_server
+        from nodeagent.cache.peerserver import run_cache_server
 
         verifier = TokenReviewVerifier(api, audience=self.serve.audience, user=self.serve.peer_user)
         return run_cache_server(store=self.store, settings=self.serve, verifier=verifier)
@@ -140,7 +140,7 @@ def open_agent_cache(args: argparse.Namespace) -> AgentCache | None:
     """The cache the agent's flags ask for, or None when ``--cache-dir`` is not given."""
     if args.cache_dir is None:
         return None
-    from nodeagent.cache.store import CacheStore
+    from nodeagent.cache.cachestore import CacheStore
 
     serve = serve_settings(args)
     problems = serve.validate()
@@ -171,7 +171,7 @@ def serve_settings(args: argparse.Namespace, port: int | None = None) -> ServeSe
     """The cache server's settings from the agent's flags: peers are the pod-bound tokens of
     ``--cache-peer-account`` in ``--namespace`` for ``--cache-audience``."""
     from nodeagent.cache.identity import service_account_user
-    from nodeagent.cache.serving import ServeSettings
+    from nodeagent.cache.peerserver import ServeSettings
 
     return ServeSettings(
         port=args.cache_port if port is None else port,
@@ -245,7 +245,7 @@ def add_cache_command(sub: Any) -> None:
 
 
 def _open(args: argparse.Namespace) -> CacheStore:
-    from nodeagent.cache.store import CacheStore
+    from nodeagent.cache.cachestore import CacheStore
 
     if args.cache_reserve_bytes < 0:
         raise InvalidInput("--cache-reserve-bytes must not be negative")
@@ -255,9 +255,9 @@ def _open(args: argparse.Namespace) -> CacheStore:
 
 
 def _pull(args: argparse.Namespace) -> int:
+    from nodeagent.cache.cachestore import NoSpace
     from nodeagent.cache.credentials import TokenFile
     from nodeagent.cache.naming import Kind, parse_id
-    from nodeagent.cache.store import NoSpace
     from nodeagent.pulling.peers import GpuNodePeers, Peer, PeerSource, StaticPeers
     from nodeagent.pulling.puller import PullFailed, PullSettings, describe, pull
 
@@ -311,8 +311,8 @@ def _pull(args: argparse.Namespace) -> int:
 
 
 def _add(args: argparse.Namespace) -> int:
+    from nodeagent.cache.cachestore import NoSpace
     from nodeagent.cache.naming import EntryId, Kind, image_id, parse_id
-    from nodeagent.cache.store import NoSpace
 
     store = _open(args)
     try:

@@ -34,9 +34,9 @@ from typing import Any
 import aiohttp
 
 from common.errors import InvalidInput, TideleaseError
+from nodeagent.cache.cachestore import CacheStore, ContentMismatch, NoSpace, PartialPull
 from nodeagent.cache.manifest import Manifest, parse_manifest, valid_digest
 from nodeagent.cache.naming import EntryId, Kind
-from nodeagent.cache.store import CacheStore, ContentMismatch, NoSpace, PartialPull
 from nodeagent.pulling.assignment import (
     Assignment,
     LinkModel,

@@ -22,7 +22,7 @@ from extender.cluster.kubestore import KubeStore
 from extender.controllers import Enabled, controllers
 from extender.leasing.kubeworld import KubeWorld
 from extender.scheduler.driver import SchedulerDriver
-from extender.scheduler.serving import Running, serve
+from extender.scheduler.extenderserver import Running, serve
 from extender.scheduler.settings import ExtenderSettings
 
 log = logging.getLogger(__name__)

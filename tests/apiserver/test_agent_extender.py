@@ -19,8 +19,8 @@ from common.errors import Conflict
 from common.kubeclient import KubeClient
 from extender.cluster.kubestore import KubeStore
 from extender.scheduler.driver import SchedulerDriver
+from extender.scheduler.extenderserver import serve
 from extender.scheduler.filtering import AGENT_SILENT
-from extender.scheduler.serving import serve
 from extender.scheduler.settings import ExtenderSettings
 from nodeagent.agent import AgentSettings, run_agent
 from nodeagent.health import HealthSettings

@@ -19,7 +19,7 @@ import pytest
 from common import builders, contract
 from common.kubeclient import WATCH_BACKOFF_MAX_S, KubeClient
 from extender.cluster.kubestore import KubeStore
-from extender.scheduler.serving import serve
+from extender.scheduler.extenderserver import serve
 from extender.scheduler.settings import ExtenderSettings
 from tests.apiserver.conftest import ApiServer, one_pid
 

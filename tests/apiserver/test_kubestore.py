@@ -16,7 +16,7 @@ from common.errors import Conflict, InvalidInput, NotFound
 from common.model import Allocation, GpuUuid, NodeName
 from extender.cluster.kubestore import KubeStore
 from extender.cluster.store import KINDS
-from extender.scheduler.serving import serve
+from extender.scheduler.extenderserver import serve
 from extender.scheduler.settings import ExtenderSettings
 from tests.apiserver.conftest import ApiServer
 from tests.unit.cluster import holder

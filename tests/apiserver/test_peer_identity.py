@@ -14,10 +14,10 @@ import aiohttp
 import pytest
 
 from common.kubeclient import KubeClient
+from nodeagent.cache.cachestore import CacheStore
 from nodeagent.cache.identity import DEFAULT_AUDIENCE, service_account_user
 from nodeagent.cache.naming import EntryId, Kind
 from nodeagent.cache.peerauth import TokenReviewVerifier
-from nodeagent.cache.store import CacheStore
 from nodeagent.cache.testing import random_file, start_peer
 from tests.apiserver.kubectl import Kubectl
 from tests.apiserver.test_rbac import NS, cluster, pod_on, token
@@ -95,7 +95,7 @@ async def test_only_an_agents_pod_bound_token_for_the_cache_gets_anything(
                 assert CKPT.encode() not in body, (name, path)
                 assert data[:64] not in body, (name, path)
         peer_b = issued(c, "tidelease-agent", NS, audience=DEFAULT_AUDIENCE, pod="agent-node-b")
-        with caplog.at_level(logging.INFO, logger="nodeagent.cache.serving"):
+        with caplog.at_level(logging.INFO, logger="nodeagent.cache.peerserver"):
             assert await get(node.url + "/v1/inventory", peer_b) == (
                 200,
                 b'{"checkpoints": ["job-a.step-7"], "images": []}',

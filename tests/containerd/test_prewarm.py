@@ -22,8 +22,8 @@ import pytest
 
 from common.errors import TideleaseError
 from common.prewarmwire import Directive, ItemStatus
+from nodeagent.cache.cachestore import CacheStore
 from nodeagent.cache.naming import EntryId, Kind
-from nodeagent.cache.store import CacheStore
 from nodeagent.cache.testing import PeerNode, start_peer, write_token
 from nodeagent.cri.client import GrpcRuntime
 from nodeagent.prewarm import (

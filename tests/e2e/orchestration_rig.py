@@ -24,10 +24,10 @@ import yaml
 
 from common.kubeclient import KubeClient
 from extender.orchestration.depfile import Target
-from extender.orchestration.executing import ExecRequest, ExecResult
 from extender.orchestration.graph import Dag, load
+from extender.orchestration.jobreadiness import LABEL_JOB, LABEL_ROLE
 from extender.orchestration.jobs import DATA_DEPENDENCIES, DATA_REPLICAS, JOB, LABEL_ORCHESTRATION
-from extender.orchestration.snapshot import LABEL_JOB, LABEL_ROLE
+from extender.orchestration.podexec import ExecRequest, ExecResult
 from tests.e2e.harness import GROUP_LABEL
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -32,7 +32,7 @@ from extender.orchestration.controller import (
     OrchestratorSettings,
     run_orchestrator,
 )
-from extender.orchestration.executing import ExecRequest, KubeExec
+from extender.orchestration.jobreadiness import LABEL_JOB, LABEL_ROLE
 from extender.orchestration.jobs import (
     DATA_DEPENDENCIES,
     DATA_REPLICAS,
@@ -40,8 +40,8 @@ from extender.orchestration.jobs import (
     JOB,
     LABEL_ORCHESTRATION,
 )
+from extender.orchestration.podexec import ExecRequest, KubeExec
 from extender.orchestration.records import ANN_RECORDS, Record, State, parse_records
-from extender.orchestration.snapshot import LABEL_JOB, LABEL_ROLE
 from extender.orchestration.storing import KubeJobStore
 from tests.e2e.harness import Cluster, NodeGroup, RealNode
 from tests.e2e.kube import wait_for

@@ -12,7 +12,7 @@ import pytest
 from common import builders
 from common.model import Priority, Tier
 from extender.cluster.store import MemoryStore
-from extender.scheduler.serving import Running, serve
+from extender.scheduler.extenderserver import Running, serve
 from extender.scheduler.settings import ExtenderSettings
 
 

@@ -55,7 +55,7 @@ from common.model import Priority, Tier
 from extender.cluster.state import MEMO_SHAPES
 from extender.scheduler.handlers import BODY_BUDGET_BYTES, BODY_READ_S, MAX_BODY_BYTES
 from extender.scheduler.settings import ExtenderSettings
-from nodeagent.cache.serving import CACHE_LIMITS
+from nodeagent.cache.peerserver import CACHE_LIMITS
 
 ROOT = Path(__file__).resolve().parents[2]
 VALUES = ROOT / "manifests" / "charts" / "tidelease" / "values.yaml"
@@ -578,8 +578,8 @@ CACHE_MAIN = textwrap.dedent(
     """
     import asyncio, sys
     from pathlib import Path
-    from nodeagent.cache.serving import ServeSettings, run_cache_server
-    from nodeagent.cache.store import CacheStore
+    from nodeagent.cache.peerserver import ServeSettings, run_cache_server
+    from nodeagent.cache.cachestore import CacheStore
     from nodeagent.cache.testing import KnownTokens
 
     async def main() -> None:

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from common import builders
 from extender.cluster.store import MemoryStore
+from extender.scheduler.extenderserver import serve
 from extender.scheduler.handlers import MAX_BODY_BYTES
-from extender.scheduler.serving import serve
 from extender.scheduler.settings import ExtenderSettings
 from tests.integration.conftest import Server, small_cluster
 

@@ -9,7 +9,7 @@ import aiohttp
 
 from common import builders, contract
 from extender.cluster.store import MemoryStore
-from extender.scheduler.serving import serve
+from extender.scheduler.extenderserver import serve
 from extender.scheduler.settings import ExtenderSettings
 from tests.integration.conftest import Server, small_cluster
 
@@ -287,7 +287,7 @@ async def test_sigterm_with_a_hung_bind_in_flight_stops_within_the_grace_period(
     took 29.6 s: aiohttp waits a minute for in-flight handlers by default)."""
     import time
 
-    from extender.scheduler.serving import run_extender
+    from extender.scheduler.extenderserver import run_extender
 
     settings = ExtenderSettings(host="127.0.0.1", port=0, bind_timeout_s=2.0)
     store = MemoryStore(small_cluster())
@@ -314,7 +314,7 @@ async def test_sigterm_with_a_hung_bind_in_flight_stops_within_the_grace_period(
 FREEZE_PROBE = """
 import asyncio, gc, sys
 from extender.cluster.store import MemoryStore
-from extender.scheduler.serving import run_extender
+from extender.scheduler.extenderserver import run_extender
 from extender.scheduler.settings import ExtenderSettings
 from tests.integration.conftest import small_cluster
 

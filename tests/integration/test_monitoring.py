@@ -26,7 +26,7 @@ from extender.leasing.metrics import LeasingMetrics
 from extender.orchestration.metrics import OrchestratorMetrics
 from extender.planner.controller import PlannerMetrics
 from extender.prewarm.controller import PrewarmMetrics
-from extender.scheduler.serving import TLSExpiry, build_app
+from extender.scheduler.extenderserver import TLSExpiry, build_app
 from extender.scheduler.settings import ExtenderSettings
 from tests.chart import CHART, binary, find, helm, kube_version, render
 from tests.integration.conftest import Server

@@ -121,8 +121,8 @@ def test_inventory_beyond_the_schema_limit_keeps_the_most_recently_used(
 ) -> None:
     """More entries of a kind than the schema allows: the ones published are the most recently
     used of that kind (sorted, so that a use alone does not change the published list)."""
-    from nodeagent.cache.serving import ServeSettings
-    from nodeagent.cache.store import CacheStore
+    from nodeagent.cache.cachestore import CacheStore
+    from nodeagent.cache.peerserver import ServeSettings
     from nodeagent.pulling import command
 
     monkeypatch.setattr(command, "MAX_PUBLISHED", 2)
@@ -150,7 +150,7 @@ def test_a_second_process_cannot_open_a_cache_directory_in_use(tmp_path: Path) -
     import subprocess
     import sys
 
-    from nodeagent.cache.store import CacheStore
+    from nodeagent.cache.cachestore import CacheStore
 
     def ls() -> subprocess.CompletedProcess[str]:
         return subprocess.run(

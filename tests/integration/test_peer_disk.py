@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.cache import store as store_module
+from nodeagent.cache import cachestore as store_module
+from nodeagent.cache.cachestore import CacheStore, NoSpace, free_bytes
 from nodeagent.cache.naming import EntryId, Kind
-from nodeagent.cache.store import CacheStore, NoSpace, free_bytes
 from nodeagent.cache.testing import random_file, start_peer
 from nodeagent.pulling.puller import PullSettings, pull
 from tests.integration.test_peer_pull import CKPT, MIB, PIECE, Rig

@@ -15,11 +15,11 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from nodeagent.cache.cachestore import CacheStore, TooLarge
 from nodeagent.cache.credentials import TokenFile
 from nodeagent.cache.manifest import Manifest
 from nodeagent.cache.naming import EntryId, Kind
 from nodeagent.cache.peerauth import TokenReviewVerifier
-from nodeagent.cache.store import CacheStore, TooLarge
 from nodeagent.cache.testing import (
     AGENT_USER,
     FakeTokenReviews,
@@ -96,7 +96,7 @@ async def test_an_agents_own_token_is_served_and_logged_with_its_node(
     rig: Rig, caplog: pytest.LogCaptureFixture
 ) -> None:
     token = rig.api.agent("gpu-a")
-    with caplog.at_level(logging.INFO, logger="nodeagent.cache.serving"):
+    with caplog.at_level(logging.INFO, logger="nodeagent.cache.peerserver"):
         status, body = await get(rig.node.url + "/v1/inventory", token)
         assert status == 200
         assert CKPT.encode() in body

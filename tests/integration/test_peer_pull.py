@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from common.errors import InvalidInput
+from nodeagent.cache.cachestore import CacheStore
 from nodeagent.cache.manifest import Manifest
 from nodeagent.cache.naming import EntryId, Kind
-from nodeagent.cache.store import CacheStore
 from nodeagent.cache.testing import (
     PeerNode,
     clone_entry,

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from nodeagent.cache.cachestore import CacheStore
 from nodeagent.cache.naming import EntryId, Kind
-from nodeagent.cache.store import CacheStore
 from nodeagent.cache.testing import PeerNode, random_file, start_peer, write_token
 
 CKPT = EntryId("job-a.step-7")

@@ -33,7 +33,7 @@ PROBES = 40  # per flood
 LAUNCH = {
     "extender": """
         from extender.cluster.store import MemoryStore
-        from extender.scheduler.serving import serve
+        from extender.scheduler.extenderserver import serve
         from extender.scheduler.settings import ExtenderSettings
 
         async def main(port):

@@ -12,7 +12,7 @@ import pytest
 
 from common import coercion
 from common.cli import parser
-from nodeagent.cache.serving import ServeSettings
+from nodeagent.cache.peerserver import ServeSettings
 from nodeagent.deviceplugin.settings import DevicePluginSettings
 from nodeagent.main import fake_uuid, flag_problems
 from nodeagent.nvmlfake import full_gpu

@@ -13,8 +13,8 @@ from common.model import Allocation, GpuUuid, NodeName, PodUid, Priority
 from extender.cluster.store import MemoryStore
 from extender.cluster.watching import PodStatus, run_watch
 from extender.scheduler.binding import BindRefused, stale_allocations
+from extender.scheduler.extenderserver import build_app
 from extender.scheduler.handlers import ExtenderApp
-from extender.scheduler.serving import build_app
 from extender.scheduler.settings import ExtenderSettings
 from tests.unit.cluster import holder
 

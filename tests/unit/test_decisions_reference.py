@@ -43,8 +43,8 @@ from extender.scheduler.filtering import (
     filter_nodes,
 )
 from extender.scheduler.placement import NodePlan, free_counts, plan_node
-from extender.scheduler.preemption import may_evict, resolvable
 from extender.scheduler.scoring import ScoreWeights, prioritize_nodes, score
+from extender.scheduler.victims import may_evict, resolvable
 
 W = ScoreWeights()
 JOBS = ["a", "b", "c"]

@@ -30,7 +30,7 @@ from extender.hotrestart.policy import Reject, WriteRequest
 from extender.hotrestart.policy import decide as operator_decide
 from nodeagent.cri.testing import FakeRuntime
 from nodeagent.hotrestart.podwatch import PodRestarter, PodRestartSettings, run_pod_hot_restarts
-from nodeagent.hotrestart.requests import Begin, Finish, Wait, decide
+from nodeagent.hotrestart.restartdecision import Begin, Finish, Wait, decide
 from tests.polling import eventually
 
 V1, V2 = "local/app:v1", "local/app:v2"

@@ -15,8 +15,8 @@ import pytest
 
 from common.reconcile import Requeue
 from extender.orchestration.controller import Orchestrator, OrchestratorSettings
-from extender.orchestration.executing import OUTPUT_TAIL, ExecRequest, ExecResult, KubeExec
 from extender.orchestration.jobs import job_ref
+from extender.orchestration.podexec import OUTPUT_TAIL, ExecRequest, ExecResult, KubeExec
 from extender.orchestration.records import Record, State
 from extender.orchestration.testing import FakeExecutor, FakeJobStore, job, pod
 

@@ -8,6 +8,7 @@ from common.errors import InvalidInput
 from extender.orchestration.backoff import backoff_s
 from extender.orchestration.evaluation import Evaluation, evaluate
 from extender.orchestration.graph import load
+from extender.orchestration.jobreadiness import PodState, Snapshot, natural_key, pod_state
 from extender.orchestration.records import (
     ANN_RECORDS,
     Record,
@@ -25,7 +26,6 @@ from extender.orchestration.rendering import (
     hosts_lines,
     render,
 )
-from extender.orchestration.snapshot import PodState, Snapshot, natural_key, pod_state
 from extender.orchestration.testing import pod
 
 MPI = """\

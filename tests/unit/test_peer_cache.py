@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from common.errors import InvalidInput
+from nodeagent.cache.cachestore import CacheStore
 from nodeagent.cache.credentials import TokenFile
 from nodeagent.cache.eviction import (
     EntryUse,
@@ -25,7 +26,6 @@ from nodeagent.cache.eviction import (
 from nodeagent.cache.manifest import Manifest, parse_manifest
 from nodeagent.cache.naming import EntryId, Kind, image_id, valid_id
 from nodeagent.cache.ranges import ByteRange, RangeRefused, parse_range
-from nodeagent.cache.store import CacheStore
 from nodeagent.pulling.estimation import LinkEstimate, from_probe
 from nodeagent.pulling.peers import Peer, holders_from_gpu_nodes
 
@@ -391,7 +391,7 @@ def test_abandoned_partial_is_dropped_to_make_room_before_any_entry(
     # Held: 2 pieces + 2 x 4 pieces of partials (+ logs); 3 more do not fit in 12 unless the
     # older partial goes (counting only entries, 5 would fit and nothing would be dropped).
     fresh, _ = pieces_of("fresh", 3)
-    with caplog.at_level(logging.INFO, logger="nodeagent.cache.store"):
+    with caplog.at_level(logging.INFO, logger="nodeagent.cache.cachestore"):
         store.begin_pull(fresh).close()
     assert store.inventory()["checkpoints"] == ["entry"]
     assert dot_files(store) == files_of("fresh", "newer")  # no .tmp- left behind either
@@ -436,7 +436,7 @@ def test_a_finished_pull_is_not_dropped_while_it_is_published(
         publish(m, path)
 
     monkeypatch.setattr(store, "_publish", evict_then_publish)
-    with caplog.at_level(logging.INFO, logger="nodeagent.cache.store"):
+    with caplog.at_level(logging.INFO, logger="nodeagent.cache.cachestore"):
         pull.commit()
     assert (store.data_dir(CK) / "done").read_bytes() == data
     assert store.inventory()["checkpoints"] == ["done"]
@@ -467,7 +467,7 @@ def test_partials_older_than_the_ttl_are_dropped_at_start(
     set_mtime(store, "stale", now - 25 * 3600)
     young = leave_partial(store, "young", 4, 3)
     set_mtime(store, "young", now - 3600)
-    with caplog.at_level(logging.INFO, logger="nodeagent.cache.store"):
+    with caplog.at_level(logging.INFO, logger="nodeagent.cache.cachestore"):
         again = CacheStore(tmp_path / "c", max_bytes=1 << 20, piece_size=PIECE, clock=lambda: now)
     assert dot_files(again) == files_of("young")
     assert "dropping partial pull checkpoints/stale" in caplog.text

@@ -10,7 +10,7 @@ from common.model import JobKey, Priority
 from common.podrequest import parse_pod
 from extender.queues.allocation import JobView, allocate
 from extender.queues.mlfq import Means, Queue, Thresholds, adapt, requeue
-from extender.queues.preemption import preempt_counts
+from extender.queues.preemptionorder import preempt_counts
 from extender.queues.profiling import Profile, profile_from_batches, scaling_factors
 from extender.scheduler.partialpreemption import choose_preemption, plan_preemption
 from tests.unit.cluster import allocate as ledger

@@ -22,10 +22,10 @@ from extender.queues.jobviews import (
     profile_of,
 )
 from extender.queues.mlfq import Queue
-from extender.queues.preemption import eviction_cost
+from extender.queues.preemptionorder import eviction_cost
 from extender.rightofreturn.lease import LentGroup
 from extender.scheduler.partialpreemption import choose_preemption
-from extender.scheduler.preemption import Proposal, preempt_nodes
+from extender.scheduler.victims import Proposal, preempt_nodes
 from tests.unit.cluster import allocate, cluster, holder
 
 U = builders.device_uuid

@@ -5,7 +5,7 @@ from __future__ import annotations
 from common import builders
 from common.model import Priority, Tier
 from common.podrequest import parse_pod
-from extender.scheduler.preemption import Proposal, choose_victims, preempt_nodes, resolvable
+from extender.scheduler.victims import Proposal, choose_victims, preempt_nodes, resolvable
 from tests.unit.cluster import allocate, cluster, holder
 
 U = builders.device_uuid

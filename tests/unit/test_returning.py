@@ -31,10 +31,10 @@ from extender.prewarm.policy import PrewarmSettings, WorkloadTemplate, plan_leas
 from extender.rightofreturn.lease import parse_gpu_lease
 from extender.scheduler.filtering import filter_nodes
 from extender.scheduler.placement import Verdict, pick_devices, verdict
-from extender.scheduler.preemption import Proposal, preempt_nodes
 from extender.scheduler.returning import RETURN_HOME, lent_group_home
 from extender.scheduler.scoring import prioritize_nodes
 from extender.scheduler.settings import ExtenderSettings
+from extender.scheduler.victims import Proposal, preempt_nodes
 from tests.unit.cluster import allocate, cluster, holder
 
 OWNER = "recsys"

@@ -25,13 +25,14 @@ from dataclasses import dataclass
 from aiohttp import hdrs, web
 from aiohttp.abc import AbstractStreamWriter
 
+from common.coercion import whole
 from common.httpserving import Limits, listen
 from common.httpserving import runner as make_runner
+from nodeagent.cache.cachestore import CacheStore
 from nodeagent.cache.identity import DEFAULT_AUDIENCE, PeerIdentity, service_account_user
 from nodeagent.cache.naming import KINDS, EntryId, Kind, parse_id
 from nodeagent.cache.peerauth import PeerVerifier
 from nodeagent.cache.ranges import RangeRefused, parse_range
-from nodeagent.cache.store import CacheStore
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ class ServeSettings:
     def validate(self) -> list[str]:
         """Every problem at once; empty when the settings are usable."""
         problems = []
-        if isinstance(self.port, bool) or not isinstance(self.port, int):
+        if not whole(self.port):
             problems.append(f"cache port {self.port!r} is not a whole number")
         elif not 0 <= self.port <= 65535:
             problems.append(f"cache port {self.port} is not a TCP port")

@@ -1,4 +1,5 @@
-"""Cornucopia Algorithm 3: scaling-aware partial preemption, on GPU counts. Pure.
+"""The order in which a job of a higher queue takes GPUs from jobs of lower queues (scaling-aware
+partial preemption), on GPU counts. Pure.
 
 A job of a higher queue that does not fit takes GPUs one at a time from jobs of lower queues,
 each time from the job whose GPU is worth least: the smallest scaling factor of the GPU taken
@@ -13,7 +14,10 @@ rule for linear jobs). Choices written down here:
 
 :func:`preempt_counts` works on GPU counts (the simulator, the leasing controller's view of
 jobs), :func:`eviction_cost` compares sets of victims; the preempt verb applies the same order
-to one node's devices and ledger (:mod:`extender.scheduler.partialpreemption`).
+to one node's devices and ledger (:mod:`extender.scheduler.partialpreemption`); the default
+choice of victims, by right of return, is :mod:`extender.scheduler.victims`.
+
+Reference: cornucopia Algorithm 3 (docs/references.md).
 """
 
 from __future__ import annotations

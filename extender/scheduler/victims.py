@@ -187,7 +187,7 @@ def preempt_nodes(
     borrowers of the preemptor's own devices. The PDB count is kube-scheduler's own when our
     victims are a subset of its proposal (the extender cannot evaluate PodDisruptionBudgets);
     otherwise it is 0. ``choose`` picks the victims on one node (cornucopia's partial
-    preemption for pods that opt into it, see extender.queues.preemption).
+    preemption for pods that opt into it, see extender.queues.preemptionorder).
     """
     answer: dict[str, Proposal] = {}
     costs: dict[str, tuple[int, int, int]] = {}
