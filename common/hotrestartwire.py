@@ -17,11 +17,11 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from common import contract
+from common.coercion import finite, number
 from common.errors import InvalidInput
 
 
@@ -134,17 +134,11 @@ def parse_status(value: str) -> Status:
         v = doc.get(key)
         return v if isinstance(v, str) else ""
 
-    def number(key: str) -> float:
+    def finite_field(key: str) -> float:
         """A finite number, else 0.0 (as when missing): an integer too large for a float, NaN
         and Infinity included."""
         v = doc.get(key)
-        if not isinstance(v, int | float) or isinstance(v, bool):
-            return 0.0
-        try:
-            f = float(v)
-        except OverflowError:
-            return 0.0
-        return f if math.isfinite(f) else 0.0
+        return float(v) if number(v) and finite(v) else 0.0
 
     return Status(
         id=text("id"),
@@ -155,8 +149,8 @@ def parse_status(value: str) -> Status:
         old_image=text("oldImage"),
         old_container_id=text("oldContainerId"),
         new_container_id=text("newContainerId"),
-        started_at=number("startedAt"),
-        finished_at=number("finishedAt"),
+        started_at=finite_field("startedAt"),
+        finished_at=finite_field("finishedAt"),
     )
 
 

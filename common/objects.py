@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from common import contract
+from common.coercion import whole
 from common.errors import InvalidInput
 from common.model import (
     Allocation,
@@ -114,7 +115,7 @@ def parse_gpu_node(obj: Mapping[str, Any]) -> NodeInventory:
             problems.append(f"{at}.uuid {uuid} appears twice")
             continue
         seen.add(uuid)
-        if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+        if not whole(index) or index < 0:
             problems.append(f"{at}.index must be a non-negative integer")
             continue
         if not isinstance(gpu_type, str) or not gpu_type:

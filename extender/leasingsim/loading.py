@@ -68,6 +68,7 @@ from typing import Any, TypeVar
 
 import yaml
 
+from common.coercion import number
 from common.errors import InvalidInput
 from common.model import JobKey, NodeName, Tier
 from extender.leasingsim.scenario import (
@@ -209,7 +210,7 @@ def _role(value: object) -> Role:
 
 
 def _time(value: object) -> float:
-    if isinstance(value, int | float) and not isinstance(value, bool):
+    if number(value):
         return float(value)
     if not isinstance(value, str):
         raise ValueError

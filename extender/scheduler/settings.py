@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -13,7 +12,7 @@ from typing import Any
 import yaml
 
 from common import contract
-from common.coercion import coerce
+from common.coercion import coerce, finite
 from common.errors import InvalidInput
 from common.httpserving import ServerTLS
 from common.keyfile import key_file
@@ -282,11 +281,7 @@ def load_settings(
                 for wk, wv in value.items():
                     if wk not in {f.name for f in dataclasses.fields(ScoreWeights)}:
                         problems.append(f"settings file: unknown weight {wk!r}")
-                    elif (
-                        isinstance(wv, int | float)
-                        and not isinstance(wv, bool)
-                        and math.isfinite(wv)
-                    ):
+                    elif finite(wv):
                         weights[wk] = float(wv)
                     else:
                         problems.append(f"settings file: weight {wk} must be a number")

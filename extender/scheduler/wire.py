@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii
 from typing import Any, Final
 
+from common.coercion import whole
 from common.errors import InvalidInput
 from extender.scheduler.victims import Proposal
 
@@ -147,7 +148,7 @@ class PreemptionArgs:
 def _pdb(value: object, where: str) -> int:
     if value is None:
         return 0
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= INT64_MAX:
+    if not whole(value) or not 0 <= value <= INT64_MAX:
         raise InvalidInput(f"{where}.NumPDBViolations must be an integer from 0 to 2^63-1")
     return value
 

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from common.coercion import whole
 from common.errors import InvalidInput
 from nodeagent.cache.naming import KINDS, EntryId, Kind, parse_id
 
@@ -78,14 +79,10 @@ def parse_manifest(raw: Any) -> Manifest:
     if entry is None:
         problems.append("id is missing or not a valid id")
     size, piece_size = raw.get("size"), raw.get("pieceSize")
-    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+    if not whole(size) or size < 0:
         problems.append("size must be a non-negative integer")
         size = None
-    if (
-        not isinstance(piece_size, int)
-        or isinstance(piece_size, bool)
-        or not MIN_PIECE_SIZE <= piece_size <= MAX_PIECE_SIZE
-    ):
+    if not whole(piece_size) or not MIN_PIECE_SIZE <= piece_size <= MAX_PIECE_SIZE:
         problems.append(f"pieceSize must be an integer in [{MIN_PIECE_SIZE}, {MAX_PIECE_SIZE}]")
         piece_size = None
     pieces = raw.get("pieces")

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common import contract
+from common.coercion import mapping
 from common.model import GpuUuid, PodUid
 
 
@@ -45,14 +46,10 @@ class NodePod:
         return f"{self.namespace}/{self.name}"
 
 
-def _map(value: object) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
 def parse_node_pod(obj: Mapping[str, Any]) -> NodePod:
     """A pod object as the API server returns it; never raises, problems land in ``problem``."""
-    meta = _map(obj.get("metadata"))
-    ann = _map(meta.get("annotations"))
+    meta = mapping(obj.get("metadata"))
+    ann = mapping(meta.get("annotations"))
     problem = ""
     devices: tuple[GpuUuid, ...] = ()
     raw = ann.get(contract.ANN_DEVICES)
@@ -69,7 +66,7 @@ def parse_node_pod(obj: Mapping[str, Any]) -> NodePod:
         name=str(meta.get("name") or ""),
         uid=PodUid(str(meta.get("uid") or "")),
         created=str(meta.get("creationTimestamp") or ""),
-        phase=str(_map(obj.get("status")).get("phase") or "Pending"),
+        phase=str(mapping(obj.get("status")).get("phase") or "Pending"),
         deleting=meta.get("deletionTimestamp") is not None,
         devices=devices,
         devices_node=node if isinstance(node, str) else "",
