@@ -1,0 +1,667 @@
+"""The soak run's invariants: checkers fed a history of observations of the cluster. Pure.
+
+An :class:`Observation` is what the harness saw at time ``t`` (seconds, any origin): the API
+objects as the API server holds them (pods, ``GpuNode``s, ``GpuAllocation`` ledgers,
+``GpuLease``s, Nodes), the pod deletions the pods' watch reported since the previous
+observation, and samples of the components' processes. Each checker's
+``observe(obs)`` returns the violations that observation shows, keeping what it needs between
+observations (when a difference started, when a reclaim began); ``finish()`` returns what only
+the whole run shows (a leak trend). No checker reads a clock, a file or the network: the times
+are the observations'.
+
+Each violation is reported once per episode (a condition that lasts is not reported again until
+it has ended and comes back). The rules, and where they approximate:
+
+* :class:`NoDoubleHold` — no GPU is held by two bound, unfinished pods at once (by UUID, from
+  the pods' ``tidelease.io/devices``), nor listed twice in the ledgers.
+* :class:`LedgerMatchesPods` — each node's ledger holds exactly the devices of the pods bound
+  there, once a difference has lasted ``settle_s`` (bind writes the ledger before the pod, the
+  reaper frees a gone pod's entry later: pick the extender's reserve TTL plus its reap interval).
+* :class:`ReclaimEnds` — a lease that enters ``Reclaiming`` leaves it within grace + ``bound_s``
+  or is ``Degraded`` with a reason by then; when it ends, each returning replica holds its own
+  lent group, and any other device it holds is a standby stand-in of a GPU type and tier of a
+  lent device it does not hold (a better tier is no broken promise).
+* :class:`NoticeBeforeEviction` — no borrower on a lent device goes without its reclaim notice,
+  unless its node was lost or kube-scheduler preempted it for a job that is not taking its
+  devices back.
+* :class:`PendingWhileFree` — no GPU pod stays Pending beyond ``bound_s`` while a Ready node it
+  may run on has enough free plain devices for it (conservative: see the class).
+* :class:`LeakTrend` — no process's RSS or open fds grow faster than a threshold per hour over
+  the run (least-squares slope).
+
+What the checkers cover is the device-plugin path (devices annotated on the pod at bind); pods
+placed through DRA claims carry no ``tidelease.io/devices`` and are not judged by the first two.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from common import contract
+from common.errors import InvalidInput
+from common.model import Allocation, Device, GpuUuid, JobKey, NodeName, Priority
+from common.objects import object_key, parse_gpu_allocation, parse_gpu_node
+from common.podrequest import controller_of, parse_pod
+from common.tenancy import belongs, pod_owner
+from extender.queues.fitting import NodeFacts, constraints, eligible, node_facts
+from extender.rightofreturn.lease import GpuLease, parse_gpu_lease
+from extender.rightofreturn.replicas import names_replicas
+
+Obj = Mapping[str, Any]
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    checker: str
+    t: float
+    obj: str  # the object it is about: "namespace/name", "/node", a UUID, a process
+    message: str
+
+    def __str__(self) -> str:
+        return f"[{self.checker}] t={self.t:.1f} {self.obj}: {self.message}"
+
+
+@dataclass(frozen=True, slots=True)
+class Deletion:
+    """A pod the pods' watch saw deleted (evicted or deleted) since the previous observation."""
+
+    pod: Obj  # its last state, as the DELETED event carried it
+    noticed: bool  # it carried a reclaim notice (tidelease.io/reclaim-notice)
+    node_gone: bool = False  # its node was lost (deleted, or NotReady) when it went
+
+    @classmethod
+    def of(cls, pod: Obj, *, node_gone: bool = False) -> Deletion:
+        """The deletion of ``pod``, noticed when its last state carries the notice."""
+        return cls(pod, contract.ANN_RECLAIM_NOTICE in _annotations(pod), node_gone)
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessSample:
+    rss_bytes: int
+    open_fds: int
+
+
+@dataclass(frozen=True, eq=False)
+class Observation:
+    t: float
+    pods: Sequence[Obj] = ()
+    gpu_nodes: Sequence[Obj] = ()
+    ledgers: Sequence[Obj] = ()  # GpuAllocations
+    leases: Sequence[Obj] = ()  # GpuLeases
+    nodes: Sequence[Obj] = ()
+    deletions: Sequence[Deletion] = ()
+    processes: Mapping[str, ProcessSample] = field(default_factory=dict)
+
+    @cached_property
+    def devices(self) -> dict[GpuUuid, Device]:
+        """Every device of every valid GpuNode, by UUID."""
+        out: dict[GpuUuid, Device] = {}
+        for obj in self.gpu_nodes:
+            try:
+                out.update((d.uuid, d) for d in parse_gpu_node(obj).devices)
+            except InvalidInput:
+                continue
+        return out
+
+    @cached_property
+    def allocations(self) -> dict[NodeName, tuple[Allocation, ...]]:
+        """Every valid ledger's entries, by node."""
+        out: dict[NodeName, tuple[Allocation, ...]] = {}
+        for obj in self.ledgers:
+            try:
+                node, allocations = parse_gpu_allocation(obj)
+            except InvalidInput:
+                continue
+            out[node] = allocations
+        return out
+
+    @cached_property
+    def gpu_leases(self) -> tuple[GpuLease, ...]:
+        out = []
+        for obj in self.leases:
+            try:
+                out.append(parse_gpu_lease(obj))
+            except InvalidInput:
+                continue
+        return tuple(out)
+
+    @cached_property
+    def holding(self) -> tuple[Obj, ...]:
+        """The pods that hold devices: bound, unfinished, with devices annotated."""
+        return tuple(p for p in self.pods if holds(p))
+
+
+def _annotations(pod: Obj) -> Mapping[str, str]:
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    return annotations if isinstance(annotations, dict) else {}
+
+
+def pod_devices(pod: Obj) -> tuple[GpuUuid, ...]:
+    """The devices bind recorded on the pod."""
+    text = _annotations(pod).get(contract.ANN_DEVICES) or ""
+    return tuple(GpuUuid(u) for u in text.split(",") if u)
+
+
+def _node_of(pod: Obj) -> str:
+    return str((pod.get("spec") or {}).get("nodeName") or "")
+
+
+def _phase(pod: Obj) -> str:
+    return str((pod.get("status") or {}).get("phase") or "Pending")
+
+
+def _uid(obj: Obj) -> str:
+    return str((obj.get("metadata") or {}).get("uid", ""))
+
+
+def holds(pod: Obj) -> bool:
+    """Whether the pod holds its annotated devices: bound and not finished (a pod being deleted
+    still runs until it is gone)."""
+    return bool(_node_of(pod)) and _phase(pod) not in TERMINAL_PHASES and bool(pod_devices(pod))
+
+
+def _ready(node: Obj) -> bool:
+    conditions = (node.get("status") or {}).get("conditions") or []
+    return any(
+        isinstance(c, dict) and c.get("type") == "Ready" and c.get("status") == "True"
+        for c in conditions
+    )
+
+
+class _Lasting:
+    """Conditions by key, each with the time it was first seen in an unbroken run of
+    observations; each reported once, when it has lasted ``window_s``."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self._since: dict[str, float] = {}
+        self._told: set[str] = set()
+
+    def update(self, t: float, now: Mapping[str, str]) -> list[tuple[str, str, float]]:
+        """(key, message, since) of each condition now reaching its window."""
+        for key in self._since.keys() - now.keys():
+            del self._since[key]
+            self._told.discard(key)
+        out = []
+        for key, message in now.items():
+            since = self._since.setdefault(key, t)
+            if t - since >= self.window_s and key not in self._told:
+                self._told.add(key)
+                out.append((key, message, since))
+        return out
+
+
+class Checker:
+    """A checker: ``observe`` each observation in time order, then ``finish`` once."""
+
+    name = "checker"
+
+    def observe(self, obs: Observation) -> list[Violation]:
+        raise NotImplementedError
+
+    def finish(self) -> list[Violation]:
+        return []
+
+    def _v(self, t: float, obj: str, message: str) -> Violation:
+        return Violation(self.name, t, obj, message)
+
+
+def check_history(checkers: Sequence[Checker], history: Iterable[Observation]) -> list[Violation]:
+    """Every violation the checkers find over the history (observations in time order)."""
+    out: list[Violation] = []
+    for obs in history:
+        for c in checkers:
+            out += c.observe(obs)
+    for c in checkers:
+        out += c.finish()
+    return out
+
+
+class NoDoubleHold(Checker):
+    """(a) No device held by two pods at once: two bound, unfinished pods annotated with one
+    UUID, or one UUID in two ledger entries. At once: no window."""
+
+    name = "no-double-hold"
+
+    def __init__(self) -> None:
+        self._lasting = _Lasting(0.0)
+
+    def observe(self, obs: Observation) -> list[Violation]:
+        by_pod: dict[GpuUuid, list[str]] = {}
+        for pod in obs.holding:
+            for u in pod_devices(pod):
+                by_pod.setdefault(u, []).append(object_key(pod))
+        by_entry: dict[GpuUuid, list[str]] = {}
+        for node, allocations in obs.allocations.items():
+            for a in allocations:
+                for u in a.devices:
+                    by_entry.setdefault(u, []).append(f"{a.holder.key} on {node}")
+        now = {
+            f"pods:{u}": f"held by pods {', '.join(sorted(who))}"
+            for u, who in by_pod.items()
+            if len(who) > 1
+        }
+        now.update(
+            (f"ledger:{u}", f"in the ledger entries of {', '.join(sorted(who))}")
+            for u, who in by_entry.items()
+            if len(who) > 1
+        )
+        return [
+            self._v(obs.t, key.partition(":")[2], msg)
+            for key, msg, _ in self._lasting.update(obs.t, now)
+        ]
+
+
+class LedgerMatchesPods(Checker):
+    """(b) Each node's ledger holds exactly the devices of the pods bound there. A difference
+    counts once it has lasted ``settle_s``: an entry missing for a bound pod (a skipped ledger
+    write), an entry whose pod is gone, finished, unbound or bound elsewhere (stale), or one
+    whose devices are not the pod's."""
+
+    name = "ledger-matches-pods"
+
+    def __init__(self, settle_s: float) -> None:
+        self._lasting = _Lasting(settle_s)
+
+    def observe(self, obs: Observation) -> list[Violation]:
+        pods = {_uid(p): p for p in obs.pods}
+        want: dict[tuple[str, str], frozenset[GpuUuid]] = {
+            (_node_of(p), _uid(p)): frozenset(pod_devices(p)) for p in obs.holding
+        }
+        have: dict[tuple[str, str], tuple[Allocation, frozenset[GpuUuid]]] = {
+            (node, a.holder.pod_uid): (a, frozenset(a.devices))
+            for node, allocations in obs.allocations.items()
+            for a in allocations
+        }
+        now: dict[str, str] = {}
+        for (node, uid), devices in want.items():
+            entry = have.get((node, uid))
+            key = f"{node}/{uid}"
+            if entry is None:
+                who = object_key(pods[uid])
+                now[key] = f"pod {who} holds {_list(devices)} but the ledger has no entry for it"
+            elif entry[1] != devices:
+                now[key] = (
+                    f"ledger gives {entry[0].holder.key} {_list(entry[1])}, "
+                    f"the pod holds {_list(devices)}"
+                )
+        for (node, uid), (a, devices) in have.items():
+            if (node, uid) in want:
+                continue
+            found = pods.get(uid)
+            if found is None:
+                why = "is gone"
+            elif _phase(found) in TERMINAL_PHASES:
+                why = f"is {_phase(found)}"
+            elif not _node_of(found):
+                why = "is not bound"
+            elif _node_of(found) != node:
+                why = f"is on {_node_of(found)}"
+            else:
+                why = "holds no devices"
+            now[f"{node}/{uid}"] = f"stale entry: {a.holder.key} ({_list(devices)}) {why}"
+        return [
+            self._v(obs.t, f"/{key.partition('/')[0]}", f"{msg} (since t={since:.1f})")
+            for key, msg, since in self._lasting.update(obs.t, now)
+        ]
+
+
+def _list(devices: Iterable[str]) -> str:
+    return ",".join(sorted(devices)) or "nothing"
+
+
+@dataclass
+class _Open:
+    """A reclaim under way, as the checker saw it begin."""
+
+    deadline: float
+    lease: GpuLease  # its latest Reclaiming state
+    bound_before: frozenset[str]  # the workload's pods that held devices when it began
+    late: bool = False  # past its deadline (reported, or excused by Degraded)
+
+
+class ReclaimEnds(Checker):
+    """(c) Every reclaim ends, and ends with each replica where it belongs.
+
+    A lease seen ``Reclaiming`` must be seen out of it within grace + ``bound_s`` of the first
+    observation that saw it there (``grace_s``: the notice in force, e.g. the extender's
+    ``leasing_test_grace_s``; None: the lease's ``graceSeconds``), or ``Degraded`` with a reason
+    by then (pick ``bound_s`` above the extender's ``reclaim_overdue_s``).
+
+    When it ends, each returning pod (a StatefulSet's replicas named in ``reclaiming``; for
+    other workloads the pods that did not hold devices when it began, any of them on any
+    group) may hold its own lent group's devices, and otherwise only stand-ins: a standby
+    device, not tagged for another job, matched with a lent device of its group that it does
+    not hold, of the same GPU type and at least its tier (a better tier breaks no promise).
+    Never another replica's or another job's lent device. ``untagged_stand_ins``: accept free
+    untagged devices as stand-ins too (placement's documented "then other free devices" step,
+    docs/leasing.md), where the issue's rule (standby only) is too strict for the run."""
+
+    name = "reclaim-ends"
+
+    def __init__(
+        self, bound_s: float, *, grace_s: float | None = None, untagged_stand_ins: bool = False
+    ) -> None:
+        self.bound_s, self.grace_s, self.untagged_stand_ins = bound_s, grace_s, untagged_stand_ins
+        self._open: dict[str, _Open] = {}
+        self._known: dict[GpuUuid, Device] = {}  # every device seen: type and tier of gone ones
+
+    def observe(self, obs: Observation) -> list[Violation]:
+        self._known.update(obs.devices)
+        out: list[Violation] = []
+        leases = {lease.key: lease for lease in obs.gpu_leases}
+        for key in self._open.keys() - leases.keys():
+            del self._open[key]
+        for key, lease in leases.items():
+            r = self._open.get(key)
+            if lease.status.phase == "Reclaiming":
+                started = lease.status.reclaim_started
+                if r is None or r.lease.status.reclaim_started != started:
+                    grace = lease.spec.grace_s if self.grace_s is None else self.grace_s
+                    before = frozenset(_uid(p) for p in _workload_pods(lease, obs.holding))
+                    r = self._open[key] = _Open(obs.t + grace + self.bound_s, lease, before)
+                r.lease = lease
+                if not r.late and obs.t > r.deadline:
+                    r.late = True
+                    if not lease.degraded:
+                        out.append(
+                            self._v(
+                                obs.t,
+                                key,
+                                f"still Reclaiming {', '.join(lease.status.reclaiming)} past "
+                                f"t={r.deadline:.1f} (grace + {self.bound_s:.0f} s) and not "
+                                "Degraded with a reason",
+                            )
+                        )
+                continue
+            if r is None:
+                continue
+            del self._open[key]
+            if not r.late and obs.t > r.deadline:
+                out.append(self._v(obs.t, key, f"reclaim ended past t={r.deadline:.1f}"))
+            out += self._placement(r, obs, leases)
+        return out
+
+    def _placement(
+        self, r: _Open, obs: Observation, leases: Mapping[str, GpuLease]
+    ) -> list[Violation]:
+        lease = r.lease
+        back = {
+            g.replica: g.devices
+            for g in lease.status.groups
+            if g.replica in lease.status.reclaiming
+        }
+        lent_by = {
+            u: f"{other.key} group {g.replica}"
+            for other in (*(v for k, v in leases.items() if k != lease.key), lease)
+            for g in other.status.groups
+            for u in g.devices
+        }
+        per_replica = names_replicas(lease.spec.workload.kind)
+        every = tuple(u for devices in back.values() for u in devices)
+        out = []
+        for pod in _workload_pods(lease, obs.holding):
+            name = str((pod.get("metadata") or {}).get("name", ""))
+            if per_replica and name not in back:
+                continue
+            if not per_replica and _uid(pod) in r.bound_before:
+                continue
+            own = back[name] if per_replica else every
+            for problem in self._misplaced(pod_devices(pod), own, lease.spec.owner, lent_by, obs):
+                out.append(self._v(obs.t, object_key(pod), f"back from {lease.key}: {problem}"))
+        return out
+
+    def _misplaced(
+        self,
+        held: Sequence[GpuUuid],
+        own: Sequence[GpuUuid],
+        owner: JobKey,
+        lent_by: Mapping[GpuUuid, str],
+        obs: Observation,
+    ) -> list[str]:
+        problems: list[str] = []
+        stand_ins: list[Device] = []
+        for u in held:
+            if u in own:
+                continue
+            dev = obs.devices.get(u)
+            if u in lent_by:
+                problems.append(f"holds {u}, lent by {lent_by[u]}")
+            elif dev is None:
+                continue  # on a node gone: nothing left to judge
+            elif dev.cls.owner not in (None, owner):
+                problems.append(f"holds {u}, tagged for {dev.cls.owner}")
+            elif dev.cls.standby or self.untagged_stand_ins:
+                stand_ins.append(dev)
+            else:
+                problems.append(f"holds {u}, neither its own lent device nor a standby stand-in")
+        missing = [self._known.get(u) for u in own if u not in held]
+        return problems + _unmatched(stand_ins, missing)
+
+
+def _workload_pods(lease: GpuLease, pods: Iterable[Obj]) -> list[Obj]:
+    wl = lease.spec.workload
+    return [
+        p
+        for p in pods
+        if (p.get("metadata") or {}).get("namespace") == lease.namespace
+        and belongs(controller_of(p.get("metadata") or {}), wl.kind, wl.name)
+    ]
+
+
+def _unmatched(stand_ins: Sequence[Device], lent: Sequence[Device | None]) -> list[str]:
+    """Stand-ins that match no lent device left behind of their GPU type and at most their
+    tier, each lent device used once. Per type, pairing both ascending by tier finds a
+    matching if any exists; a lent device never seen (``None``) takes any one stand-in,
+    unjudged."""
+    out: list[str] = []
+    unknown = sum(1 for d in lent if d is None)
+    for gpu_type in sorted({d.gpu_type for d in stand_ins}):
+        ins = sorted((d for d in stand_ins if d.gpu_type == gpu_type), key=lambda d: d.tier)
+        outs = sorted(d.tier for d in lent if d is not None and d.gpu_type == gpu_type)
+        for i, d in enumerate(ins):
+            if i < len(outs):
+                if d.tier < outs[i]:
+                    out.append(f"stand-in {d.uuid} is {d.tier.name}, below the lent {outs[i].name}")
+            elif unknown:
+                unknown -= 1
+            else:
+                out.append(f"stand-in {d.uuid} ({gpu_type}) stands in for no lent device")
+    return out
+
+
+class NoticeBeforeEviction(Checker):
+    """(d) No borrower evicted without its notice: a deleted pod that is not high priority,
+    bound, holding a device lent (tagged with an owner, or in a lease's lent groups, in this
+    observation or the previous) by a job other than its own, must have carried its reclaim
+    notice; unless its node was lost, it had finished before (Succeeded or Failed at the
+    previous observation: its last state may say Failed only because the kubelet ends deleted
+    pods so), or kube-scheduler preempted it (condition ``DisruptionTarget``, reason
+    ``PreemptionByScheduler``) while none of those owners was reclaiming (a preemption by a
+    higher pod priority is no reclaim). Deletions the harness makes itself (its faults, its
+    clean-up) are not for this checker: leave them out of :attr:`Observation.deletions`."""
+
+    name = "notice-before-eviction"
+
+    def __init__(self) -> None:
+        self._lent: dict[GpuUuid, JobKey] = {}
+        self._reclaiming: set[JobKey] = set()
+        self._finished: set[str] = set()  # pods finished at the previous observation
+
+    def observe(self, obs: Observation) -> list[Violation]:
+        lent: dict[GpuUuid, JobKey] = {
+            u: d.cls.owner for u, d in obs.devices.items() if d.cls.owner and not d.cls.standby
+        }
+        for lease in obs.gpu_leases:
+            lent.update((u, lease.spec.owner) for u in lease.status.lent)
+        reclaiming = {x.spec.owner for x in obs.gpu_leases if x.status.phase == "Reclaiming"}
+        before, was_reclaiming = {**lent, **self._lent}, reclaiming | self._reclaiming
+        finished = self._finished
+        self._lent, self._reclaiming = lent, reclaiming
+        self._finished = {_uid(p) for p in obs.pods if _phase(p) in TERMINAL_PHASES}
+        out = []
+        for gone in obs.deletions:
+            pod = gone.pod
+            if gone.noticed or gone.node_gone or _uid(pod) in finished:
+                continue
+            if not _node_of(pod):
+                continue
+            if _annotations(pod).get(contract.ANN_PRIORITY) == Priority.HIGH.value:
+                continue
+            mine = pod_owner(pod)
+            devices = [u for u in pod_devices(pod) if before.get(u) not in (None, mine)]
+            owners = {before[u] for u in devices}
+            if not owners or (_preempted(pod) and not owners & was_reclaiming):
+                continue
+            out.append(
+                self._v(
+                    obs.t,
+                    object_key(pod),
+                    f"borrower of {_list(devices)} (lent by {', '.join(sorted(owners))}) "
+                    "deleted without a reclaim notice",
+                )
+            )
+        return out
+
+
+def _preempted(pod: Obj) -> bool:
+    return any(
+        isinstance(c, dict)
+        and c.get("type") == "DisruptionTarget"
+        and c.get("reason") == "PreemptionByScheduler"
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )
+
+
+class PendingWhileFree(Checker):
+    """(e) No GPU pod Pending beyond ``bound_s`` while devices it may use are free.
+
+    Conservative, to flag only what placement should certainly have done: the pod is unbound,
+    ungated (``schedulingGates`` empty: the shared queues hold it otherwise), not being deleted,
+    asks ``resource`` GPUs, and declares no pod affinity or topology spread; and some Node that
+    is Ready and that its node selector, required node affinity and tolerations accept
+    (:func:`extender.queues.fitting.eligible`) has at least that many free devices of one GPU
+    type: healthy, untagged, not standby, in no ledger and on no pod, of its type (if it names
+    one) and at least its tier. Both must hold in every observation of ``bound_s``. Left out:
+    other resources (CPU, memory), tenancy refusals (a high-priority pod in a namespace not
+    granted online jobs waits by design: keep the run's pods legitimate), and tagged devices a
+    borrower could take."""
+
+    name = "pending-while-free"
+
+    def __init__(self, bound_s: float, *, resource: str = contract.DEFAULT_GPU_RESOURCE) -> None:
+        self.resource = resource
+        self._lasting = _Lasting(bound_s)
+
+    def observe(self, obs: Observation) -> list[Violation]:
+        taken = {u for p in obs.holding for u in pod_devices(p)}
+        taken.update(u for a in obs.allocations.values() for e in a for u in e.devices)
+        free: dict[str, list[Device]] = {}
+        for u, d in obs.devices.items():
+            if d.cls.healthy and d.cls.owner is None and not d.cls.standby and u not in taken:
+                free.setdefault(d.node, []).append(d)
+        ready = [node_facts(n) for n in obs.nodes if _ready(n)]
+        now: dict[str, str] = {}
+        for pod in obs.pods:
+            room = self._room(pod, ready, free)
+            if room:
+                now[object_key(pod)] = f"Pending while {room} has enough free GPUs for it"
+        return [
+            self._v(obs.t, key, f"{msg} (since t={since:.1f})")
+            for key, msg, since in self._lasting.update(obs.t, now)
+        ]
+
+    def _room(self, pod: Obj, ready: Sequence[NodeFacts], free: Mapping[str, list[Device]]) -> str:
+        """A Ready node with room for the waiting pod; "" for none (or a pod not waiting)."""
+        spec, meta = pod.get("spec") or {}, pod.get("metadata") or {}
+        if _phase(pod) != "Pending" or _node_of(pod) or meta.get("deletionTimestamp"):
+            return ""
+        affinity = spec.get("affinity") or {}
+        if spec.get("schedulingGates") or spec.get("topologySpreadConstraints"):
+            return ""
+        if affinity.get("podAffinity") or affinity.get("podAntiAffinity"):
+            return ""
+        try:
+            req = parse_pod(pod, resource=self.resource)
+        except InvalidInput:
+            return ""
+        if req.gpus <= 0:
+            return ""
+        c = constraints(spec)
+        for node in ready:
+            fit: dict[str, int] = {}
+            for d in free.get(node.name, ()):
+                if d.tier >= req.min_tier and req.gpu_type in (None, d.gpu_type):
+                    fit[d.gpu_type] = fit.get(d.gpu_type, 0) + 1
+            if max(fit.values(), default=0) >= req.gpus and eligible(c, node):
+                return node.name
+        return ""
+
+
+def slope_per_hour(points: Sequence[tuple[float, float]]) -> float:
+    """The least-squares slope of (seconds, value) points, per hour; 0 with under two times."""
+    n = len(points)
+    if n < 2:
+        return 0.0
+    mean_t = sum(t for t, _ in points) / n
+    mean_y = sum(y for _, y in points) / n
+    spread = sum((t - mean_t) ** 2 for t, _ in points)
+    if spread == 0:
+        return 0.0
+    return sum((t - mean_t) * (y - mean_y) for t, y in points) / spread * 3600.0
+
+
+class LeakTrend(Checker):
+    """(f) No leak trend: over the run, after ``warmup_s`` from each process's first sample,
+    the least-squares slope of its RSS and of its open fds must not exceed the thresholds per
+    hour. Judged at ``finish``, for processes sampled at least three times over ``min_span_s``
+    (a slope over a few minutes says little: give the run's length less the warm-up)."""
+
+    name = "leak-trend"
+
+    def __init__(
+        self,
+        *,
+        rss_bytes_per_hour: float,
+        fds_per_hour: float,
+        warmup_s: float = 0.0,
+        min_span_s: float = 0.0,
+    ) -> None:
+        self.rss_bytes_per_hour, self.fds_per_hour = rss_bytes_per_hour, fds_per_hour
+        self.warmup_s, self.min_span_s = warmup_s, min_span_s
+        self._first: dict[str, float] = {}
+        self._samples: dict[str, list[tuple[float, ProcessSample]]] = {}
+
+    def observe(self, obs: Observation) -> list[Violation]:
+        for process, sample in obs.processes.items():
+            first = self._first.setdefault(process, obs.t)
+            if obs.t - first >= self.warmup_s:
+                self._samples.setdefault(process, []).append((obs.t, sample))
+        return []
+
+    def finish(self) -> list[Violation]:
+        out = []
+        for process, samples in sorted(self._samples.items()):
+            end = samples[-1][0]
+            if len(samples) < 3 or end - samples[0][0] < self.min_span_s:
+                continue
+            rss = slope_per_hour([(t, s.rss_bytes) for t, s in samples])
+            fds = slope_per_hour([(t, s.open_fds) for t, s in samples])
+            if rss > self.rss_bytes_per_hour:
+                out.append(
+                    self._v(
+                        end,
+                        process,
+                        f"RSS grows {rss / 2**20:.1f} MiB/h "
+                        f"(limit {self.rss_bytes_per_hour / 2**20:.1f})",
+                    )
+                )
+            if fds > self.fds_per_hour:
+                out.append(
+                    self._v(end, process, f"open fds grow {fds:.1f}/h (limit {self.fds_per_hour})")
+                )
+        return out

@@ -1,0 +1,470 @@
+"""The soak run's invariant checkers (tests/soak/invariants.py): each passes a clean history and
+catches a deliberately broken one, so that a green soak run means something."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from common import builders, contract
+from common.model import Allocation, NodeName, Priority, Tier
+from common.objects import gpu_allocation_object
+from common.podrequest import parse_pod
+from extender.rightofreturn.lease import LeaseStatus, LentGroup, Trouble, lease_conditions
+from tests.soak.invariants import (
+    Checker,
+    Deletion,
+    LeakTrend,
+    LedgerMatchesPods,
+    NoDoubleHold,
+    NoticeBeforeEviction,
+    Observation,
+    PendingWhileFree,
+    ProcessSample,
+    ReclaimEnds,
+    Violation,
+    check_history,
+    pod_devices,
+    slope_per_hour,
+)
+
+Obj = dict[str, Any]
+uuid = builders.device_uuid
+
+
+def node(name: str, *, ready: bool = True, taints: list[Obj] | None = None) -> Obj:
+    status = "True" if ready else "False"
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+        "spec": {"taints": taints or []},
+        "status": {"conditions": [{"type": "Ready", "status": status}]},
+    }
+
+
+def bound(
+    name: str,
+    where: str,
+    indices: range | list[int],
+    *,
+    namespace: str = "default",
+    priority: Priority | None = None,
+    owner: str | None = None,
+    controller: tuple[str, str] | None = None,
+    phase: str = "Running",
+    annotations: dict[str, str] | None = None,
+) -> Obj:
+    """A pod bound to ``where`` with devices ``indices`` of that node annotated, as bind does."""
+    devices = ",".join(uuid(where, i) for i in indices)
+    return builders.pod(
+        name,
+        len(indices),
+        namespace=namespace,
+        priority=priority,
+        owner=owner,
+        controller=controller,
+        node_name=where,
+        phase=phase,
+        extra_annotations={
+            contract.ANN_DEVICES: devices,
+            contract.ANN_DEVICE_NODE: where,
+            **(annotations or {}),
+        },
+    )
+
+
+def ledger(where: str, *pods: Mapping[str, Any], devices: list[int] | None = None) -> Obj:
+    """``where``'s ledger holding each pod's annotated devices (``devices``: these instead)."""
+    entries = [
+        Allocation(
+            parse_pod(p).holder(),
+            pod_devices(p) if devices is None else tuple(uuid(where, i) for i in devices),
+        )
+        for p in pods
+    ]
+    return gpu_allocation_object(NodeName(where), entries)
+
+
+def lease(name: str, namespace: str, status: LeaseStatus, degraded: Trouble | None = None) -> Obj:
+    obj = builders.gpu_lease(name, namespace, gpus_per_replica=2)
+    obj["status"] = status.to_json() | {
+        "conditions": lease_conditions(status, None, 1, 0.0, degraded)
+    }
+    return obj
+
+
+def run(checker: Checker, *history: Observation) -> list[Violation]:
+    return check_history([checker], history)
+
+
+# --- (a) no device held by two pods at once ---
+
+
+def test_double_hold_clean() -> None:
+    pods = [
+        bound("a", "n1", [0, 1]),
+        bound("b", "n1", [2, 3]),
+        bound("done", "n1", [0], phase="Succeeded"),  # finished: holds nothing any more
+    ]
+    obs = Observation(0.0, pods=pods, ledgers=[ledger("n1", pods[0], pods[1])])
+    assert run(NoDoubleHold(), obs, Observation(1.0, pods=pods)) == []
+
+
+def test_double_hold_catches_two_pods_with_one_uuid() -> None:
+    pods = [bound("a", "n1", [0, 1]), bound("b", "n1", [1, 2])]
+    found = run(NoDoubleHold(), *(Observation(t, pods=pods) for t in (0.0, 1.0, 2.0)))
+    assert len(found) == 1  # once per episode, not once per observation
+    assert found[0].obj == uuid("n1", 1)
+    assert "default/a, default/b" in found[0].message
+
+
+def test_double_hold_catches_a_uuid_in_two_ledger_entries() -> None:
+    a, b = bound("a", "n1", [0]), bound("b", "n1", [1])
+    obs = Observation(0.0, ledgers=[ledger("n1", a, b, devices=[3])])
+    found = run(NoDoubleHold(), obs)
+    assert [v.obj for v in found] == [uuid("n1", 3)]
+    assert "ledger entries" in found[0].message
+
+
+# --- (b) every ledger equals the devices of its bound pods ---
+
+
+def test_ledger_clean_with_bind_and_release_inside_the_window() -> None:
+    waiting = builders.pod("p", 2)
+    placed = bound("p", "n1", [0, 1])
+    entry = ledger("n1", placed)
+    history = [
+        Observation(0.0, pods=[waiting], ledgers=[entry]),  # bind wrote the ledger first
+        Observation(1.0, pods=[placed], ledgers=[entry]),
+        Observation(10.0, pods=[placed], ledgers=[entry]),
+        Observation(11.0, pods=[], ledgers=[entry]),  # the pod is gone; the reaper comes
+        Observation(14.0, pods=[], ledgers=[ledger("n1")]),
+    ]
+    assert run(LedgerMatchesPods(settle_s=5.0), *history) == []
+
+
+def test_ledger_catches_a_skipped_ledger_write() -> None:
+    placed = bound("p", "n1", [0, 1])
+    history = [Observation(t, pods=[placed], ledgers=[ledger("n1")]) for t in (0.0, 3.0, 6.0, 9.0)]
+    found = run(LedgerMatchesPods(settle_s=5.0), *history)
+    assert [(v.t, v.obj) for v in found] == [(6.0, "/n1")]
+    assert "default/p" in found[0].message
+    assert "no entry" in found[0].message
+
+
+def test_ledger_catches_a_gone_pods_stale_entry() -> None:
+    entry = ledger("n1", bound("p", "n1", [0, 1]))
+    found = run(LedgerMatchesPods(settle_s=5.0), *(Observation(t, ledgers=[entry]) for t in (0, 6)))
+    assert len(found) == 1
+    assert "stale entry: default/p" in found[0].message
+    assert "is gone" in found[0].message
+
+
+def test_ledger_catches_an_entry_with_other_devices() -> None:
+    placed = bound("p", "n1", [0, 1])
+    obs = [
+        Observation(t, pods=[placed], ledgers=[ledger("n1", placed, devices=[0, 2])])
+        for t in (0, 6)
+    ]
+    found = run(LedgerMatchesPods(settle_s=5.0), *obs)
+    assert len(found) == 1
+    assert "the pod holds" in found[0].message
+
+
+# --- (c) every reclaim ends, each replica on its own devices or a standby stand-in ---
+
+NS = "ml"
+RECSYS = ("StatefulSet", "recsys")
+
+
+def gpu_nodes(*, group_healthy: bool = True, returned: bool = False) -> list[Obj]:
+    """n1: recsys-0's devices and recsys-1's lent group (tags cleared once ``returned``);
+    n2: another job's lent group; n3: standby HA; n4: standby MA; n5: free untagged HA."""
+    recsys_1 = (
+        builders.devices("n1", 2, start=2, healthy=group_healthy)
+        if returned
+        else builders.devices(
+            "n1", 2, start=2, owner="ml/recsys", replica="recsys-1", healthy=group_healthy
+        )
+    )
+    return [
+        builders.gpu_node("n1", [*builders.devices("n1", 2), *recsys_1]),
+        builders.gpu_node("n2", builders.devices("n2", 2, owner="ads/ads", replica="ads-1")),
+        builders.gpu_node("n3", builders.devices("n3", 2, standby=True)),
+        builders.gpu_node("n4", builders.devices("n4", 2, standby=True, tier=Tier.MA)),
+        builders.gpu_node("n5", builders.devices("n5", 2)),
+    ]
+
+
+RECSYS_GROUP = LentGroup("recsys-1", (uuid("n1", 2), uuid("n1", 3)))
+ADS = lease("ads", "ads", LeaseStatus(groups=(LentGroup("ads-1", (uuid("n2", 0), uuid("n2", 1))),)))
+LENT = LeaseStatus(groups=(RECSYS_GROUP,), target_replicas=1)
+RECLAIMING = LeaseStatus(
+    phase="Reclaiming",
+    groups=(RECSYS_GROUP,),
+    target_replicas=2,
+    reclaim_started=1000.0,
+    reclaim_deadline=1002.0,
+    reclaiming=("recsys-1",),
+)
+DONE = LeaseStatus(reclaims=1, returned=2, last_reclaim_s=2.0, target_replicas=2)
+
+
+def reclaim_history(
+    back_on: str, indices: list[int], *, group_healthy: bool = True
+) -> list[Observation]:
+    """recsys lends recsys-1, takes it back, and recsys-1 ends on ``back_on``/``indices``."""
+    zero = bound(
+        "recsys-0",
+        "n1",
+        [0, 1],
+        namespace=NS,
+        priority=Priority.HIGH,
+        owner="recsys",
+        controller=RECSYS,
+    )
+    one = bound(
+        "recsys-1",
+        back_on,
+        indices,
+        namespace=NS,
+        priority=Priority.HIGH,
+        owner="recsys",
+        controller=RECSYS,
+    )
+    nodes = gpu_nodes(group_healthy=group_healthy)
+    return [
+        Observation(0.0, pods=[zero], gpu_nodes=nodes, leases=[lease("recsys", NS, LENT), ADS]),
+        Observation(
+            1.0, pods=[zero], gpu_nodes=nodes, leases=[lease("recsys", NS, RECLAIMING), ADS]
+        ),
+        Observation(
+            3.0,
+            pods=[zero, one],
+            gpu_nodes=gpu_nodes(group_healthy=group_healthy, returned=back_on == "n1"),
+            leases=[lease("recsys", NS, DONE), ADS],
+        ),
+    ]
+
+
+def test_reclaim_clean_back_on_its_own_devices() -> None:
+    assert run(ReclaimEnds(30.0, grace_s=2.0), *reclaim_history("n1", [2, 3])) == []
+
+
+def test_reclaim_clean_on_standby_stand_ins_of_the_same_type_and_tier() -> None:
+    history = reclaim_history("n3", [0, 1], group_healthy=False)
+    assert run(ReclaimEnds(30.0, grace_s=2.0), *history) == []
+
+
+def test_reclaim_catches_a_replica_on_another_jobs_lent_devices() -> None:
+    found = run(ReclaimEnds(30.0, grace_s=2.0), *reclaim_history("n2", [0, 1]))
+    assert [v.obj for v in found] == ["ml/recsys-1", "ml/recsys-1"]
+    assert all("lent by ads/ads group ads-1" in v.message for v in found)
+
+
+def test_reclaim_catches_a_stand_in_of_a_lower_tier() -> None:
+    found = run(ReclaimEnds(30.0, grace_s=2.0), *reclaim_history("n4", [0, 1], group_healthy=False))
+    assert len(found) == 2
+    assert all("is MA, below the lent HA" in v.message for v in found)
+
+
+def test_reclaim_catches_an_untagged_stand_in_unless_allowed() -> None:
+    history = reclaim_history("n5", [0, 1], group_healthy=False)
+    found = run(ReclaimEnds(30.0, grace_s=2.0), *history)
+    assert len(found) == 2
+    assert all("neither its own lent device nor a standby stand-in" in v.message for v in found)
+    assert run(ReclaimEnds(30.0, grace_s=2.0, untagged_stand_ins=True), *history) == []
+
+
+def stuck(degraded: Trouble | None) -> list[Observation]:
+    nodes = gpu_nodes()
+    return [
+        Observation(t, gpu_nodes=nodes, leases=[lease("recsys", NS, RECLAIMING, degraded)])
+        for t in (1.0, 20.0, 40.0, 60.0)
+    ]
+
+
+def test_reclaim_catches_one_that_never_ends() -> None:
+    found = run(ReclaimEnds(30.0, grace_s=2.0), *stuck(None))
+    assert [(v.t, v.obj) for v in found] == [(40.0, "ml/recsys")]
+    assert "not Degraded" in found[0].message
+
+
+def test_reclaim_overdue_but_degraded_with_a_reason_passes() -> None:
+    trouble = Trouble("ReclaimOverdue", "the reclaim of recsys-1 is 120 s past the notice")
+    assert run(ReclaimEnds(30.0, grace_s=2.0), *stuck(trouble)) == []
+
+
+def test_reclaim_grace_defaults_to_the_leases() -> None:
+    # graceSeconds 45 (the default): 45 + 30 s from t=1 is not passed at t=60.
+    assert run(ReclaimEnds(30.0), *stuck(None)) == []
+
+
+# --- (d) no borrower evicted without its notice ---
+
+
+def borrower(indices: list[int], **kw: Any) -> Obj:
+    return bound("ft", "n1", indices, namespace="tenant", priority=Priority.LOW, **kw)
+
+
+def deleted(pod: Obj, *, status: LeaseStatus = LENT, node_gone: bool = False) -> list[Observation]:
+    """``pod`` seen at t=0, its deletion at t=1, ``status`` the recsys lease's at both."""
+    nodes, leases = gpu_nodes(), [lease("recsys", NS, status)]
+    gone = [Deletion.of(pod, node_gone=node_gone)]
+    return [
+        Observation(0.0, pods=[pod], gpu_nodes=nodes, leases=leases),
+        Observation(1.0, gpu_nodes=nodes, leases=leases, deletions=gone),
+    ]
+
+
+def test_notice_clean() -> None:
+    noticed = borrower([2, 3], annotations={contract.ANN_RECLAIM_NOTICE: "2026-01-01T00:00:02Z"})
+    assert run(NoticeBeforeEviction(), *deleted(noticed, status=RECLAIMING)) == []
+    assert run(NoticeBeforeEviction(), *deleted(borrower([2, 3]), node_gone=True)) == []
+    assert run(NoticeBeforeEviction(), *deleted(borrower([0, 1]))) == []  # untagged devices
+    finished = borrower([2, 3], phase="Failed")  # finished on its own, then deleted
+    assert run(NoticeBeforeEviction(), *deleted(finished)) == []
+
+
+def test_notice_catches_a_borrower_evicted_without_one() -> None:
+    found = run(NoticeBeforeEviction(), *deleted(borrower([2, 3]), status=RECLAIMING))
+    assert [v.obj for v in found] == ["tenant/ft"]
+    assert "lent by ml/recsys" in found[0].message
+
+
+def test_notice_judges_the_last_state_not_a_terminal_phase_the_kubelet_wrote() -> None:
+    pod = borrower([2, 3])
+    gone = borrower([2, 3], phase="Failed")  # evicted: the kubelet ends it, then it is removed
+    history = deleted(pod, status=RECLAIMING)
+    history[1] = Observation(1.0, gpu_nodes=gpu_nodes(), deletions=[Deletion.of(gone)])
+    assert len(run(NoticeBeforeEviction(), *history)) == 1
+
+
+def test_notice_scheduler_preemption_is_no_reclaim_unless_the_owner_reclaims() -> None:
+    pod = borrower([2, 3])
+    pod["status"]["conditions"] = [
+        {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}
+    ]
+    assert run(NoticeBeforeEviction(), *deleted(pod)) == []
+    assert len(run(NoticeBeforeEviction(), *deleted(pod, status=RECLAIMING))) == 1
+
+
+# --- (e) no pod Pending beyond a bound while devices it may use are free ---
+
+
+def waiting(**kw: Any) -> Obj:
+    return builders.pod("wait", 2, **kw)
+
+
+def pending(pod: Obj, times: tuple[float, ...] = (0.0, 5.0, 11.0), **kw: Any) -> list[Observation]:
+    obs: dict[str, Any] = {
+        "gpu_nodes": [builders.gpu_node("n1", builders.devices("n1", 4))],
+        "nodes": [node("n1")],
+    }
+    obs.update(kw)
+    return [Observation(t, pods=[pod], **obs) for t in times]
+
+
+def test_pending_clean() -> None:
+    checker = PendingWhileFree(10.0)
+    placed = bound("wait", "n1", [0, 1])
+    history = pending(waiting(), (0.0, 5.0)) + pending(placed, (11.0,))
+    assert run(checker, *history) == []
+    gated = waiting()
+    gated["spec"]["schedulingGates"] = [{"name": contract.SCHEDULING_GATE}]
+    assert run(PendingWhileFree(10.0), *pending(gated)) == []
+    assert run(PendingWhileFree(10.0), *pending(waiting(), nodes=[node("n1", ready=False)])) == []
+    assert run(PendingWhileFree(10.0), *pending(waiting(gpu_type="A100"))) == []
+    taint = {"key": "gpu", "value": "x", "effect": "NoSchedule"}
+    assert (
+        run(PendingWhileFree(10.0), *pending(waiting(), nodes=[node("n1", taints=[taint])])) == []
+    )
+    lent = [builders.gpu_node("n1", builders.devices("n1", 4, owner="ml/recsys"))]
+    assert run(PendingWhileFree(10.0), *pending(waiting(), gpu_nodes=lent)) == []
+    others = [bound("x", "n1", [0, 1]), bound("y", "n1", [2])]
+    full = [ledger("n1", *others)]
+    assert run(PendingWhileFree(10.0), *pending(waiting(), ledgers=full)) == []
+
+
+def test_pending_catches_a_pod_waiting_beside_free_devices() -> None:
+    found = run(PendingWhileFree(10.0), *pending(waiting()))
+    assert [(v.t, v.obj) for v in found] == [(11.0, "default/wait")]
+    assert "n1 has enough free GPUs" in found[0].message
+
+
+def test_pending_counts_only_an_unbroken_run() -> None:
+    busy = [ledger("n1", bound("x", "n1", [0, 1, 2]))]
+    free = pending(waiting(), (0.0,)) + pending(waiting(), (5.0,), ledgers=busy)
+    later = pending(waiting(), (6.0, 15.0, 16.0))
+    found = run(PendingWhileFree(10.0), *free, *later)
+    assert [v.t for v in found] == [16.0]
+
+
+# --- (f) no leak trend ---
+
+
+def samples(rss: list[int], fds: list[int], step_s: float = 60.0) -> list[Observation]:
+    return [
+        Observation(i * step_s, processes={"extender": ProcessSample(r, f)})
+        for i, (r, f) in enumerate(zip(rss, fds, strict=True))
+    ]
+
+
+def test_slope_per_hour() -> None:
+    assert slope_per_hour([(0.0, 5.0), (1800.0, 10.0), (3600.0, 15.0)]) == pytest.approx(10.0)
+    assert slope_per_hour([(0.0, 5.0)]) == 0.0
+
+
+def test_leak_clean_flat_with_noise_and_a_warm_up() -> None:
+    rss = [100 << 20, 180 << 20] + [(200 << 20) + (1 << 20) * (i % 3) for i in range(60)]
+    found = run(
+        LeakTrend(rss_bytes_per_hour=16 << 20, fds_per_hour=5, warmup_s=120.0),
+        *samples(rss, [40 + i % 2 for i in range(62)]),
+    )
+    assert found == []
+
+
+def test_leak_catches_a_steadily_rising_rss_and_fds() -> None:
+    rss = [(200 << 20) + i * (1 << 20) for i in range(60)]  # 1 MiB a minute: 60 MiB/h
+    found = run(
+        LeakTrend(rss_bytes_per_hour=16 << 20, fds_per_hour=5),
+        *samples(rss, [40 + i for i in range(60)]),
+    )
+    assert [v.obj for v in found] == ["extender", "extender"]
+    assert "RSS grows 60.0 MiB/h" in found[0].message
+    assert "open fds grow 60.0/h" in found[1].message
+
+
+def test_leak_not_judged_over_a_short_span() -> None:
+    rss = [(200 << 20) + i * (1 << 20) for i in range(5)]
+    checker = LeakTrend(rss_bytes_per_hour=16 << 20, fds_per_hour=5, min_span_s=3600.0)
+    assert run(checker, *samples(rss, [40] * 5)) == []
+
+
+# --- all of them over a clean stretch ---
+
+
+def test_all_checkers_pass_a_clean_reclaim() -> None:
+    checkers: list[Checker] = [
+        NoDoubleHold(),
+        LedgerMatchesPods(settle_s=5.0),
+        ReclaimEnds(30.0, grace_s=2.0),
+        NoticeBeforeEviction(),
+        PendingWhileFree(10.0),
+    ]
+    history = reclaim_history("n1", [2, 3])
+    with_ledgers = [
+        Observation(
+            o.t,
+            pods=o.pods,
+            gpu_nodes=o.gpu_nodes,
+            leases=o.leases,
+            nodes=[node(n) for n in ("n1", "n2", "n3", "n4", "n5")],
+            ledgers=[ledger("n1", *o.pods)],
+        )
+        for o in history
+    ]
+    assert check_history(checkers, with_ledgers) == []
