@@ -1,0 +1,108 @@
+"""The soak run's faults on the local cluster's processes: kill -9 and restart as it ran, pause.
+
+A process is restarted from what /proc said of it before the kill: its command line, its
+environment and its working directory; its output goes to a log of its own in the cluster's
+logs/ folder, and its pid is appended to the cluster's pids.env (as hack/lib/cluster.sh
+records them), so hack/cluster-down.sh finds it should the runner die. The restarted process
+gets SIGTERM when the runner dies (PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    cwd: str
+
+    @classmethod
+    def of(cls, pid: int) -> ProcessSpec:
+        proc = Path(f"/proc/{pid}")
+        argv = tuple(a.decode() for a in proc.joinpath("cmdline").read_bytes().split(b"\0") if a)
+        env = {}
+        for item in proc.joinpath("environ").read_bytes().split(b"\0"):
+            key, sep, value = item.decode(errors="replace").partition("=")
+            if sep:
+                env[key] = value
+        return cls(argv, env, os.readlink(proc / "cwd"))
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _die_with_parent() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+class Processes:
+    """The cluster's processes that faults strike, by role, following restarts."""
+
+    def __init__(self, cluster_dir: Path, pids: dict[str, int]) -> None:
+        self.dir = cluster_dir
+        self.pids = dict(pids)  # role -> current pid
+        self.generation = dict.fromkeys(pids, 0)
+        self._children: list[subprocess.Popen[bytes]] = []
+
+    def kill_and_restart(self, role: str, key: str) -> int:
+        """kill -9 the role's process, wait until it is gone, start it again as it ran; the new
+        pid (recorded under ``key`` in pids.env)."""
+        pid = self.pids[role]
+        spec = ProcessSpec.of(pid)
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.generation[role] += 1
+        log = self.dir / "logs" / f"{role}-restart-{self.generation[role]}.log"
+        with log.open("wb") as out:
+            child = subprocess.Popen(
+                spec.argv,
+                env=spec.env,
+                cwd=spec.cwd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=_die_with_parent,  # the runner is single-threaded
+            )
+        self._children.append(child)
+        self.pids[role] = child.pid
+        with (self.dir / "pids.env").open("a") as f:
+            f.write(f"{key}={child.pid}\n")
+        return child.pid
+
+    def pause(self, role: str) -> None:
+        os.kill(self.pids[role], signal.SIGSTOP)
+
+    def resume(self, role: str) -> None:
+        os.kill(self.pids[role], signal.SIGCONT)
+
+    def stop_restarted(self, timeout_s: float = 20) -> None:
+        """SIGTERM the processes this started (then SIGKILL what is left), last started first."""
+        for child in reversed(self._children):
+            if child.poll() is None:
+                child.terminate()
+        deadline = time.monotonic() + timeout_s
+        for child in reversed(self._children):
+            try:
+                child.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()

@@ -1,0 +1,538 @@
+"""The soak runner: a seeded plan (tests/soak/workload.py) played on a running local cluster,
+its faults done and undone, the cluster observed every second and the invariants checked
+throughout (tests/soak/invariants.py); then a report.
+
+The cluster is hack/cluster-up.sh's (its cluster.env facts), started with :data:`CLUSTER_ENV`
+(hack/soak.py does): the extender's reserve TTL and the controllers' reclaim-overdue time are
+compressed as the tides are, so that the checkers' windows, which follow from them, fit a run of
+minutes. The checkers' parameters:
+
+* ledgers settle within the reserve TTL (a bind's ledger entry whose pod was never bound) or
+  the missing-pod grace, whichever is longer, plus a reap interval, plus a margin for the
+  faults (an extender restarting, an API server away): :data:`LEDGER_SETTLE_S`;
+* a reclaim ends, or its lease is Degraded, within the notice (the cluster's 2 s) plus the
+  overdue time plus a margin (the controllers restarting): :data:`RECLAIM_BOUND_S`; stand-ins
+  may be free untagged devices (docs/leasing.md: what the node offers, then other free
+  devices, then standby);
+* a GPU pod may wait :data:`PENDING_BOUND_S` while devices fit it (kube-scheduler's backoff,
+  an extender restarting);
+* leaks are judged only in runs of ten minutes or more.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from common import builders, contract
+from common.model import Priority, Tier
+from extender.rightofreturn.lease import parse_gpu_lease
+from tests.e2e.harness import BORROWER, ONLINE, Cluster, workload
+from tests.e2e.kube import ApiError
+from tests.soak.faults import Processes
+from tests.soak.invariants import (
+    Checker,
+    LeakTrend,
+    LedgerMatchesPods,
+    NoDoubleHold,
+    NoticeBeforeEviction,
+    Observation,
+    PendingWhileFree,
+    ProcessSample,
+    ReclaimEnds,
+    Violation,
+    slope_per_hour,
+)
+from tests.soak.observing import Observer
+from tests.soak.workload import Borrower, Fault, OnlineJob, Plan
+
+ROOT = Path(__file__).resolve().parents[2]
+
+GRACE_S = 2  # TL_CLUSTER_LEASING_GRACE_S's default: the notice every reclaim gives here
+RESERVE_TTL_S = 30.0  # the extender's reserve_ttl_s on the soak's cluster (default 120)
+MISSING_GRACE_S = 30.0  # its missing_grace_s (default)
+REAP_INTERVAL_S = 10.0  # its reap_interval_s (default)
+RECLAIM_OVERDUE_S = 45.0  # the controllers' reclaim_overdue_s on the soak's cluster (default 120)
+FAULT_MARGIN_S = 30.0  # a restart, an API server away, a paused etcd
+LEDGER_SETTLE_S = max(RESERVE_TTL_S, MISSING_GRACE_S) + REAP_INTERVAL_S + FAULT_MARGIN_S
+RECLAIM_BOUND_S = RECLAIM_OVERDUE_S + FAULT_MARGIN_S
+PENDING_BOUND_S = 60.0
+LEAK_MIN_MINUTES = 10.0
+RSS_BYTES_PER_HOUR = 64 * 2**20
+FDS_PER_HOUR = 100.0
+
+# The soak's cluster settings (environment of hack/cluster-up.sh; TIDELEASE_EXTENDER_* reach
+# the extender and the controllers).
+CLUSTER_ENV = {
+    "TIDELEASE_EXTENDER_RESERVE_TTL_S": str(RESERVE_TTL_S),
+    "TIDELEASE_EXTENDER_RECLAIM_OVERDUE_S": str(RECLAIM_OVERDUE_S),
+}
+
+# role -> its pid's key in cluster.env / pids.env
+ROLES = {
+    "extender": "TL_CLUSTER_EXTENDER_PID",
+    "controllers": "TL_CLUSTER_CONTROLLERS_PID",
+    "kube-apiserver": "TL_CLUSTER_APISERVER_PID",
+    "etcd": "TL_CLUSTER_ETCD_PID",
+}
+SAMPLED = ("extender", "controllers")
+
+
+def log(msg: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} [soak] {msg}", file=sys.stderr, flush=True)
+
+
+def checkers(minutes: float) -> list[Checker]:
+    out: list[Checker] = [
+        NoDoubleHold(),
+        LedgerMatchesPods(LEDGER_SETTLE_S),
+        ReclaimEnds(RECLAIM_BOUND_S, grace_s=GRACE_S, untagged_stand_ins=True),
+        NoticeBeforeEviction(),
+        PendingWhileFree(PENDING_BOUND_S),
+    ]
+    if minutes >= LEAK_MIN_MINUTES:
+        out.append(
+            LeakTrend(
+                rss_bytes_per_hour=RSS_BYTES_PER_HOUR,
+                fds_per_hour=FDS_PER_HOUR,
+                warmup_s=120.0,
+                min_span_s=min(600.0, minutes * 30.0),
+            )
+        )
+    return out
+
+
+def template(name: str, namespace: str, gpus: int, **kwargs: Any) -> dict[str, Any]:
+    """A pod as the e2e tests make theirs (common.builders.pod), on the shared kwok nodes."""
+    obj = builders.pod(name, gpus, namespace=namespace, **kwargs)
+    obj["metadata"].pop("uid")
+    obj.pop("status")
+    obj["spec"]["terminationGracePeriodSeconds"] = 0
+    return obj
+
+
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    return ordered[min(len(ordered) - 1, max(0, int(q * len(ordered) + 0.999999) - 1))]
+
+
+@dataclass
+class Report:
+    seed: int
+    minutes: float
+    faults: dict[str, int] = field(default_factory=dict)
+    faults_done: list[str] = field(default_factory=list)
+    reclaims: int = 0
+    reclaim_s: list[float] = field(default_factory=list)  # each one's time, Reclaiming -> Steady
+    lends: int = 0
+    violations: list[str] = field(default_factory=list)
+    processes: dict[str, dict[str, float]] = field(default_factory=dict)
+    observations: int = 0
+    observations_failed: int = 0
+    deletions: int = 0
+    borrowers: int = 0
+    errors: list[str] = field(default_factory=list)  # the harness's own failures
+    schedule: list[str] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "seed": self.seed,
+            "minutes": self.minutes,
+            "faults": self.faults,
+            "faults_done": self.faults_done,
+            "reclaims": self.reclaims,
+            "reclaim_p50_s": round(quantile(self.reclaim_s, 0.5), 2) if self.reclaim_s else None,
+            "reclaim_p99_s": round(quantile(self.reclaim_s, 0.99), 2) if self.reclaim_s else None,
+            "lends": self.lends,
+            "violations": self.violations,
+            "processes": self.processes,
+            "observations": self.observations,
+            "observations_failed": self.observations_failed,
+            "deletions": self.deletions,
+            "borrowers": self.borrowers,
+            "errors": self.errors,
+        }
+
+    def lines(self) -> list[str]:
+        j = self.as_json()
+        out = [
+            f"soak report: seed {self.seed}, {self.minutes:g} min, {self.observations} "
+            f"observations ({self.observations_failed} failed), {self.borrowers} borrowers, "
+            f"{self.deletions} deletions seen",
+            "faults: " + " ".join(f"{k}={v}" for k, v in sorted(self.faults.items())),
+            f"reclaims: {j['reclaims']} (p50 {j['reclaim_p50_s']} s, p99 {j['reclaim_p99_s']} s),"
+            f" lends: {self.lends}",
+        ]
+        for name, p in sorted(self.processes.items()):
+            out.append(
+                f"process {name}: {p['samples']:.0f} samples over {p['span_s']:.0f} s, RSS "
+                f"{p['rss_mib_last']:.1f} MiB ({p['rss_mib_per_h']:+.1f} MiB/h), fds "
+                f"{p['fds_last']:.0f} ({p['fds_per_h']:+.1f}/h)"
+            )
+        if self.errors:
+            out.append(f"harness errors: {len(self.errors)}")
+            out += [f"  {e}" for e in self.errors]
+        out.append(f"violations: {len(self.violations)}")
+        out += [f"  {v}" for v in self.violations]
+        if self.violations:
+            out.append(f"replay: hack/soak.py --minutes {self.minutes:g} --seed {self.seed}")
+            out.append("the seed's schedule:")
+            out += [f"  {line}" for line in self.schedule]
+        return out
+
+
+class Runner:
+    def __init__(self, cluster: Cluster, facts: dict[str, str], plan: Plan, minutes: float):
+        self.cluster, self.kube, self.plan = cluster, cluster.kube, plan
+        self.minutes = minutes
+        self.facts = facts
+        self.processes = Processes(cluster.dir, {r: int(facts[k]) for r, k in ROLES.items()})
+        self.observer = Observer(self.kube)
+        self.checkers = checkers(minutes)
+        self.report = Report(plan.seed, minutes, schedule=plan.describe())
+        self.prefix = facts["TL_CLUSTER_NODE_PREFIX"]
+        self._events: list[tuple[float, int, str, Callable[[], None]]] = []
+        self._seq = 0
+        self._t0 = 0.0
+        self._blocked_until_ready = False  # the API server restarting
+        self._paused = False  # etcd stopped
+        self._lost: dict[int, float] = {}  # node index -> when it comes back
+        self._reclaims: dict[str, int] = {}  # lease -> its reclaims counter, last seen
+        self._groups: dict[str, int] = {}  # lease -> its lent groups, last seen
+        self._samples: dict[str, list[tuple[float, ProcessSample]]] = {}
+        self._job_lease: dict[str, OnlineJob] = {j.name: j for j in plan.jobs}
+
+    # --- the clock and the queue ---
+    def now(self) -> float:
+        return time.monotonic() - self._t0
+
+    def at(self, t: float, what: str, action: Callable[[], None]) -> None:
+        self._seq += 1
+        heapq.heappush(self._events, (t, self._seq, what, action))
+
+    def api_down(self) -> bool:
+        if self._paused:
+            return True
+        if self._blocked_until_ready:
+            try:
+                self.kube.request("GET", "/api/v1/namespaces/default", timeout=2)
+            except Exception:
+                return True
+            self._blocked_until_ready = False
+            log(f"t={self.now():.1f} the API server answers again")
+        return False
+
+    # --- setup ---
+    def setup(self) -> None:
+        self.cluster.ensure_priority_class(BORROWER, 10)
+        for ns in self.plan.online_namespaces:
+            self.kube.create(builders.namespace(ns, online=True))
+        for ns in self.plan.borrower_namespaces:
+            self.kube.create(builders.namespace(ns, online=False))
+        for job in self.plan.jobs:
+            pod = template(
+                "template",
+                job.namespace,
+                job.gpus_per_replica,
+                priority=Priority.HIGH,
+                owner=job.name,
+                tier=Tier.HA,
+                priority_class=ONLINE,
+            )
+            self.kube.create(
+                workload(job.kind, job.name, job.namespace, pod, replicas=job.replicas)
+            )
+            lease = builders.gpu_lease(
+                job.name,
+                job.namespace,
+                gpus_per_replica=job.gpus_per_replica,
+                desired_gpus=job.full,
+                grace_s=30,
+            )
+            lease["spec"]["workload"]["kind"] = job.kind
+            self.kube.create(lease)
+        want = sum(j.replicas for j in self.plan.jobs)
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            placed = [
+                p
+                for p in self.kube.list("Pod")
+                if (p["metadata"].get("annotations") or {}).get(contract.ANN_DEVICES)
+                and p["spec"].get("nodeName")
+            ]
+            if len(placed) >= want:
+                log(f"the online jobs' {want} pods are placed")
+                return
+            time.sleep(1)
+        raise RuntimeError(f"the online jobs' {want} pods were not all placed in 180 s")
+
+    # --- actions (each retried while the API server is away) ---
+    def _api(self, what: str, action: Callable[[], None], tries: int = 60) -> Callable[[], None]:
+        def run() -> None:
+            if self.api_down():
+                self.at(self.now() + 1.0, what, self._api(what, action, tries))
+                return
+            try:
+                action()
+            except (ApiError, OSError) as e:
+                status = getattr(e, "status", 0)
+                if tries > 1 and (status == 0 or status >= 500 or status == 429):
+                    self.at(self.now() + 1.0, what, self._api(what, action, tries - 1))
+                else:
+                    log(f"t={self.now():.1f} {what} failed: {e}")
+
+        return run
+
+    def schedule(self) -> None:
+        for tide in self.plan.tides:
+            job = self._job_lease[tide.job]
+
+            def patch(job: OnlineJob = job, gpus: int = tide.desired_gpus) -> None:
+                self.kube.patch(
+                    contract.KIND_GPU_LEASE,
+                    job.name,
+                    {"spec": {"desiredGPUs": gpus}},
+                    job.namespace,
+                )
+                log(f"t={self.now():.1f} tide: {job.namespace}/{job.name} desiredGPUs {gpus}")
+
+            what = f"tide {tide.job}->{tide.desired_gpus}"
+            self.at(tide.t, what, self._api(what, patch))
+        for b in self.plan.borrowers:
+            self.at(b.t, f"borrower {b.name}", self._api(f"borrow {b.name}", self._borrow(b)))
+        for f in self.plan.faults:
+            self.at(f.t, f"fault {f.kind}", self._fault(f))
+
+    def _borrow(self, b: Borrower) -> Callable[[], None]:
+        def create() -> None:
+            pod = template(b.name, b.namespace, b.gpus, priority=Priority.LOW)
+            pod["spec"]["priorityClassName"] = BORROWER
+            try:
+                made = self.kube.create(pod)
+            except ApiError as e:
+                if e.status != 409:  # made by a try whose answer was lost (API server killed)
+                    raise
+                found = self.kube.get("Pod", b.name, b.namespace)
+                if found is None:
+                    return
+                made = found
+            self.report.borrowers += 1
+            uid = str(made["metadata"]["uid"])
+
+            def finish() -> None:
+                self.observer.ours.add(uid)
+                self.kube.delete("Pod", b.name, b.namespace)
+
+            what = f"finish {b.name}"
+            self.at(self.now() + b.lifetime_s, what, self._api(what, finish))
+
+        return create
+
+    # --- faults ---
+    def _fault(self, f: Fault) -> Callable[[], None]:
+        def strike() -> None:
+            t = self.now()
+            if f.kind in ("controllers-kill", "extender-kill", "apiserver-kill"):
+                role = {
+                    "controllers-kill": "controllers",
+                    "extender-kill": "extender",
+                    "apiserver-kill": "kube-apiserver",
+                }[f.kind]
+                if self._paused or (role == "kube-apiserver" and self._blocked_until_ready):
+                    self.at(t + 1.0, f"fault {f.kind}", strike)  # one fault at a time
+                    return
+                pid = self.processes.kill_and_restart(role, ROLES[role])
+                if role == "kube-apiserver":
+                    self._blocked_until_ready = True
+                self._done(f, t, f"{role} killed, restarted as pid {pid}")
+            elif f.kind == "etcd-pause":
+                if self._paused or self._blocked_until_ready:
+                    self.at(t + 1.0, f"fault {f.kind}", strike)
+                    return
+                self.processes.pause("etcd")
+                self._paused = True
+                self.at(t + f.duration_s, "etcd continued", self._resume_etcd)
+                self._done(f, t, f"etcd stopped for {f.duration_s:.1f} s")
+            elif f.kind == "node-delete":
+                self._node_delete(f, t)
+
+        return strike
+
+    def _resume_etcd(self) -> None:
+        self.processes.resume("etcd")
+        self._paused = False
+        log(f"t={self.now():.1f} etcd continued")
+
+    def _done(self, f: Fault, t: float, what: str) -> None:
+        self.report.faults[f.kind] = self.report.faults.get(f.kind, 0) + 1
+        self.report.faults_done.append(f"t={t:.1f} {f.kind}: {what}")
+        log(f"t={t:.1f} FAULT {f.kind}: {what}")
+
+    def _node_delete(self, f: Fault, t: float) -> None:
+        nodes = int(self.facts["TL_CLUSTER_NODES"])
+        # The planned node, or the next one still here (a node already lost is not lost twice).
+        index = next(
+            (i % nodes for i in range(f.node, f.node + nodes) if i % nodes not in self._lost), -1
+        )
+        if index < 0 or self.api_down():
+            self.at(t + 1.0, f"fault {f.kind}", self._fault(f))
+            return
+        name = f"{self.prefix}-{index}"
+        try:
+            on_it = [p for p in self.kube.list("Pod") if p["spec"].get("nodeName") == name]
+            self.observer.lost_nodes.add(name)
+            self.kube.delete(contract.KIND_GPU_NODE, name)
+            self.kube.delete("Node", name)
+        except (ApiError, OSError) as e:
+            log(f"t={t:.1f} node-delete of {name} failed ({e}); again in 1 s")
+            self.at(t + 1.0, f"fault {f.kind}", self._fault(f))
+            return
+        self._lost[index] = t + f.duration_s
+        self.at(t + f.duration_s, f"node {name} back", self._api(f"{name} back", self._back(index)))
+        self._done(f, t, f"node {name} deleted with {len(on_it)} pod(s) on it")
+
+    def _back(self, index: int) -> Callable[[], None]:
+        def make() -> None:
+            name = f"{self.prefix}-{index}"
+            done = subprocess.run(
+                [
+                    sys.executable,
+                    str(ROOT / "hack" / "cluster-nodes.py"),
+                    "--server",
+                    self.facts["TL_CLUSTER_SERVER"],
+                    "--token",
+                    self.facts["TL_CLUSTER_TOKEN"],
+                    "--ca",
+                    self.facts["TL_CLUSTER_CA"],
+                    "--count",
+                    "1",
+                    "--start",
+                    str(index),
+                    "--prefix",
+                    self.prefix,
+                    "--gpus",
+                    self.facts["TL_CLUSTER_GPUS_PER_NODE"],
+                    "--gpu-type",
+                    self.facts["TL_CLUSTER_GPU_TYPE"],
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            if done.returncode != 0:
+                raise OSError(f"cluster-nodes.py: {done.stderr[-500:]}")
+            self._lost.pop(index, None)
+            self.observer.lost_nodes.discard(name)
+            log(f"t={self.now():.1f} node {name} made again")
+
+        return make
+
+    # --- observing ---
+    def observe(self) -> None:
+        t = self.now()
+        processes = {
+            f"{role}#{self.processes.generation[role]}": self.processes.pids[role]
+            for role in SAMPLED
+        }
+        obs = self.observer.observe(t, processes)
+        if obs is None:
+            return
+        self.report.observations += 1
+        for name, s in obs.processes.items():
+            self._samples.setdefault(name, []).append((t, s))
+        self._phases(obs)
+        for c in self.checkers:
+            for v in c.observe(obs):
+                self._violation(v)
+
+    def _violation(self, v: Violation) -> None:
+        self.report.violations.append(str(v))
+        log(f"VIOLATION {v}")
+
+    def _phases(self, obs: Observation) -> None:
+        """Reclaims and lends, from the leases' status: a reclaim is counted by the lease's
+        ``reclaims`` counter and timed by its ``lastReclaimSeconds`` (Reclaiming to Steady; one
+        without borrowers takes a fraction of a second, between two observations)."""
+        for obj in obs.leases:
+            try:
+                lease = parse_gpu_lease(obj)
+            except Exception:
+                continue
+            key, status = lease.key, lease.status
+            before = self._reclaims.setdefault(key, status.reclaims)
+            if status.reclaims > before:
+                self._reclaims[key] = status.reclaims
+                took = status.last_reclaim_s
+                self.report.reclaims += status.reclaims - before
+                if took is not None:
+                    self.report.reclaim_s.append(took)
+                log(f"t={obs.t:.1f} reclaim of {key} done in {took} s")
+            groups = len(status.groups)
+            if groups > self._groups.get(key, 0):
+                self.report.lends += 1  # more groups lent than the last observation saw
+            self._groups[key] = groups
+
+    # --- the run ---
+    def run(self) -> Report:
+        for line in self.plan.describe():
+            log(line)
+        self.setup()
+        self._t0 = time.monotonic()
+        self.schedule()
+        next_obs = 0.0
+        try:
+            while self.now() < self.plan.duration_s:
+                while self._events and self._events[0][0] <= self.now():
+                    _, _, what, action = heapq.heappop(self._events)
+                    try:
+                        action()
+                    except Exception as e:  # the harness's own failure: reported, run goes on
+                        self.report.errors.append(f"t={self.now():.1f} {what}: {e!r}")
+                        log(f"t={self.now():.1f} ERROR in {what}: {e!r}")
+                if self.now() >= next_obs:
+                    next_obs = self.now() + 1.0
+                    if not self.api_down():
+                        self.observe()
+                wake = min(next_obs, self._events[0][0] if self._events else next_obs)
+                time.sleep(max(0.01, min(0.5, wake - self.now())))
+        finally:
+            if self._paused:
+                self._resume_etcd()
+        for c in self.checkers:
+            for v in c.finish():
+                self._violation(v)
+        self.report.observations_failed = self.observer.failed
+        self.report.deletions = self.observer.deletions_seen
+        for name, samples in sorted(self._samples.items()):
+            span = samples[-1][0] - samples[0][0]
+            self.report.processes[name] = {
+                "samples": float(len(samples)),
+                "span_s": round(span, 1),
+                "rss_mib_last": round(samples[-1][1].rss_bytes / 2**20, 1),
+                "rss_mib_per_h": round(
+                    slope_per_hour([(t, s.rss_bytes) for t, s in samples]) / 2**20, 1
+                ),
+                "fds_last": float(samples[-1][1].open_fds),
+                "fds_per_h": round(slope_per_hour([(t, s.open_fds) for t, s in samples]), 1),
+            }
+        return self.report
+
+    def close(self) -> None:
+        """Stop the processes the faults restarted (before the cluster goes down)."""
+        if self._paused:
+            self._resume_etcd()
+        self.processes.stop_restarted()
+
+
+def write_json(report: Report, path: Path) -> None:
+    path.write_text(json.dumps(report.as_json(), indent=2))

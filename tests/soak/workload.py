@@ -1,0 +1,184 @@
+"""The soak run's schedule, drawn from its seed: online jobs and their tides, borrowers, faults.
+
+Everything the runner will do is decided here, before the run, from ``random.Random(seed)``
+alone, so a seed names a history: the same seed draws the same jobs, the same tides, the same
+borrowers and the same faults at the same moments (the cluster's own timing varies; what the
+runner asks of it does not). Pure: no clock, no I/O; the runner executes the plan.
+
+Compressed tides: each online job (a StatefulSet, or a Deployment) with a GpuLease lends part of
+its GPUs (``desiredGPUs`` down) and takes them back (up) on a schedule of its own, every
+``tide_s`` (1 to 3 minutes; 30 to 60 s in runs under ten minutes, so that a short run sees
+reclaims). Borrowers (low-priority pods) of a few namespaces arrive at random and finish after
+a random time. Faults (:data:`FAULT_KINDS`) strike at random moments; each kind at least once.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+# What a fault does (the runner does and undoes each itself):
+#   controllers-kill: kill -9 of `tidelease controllers`, restarted as it ran
+#   extender-kill:    kill -9 of the extender, restarted as it ran
+#   etcd-pause:       etcd stopped (SIGSTOP) for ``duration_s``, then continued
+#   node-delete:      a kwok GPU node (and its GpuNode) deleted with its pods on it; made
+#                     again after ``duration_s``
+#   apiserver-kill:   kill -9 of kube-apiserver, restarted as it ran
+FAULT_KINDS = ("controllers-kill", "extender-kill", "etcd-pause", "node-delete", "apiserver-kill")
+
+
+@dataclass(frozen=True)
+class OnlineJob:
+    name: str
+    namespace: str
+    kind: str  # StatefulSet or Deployment
+    replicas: int
+    gpus_per_replica: int
+
+    @property
+    def full(self) -> int:
+        return self.replicas * self.gpus_per_replica
+
+
+@dataclass(frozen=True)
+class Tide:
+    t: float
+    job: str
+    desired_gpus: int
+
+
+@dataclass(frozen=True)
+class Borrower:
+    t: float
+    namespace: str
+    name: str
+    gpus: int
+    lifetime_s: float
+
+
+@dataclass(frozen=True)
+class Fault:
+    t: float
+    kind: str
+    duration_s: float = 0.0  # etcd-pause: the pause; node-delete: until the node is back
+    node: int = -1  # node-delete: the index of the kwok node (kwok-gpu-<i>)
+
+    def __str__(self) -> str:
+        extra = ""
+        if self.kind == "etcd-pause":
+            extra = f" for {self.duration_s:.1f} s"
+        elif self.kind == "node-delete":
+            extra = f" node #{self.node}, back after {self.duration_s:.0f} s"
+        return f"t={self.t:6.1f} {self.kind}{extra}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    seed: int
+    duration_s: float
+    online_namespaces: tuple[str, ...]
+    borrower_namespaces: tuple[str, ...]
+    jobs: tuple[OnlineJob, ...]
+    tides: tuple[Tide, ...]
+    borrowers: tuple[Borrower, ...]
+    faults: tuple[Fault, ...]
+
+    def describe(self) -> list[str]:
+        lines = [
+            f"seed {self.seed}, {self.duration_s / 60:.1f} min: {len(self.jobs)} online jobs, "
+            f"{len(self.tides)} tides, {len(self.borrowers)} borrowers "
+            f"({', '.join(self.borrower_namespaces)}), {len(self.faults)} faults"
+        ]
+        for job in self.jobs:
+            tides = [t for t in self.tides if t.job == job.name]
+            lines.append(
+                f"  job {job.namespace}/{job.name}: {job.kind} {job.replicas} x "
+                f"{job.gpus_per_replica} GPU, tides "
+                + ", ".join(f"t={t.t:.0f}->{t.desired_gpus}" for t in tides)
+            )
+        lines.append("  fault schedule:")
+        lines += [f"    {f}" for f in self.faults]
+        return lines
+
+
+# (replicas, GPUs per replica) of the StatefulSets: at most 8 GPUs each.
+_SHAPES = ((3, 2), (2, 4), (3, 1), (4, 2), (2, 2), (4, 1))
+
+
+def plan(seed: int, minutes: float, *, nodes: int = 6) -> Plan:
+    """The whole schedule of a run of ``minutes`` on ``nodes`` kwok GPU nodes (8 GPUs each)."""
+    rng = random.Random(seed)
+    duration = minutes * 60.0
+    short = minutes < 10
+    tide_lo, tide_hi = (30.0, 60.0) if short else (60.0, 180.0)
+
+    online = ("soak-online-0", "soak-online-1")
+    borrower_ns = tuple(f"soak-batch-{i}" for i in range(rng.choice((2, 3))))
+
+    jobs: list[OnlineJob] = []
+    for i, (replicas, gpus) in enumerate(rng.sample(_SHAPES, 3)):
+        jobs.append(OnlineJob(f"online-{i}", online[i % 2], "StatefulSet", replicas, gpus))
+    jobs.append(OnlineJob("web-0", online[1], "Deployment", rng.choice((2, 3)), rng.choice((1, 2))))
+
+    tides: list[Tide] = []
+    for job in jobs:
+        t = rng.uniform(10.0, tide_lo)
+        low = True
+        while t < duration - 20.0:
+            keep = rng.randint(1, job.replicas - 1)
+            desired = keep * job.gpus_per_replica if low else job.full
+            tides.append(Tide(round(t, 1), job.name, desired))
+            low = not low
+            t += rng.uniform(tide_lo, tide_hi)
+    tides.sort(key=lambda x: x.t)
+
+    borrowers: list[Borrower] = []
+    t = rng.uniform(5.0, 15.0)
+    n = 0
+    while t < duration - 10.0:
+        borrowers.append(
+            Borrower(
+                round(t, 1),
+                rng.choice(borrower_ns),
+                f"borrow-{n:04d}",
+                rng.choice((1, 2, 2, 4, 4)),
+                round(rng.uniform(15.0, 90.0), 1),
+            )
+        )
+        n += 1
+        t += rng.expovariate(1 / 5.0)
+
+    # Each kind once (in a random order), then one more fault per two minutes of any kind; at
+    # random moments between a warm-up and a quiet end, at least 15 s apart.
+    count = max(len(FAULT_KINDS), int(minutes / 2) + len(FAULT_KINDS) - 1)
+    kinds = list(FAULT_KINDS)
+    rng.shuffle(kinds)
+    kinds += [rng.choice(FAULT_KINDS) for _ in range(count - len(kinds))]
+    start, end = 25.0, max(40.0, duration - 35.0)
+    gap = min(15.0, (end - start) / count)
+    spare = (end - start) - gap * (count - 1)
+    offsets = sorted(rng.uniform(0.0, spare) for _ in range(count))
+    faults = []
+    for i, (offset, kind) in enumerate(zip(offsets, kinds, strict=True)):
+        when = round(start + offset + gap * i, 1)
+        if kind == "etcd-pause":
+            faults.append(Fault(when, kind, duration_s=round(rng.uniform(3.0, 8.0), 1)))
+        elif kind == "node-delete":
+            faults.append(
+                Fault(
+                    when, kind, duration_s=round(rng.uniform(60.0, 90.0)), node=rng.randrange(nodes)
+                )
+            )
+        else:
+            faults.append(Fault(when, kind))
+
+    return Plan(
+        seed=seed,
+        duration_s=duration,
+        online_namespaces=online,
+        borrower_namespaces=borrower_ns,
+        jobs=tuple(jobs),
+        tides=tuple(tides),
+        borrowers=tuple(borrowers),
+        faults=tuple(faults),
+    )

@@ -1,0 +1,31 @@
+"""The soak run's plan (tests/soak/workload.py): a seed names one schedule, with every fault."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from tests.soak.workload import FAULT_KINDS, plan
+
+
+@pytest.mark.parametrize(("seed", "minutes"), [(1, 3), (2, 3), (7, 60), (42, 15)])
+def test_a_seed_draws_one_plan_with_every_fault_kind_in_time(seed: int, minutes: float) -> None:
+    p = plan(seed, minutes)
+    assert plan(seed, minutes) == p
+    assert {f.kind for f in p.faults} == set(FAULT_KINDS)
+    times = [f.t for f in p.faults]
+    assert times == sorted(times)
+    assert all(20 <= t <= p.duration_s - 30 for t in times), times
+    assert all(b - a >= 14.9 for a, b in itertools.pairwise(times)), times
+    for job in p.jobs:
+        tides = [t.desired_gpus for t in p.tides if t.job == job.name]
+        assert tides, job  # every job lends at least once
+        assert tides[0] < job.full
+        assert tides[1::2] == [job.full] * len(tides[1::2])  # lend, take back, lend...
+    assert p.borrowers
+    assert len({b.namespace for b in p.borrowers}) >= 2
+
+
+def test_other_seeds_draw_other_plans() -> None:
+    assert plan(1, 3).faults != plan(2, 3).faults
