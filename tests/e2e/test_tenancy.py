@@ -258,7 +258,9 @@ def test_with_the_policies_every_attempt_is_refused_at_admission(
     # What it would change after admission.
     raise_priority = {"metadata": {"annotations": {contract.ANN_PRIORITY: "high"}}}
     refusal(lambda: tenant.patch("Pod", "b-0", raise_priority, ns_b), 422, high)
-    others = groups["recsys-2"]  # devices lent by A's replica 2, which b-1 may hold
+    # Devices lent by a replica of A's that b-0 does not hold (b-1 may): a change, not a no-op.
+    held = cluster.pod(ns_b, "b-0")["metadata"]["annotations"].get(contract.ANN_DEVICES, "")
+    others = next(devs for devs in groups.values() if sorted(devs) != sorted(held.split(",")))
     rewrite = {"metadata": {"annotations": {contract.ANN_DEVICES: ",".join(others)}}}
     refusal(
         lambda: tenant.patch("Pod", "b-0", rewrite, ns_b),
