@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import datetime
 import os
-import socket
 import subprocess
 import urllib.request
 from collections.abc import Iterator
@@ -43,18 +42,13 @@ from tests.chart import CHART, helm, kube_version
 from tests.e2e.forwarding import forwarding
 from tests.e2e.harness import Cluster, NodeGroup, unique
 from tests.e2e.kube import wait_for
+from tests.e2e.test_queues import free_port
 
 pytestmark = pytest.mark.cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVING_LIFE = datetime.timedelta(seconds=24)
 RENEWALS = 2  # seen and loaded by the extender before the test ends
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def scheduler_config(cluster: Cluster, profile: str, url: str, client_dir: Path) -> str:
