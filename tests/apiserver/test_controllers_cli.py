@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import socket
 import sys
 import time
 import urllib.error
@@ -20,17 +19,12 @@ from common.errors import Conflict, NotFound
 from common.kubeclient import KubeClient
 from tests.apiserver.conftest import ApiServer
 from tests.polling import eventually
+from tests.ports import free_port
 
 pytestmark = pytest.mark.apiserver
 
 NS = "tidelease-system"
 LEASES = ("tidelease-leasing-controller", "tidelease-prewarm-controller")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def get(url: str, token: str | None = None) -> tuple[int, str]:

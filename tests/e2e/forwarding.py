@@ -1,7 +1,9 @@
 """A TCP forwarder: from an address pods can reach (their bridge's gateway) to the API server on
 loopback (the local cluster has no kube-proxy, so the `kubernetes` Service leads nowhere, and
 the API server listens on 127.0.0.1 only), or between two processes a test wants to part
-(``Forwarder.cut``). Bytes pass through untouched (TLS end to end)."""
+(``Forwarder.cut``) or to trouble (the soak's network faults: ``Forwarder.delay_s`` holds every
+chunk back, ``Forwarder.drop_replies`` lets requests through and drops what comes back, closing
+the connection on the first reply). Bytes pass through untouched (TLS end to end)."""
 
 from __future__ import annotations
 
@@ -9,13 +11,23 @@ import contextlib
 import socket
 import socketserver
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 
-def _pipe(src: socket.socket, dst: socket.socket) -> None:
+def _pipe(src: socket.socket, dst: socket.socket, faults: Forwarder, reply: bool) -> None:
+    """Copy ``src`` to ``dst`` until EOF (``reply``: this is the upstream's side)."""
     with contextlib.suppress(OSError):
         while data := src.recv(65536):
+            if faults.delay_s > 0:
+                time.sleep(faults.delay_s)
+            if reply and faults.drop_replies:
+                faults.dropped += 1
+                for s in (src, dst):  # the request was served; its reply is lost
+                    with contextlib.suppress(OSError):
+                        s.shutdown(socket.SHUT_RDWR)
+                return
             dst.sendall(data)
     with contextlib.suppress(OSError):
         dst.shutdown(socket.SHUT_WR)
@@ -25,6 +37,9 @@ def _pipe(src: socket.socket, dst: socket.socket) -> None:
 class Forwarder:
     port: int = 0  # where it listens
     accepted: int = 0  # connections forwarded so far
+    delay_s: float = 0.0  # each chunk held back this long, both ways
+    drop_replies: bool = False  # replies dropped (and their connections closed)
+    dropped: int = 0  # replies dropped so far
     _open: set[socket.socket] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -57,9 +72,11 @@ def forwarding(listen_host: str, target: tuple[str, int]) -> Iterator[Forwarder]
             with forwarder._lock:
                 forwarder._open.update((client, upstream))
                 forwarder.accepted += 1
-            back = threading.Thread(target=_pipe, args=(upstream, client), daemon=True)
+            back = threading.Thread(
+                target=_pipe, args=(upstream, client, forwarder, True), daemon=True
+            )
             back.start()
-            _pipe(client, upstream)
+            _pipe(client, upstream, forwarder, False)
             back.join()
             with forwarder._lock:
                 forwarder._open.difference_update((client, upstream))

@@ -42,7 +42,7 @@ from tests.chart import CHART, helm, kube_version
 from tests.e2e.forwarding import forwarding
 from tests.e2e.harness import Cluster, NodeGroup, unique
 from tests.e2e.kube import wait_for
-from tests.e2e.test_queues import free_port
+from tests.ports import free_port
 
 pytestmark = pytest.mark.cluster
 

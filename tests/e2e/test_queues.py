@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import statistics
 import subprocess
 import time
@@ -32,18 +31,13 @@ from common.queuerelease import release_problem
 from tests.chart import ROOT, render
 from tests.e2e.harness import Cluster, NodeGroup, workload
 from tests.e2e.kube import wait_for
+from tests.ports import free_port
 
 pytestmark = pytest.mark.cluster
 
 BATCH = "e2e-q-batch"
 INTERACTIVE = "e2e-q-interactive"
 ARRIVALS = 20
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

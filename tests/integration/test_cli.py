@@ -15,12 +15,7 @@ from pathlib import Path
 import yaml
 
 from extender.demo import demo_objects
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.ports import free_port
 
 
 def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 20) -> None:

@@ -56,6 +56,7 @@ from extender.cluster.state import MEMO_SHAPES
 from extender.scheduler.handlers import BODY_BUDGET_BYTES, BODY_READ_S, MAX_BODY_BYTES
 from extender.scheduler.settings import ExtenderSettings
 from nodeagent.cache.peerserver import CACHE_LIMITS
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 VALUES = ROOT / "manifests" / "charts" / "tidelease" / "values.yaml"
@@ -123,12 +124,6 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_answers(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 30) -> None:

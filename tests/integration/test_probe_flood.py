@@ -14,7 +14,6 @@ latency p50/p99, and what the server's guard did).
 from __future__ import annotations
 
 import asyncio
-import socket
 import subprocess
 import sys
 import textwrap
@@ -25,6 +24,7 @@ import pytest
 
 from common.httpserving import PROBE_LIMITS, raise_fd_limit
 from tests.flooding import FLOODS, flooding, pct, probe
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBES = 40  # per flood
@@ -70,12 +70,6 @@ LAUNCH = {
             await asyncio.Event().wait()
     """,
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module", params=sorted(LAUNCH))

@@ -1,10 +1,11 @@
 """The soak run's faults on the local cluster's processes: kill -9 and restart as it ran, pause.
 
-A process is restarted from what /proc said of it before the kill: its command line, its
-environment and its working directory; its output goes to a log of its own in the cluster's
-logs/ folder, and its pid is appended to the cluster's pids.env (as hack/lib/cluster.sh
-records them), so hack/cluster-down.sh finds it should the runner die. The restarted process
-gets SIGTERM when the runner dies (PR_SET_PDEATHSIG).
+A process is restarted from what /proc said of it when the runner took it over: its command
+line, its environment and its working directory (or a spec the runner gave it: a second
+replica, a kubeconfig through the fault proxy); its output goes to a log of its own in the
+cluster's logs/ folder, and its pid is appended to the cluster's pids.env (as
+hack/lib/cluster.sh records them), so hack/cluster-down.sh finds it should the runner die. A
+process the runner started gets SIGTERM when the runner dies (PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations
@@ -37,6 +38,32 @@ class ProcessSpec:
                 env[key] = value
         return cls(argv, env, os.readlink(proc / "cwd"))
 
+    def flag(self, name: str) -> str:
+        """The value of ``--name V`` or ``--name=V``; "" when absent."""
+        for i, a in enumerate(self.argv):
+            if a == f"--{name}" and i + 1 < len(self.argv):
+                return self.argv[i + 1]
+            if a.startswith(f"--{name}="):
+                return a.split("=", 1)[1]
+        return ""
+
+    def with_flags(self, **flags: str) -> ProcessSpec:
+        """This command line with each ``--name`` (underscores for dashes) set to the value
+        given, in place when present, appended when not."""
+        argv = list(self.argv)
+        for key, value in flags.items():
+            name = f"--{key.replace('_', '-')}"
+            for i, a in enumerate(argv):
+                if a == name and i + 1 < len(argv):
+                    argv[i + 1] = value
+                    break
+                if a.startswith(f"{name}="):
+                    argv[i] = f"{name}={value}"
+                    break
+            else:
+                argv += [name, value]
+        return ProcessSpec(tuple(argv), dict(self.env), self.cwd)
+
 
 def alive(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie does not)."""
@@ -57,21 +84,28 @@ class Processes:
 
     def __init__(self, cluster_dir: Path, pids: dict[str, int]) -> None:
         self.dir = cluster_dir
-        self.pids = dict(pids)  # role -> current pid
+        self.pids = dict(pids)  # role -> current pid (0 while down)
+        self.specs = {role: ProcessSpec.of(pid) for role, pid in pids.items()}
         self.generation = dict.fromkeys(pids, 0)
         self._children: list[subprocess.Popen[bytes]] = []
 
-    def kill_and_restart(self, role: str, key: str) -> int:
-        """kill -9 the role's process, wait until it is gone, start it again as it ran; the new
-        pid (recorded under ``key`` in pids.env)."""
+    def kill(self, role: str) -> None:
+        """kill -9 the role's process and wait until it is gone."""
         pid = self.pids[role]
-        spec = ProcessSpec.of(pid)
         os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 10
         while alive(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        self.generation[role] += 1
-        log = self.dir / "logs" / f"{role}-restart-{self.generation[role]}.log"
+        self.pids[role] = 0
+
+    def start(self, role: str, spec: ProcessSpec | None = None) -> int:
+        """Start the role's process from ``spec`` (kept for its later restarts) or from the one
+        it ran with; its pid, recorded in pids.env under ``TL_SOAK_<ROLE>_PID``."""
+        if spec is not None:
+            self.specs[role] = spec
+        spec = self.specs[role]
+        self.generation[role] = self.generation.get(role, -1) + 1
+        log = self.dir / "logs" / f"soak-{role}-{self.generation[role]}.log"
         with log.open("wb") as out:
             child = subprocess.Popen(
                 spec.argv,
@@ -80,13 +114,20 @@ class Processes:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                preexec_fn=_die_with_parent,  # the runner is single-threaded
+                preexec_fn=_die_with_parent,  # the runner's other thread only reads sockets
             )
         self._children.append(child)
         self.pids[role] = child.pid
+        key = "TL_SOAK_" + "".join(c if c.isalnum() else "_" for c in role.upper()) + "_PID"
         with (self.dir / "pids.env").open("a") as f:
             f.write(f"{key}={child.pid}\n")
         return child.pid
+
+    def kill_and_restart(self, role: str) -> int:
+        """kill -9 the role's process, wait until it is gone, start it again as it ran; the new
+        pid."""
+        self.kill(role)
+        return self.start(role)
 
     def pause(self, role: str) -> None:
         os.kill(self.pids[role], signal.SIGSTOP)

@@ -1,12 +1,15 @@
 """The soak run's observations: what the API server holds, every second, as an Observation.
 
-Pods, GpuNodes, GpuAllocations, GpuLeases and Nodes are listed (the cluster admin's token);
-pod deletions come from the difference between successive lists: a pod present before and gone
-now was deleted, its last state the last one listed. It counts as noticed when any state of it
-seen carried the reclaim notice (a notice comes at least the grace, 2 s, before the eviction:
-with a list a second, the notice is seen first unless the lists stall longer than that, as
-during an etcd pause). Deletions the runner made itself (borrowers it finished) are left out;
-a pod whose node is gone (deleted by a fault, or not in the list) is marked so.
+Pods, GpuNodes, GpuAllocations, GpuLeases and Nodes are listed (the cluster admin's token)
+every second; pods are also watched (:class:`PodWatch`, a thread of its own), so that states a
+list a second misses are seen: a borrower's reclaim notice, kube-scheduler's
+``DisruptionTarget`` condition on a victim it preempts, the last state of a pod deleted with no
+grace, pods made and deleted between two lists. A pod counts as deleted when the watch said so
+or when it was listed before and is not now (the watch restarts after the API server was away,
+and may miss what happened in between); its last state is the newest either saw, and it counts
+as noticed when any state of it seen carried the reclaim notice. Deletions the runner made
+itself (borrowers it finished) are left out; a pod whose node is gone (deleted by a fault, or
+not in the list) is marked so.
 
 Processes are sampled from /proc (RSS from VmRSS, open fds), named ``<role>#<generation>``
 (a restart starts a new series: a slope over two processes says nothing).
@@ -14,7 +17,10 @@ Processes are sampled from /proc (RSS from VmRSS, open fds), named ``<role>#<gen
 
 from __future__ import annotations
 
+import json
 import os
+import threading
+import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -45,16 +51,111 @@ def sample(pid: int) -> ProcessSample | None:
     return ProcessSample(rss, fds)
 
 
-class Observer:
-    def __init__(self, kube: Kube, *, timeout_s: float = 5.0) -> None:
+def _newer(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether pod state ``a`` is newer than ``b`` (resourceVersions compare as integers in
+    etcd-backed API servers; anything else: not newer)."""
+    try:
+        return int(a["metadata"]["resourceVersion"]) > int(b["metadata"]["resourceVersion"])
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
+class PodWatch:
+    """Every pod state the API server sends on a watch of all pods, kept for the observer:
+    the newest state of each pod (by uid), the uids seen with the reclaim notice, the pods the
+    watch saw deleted. Restarts from a fresh list whenever the watch ends or fails (the API
+    server restarting, an expired resourceVersion)."""
+
+    def __init__(self, kube: Kube, *, timeout_s: float = 60.0) -> None:
         self.kube = kube
         self.timeout_s = timeout_s
+        self.lock = threading.Lock()
+        self.latest: dict[str, dict[str, Any]] = {}  # uid -> newest state seen
+        self.noticed: set[str] = set()
+        self.deleted: dict[str, dict[str, Any]] = {}  # uid -> last state, until taken
+        self.events = 0
+        self.restarts = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="soak-pod-watch", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _record(self, kind: str, pod: dict[str, Any]) -> None:
+        uid = str(pod.get("metadata", {}).get("uid", ""))
+        if not uid:
+            return
+        with self.lock:
+            self.events += 1
+            if contract.ANN_RECLAIM_NOTICE in (pod["metadata"].get("annotations") or {}):
+                self.noticed.add(uid)
+            known = self.latest.get(uid)
+            if known is None or not _newer(known, pod):
+                self.latest[uid] = pod
+            if kind == "DELETED":
+                self.deleted[uid] = self.latest.pop(uid)
+
+    def take_deleted(self) -> dict[str, dict[str, Any]]:
+        """The pods deleted since the last call, with their last state."""
+        with self.lock:
+            out, self.deleted = self.deleted, {}
+            return out
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                listed = self.kube.request("GET", path_of("Pod"), timeout=10)
+                for pod in listed.get("items") or []:
+                    self._record("ADDED", pod)
+                self._watch(str(listed["metadata"]["resourceVersion"]))
+            except Exception:  # the API server away, a watch expired: list and watch again
+                pass
+            self.restarts += 1
+            self._stop.wait(1.0)
+
+    def _watch(self, version: str) -> None:
+        query = f"?watch=1&resourceVersion={version}&timeoutSeconds={int(self.timeout_s)}"
+        req = urllib.request.Request(
+            self.kube.server + path_of("Pod") + query,
+            headers={"Authorization": f"Bearer {self.kube.token}", "Accept": "application/json"},
+        )
+        context = self.kube._ssl
+        with urllib.request.urlopen(req, context=context, timeout=self.timeout_s + 15) as resp:
+            for line in resp:
+                if self._stop.is_set():
+                    return
+                event = json.loads(line)
+                kind, obj = event.get("type"), event.get("object") or {}
+                if kind == "ERROR":  # e.g. 410 Gone: the version is too old; list again
+                    return
+                if kind in ("ADDED", "MODIFIED", "DELETED"):
+                    self._record(str(kind), obj)
+
+
+class Observer:
+    def __init__(self, kube: Kube, *, timeout_s: float = 5.0, watch: bool = True) -> None:
+        self.kube = kube
+        self.timeout_s = timeout_s
+        self.watch = PodWatch(kube) if watch else None
         self._pods: dict[str, dict[str, Any]] = {}  # uid -> last state listed
         self._noticed: set[str] = set()  # uids seen with the reclaim notice
         self.ours: set[str] = set()  # uids the runner deleted itself
         self.lost_nodes: set[str] = set()  # nodes a fault deleted (until made again)
         self.deletions_seen = 0
+        self.last_error = ""  # why the last failed observation failed
+        self._pending: dict[str, dict[str, Any]] = {}  # deleted per the watch, still listed
         self.failed = 0
+
+    def start(self) -> None:
+        if self.watch is not None:
+            self.watch.start()
+
+    def stop(self) -> None:
+        if self.watch is not None:
+            self.watch.stop()
 
     def lists(self) -> dict[str, list[dict[str, Any]]] | None:
         """Every listed kind, or None when the API server did not answer them all."""
@@ -63,8 +164,9 @@ class Observer:
             for kind, name in LISTED:
                 reply = self.kube.request("GET", path_of(kind), timeout=self.timeout_s)
                 out[name] = list(reply.get("items") or [])
-        except Exception:  # any failure to list: the observation is skipped
+        except Exception as e:  # any failure to list: the observation is skipped
             self.failed += 1
+            self.last_error = f"{e!r}"
             return None
         return out
 
@@ -81,17 +183,40 @@ class Observer:
             now[uid] = pod
             if contract.ANN_RECLAIM_NOTICE in (pod["metadata"].get("annotations") or {}):
                 self._noticed.add(uid)
+        gone = {uid: self._pods[uid] for uid in self._pods.keys() - now.keys()}
+        if self.watch is not None:
+            with self.watch.lock:
+                self._noticed |= self.watch.noticed
+                self.watch.noticed.clear()
+                latest = dict(self.watch.latest)
+            for uid, last in self.watch.take_deleted().items():
+                if uid in now:  # listed before the watch said: the next list will not have it
+                    self._pending[uid] = last
+                    continue
+                if uid not in gone or _newer(last, gone[uid]):
+                    gone[uid] = last
+            for uid in list(self._pending):
+                if uid not in now:
+                    last = self._pending.pop(uid)
+                    if uid not in gone or _newer(last, gone[uid]):
+                        gone[uid] = last
+            for uid, last in list(gone.items()):
+                newer = latest.get(uid)
+                if newer is not None and _newer(newer, last):
+                    gone[uid] = newer
+            with self.watch.lock:  # a deletion the watch missed (it was away) ends here
+                for uid in gone:
+                    self.watch.latest.pop(uid, None)
         deletions = []
-        for uid in self._pods.keys() - now.keys():
-            last = self._pods[uid]
+        for uid, last in gone.items():
             noticed = uid in self._noticed
             self._noticed.discard(uid)
             if uid in self.ours:
                 self.ours.discard(uid)
                 continue
             node = str((last.get("spec") or {}).get("nodeName") or "")
-            gone = bool(node) and (node in self.lost_nodes or node not in node_names)
-            deletions.append(Deletion(last, noticed, gone))
+            lost = bool(node) and (node in self.lost_nodes or node not in node_names)
+            deletions.append(Deletion(last, noticed, lost))
         self._pods = now
         self.deletions_seen += len(deletions)
         samples = {}

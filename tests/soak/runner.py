@@ -26,16 +26,18 @@ import json
 import subprocess
 import sys
 import time
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from common import builders, contract
-from common.model import Priority, Tier
+from common.model import Health, Priority, Tier
 from extender.rightofreturn.lease import parse_gpu_lease
 from tests.e2e.harness import BORROWER, ONLINE, Cluster, workload
-from tests.e2e.kube import ApiError
+from tests.e2e.kube import ApiError, path_of
+from tests.soak import replicas
 from tests.soak.faults import Processes
 from tests.soak.invariants import (
     Checker,
@@ -75,14 +77,22 @@ CLUSTER_ENV = {
     "TIDELEASE_EXTENDER_RECLAIM_OVERDUE_S": str(RECLAIM_OVERDUE_S),
 }
 
-# role -> its pid's key in cluster.env / pids.env
+# role -> its pid's key in cluster.env (the extender and the kube-scheduler become two
+# replicas: tests/soak/replicas.py)
 ROLES = {
     "extender": "TL_CLUSTER_EXTENDER_PID",
+    "kube-scheduler": "TL_CLUSTER_SCHEDULER_PID",
     "controllers": "TL_CLUSTER_CONTROLLERS_PID",
     "kube-apiserver": "TL_CLUSTER_APISERVER_PID",
+    "kube-controller-manager": "TL_CLUSTER_KCM_PID",
     "etcd": "TL_CLUSTER_ETCD_PID",
 }
-SAMPLED = ("extender", "controllers")
+SAMPLED = (replicas.extender(0), replicas.extender(1), "controllers")
+KILLED = {  # the faults that kill -9 one process and restart it at once
+    "controllers-kill": "controllers",
+    "apiserver-kill": "kube-apiserver",
+    "kcm-kill": "kube-controller-manager",
+}
 
 
 def log(msg: str) -> None:
@@ -210,6 +220,7 @@ class Runner:
         self._groups: dict[str, int] = {}  # lease -> its lent groups, last seen
         self._samples: dict[str, list[tuple[float, ProcessSample]]] = {}
         self._job_lease: dict[str, OnlineJob] = {j.name: j for j in plan.jobs}
+        self.replicas: replicas.Replicas | None = None
 
     # --- the clock and the queue ---
     def now(self) -> float:
@@ -341,19 +352,28 @@ class Runner:
     def _fault(self, f: Fault) -> Callable[[], None]:
         def strike() -> None:
             t = self.now()
-            if f.kind in ("controllers-kill", "extender-kill", "apiserver-kill"):
-                role = {
-                    "controllers-kill": "controllers",
-                    "extender-kill": "extender",
-                    "apiserver-kill": "kube-apiserver",
-                }[f.kind]
+            if f.kind in KILLED:
+                role = KILLED[f.kind]
                 if self._paused or (role == "kube-apiserver" and self._blocked_until_ready):
-                    self.at(t + 1.0, f"fault {f.kind}", strike)  # one fault at a time
+                    self.at(t + 1.0, f"fault {f.kind}", strike)  # the API server: one at a time
                     return
-                pid = self.processes.kill_and_restart(role, ROLES[role])
+                pid = self.processes.kill_and_restart(role)
                 if role == "kube-apiserver":
                     self._blocked_until_ready = True
                 self._done(f, t, f"{role} killed, restarted as pid {pid}")
+            elif f.kind == "extender-kill":
+                role = replicas.extender(f.target)
+                if not self.processes.pids.get(role):  # its replica is down (replica-kill)
+                    self.at(t + 1.0, f"fault {f.kind}", strike)
+                    return
+                pid = self.processes.kill_and_restart(role)
+                self._done(f, t, f"{role} killed, restarted as pid {pid}")
+            elif f.kind == "replica-kill":
+                self._replica_kill(f, t, strike)
+            elif f.kind in ("net-delay", "net-drop"):
+                self._network(f, t)
+            elif f.kind == "device-unhealthy":
+                self._device_unhealthy(f, t)
             elif f.kind == "etcd-pause":
                 if self._paused or self._blocked_until_ready:
                     self.at(t + 1.0, f"fault {f.kind}", strike)
@@ -366,6 +386,89 @@ class Runner:
                 self._node_delete(f, t)
 
         return strike
+
+    def _replica_kill(self, f: Fault, t: float, again: Callable[[], None]) -> None:
+        """The leading replica's kube-scheduler and extender killed (its pod lost), started
+        again ``f.duration_s`` later (a new pod); meanwhile the other replica takes over."""
+        assert self.replicas is not None
+        procs = self.processes
+        down = [i for i in range(replicas.REPLICAS) if not procs.pids.get(replicas.scheduler(i))]
+        if down:  # a replica is already down: one at a time, so one is always there
+            self.at(t + 1.0, f"fault {f.kind}", again)
+            return
+        leader = self.replicas.leader()
+        i = leader if leader is not None else 0
+        for role in (replicas.scheduler(i), replicas.extender(i)):
+            if procs.pids.get(role):
+                procs.kill(role)
+
+        def back() -> None:
+            for role in (replicas.extender(i), replicas.scheduler(i)):
+                procs.start(role)
+            log(f"t={self.now():.1f} replica {i} started again")
+
+        self.at(t + f.duration_s, f"replica {i} back", back)
+        who = "the leader" if leader is not None else "no leader found"
+        self._done(f, t, f"replica {i} ({who}) killed, back in {f.duration_s:.1f} s")
+
+    def _network(self, f: Fault, t: float) -> None:
+        assert self.replicas is not None
+        proxy = self.replicas.proxy
+        if f.kind == "net-delay":
+            proxy.delay_s = f.amount
+        else:
+            proxy.drop_replies = True
+
+        def heal() -> None:
+            if f.kind == "net-delay":
+                proxy.delay_s = 0.0
+            else:
+                proxy.drop_replies = False
+            log(f"t={self.now():.1f} {f.kind} over ({proxy.dropped} replies dropped so far)")
+
+        self.at(t + f.duration_s, f"{f.kind} over", heal)
+        self._done(f, t, f"extenders <-> API server for {f.duration_s:.1f} s")
+
+    def _set_health(self, node: str, index: int, health: str) -> str:
+        """Device ``index`` of ``node``'s GpuNode reported ``health`` (read, changed, written
+        back with its resourceVersion: the controllers write the same object's spec); its UUID,
+        or "" when the node or the device is not there."""
+        for _ in range(10):
+            obj = self.kube.get(contract.KIND_GPU_NODE, node)
+            if obj is None:
+                return ""
+            devices = (obj.get("status") or {}).get("devices") or []
+            found = [d for d in devices if d.get("index") == index]
+            if not found:
+                return ""
+            found[0]["health"] = health
+            try:
+                self.kube.request(
+                    "PUT", path_of(contract.KIND_GPU_NODE, node) + "/status", obj, timeout=10
+                )
+            except ApiError as e:
+                if e.status == 409:
+                    continue
+                raise
+            return str(found[0].get("uuid", ""))
+        raise OSError(f"{node}: the GpuNode kept changing")
+
+    def _device_unhealthy(self, f: Fault, t: float) -> None:
+        nodes = int(self.facts["TL_CLUSTER_NODES"])
+        index = f.node % nodes
+        if index in self._lost or self.api_down():
+            self.at(t + 1.0, f"fault {f.kind}", self._fault(f))
+            return
+        name = f"{self.prefix}-{index}"
+        uuid = self._set_health(name, f.target, Health.UNHEALTHY.value)
+
+        def heal() -> None:
+            if self._set_health(name, f.target, Health.HEALTHY.value):
+                log(f"t={self.now():.1f} {name} device {f.target} Healthy again")
+
+        what = f"{name} device {f.target} Healthy"
+        self.at(t + f.duration_s, what, self._api(what, heal))
+        self._done(f, t, f"{name} device {f.target} ({uuid or 'not there'}) Unhealthy")
 
     def _resume_etcd(self) -> None:
         self.processes.resume("etcd")
@@ -486,7 +589,16 @@ class Runner:
     def run(self) -> Report:
         for line in self.plan.describe():
             log(line)
+        server = urllib.parse.urlsplit(self.facts["TL_CLUSTER_SERVER"])
+        with replicas.take_over(
+            self.processes, self.cluster.dir, (server.hostname or "127.0.0.1", server.port or 443)
+        ) as self.replicas:
+            log(f"two replicas; the extenders' fault proxy on :{self.replicas.proxy.port}")
+            return self._run()
+
+    def _run(self) -> Report:
         self.setup()
+        self.observer.start()
         self._t0 = time.monotonic()
         self.schedule()
         next_obs = 0.0
@@ -531,6 +643,7 @@ class Runner:
         """Stop the processes the faults restarted (before the cluster goes down)."""
         if self._paused:
             self._resume_etcd()
+        self.observer.stop()
         self.processes.stop_restarted()
 
 

@@ -7,9 +7,9 @@ runner asks of it does not). Pure: no clock, no I/O; the runner executes the pla
 
 Compressed tides: each online job (a StatefulSet, or a Deployment) with a GpuLease lends part of
 its GPUs (``desiredGPUs`` down) and takes them back (up) on a schedule of its own, every
-``tide_s`` (1 to 3 minutes; 30 to 60 s in runs under ten minutes, so that a short run sees
-reclaims). Borrowers (low-priority pods) of a few namespaces arrive at random and finish after
-a random time. Faults (:data:`FAULT_KINDS`) strike at random moments; each kind at least once.
+30 to 75 s (so that an hour sees a hundred reclaims and more). Borrowers (low-priority pods)
+of a few namespaces arrive at random and finish after a random time. Faults
+(:data:`FAULT_KINDS`) strike at random moments; each kind at least once.
 """
 
 from __future__ import annotations
@@ -19,12 +19,33 @@ from dataclasses import dataclass
 
 # What a fault does (the runner does and undoes each itself):
 #   controllers-kill: kill -9 of `tidelease controllers`, restarted as it ran
-#   extender-kill:    kill -9 of the extender, restarted as it ran
+#   extender-kill:    kill -9 of replica ``target``'s extender, restarted as it ran
+#   replica-kill:     kill -9 of the leading replica's kube-scheduler and extender (a pod
+#                     lost), both started again after ``duration_s``
+#   kcm-kill:         kill -9 of kube-controller-manager (the StatefulSet and Deployment
+#                     controllers), restarted as it ran
 #   etcd-pause:       etcd stopped (SIGSTOP) for ``duration_s``, then continued
 #   node-delete:      a kwok GPU node (and its GpuNode) deleted with its pods on it; made
 #                     again after ``duration_s``
 #   apiserver-kill:   kill -9 of kube-apiserver, restarted as it ran
-FAULT_KINDS = ("controllers-kill", "extender-kill", "etcd-pause", "node-delete", "apiserver-kill")
+#   net-delay:        the extenders' traffic with the API server held back ``amount`` seconds
+#                     a chunk, each way, for ``duration_s``
+#   net-drop:         the API server's replies to the extenders dropped (their connections
+#                     closed once the request was served) for ``duration_s``
+#   device-unhealthy: device ``target`` of kwok node ``node`` reported Unhealthy on its GpuNode
+#                     for ``duration_s``, then Healthy again
+FAULT_KINDS = (
+    "controllers-kill",
+    "extender-kill",
+    "replica-kill",
+    "kcm-kill",
+    "etcd-pause",
+    "node-delete",
+    "apiserver-kill",
+    "net-delay",
+    "net-drop",
+    "device-unhealthy",
+)
 
 
 @dataclass(frozen=True)
@@ -60,15 +81,23 @@ class Borrower:
 class Fault:
     t: float
     kind: str
-    duration_s: float = 0.0  # etcd-pause: the pause; node-delete: until the node is back
-    node: int = -1  # node-delete: the index of the kwok node (kwok-gpu-<i>)
+    duration_s: float = 0.0  # how long it lasts (its kind says what that is)
+    node: int = -1  # node-delete, device-unhealthy: the index of the kwok node (kwok-gpu-<i>)
+    target: int = -1  # extender-kill: the replica; device-unhealthy: the device's index
+    amount: float = 0.0  # net-delay: seconds a chunk
 
     def __str__(self) -> str:
         extra = ""
-        if self.kind == "etcd-pause":
-            extra = f" for {self.duration_s:.1f} s"
-        elif self.kind == "node-delete":
+        if self.kind == "node-delete":
             extra = f" node #{self.node}, back after {self.duration_s:.0f} s"
+        elif self.kind == "device-unhealthy":
+            extra = f" node #{self.node} device {self.target} for {self.duration_s:.0f} s"
+        elif self.kind == "extender-kill":
+            extra = f" replica {self.target}"
+        elif self.kind == "net-delay":
+            extra = f" {self.amount * 1000:.0f} ms for {self.duration_s:.1f} s"
+        elif self.duration_s:
+            extra = f" for {self.duration_s:.1f} s"
         return f"t={self.t:6.1f} {self.kind}{extra}"
 
 
@@ -109,8 +138,7 @@ def plan(seed: int, minutes: float, *, nodes: int = 6) -> Plan:
     """The whole schedule of a run of ``minutes`` on ``nodes`` kwok GPU nodes (8 GPUs each)."""
     rng = random.Random(seed)
     duration = minutes * 60.0
-    short = minutes < 10
-    tide_lo, tide_hi = (30.0, 60.0) if short else (60.0, 180.0)
+    tide_lo, tide_hi = 30.0, 75.0
 
     online = ("soak-online-0", "soak-online-1")
     borrower_ns = tuple(f"soak-batch-{i}" for i in range(rng.choice((2, 3))))
@@ -148,9 +176,10 @@ def plan(seed: int, minutes: float, *, nodes: int = 6) -> Plan:
         n += 1
         t += rng.expovariate(1 / 5.0)
 
-    # Each kind once (in a random order), then one more fault per two minutes of any kind; at
-    # random moments between a warm-up and a quiet end, at least 15 s apart.
-    count = max(len(FAULT_KINDS), int(minutes / 2) + len(FAULT_KINDS) - 1)
+    # Each kind once (in a random order), then more of any kind, 0.9 a minute in all; at random
+    # moments between a warm-up and a quiet end, at least 15 s apart (closer in runs too short
+    # for every kind so: the faults that last then overlap the next ones).
+    count = max(len(FAULT_KINDS), int(minutes * 0.9))
     kinds = list(FAULT_KINDS)
     rng.shuffle(kinds)
     kinds += [rng.choice(FAULT_KINDS) for _ in range(count - len(kinds))]
@@ -169,6 +198,20 @@ def plan(seed: int, minutes: float, *, nodes: int = 6) -> Plan:
                     when, kind, duration_s=round(rng.uniform(60.0, 90.0)), node=rng.randrange(nodes)
                 )
             )
+        elif kind == "device-unhealthy":
+            dur = round(rng.uniform(30.0, 90.0))
+            faults.append(
+                Fault(when, kind, dur, node=rng.randrange(nodes), target=rng.randrange(8))
+            )
+        elif kind == "replica-kill":
+            faults.append(Fault(when, kind, duration_s=round(rng.uniform(3.0, 10.0), 1)))
+        elif kind == "extender-kill":
+            faults.append(Fault(when, kind, target=rng.randrange(2)))
+        elif kind == "net-delay":
+            lasting, amount = round(rng.uniform(20.0, 60.0), 1), round(rng.uniform(0.05, 0.3), 2)
+            faults.append(Fault(when, kind, duration_s=lasting, amount=amount))
+        elif kind == "net-drop":
+            faults.append(Fault(when, kind, duration_s=round(rng.uniform(5.0, 15.0), 1)))
         else:
             faults.append(Fault(when, kind))
 

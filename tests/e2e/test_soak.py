@@ -1,0 +1,55 @@
+"""The short soak (issue 33): hack/soak.py for four minutes with seed 1, on a cluster of its own.
+
+Compressed tides (online jobs lending and reclaiming), borrowers arriving and finishing, two
+scheduling replicas, and one fault of each kind (tests/soak/workload.py: processes killed and
+restarted, a replica lost, etcd paused, a kwok node deleted with its pods, the extenders'
+network slowed and dropping replies, a device Unhealthy), with the invariants of
+tests/soak/invariants.py checked over the whole history, the pods watched. The long soak is a
+command of its own: hack/soak.py --minutes 60.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.soak.workload import FAULT_KINDS
+
+pytestmark = pytest.mark.cluster
+
+ROOT = Path(__file__).resolve().parents[2]
+MINUTES = 4
+SEED = 1
+
+
+def test_a_short_soak_keeps_every_invariant(tmp_path: Path) -> None:
+    report = tmp_path / "report.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "hack" / "soak.py"),
+            "--minutes",
+            str(MINUTES),
+            "--seed",
+            str(SEED),
+            "--dir",
+            str(tmp_path / "cluster"),
+            "--json",
+            str(report),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=MINUTES * 60 + 900,
+        check=False,
+    )
+    output = f"stdout:\n{done.stdout}\nstderr (end):\n{done.stderr[-20000:]}"
+    assert done.returncode == 0, output
+    result = json.loads(report.read_text())
+    assert result["violations"] == [], output
+    assert all(result["faults"].get(kind, 0) >= 1 for kind in FAULT_KINDS), result["faults"]
+    assert result["reclaims"] >= 1, output
+    print(done.stdout)
