@@ -95,6 +95,8 @@ class Observation:
     nodes: Sequence[Obj] = ()
     deletions: Sequence[Deletion] = ()
     processes: Mapping[str, ProcessSample] = field(default_factory=dict)
+    heartbeats: Mapping[str, float] = field(default_factory=dict)  # node -> agent's last renewal
+    wall: float = 0.0  # when it was made, epoch seconds (heartbeats are judged against it)
 
     @cached_property
     def devices(self) -> dict[GpuUuid, Device]:
@@ -546,22 +548,35 @@ class PendingWhileFree(Checker):
     is Ready and that its node selector, required node affinity and tolerations accept
     (:func:`extender.queues.fitting.eligible`) has at least that many free devices of one GPU
     type: healthy, untagged, not standby, in no ledger and on no pod, of its type (if it names
-    one) and at least its tier. Both must hold in every observation of ``bound_s``. Left out:
+    one) and at least its tier, on a node whose agent renewed its heartbeat within ``fresh_s``
+    (or has none). Both must hold in every observation of ``bound_s``. Left out:
     other resources (CPU, memory), tenancy refusals (a high-priority pod in a namespace not
     granted online jobs waits by design: keep the run's pods legitimate), and tagged devices a
     borrower could take."""
 
     name = "pending-while-free"
 
-    def __init__(self, bound_s: float, *, resource: str = contract.DEFAULT_GPU_RESOURCE) -> None:
+    def __init__(
+        self,
+        bound_s: float,
+        *,
+        resource: str = contract.DEFAULT_GPU_RESOURCE,
+        fresh_s: float = float("inf"),
+    ) -> None:
         self.resource = resource
+        self.fresh_s = fresh_s
         self._lasting = _Lasting(bound_s)
 
     def observe(self, obs: Observation) -> list[Violation]:
         taken = {u for p in obs.holding for u in pod_devices(p)}
         taken.update(u for a in obs.allocations.values() for e in a for u in e.devices)
+        # A node whose agent's heartbeat is older than fresh_s offers nothing (a node with no
+        # heartbeat at all is not judged: the extender's rule).
+        silent = {n for n, at in obs.heartbeats.items() if obs.wall - at > self.fresh_s}
         free: dict[str, list[Device]] = {}
         for u, d in obs.devices.items():
+            if d.node in silent:
+                continue
             if d.cls.healthy and d.cls.owner is None and not d.cls.standby and u not in taken:
                 free.setdefault(d.node, []).append(d)
         ready = [node_facts(n) for n in obs.nodes if _ready(n)]

@@ -1,15 +1,15 @@
 """The soak run's observations: what the API server holds, every second, as an Observation.
 
-Pods, GpuNodes, GpuAllocations, GpuLeases and Nodes are listed (the cluster admin's token)
-every second; pods are also watched (:class:`PodWatch`, a thread of its own), so that states a
-list a second misses are seen: a borrower's reclaim notice, kube-scheduler's
-``DisruptionTarget`` condition on a victim it preempts, the last state of a pod deleted with no
-grace, pods made and deleted between two lists. A pod counts as deleted when the watch said so
-or when it was listed before and is not now (the watch restarts after the API server was away,
-and may miss what happened in between); its last state is the newest either saw, and it counts
-as noticed when any state of it seen carried the reclaim notice. Deletions the runner made
-itself (borrowers it finished) are left out; a pod whose node is gone (deleted by a fault, or
-not in the list) is marked so.
+Pods, GpuNodes, GpuAllocations, GpuLeases, Nodes and the agents' heartbeat Leases are listed
+(the cluster admin's token) every second; pods are also watched (:class:`PodWatch`, a thread of
+its own), so that states a list a second misses are seen: a borrower's reclaim notice, kube-
+scheduler's ``DisruptionTarget`` condition on a victim it preempts, the last state of a pod
+deleted with no grace, pods made and deleted between two lists. A pod counts as deleted when the
+watch said so or when it was listed before and is not now (the watch restarts after the API
+server was away, and may miss what happened in between); its last state is the newest either
+saw, and it counts as noticed when any state of it seen carried the reclaim notice. Deletions
+the runner made itself (borrowers it finished) are left out; a pod whose node is gone (deleted
+by a fault, or not in the list) is marked so.
 
 Processes are sampled from /proc (RSS from VmRSS, open fds), named ``<role>#<generation>``
 (a restart starts a new series: a slope over two processes says nothing).
@@ -20,12 +20,14 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from common import contract
+from common.heartbeat import heartbeat
 from tests.e2e.kube import Kube, path_of
 from tests.soak.invariants import Deletion, Observation, ProcessSample
 
@@ -136,8 +138,16 @@ class PodWatch:
 
 
 class Observer:
-    def __init__(self, kube: Kube, *, timeout_s: float = 5.0, watch: bool = True) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        *,
+        timeout_s: float = 5.0,
+        watch: bool = True,
+        agent_namespace: str = contract.DEFAULT_AGENT_NAMESPACE,
+    ) -> None:
         self.kube = kube
+        self.agent_namespace = agent_namespace
         self.timeout_s = timeout_s
         self.watch = PodWatch(kube) if watch else None
         self._pods: dict[str, dict[str, Any]] = {}  # uid -> last state listed
@@ -164,6 +174,13 @@ class Observer:
             for kind, name in LISTED:
                 reply = self.kube.request("GET", path_of(kind), timeout=self.timeout_s)
                 out[name] = list(reply.get("items") or [])
+            leases = f"/apis/coordination.k8s.io/v1/namespaces/{self.agent_namespace}/leases"
+            reply = self.kube.request("GET", leases, timeout=self.timeout_s)
+            out["agent_leases"] = [
+                lease
+                for lease in reply.get("items") or []
+                if lease["metadata"]["name"].startswith(contract.AGENT_LEASE_PREFIX)
+            ]
         except Exception as e:  # any failure to list: the observation is skipped
             self.failed += 1
             self.last_error = f"{e!r}"
@@ -175,6 +192,12 @@ class Observer:
         listed = self.lists()
         if listed is None:
             return None
+        wall = time.time()
+        heartbeats: dict[str, float] = {}
+        for lease in listed["agent_leases"]:
+            holder, renewed = heartbeat(lease)
+            if renewed is not None:
+                heartbeats[str(holder)] = renewed
         pods = listed["pods"]
         node_names = {str(n["metadata"]["name"]) for n in listed["nodes"]}
         now: dict[str, dict[str, Any]] = {}
@@ -233,4 +256,6 @@ class Observer:
             nodes=listed["nodes"],
             deletions=tuple(deletions),
             processes=samples,
+            heartbeats=heartbeats,
+            wall=wall,
         )

@@ -37,7 +37,7 @@ from common.model import Health, Priority, Tier
 from extender.rightofreturn.lease import parse_gpu_lease
 from tests.e2e.harness import BORROWER, ONLINE, Cluster, workload
 from tests.e2e.kube import ApiError, path_of
-from tests.soak import replicas
+from tests.soak import heartbeats, replicas
 from tests.soak.faults import Processes
 from tests.soak.invariants import (
     Checker,
@@ -62,6 +62,11 @@ RESERVE_TTL_S = 30.0  # the extender's reserve_ttl_s on the soak's cluster (defa
 MISSING_GRACE_S = 30.0  # its missing_grace_s (default)
 REAP_INTERVAL_S = 10.0  # its reap_interval_s (default)
 RECLAIM_OVERDUE_S = 45.0  # the controllers' reclaim_overdue_s on the soak's cluster (default 120)
+AGENT_TIMEOUT_S = 15.0  # the extender's agent_timeout_s on the soak's cluster (default 60)
+# A node whose agent heartbeat is older than this offers the pending-while-free checker nothing
+# (the extender gives up on it only after AGENT_TIMEOUT_S: between the two, the checker is
+# the more careful).
+HEARTBEAT_FRESH_S = 2 * heartbeats.RENEW_S + 1.0
 FAULT_MARGIN_S = 30.0  # a restart, an API server away, a paused etcd
 LEDGER_SETTLE_S = max(RESERVE_TTL_S, MISSING_GRACE_S) + REAP_INTERVAL_S + FAULT_MARGIN_S
 RECLAIM_BOUND_S = RECLAIM_OVERDUE_S + FAULT_MARGIN_S
@@ -75,6 +80,7 @@ FDS_PER_HOUR = 100.0
 CLUSTER_ENV = {
     "TIDELEASE_EXTENDER_RESERVE_TTL_S": str(RESERVE_TTL_S),
     "TIDELEASE_EXTENDER_RECLAIM_OVERDUE_S": str(RECLAIM_OVERDUE_S),
+    "TIDELEASE_EXTENDER_AGENT_TIMEOUT_S": str(AGENT_TIMEOUT_S),
 }
 
 # role -> its pid's key in cluster.env (the extender and the kube-scheduler become two
@@ -105,7 +111,7 @@ def checkers(minutes: float) -> list[Checker]:
         LedgerMatchesPods(LEDGER_SETTLE_S),
         ReclaimEnds(RECLAIM_BOUND_S, grace_s=GRACE_S, untagged_stand_ins=True),
         NoticeBeforeEviction(),
-        PendingWhileFree(PENDING_BOUND_S),
+        PendingWhileFree(PENDING_BOUND_S, fresh_s=HEARTBEAT_FRESH_S),
     ]
     if minutes >= LEAK_MIN_MINUTES:
         out.append(
@@ -206,7 +212,10 @@ class Runner:
         self.minutes = minutes
         self.facts = facts
         self.processes = Processes(cluster.dir, {r: int(facts[k]) for r, k in ROLES.items()})
-        self.observer = Observer(self.kube)
+        self.observer = Observer(
+            self.kube,
+            agent_namespace=facts.get("TL_CLUSTER_NAMESPACE") or contract.DEFAULT_AGENT_NAMESPACE,
+        )
         self.checkers = checkers(minutes)
         self.report = Report(plan.seed, minutes, schedule=plan.describe())
         self.prefix = facts["TL_CLUSTER_NODE_PREFIX"]
@@ -216,11 +225,20 @@ class Runner:
         self._blocked_until_ready = False  # the API server restarting
         self._paused = False  # etcd stopped
         self._lost: dict[int, float] = {}  # node index -> when it comes back
+        self._silent: set[int] = set()  # nodes whose agent a fault silenced
         self._reclaims: dict[str, int] = {}  # lease -> its reclaims counter, last seen
         self._groups: dict[str, int] = {}  # lease -> its lent groups, last seen
         self._samples: dict[str, list[tuple[float, ProcessSample]]] = {}
         self._job_lease: dict[str, OnlineJob] = {j.name: j for j in plan.jobs}
         self.replicas: replicas.Replicas | None = None
+        self.namespace = facts.get("TL_CLUSTER_NAMESPACE") or contract.DEFAULT_AGENT_NAMESPACE
+        nodes = int(facts["TL_CLUSTER_NODES"])
+        self.heartbeats = heartbeats.Heartbeats(
+            self.kube,
+            [f"{self.prefix}-{i}" for i in range(nodes)],
+            namespace=self.namespace,
+            duration_s=int(AGENT_TIMEOUT_S),
+        )
 
     # --- the clock and the queue ---
     def now(self) -> float:
@@ -374,6 +392,8 @@ class Runner:
                 self._network(f, t)
             elif f.kind == "device-unhealthy":
                 self._device_unhealthy(f, t)
+            elif f.kind == "agent-silent":
+                self._agent_silent(f, t)
             elif f.kind == "etcd-pause":
                 if self._paused or self._blocked_until_ready:
                     self.at(t + 1.0, f"fault {f.kind}", strike)
@@ -470,6 +490,25 @@ class Runner:
         self.at(t + f.duration_s, what, self._api(what, heal))
         self._done(f, t, f"{name} device {f.target} ({uuid or 'not there'}) Unhealthy")
 
+    def _agent_silent(self, f: Fault, t: float) -> None:
+        nodes = int(self.facts["TL_CLUSTER_NODES"])
+        index = f.node % nodes
+        if index in self._lost:  # a deleted node's agent is silent already
+            self.at(t + 1.0, f"fault {f.kind}", self._fault(f))
+            return
+        name = f"{self.prefix}-{index}"
+        self.heartbeats.silence(name)
+        self._silent.add(index)
+
+        def heal() -> None:
+            self._silent.discard(index)
+            if index not in self._lost:
+                self.heartbeats.resume(name)
+            log(f"t={self.now():.1f} {name}'s agent beats again")
+
+        self.at(t + f.duration_s, f"{name} agent back", heal)
+        self._done(f, t, f"{name}'s agent heartbeat stopped for {f.duration_s:.0f} s")
+
     def _resume_etcd(self) -> None:
         self.processes.resume("etcd")
         self._paused = False
@@ -493,6 +532,7 @@ class Runner:
         try:
             on_it = [p for p in self.kube.list("Pod") if p["spec"].get("nodeName") == name]
             self.observer.lost_nodes.add(name)
+            self.heartbeats.silence(name)
             self.kube.delete(contract.KIND_GPU_NODE, name)
             self.kube.delete("Node", name)
         except (ApiError, OSError) as e:
@@ -536,6 +576,8 @@ class Runner:
                 raise OSError(f"cluster-nodes.py: {done.stderr[-500:]}")
             self._lost.pop(index, None)
             self.observer.lost_nodes.discard(name)
+            if index not in self._silent:
+                self.heartbeats.resume(name)
             log(f"t={self.now():.1f} node {name} made again")
 
         return make
@@ -597,6 +639,7 @@ class Runner:
             return self._run()
 
     def _run(self) -> Report:
+        self.heartbeats.start()
         self.setup()
         self.observer.start()
         self._t0 = time.monotonic()
@@ -644,6 +687,7 @@ class Runner:
         if self._paused:
             self._resume_etcd()
         self.observer.stop()
+        self.heartbeats.stop()
         self.processes.stop_restarted()
 
 

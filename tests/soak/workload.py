@@ -34,6 +34,7 @@ from dataclasses import dataclass
 #                     closed once the request was served) for ``duration_s``
 #   device-unhealthy: device ``target`` of kwok node ``node`` reported Unhealthy on its GpuNode
 #                     for ``duration_s``, then Healthy again
+#   agent-silent:     kwok node ``node``'s agent heartbeat stopped for ``duration_s``
 FAULT_KINDS = (
     "controllers-kill",
     "extender-kill",
@@ -45,6 +46,7 @@ FAULT_KINDS = (
     "net-delay",
     "net-drop",
     "device-unhealthy",
+    "agent-silent",
 )
 
 
@@ -82,7 +84,7 @@ class Fault:
     t: float
     kind: str
     duration_s: float = 0.0  # how long it lasts (its kind says what that is)
-    node: int = -1  # node-delete, device-unhealthy: the index of the kwok node (kwok-gpu-<i>)
+    node: int = -1  # node-delete, device-unhealthy, agent-silent: the kwok node (kwok-gpu-<i>)
     target: int = -1  # extender-kill: the replica; device-unhealthy: the device's index
     amount: float = 0.0  # net-delay: seconds a chunk
 
@@ -92,6 +94,8 @@ class Fault:
             extra = f" node #{self.node}, back after {self.duration_s:.0f} s"
         elif self.kind == "device-unhealthy":
             extra = f" node #{self.node} device {self.target} for {self.duration_s:.0f} s"
+        elif self.kind == "agent-silent":
+            extra = f" node #{self.node} for {self.duration_s:.0f} s"
         elif self.kind == "extender-kill":
             extra = f" replica {self.target}"
         elif self.kind == "net-delay":
@@ -203,6 +207,9 @@ def plan(seed: int, minutes: float, *, nodes: int = 6) -> Plan:
             faults.append(
                 Fault(when, kind, dur, node=rng.randrange(nodes), target=rng.randrange(8))
             )
+        elif kind == "agent-silent":
+            lasting = float(round(rng.uniform(30.0, 90.0)))
+            faults.append(Fault(when, kind, lasting, node=rng.randrange(nodes)))
         elif kind == "replica-kill":
             faults.append(Fault(when, kind, duration_s=round(rng.uniform(3.0, 10.0), 1)))
         elif kind == "extender-kill":

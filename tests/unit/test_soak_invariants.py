@@ -403,6 +403,15 @@ def test_pending_counts_only_an_unbroken_run() -> None:
     assert [v.t for v in found] == [16.0]
 
 
+def test_pending_leaves_out_a_node_whose_agent_is_silent() -> None:
+    def beat(age_s: float) -> dict[str, Any]:
+        return {"heartbeats": {"n1": 1000.0 - age_s}, "wall": 1000.0}
+
+    assert run(PendingWhileFree(10.0, fresh_s=5.0), *pending(waiting(), **beat(30.0))) == []
+    found = run(PendingWhileFree(10.0, fresh_s=5.0), *pending(waiting(), **beat(2.0)))
+    assert [v.obj for v in found] == ["default/wait"]
+
+
 # --- (f) no leak trend ---
 
 
