@@ -3,6 +3,7 @@
 over the whole history (issue 33).
 
 usage: hack/soak.py [--minutes 60] [--seed S] [--dir DIR] [--nodes 6] [--json FILE] [--plan]
+                    [--mutate NAME]
 
 Starts hack/cluster-up.sh (foreground, following this process) in DIR (default: a temporary
 directory, removed afterwards; a DIR given is kept, with every component's log) with --nodes
@@ -16,8 +17,12 @@ observed every second and the invariants of tests/soak/invariants.py are checked
 The seed decides everything the run does (the plan and its fault schedule are printed at the
 start); a failing run prints its seed and schedule: run that seed again to replay it. The
 report: faults by kind, reclaims and their p50/p99 time, violations (time and message), and
-memory and fd slopes of the extender and the controllers. Exit 1 on any violation, 2 when
+memory and fd slopes of the extenders and the controllers. Exit 1 on any violation, 2 when
 the harness itself failed (a fault it could not do, a cluster that did not start).
+
+``--mutate NAME`` runs the cluster's tidelease processes with a deliberate bug
+(tests/soak/mutations.py) and turns the verdict around: exit 0 when the checker that must see
+that bug reported it, 1 when it did not.
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ sys.path.insert(0, str(ROOT))
 
 from tests.background import read_state  # noqa: E402 (the project's environment, as above)
 from tests.e2e.harness import Cluster  # noqa: E402
+from tests.soak.mutations import ENV as MUTATION_ENV  # noqa: E402
+from tests.soak.mutations import MUTATIONS  # noqa: E402
 from tests.soak.runner import CLUSTER_ENV, Runner, log, write_json  # noqa: E402
 from tests.soak.workload import plan  # noqa: E402
 
@@ -58,6 +65,7 @@ def main() -> int:
     p.add_argument("--nodes", type=int, default=6, help="kwok GPU nodes (8 GPUs each)")
     p.add_argument("--json", type=Path, help="also write the report here")
     p.add_argument("--plan", action="store_true", help="print the seed's plan only (no cluster)")
+    p.add_argument("--mutate", choices=sorted(MUTATIONS), help="run with this deliberate bug")
     args = p.parse_args()
     if args.minutes < 1:
         p.error("--minutes: at least 1")
@@ -89,6 +97,12 @@ def main() -> int:
         "TL_CLUSTER_REAL_NODE": "false",
         "TL_CLUSTER_REAL_DRA_NODE": "false",
     }
+    if args.mutate:
+        mutation = MUTATIONS[args.mutate]
+        log(f"mutation {args.mutate}: {mutation.what}; {mutation.checker} must report it")
+        env[MUTATION_ENV] = args.mutate
+        mutants = str(ROOT / "tests" / "soak" / "mutants")
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [mutants, env.get("PYTHONPATH")]))
     log(f"seed {seed}: starting a cluster with {args.nodes} kwok GPU nodes in {cluster_dir}")
     t0 = time.monotonic()
     with log_path.open("w") as out:
@@ -127,6 +141,11 @@ def main() -> int:
         print(line, flush=True)
     if args.json:
         write_json(report, args.json)
+    if args.mutate:
+        checker = MUTATIONS[args.mutate].checker
+        caught = [v for v in report.violations if v.startswith(f"[{checker}]")]
+        log(f"mutation {args.mutate}: {len(caught)} violation(s) of {checker}")
+        return 0 if caught else 1
     if report.violations:
         return 1
     return 2 if report.errors else 0

@@ -166,3 +166,33 @@ def test_the_runners_own_deletions_are_left_out(kube: Kube, namespace: str, node
     finally:
         observer.stop()
     assert [d.pod["metadata"]["name"] for d in gone] == ["marker"]
+
+
+def test_a_lease_state_between_two_lists_is_in_the_history(kube: Kube, namespace: str) -> None:
+    observer = Observer(kube)
+    observer.start()
+    try:
+        made = kube.create(builders.gpu_lease("brief", namespace, gpus_per_replica=1))
+        first(observer)
+        status = made.get("status") or {}
+        for phase in ("Reclaiming", "Steady"):  # a reclaim begun and ended between two lists
+            kube.patch(
+                contract.KIND_GPU_LEASE,
+                "brief",
+                {"status": {**status, "phase": phase}},
+                namespace,
+                "status",
+            )
+        assert observer.lease_watch is not None
+        deadline = time.monotonic() + 10
+        history: list[dict[str, Any]] = []
+        while time.monotonic() < deadline:
+            obs = observer.observe(1.0, {})
+            if obs is not None:
+                history += [o for o in obs.lease_history if o["metadata"]["name"] == "brief"]
+                if any((o.get("status") or {}).get("phase") == "Steady" for o in history):
+                    break
+            time.sleep(0.2)
+    finally:
+        observer.stop()
+    assert [(o.get("status") or {}).get("phase") for o in history][-2:] == ["Reclaiming", "Steady"]

@@ -97,6 +97,9 @@ class Observation:
     processes: Mapping[str, ProcessSample] = field(default_factory=dict)
     heartbeats: Mapping[str, float] = field(default_factory=dict)  # node -> agent's last renewal
     wall: float = 0.0  # when it was made, epoch seconds (heartbeats are judged against it)
+    # GpuLease states a watch saw since the previous observation, oldest first (a reclaim of a
+    # fraction of a second begins and ends between two lists)
+    lease_history: Sequence[Obj] = ()
 
     @cached_property
     def devices(self) -> dict[GpuUuid, Device]:
@@ -130,6 +133,22 @@ class Observation:
             except InvalidInput:
                 continue
         return tuple(out)
+
+    @cached_property
+    def lease_states(self) -> tuple[GpuLease, ...]:
+        """:attr:`lease_history` then :attr:`leases`, parsed (the invalid left out)."""
+        out = []
+        for obj in (*self.lease_history, *self.leases):
+            try:
+                out.append(parse_gpu_lease(obj))
+            except InvalidInput:
+                continue
+        return tuple(out)
+
+    def silent(self, fresh_s: float) -> set[str]:
+        """The nodes whose agent renewed its heartbeat more than ``fresh_s`` ago (a node with
+        none is not judged: the extender's rule)."""
+        return {n for n, at in self.heartbeats.items() if self.wall - at > fresh_s}
 
     @cached_property
     def holding(self) -> tuple[Obj, ...]:
@@ -324,6 +343,17 @@ class _Open:
     lease: GpuLease  # its latest Reclaiming state
     bound_before: frozenset[str]  # the workload's pods that held devices when it began
     late: bool = False  # past its deadline (reported, or excused by Degraded)
+    degraded: bool = False  # seen Degraded while it ran
+    # each returning group: whether it could come back whole in every observation of the
+    # reclaim (every device there and healthy, on a Ready node whose agent is heard)
+    returnable: dict[str, bool] = field(default_factory=dict)
+
+
+def _uint(version: str) -> int:
+    try:
+        return int(version)
+    except ValueError:
+        return -1
 
 
 class ReclaimEnds(Checker):
@@ -332,61 +362,103 @@ class ReclaimEnds(Checker):
     A lease seen ``Reclaiming`` must be seen out of it within grace + ``bound_s`` of the first
     observation that saw it there (``grace_s``: the notice in force, e.g. the extender's
     ``leasing_test_grace_s``; None: the lease's ``graceSeconds``), or ``Degraded`` with a reason
-    by then (pick ``bound_s`` above the extender's ``reclaim_overdue_s``).
+    by then (pick ``bound_s`` above the extender's ``reclaim_overdue_s``). Every state of a
+    lease counts, the watched ones between two lists (:attr:`Observation.lease_history`) too,
+    in resourceVersion order.
 
     When it ends, each returning pod (a StatefulSet's replicas named in ``reclaiming``; for
     other workloads the pods that did not hold devices when it began, any of them on any
-    group) may hold its own lent group's devices, and otherwise only stand-ins: a standby
-    device, not tagged for another job, matched with a lent device of its group that it does
-    not hold, of the same GPU type and at least its tier (a better tier breaks no promise).
-    Never another replica's or another job's lent device. ``untagged_stand_ins``: accept free
-    untagged devices as stand-ins too (placement's documented "then other free devices" step,
-    docs/leasing.md), where the issue's rule (standby only) is too strict for the run."""
+    group) holds its own lent group's devices. Where its group could come back whole
+    throughout the reclaim (every device there and healthy, on a Ready node whose agent renewed
+    its heartbeat within ``fresh_s``) and the lease was never Degraded, nothing else: that is
+    right of return. Otherwise it may also hold stand-ins: a standby device, not tagged for
+    another job, matched with a lent device of its group that it does not hold, of the same GPU
+    type and at least its tier (a better tier breaks no promise). Never another replica's or
+    another job's lent device. ``untagged_stand_ins``: accept free untagged devices as stand-ins
+    too (placement's documented "then other free devices" step, docs/leasing.md), where the
+    issue's rule (standby only) is too strict for the run."""
 
     name = "reclaim-ends"
 
     def __init__(
-        self, bound_s: float, *, grace_s: float | None = None, untagged_stand_ins: bool = False
+        self,
+        bound_s: float,
+        *,
+        grace_s: float | None = None,
+        untagged_stand_ins: bool = False,
+        fresh_s: float = float("inf"),
     ) -> None:
         self.bound_s, self.grace_s, self.untagged_stand_ins = bound_s, grace_s, untagged_stand_ins
+        self.fresh_s = fresh_s
         self._open: dict[str, _Open] = {}
+        self._version: dict[str, int] = {}  # lease -> the newest resourceVersion judged
+        self.judged = 0  # reclaims seen to end, their placement judged
         self._known: dict[GpuUuid, Device] = {}  # every device seen: type and tier of gone ones
 
     def observe(self, obs: Observation) -> list[Violation]:
         self._known.update(obs.devices)
         out: list[Violation] = []
-        leases = {lease.key: lease for lease in obs.gpu_leases}
-        for key in self._open.keys() - leases.keys():
+        listed = {lease.key: lease for lease in obs.gpu_leases}
+        for key in self._open.keys() - listed.keys():
             del self._open[key]
-        for key, lease in leases.items():
-            r = self._open.get(key)
-            if lease.status.phase == "Reclaiming":
-                started = lease.status.reclaim_started
-                if r is None or r.lease.status.reclaim_started != started:
-                    grace = lease.spec.grace_s if self.grace_s is None else self.grace_s
-                    before = frozenset(_uid(p) for p in _workload_pods(lease, obs.holding))
-                    r = self._open[key] = _Open(obs.t + grace + self.bound_s, lease, before)
-                r.lease = lease
-                if not r.late and obs.t > r.deadline:
-                    r.late = True
-                    if not lease.degraded:
-                        out.append(
-                            self._v(
-                                obs.t,
-                                key,
-                                f"still Reclaiming {', '.join(lease.status.reclaiming)} past "
-                                f"t={r.deadline:.1f} (grace + {self.bound_s:.0f} s) and not "
-                                "Degraded with a reason",
-                            )
-                        )
-                continue
-            if r is None:
-                continue
-            del self._open[key]
+        for lease in sorted(obs.lease_states, key=lambda x: _uint(x.resource_version)):
+            version = _uint(lease.resource_version)
+            if 0 <= version <= self._version.get(lease.key, -1):
+                continue  # a state judged already (the list and the watch both carry it)
+            self._version[lease.key] = max(version, self._version.get(lease.key, -1))
+            out += self._state(lease, obs, listed)
+        for key, r in self._open.items():
             if not r.late and obs.t > r.deadline:
-                out.append(self._v(obs.t, key, f"reclaim ended past t={r.deadline:.1f}"))
-            out += self._placement(r, obs, leases)
+                r.late = True
+                if not r.lease.degraded:
+                    out.append(
+                        self._v(
+                            obs.t,
+                            key,
+                            f"still Reclaiming {', '.join(r.lease.status.reclaiming)} past "
+                            f"t={r.deadline:.1f} (grace + {self.bound_s:.0f} s) and not "
+                            "Degraded with a reason",
+                        )
+                    )
         return out
+
+    def _state(
+        self, lease: GpuLease, obs: Observation, leases: Mapping[str, GpuLease]
+    ) -> list[Violation]:
+        key = lease.key
+        r = self._open.get(key)
+        if lease.status.phase == "Reclaiming":
+            started = lease.status.reclaim_started
+            if r is None or r.lease.status.reclaim_started != started:
+                grace = lease.spec.grace_s if self.grace_s is None else self.grace_s
+                before = frozenset(_uid(p) for p in _workload_pods(lease, obs.holding))
+                r = self._open[key] = _Open(obs.t + grace + self.bound_s, lease, before)
+            r.lease = lease
+            r.degraded |= lease.degraded is not None
+            groups = {g.replica: g.devices for g in lease.status.groups}
+            for name in lease.status.reclaiming:
+                whole = self._can_return(groups.get(name, ()), obs)
+                r.returnable[name] = r.returnable.get(name, True) and whole
+            return []
+        if r is None:
+            return []
+        del self._open[key]
+        self.judged += 1
+        out = []
+        if not r.late and obs.t > r.deadline:
+            out.append(self._v(obs.t, key, f"reclaim ended past t={r.deadline:.1f}"))
+        return out + self._placement(r, obs, leases)
+
+    def _can_return(self, devices: Sequence[GpuUuid], obs: Observation) -> bool:
+        ready = {str(n["metadata"]["name"]) for n in obs.nodes if _ready(n)}
+        silent = obs.silent(self.fresh_s)
+        return bool(devices) and all(
+            (d := obs.devices.get(u)) is not None
+            and d.cls.healthy
+            and d.node in ready
+            and d.node not in silent
+            for u in devices
+        )
 
     def _placement(
         self, r: _Open, obs: Observation, leases: Mapping[str, GpuLease]
@@ -413,7 +485,15 @@ class ReclaimEnds(Checker):
             if not per_replica and _uid(pod) in r.bound_before:
                 continue
             own = back[name] if per_replica else every
-            for problem in self._misplaced(pod_devices(pod), own, lease.spec.owner, lent_by, obs):
+            whole = not r.degraded and (
+                r.returnable.get(name, False)
+                if per_replica
+                else bool(r.returnable) and all(r.returnable.values())
+            )
+            problems = self._misplaced(
+                pod_devices(pod), own, lease.spec.owner, lent_by, obs, whole=whole
+            )
+            for problem in problems:
                 out.append(self._v(obs.t, object_key(pod), f"back from {lease.key}: {problem}"))
         return out
 
@@ -424,6 +504,8 @@ class ReclaimEnds(Checker):
         owner: JobKey,
         lent_by: Mapping[GpuUuid, str],
         obs: Observation,
+        *,
+        whole: bool,
     ) -> list[str]:
         problems: list[str] = []
         stand_ins: list[Device] = []
@@ -437,6 +519,11 @@ class ReclaimEnds(Checker):
                 continue  # on a node gone: nothing left to judge
             elif dev.cls.owner not in (None, owner):
                 problems.append(f"holds {u}, tagged for {dev.cls.owner}")
+            elif whole:
+                problems.append(
+                    f"holds {u}, not its own, though its group could come back whole "
+                    "throughout the reclaim"
+                )
             elif dev.cls.standby or self.untagged_stand_ins:
                 stand_ins.append(dev)
             else:
@@ -572,7 +659,7 @@ class PendingWhileFree(Checker):
         taken.update(u for a in obs.allocations.values() for e in a for u in e.devices)
         # A node whose agent's heartbeat is older than fresh_s offers nothing (a node with no
         # heartbeat at all is not judged: the extender's rule).
-        silent = {n for n, at in obs.heartbeats.items() if obs.wall - at > self.fresh_s}
+        silent = obs.silent(self.fresh_s)
         free: dict[str, list[Device]] = {}
         for u, d in obs.devices.items():
             if d.node in silent:

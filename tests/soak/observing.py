@@ -62,23 +62,20 @@ def _newer(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
         return False
 
 
-class PodWatch:
-    """Every pod state the API server sends on a watch of all pods, kept for the observer:
-    the newest state of each pod (by uid), the uids seen with the reclaim notice, the pods the
-    watch saw deleted. Restarts from a fresh list whenever the watch ends or fails (the API
-    server restarting, an expired resourceVersion)."""
+class Watch:
+    """A list, then a watch, of every object at ``path``, each event handed to :meth:`record`
+    (under :attr:`lock`); started again from a fresh list whenever the watch ends or fails (the
+    API server restarting, an expired resourceVersion). A thread of its own."""
 
-    def __init__(self, kube: Kube, *, timeout_s: float = 60.0) -> None:
+    def __init__(self, kube: Kube, path: str, *, timeout_s: float = 60.0) -> None:
         self.kube = kube
+        self.path = path
         self.timeout_s = timeout_s
         self.lock = threading.Lock()
-        self.latest: dict[str, dict[str, Any]] = {}  # uid -> newest state seen
-        self.noticed: set[str] = set()
-        self.deleted: dict[str, dict[str, Any]] = {}  # uid -> last state, until taken
         self.events = 0
         self.restarts = 0
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="soak-pod-watch", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"soak-watch{path}", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -86,32 +83,20 @@ class PodWatch:
     def stop(self) -> None:
         self._stop.set()
 
-    def _record(self, kind: str, pod: dict[str, Any]) -> None:
-        uid = str(pod.get("metadata", {}).get("uid", ""))
-        if not uid:
-            return
+    def record(self, kind: str, obj: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def _handle(self, kind: str, obj: dict[str, Any]) -> None:
         with self.lock:
             self.events += 1
-            if contract.ANN_RECLAIM_NOTICE in (pod["metadata"].get("annotations") or {}):
-                self.noticed.add(uid)
-            known = self.latest.get(uid)
-            if known is None or not _newer(known, pod):
-                self.latest[uid] = pod
-            if kind == "DELETED":
-                self.deleted[uid] = self.latest.pop(uid)
-
-    def take_deleted(self) -> dict[str, dict[str, Any]]:
-        """The pods deleted since the last call, with their last state."""
-        with self.lock:
-            out, self.deleted = self.deleted, {}
-            return out
+            self.record(kind, obj)
 
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                listed = self.kube.request("GET", path_of("Pod"), timeout=10)
-                for pod in listed.get("items") or []:
-                    self._record("ADDED", pod)
+                listed = self.kube.request("GET", self.path, timeout=10)
+                for obj in listed.get("items") or []:
+                    self._handle("LISTED", obj)
                 self._watch(str(listed["metadata"]["resourceVersion"]))
             except Exception:  # the API server away, a watch expired: list and watch again
                 pass
@@ -121,7 +106,7 @@ class PodWatch:
     def _watch(self, version: str) -> None:
         query = f"?watch=1&resourceVersion={version}&timeoutSeconds={int(self.timeout_s)}"
         req = urllib.request.Request(
-            self.kube.server + path_of("Pod") + query,
+            self.kube.server + self.path + query,
             headers={"Authorization": f"Bearer {self.kube.token}", "Accept": "application/json"},
         )
         context = self.kube._ssl
@@ -134,7 +119,55 @@ class PodWatch:
                 if kind == "ERROR":  # e.g. 410 Gone: the version is too old; list again
                     return
                 if kind in ("ADDED", "MODIFIED", "DELETED"):
-                    self._record(str(kind), obj)
+                    self._handle(str(kind), obj)
+
+
+class PodWatch(Watch):
+    """Every pod state the API server sends, kept for the observer: the newest state of each
+    pod (by uid), the uids seen with the reclaim notice, the pods the watch saw deleted."""
+
+    def __init__(self, kube: Kube, *, timeout_s: float = 60.0) -> None:
+        super().__init__(kube, path_of("Pod"), timeout_s=timeout_s)
+        self.latest: dict[str, dict[str, Any]] = {}  # uid -> newest state seen
+        self.noticed: set[str] = set()
+        self.deleted: dict[str, dict[str, Any]] = {}  # uid -> last state, until taken
+
+    def record(self, kind: str, pod: dict[str, Any]) -> None:
+        uid = str(pod.get("metadata", {}).get("uid", ""))
+        if not uid:
+            return
+        if contract.ANN_RECLAIM_NOTICE in (pod["metadata"].get("annotations") or {}):
+            self.noticed.add(uid)
+        known = self.latest.get(uid)
+        if known is None or not _newer(known, pod):
+            self.latest[uid] = pod
+        if kind == "DELETED":
+            self.deleted[uid] = self.latest.pop(uid)
+
+    def take_deleted(self) -> dict[str, dict[str, Any]]:
+        """The pods deleted since the last call, with their last state."""
+        with self.lock:
+            out, self.deleted = self.deleted, {}
+            return out
+
+
+class LeaseWatch(Watch):
+    """Every GpuLease state the API server sends, in order: a reclaim of a fraction of a second
+    starts and ends between two lists, and the checkers must still see it."""
+
+    def __init__(self, kube: Kube, *, timeout_s: float = 60.0) -> None:
+        super().__init__(kube, path_of(contract.KIND_GPU_LEASE), timeout_s=timeout_s)
+        self.states: list[dict[str, Any]] = []
+
+    def record(self, kind: str, obj: dict[str, Any]) -> None:
+        if kind != "DELETED":
+            self.states.append(obj)
+
+    def take(self) -> list[dict[str, Any]]:
+        """The states seen since the last call, oldest first."""
+        with self.lock:
+            out, self.states = self.states, []
+            return out
 
 
 class Observer:
@@ -150,6 +183,7 @@ class Observer:
         self.agent_namespace = agent_namespace
         self.timeout_s = timeout_s
         self.watch = PodWatch(kube) if watch else None
+        self.lease_watch = LeaseWatch(kube) if watch else None
         self._pods: dict[str, dict[str, Any]] = {}  # uid -> last state listed
         self._noticed: set[str] = set()  # uids seen with the reclaim notice
         self.ours: set[str] = set()  # uids the runner deleted itself
@@ -160,12 +194,14 @@ class Observer:
         self.failed = 0
 
     def start(self) -> None:
-        if self.watch is not None:
-            self.watch.start()
+        for w in (self.watch, self.lease_watch):
+            if w is not None:
+                w.start()
 
     def stop(self) -> None:
-        if self.watch is not None:
-            self.watch.stop()
+        for w in (self.watch, self.lease_watch):
+            if w is not None:
+                w.stop()
 
     def lists(self) -> dict[str, list[dict[str, Any]]] | None:
         """Every listed kind, or None when the API server did not answer them all."""
@@ -258,4 +294,5 @@ class Observer:
             processes=samples,
             heartbeats=heartbeats,
             wall=wall,
+            lease_history=tuple(self.lease_watch.take()) if self.lease_watch else (),
         )

@@ -3,17 +3,21 @@ its faults done and undone, the cluster observed every second and the invariants
 throughout (tests/soak/invariants.py); then a report.
 
 The cluster is hack/cluster-up.sh's (its cluster.env facts), started with :data:`CLUSTER_ENV`
-(hack/soak.py does): the extender's reserve TTL and the controllers' reclaim-overdue time are
-compressed as the tides are, so that the checkers' windows, which follow from them, fit a run of
-minutes. The checkers' parameters:
+(hack/soak.py does): the extender's reserve TTL, its agent timeout and the controllers'
+reclaim-overdue time are compressed as the tides are, so that the checkers' windows, which
+follow from them, fit a run of minutes. Its extender and kube-scheduler become two replicas
+(tests/soak/replicas.py); the kwok nodes' agent heartbeats are renewed by the runner
+(tests/soak/heartbeats.py). The checkers' parameters:
 
 * ledgers settle within the reserve TTL (a bind's ledger entry whose pod was never bound) or
   the missing-pod grace, whichever is longer, plus a reap interval, plus a margin for the
   faults (an extender restarting, an API server away): :data:`LEDGER_SETTLE_S`;
 * a reclaim ends, or its lease is Degraded, within the notice (the cluster's 2 s) plus the
-  overdue time plus a margin (the controllers restarting): :data:`RECLAIM_BOUND_S`; stand-ins
-  may be free untagged devices (docs/leasing.md: what the node offers, then other free
-  devices, then standby);
+  overdue time plus a margin (the controllers restarting): :data:`RECLAIM_BOUND_S`; a
+  replica whose group could come back whole throughout gets it back, and where it could not,
+  stand-ins may be free untagged devices (docs/leasing.md: what the node offers, then other
+  free devices, then standby); a node's agent counts as heard while its heartbeat is younger
+  than :data:`HEARTBEAT_FRESH_S`;
 * a GPU pod may wait :data:`PENDING_BOUND_S` while devices fit it (kube-scheduler's backoff,
   an extender restarting);
 * leaks are judged only in runs of ten minutes or more.
@@ -109,7 +113,9 @@ def checkers(minutes: float) -> list[Checker]:
     out: list[Checker] = [
         NoDoubleHold(),
         LedgerMatchesPods(LEDGER_SETTLE_S),
-        ReclaimEnds(RECLAIM_BOUND_S, grace_s=GRACE_S, untagged_stand_ins=True),
+        ReclaimEnds(
+            RECLAIM_BOUND_S, grace_s=GRACE_S, untagged_stand_ins=True, fresh_s=HEARTBEAT_FRESH_S
+        ),
         NoticeBeforeEviction(),
         PendingWhileFree(PENDING_BOUND_S, fresh_s=HEARTBEAT_FRESH_S),
     ]
@@ -148,6 +154,7 @@ class Report:
     faults: dict[str, int] = field(default_factory=dict)
     faults_done: list[str] = field(default_factory=list)
     reclaims: int = 0
+    reclaims_judged: int = 0  # reclaims whose end the reclaim-ends checker judged
     reclaim_s: list[float] = field(default_factory=list)  # each one's time, Reclaiming -> Steady
     lends: int = 0
     violations: list[str] = field(default_factory=list)
@@ -166,6 +173,7 @@ class Report:
             "faults": self.faults,
             "faults_done": self.faults_done,
             "reclaims": self.reclaims,
+            "reclaims_judged": self.reclaims_judged,
             "reclaim_p50_s": round(quantile(self.reclaim_s, 0.5), 2) if self.reclaim_s else None,
             "reclaim_p99_s": round(quantile(self.reclaim_s, 0.99), 2) if self.reclaim_s else None,
             "lends": self.lends,
@@ -185,8 +193,8 @@ class Report:
             f"observations ({self.observations_failed} failed), {self.borrowers} borrowers, "
             f"{self.deletions} deletions seen",
             "faults: " + " ".join(f"{k}={v}" for k, v in sorted(self.faults.items())),
-            f"reclaims: {j['reclaims']} (p50 {j['reclaim_p50_s']} s, p99 {j['reclaim_p99_s']} s),"
-            f" lends: {self.lends}",
+            f"reclaims: {j['reclaims']} (p50 {j['reclaim_p50_s']} s, p99 {j['reclaim_p99_s']} s;"
+            f" {self.reclaims_judged} judged), lends: {self.lends}",
         ]
         for name, p in sorted(self.processes.items()):
             out.append(
@@ -667,6 +675,9 @@ class Runner:
             for v in c.finish():
                 self._violation(v)
         self.report.observations_failed = self.observer.failed
+        self.report.reclaims_judged = sum(
+            c.judged for c in self.checkers if isinstance(c, ReclaimEnds)
+        )
         self.report.deletions = self.observer.deletions_seen
         for name, samples in sorted(self._samples.items()):
             span = samples[-1][0] - samples[0][0]

@@ -3,6 +3,7 @@ catches a deliberately broken one, so that a green soak run means something."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -214,9 +215,16 @@ DONE = LeaseStatus(reclaims=1, returned=2, last_reclaim_s=2.0, target_replicas=2
 
 
 def reclaim_history(
-    back_on: str, indices: list[int], *, group_healthy: bool = True
+    back_on: str,
+    indices: list[int],
+    *,
+    group_healthy: bool = True,
+    nodes: tuple[Obj, ...] = (),
+    heartbeats: dict[str, float] | None = None,
 ) -> list[Observation]:
-    """recsys lends recsys-1, takes it back, and recsys-1 ends on ``back_on``/``indices``."""
+    """recsys lends recsys-1, takes it back, and recsys-1 ends on ``back_on``/``indices``.
+    ``nodes``: the Node objects every observation lists (none: no node is Ready, so no group
+    can come back whole and stand-ins are judged); ``heartbeats`` at wall time 1000."""
     zero = bound(
         "recsys-0",
         "n1",
@@ -235,19 +243,30 @@ def reclaim_history(
         owner="recsys",
         controller=RECSYS,
     )
-    nodes = gpu_nodes(group_healthy=group_healthy)
+    devices = gpu_nodes(group_healthy=group_healthy)
+    seen: dict[str, Any] = {"nodes": nodes, "heartbeats": heartbeats or {}, "wall": 1000.0}
     return [
-        Observation(0.0, pods=[zero], gpu_nodes=nodes, leases=[lease("recsys", NS, LENT), ADS]),
         Observation(
-            1.0, pods=[zero], gpu_nodes=nodes, leases=[lease("recsys", NS, RECLAIMING), ADS]
+            0.0, pods=[zero], gpu_nodes=devices, leases=[lease("recsys", NS, LENT), ADS], **seen
+        ),
+        Observation(
+            1.0,
+            pods=[zero],
+            gpu_nodes=devices,
+            leases=[lease("recsys", NS, RECLAIMING), ADS],
+            **seen,
         ),
         Observation(
             3.0,
             pods=[zero, one],
             gpu_nodes=gpu_nodes(group_healthy=group_healthy, returned=back_on == "n1"),
             leases=[lease("recsys", NS, DONE), ADS],
+            **seen,
         ),
     ]
+
+
+READY = tuple(node(f"n{i}") for i in range(1, 6))
 
 
 def test_reclaim_clean_back_on_its_own_devices() -> None:
@@ -277,6 +296,54 @@ def test_reclaim_catches_an_untagged_stand_in_unless_allowed() -> None:
     assert len(found) == 2
     assert all("neither its own lent device nor a standby stand-in" in v.message for v in found)
     assert run(ReclaimEnds(30.0, grace_s=2.0, untagged_stand_ins=True), *history) == []
+
+
+def test_reclaim_catches_a_stand_in_where_the_group_could_come_back_whole() -> None:
+    # Every node Ready, recsys-1's group healthy throughout: it must come back to recsys-1.
+    history = reclaim_history("n3", [0, 1], nodes=READY)
+    found = run(ReclaimEnds(30.0, grace_s=2.0), *history)
+    assert [v.obj for v in found] == ["ml/recsys-1", "ml/recsys-1"]
+    assert all("could come back whole" in v.message for v in found)
+    assert run(ReclaimEnds(30.0, grace_s=2.0), *reclaim_history("n1", [2, 3], nodes=READY)) == []
+
+
+def test_reclaim_stand_ins_are_right_where_the_group_could_not_come_back() -> None:
+    unhealthy = reclaim_history("n3", [0, 1], group_healthy=False, nodes=READY)
+    assert run(ReclaimEnds(30.0, grace_s=2.0), *unhealthy) == []
+    n1_down = (node("n1", ready=False), *READY[1:])
+    assert run(ReclaimEnds(30.0, grace_s=2.0), *reclaim_history("n3", [0, 1], nodes=n1_down)) == []
+    silent = reclaim_history("n3", [0, 1], nodes=READY, heartbeats={"n1": 900.0})
+    assert run(ReclaimEnds(30.0, grace_s=2.0, fresh_s=5.0), *silent) == []
+    heard = reclaim_history("n3", [0, 1], nodes=READY, heartbeats={"n1": 999.0})
+    assert len(run(ReclaimEnds(30.0, grace_s=2.0, fresh_s=5.0), *heard)) == 2
+
+
+def test_reclaim_seen_only_by_the_watch_between_two_lists_is_judged() -> None:
+    def versioned(status: LeaseStatus, version: int) -> Obj:
+        obj = lease("recsys", NS, status)
+        obj["metadata"]["resourceVersion"] = str(version)
+        return obj
+
+    history = reclaim_history("n2", [0, 1])
+    lent, reclaiming, done = (versioned(s, v) for s, v in ((LENT, 5), (RECLAIMING, 6), (DONE, 7)))
+    first = Observation(
+        0.0, pods=history[0].pods, gpu_nodes=history[0].gpu_nodes, leases=[lent, ADS]
+    )
+    # The next list shows the reclaim over; the watch saw it begin (and the list's state too).
+    second = Observation(
+        3.0,
+        pods=history[2].pods,
+        gpu_nodes=history[2].gpu_nodes,
+        leases=[done, ADS],
+        lease_history=[reclaiming, done],
+    )
+    found = run(ReclaimEnds(30.0, grace_s=2.0), first, second)
+    assert [v.obj for v in found] == ["ml/recsys-1", "ml/recsys-1"]
+    assert all("lent by ads/ads group ads-1" in v.message for v in found)
+    assert (
+        run(ReclaimEnds(30.0, grace_s=2.0), first, dataclasses.replace(second, lease_history=[]))
+        == []
+    )
 
 
 def stuck(degraded: Trouble | None) -> list[Observation]:

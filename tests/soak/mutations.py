@@ -1,0 +1,42 @@
+"""Deliberate bugs for the soak to catch: each names the checker that must report it.
+
+``hack/soak.py --mutate NAME`` starts the cluster's tidelease processes (the extenders and the
+controllers) with tests/soak/mutants on their PYTHONPATH and ``TIDELEASE_SOAK_MUTATION=NAME``:
+its ``sitecustomize`` patches the bug into them before they start, and into nothing else. The
+run then passes only when the checker named here reported at least one violation, so a green
+soak means something: the checkers see the bugs that matter when they happen in the system,
+not only in the histories of tests/unit/test_soak_invariants.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ENV = "TIDELEASE_SOAK_MUTATION"
+
+
+@dataclass(frozen=True)
+class Mutation:
+    checker: str  # the checker that must report it
+    what: str
+    minutes: float = 4.0  # a run long enough for it to show
+
+
+MUTATIONS = {
+    "skip-notice": Mutation(
+        "notice-before-eviction", "the leasing controller evicts borrowers without the notice"
+    ),
+    "skip-ledger": Mutation(
+        "ledger-matches-pods", "the extender binds pods without writing their ledger entries"
+    ),
+    "wrong-return": Mutation(
+        "reclaim-ends",
+        "a returning StatefulSet replica is placed as the reclaim of the next replica's group",
+    ),
+    "refuse-fours": Mutation(
+        "pending-while-free", "the extender's filter turns every 4-GPU pod away from every node"
+    ),
+    "leak": Mutation(
+        "leak-trend", "the extender keeps 256 KiB of every filter request forever", minutes=12.0
+    ),
+}
