@@ -2,17 +2,21 @@
 cluster: every command's table against a golden, its JSON parsed back, kubectl finding the
 plugin on PATH, and clear errors.
 
-The goldens are in tests/apiserver/golden/; TL_UPDATE_GOLDENS=1 writes them anew (read the diff).
+The goldens are in tests/apiserver/golden/. The test never writes them: on a difference it
+shows the diff and leaves what the command printed in the temporary directory, for whoever
+changed the table on purpose to copy over the golden (and review in the commit).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import difflib
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -190,10 +194,16 @@ def ctl(
 
 def golden(name: str, text: str) -> None:
     path = GOLDEN / f"ctl-{name}.txt"
-    if os.environ.get("TL_UPDATE_GOLDENS"):
-        path.parent.mkdir(exist_ok=True)
-        path.write_text(text)
-    assert text == path.read_text(), f"{path} differs (TL_UPDATE_GOLDENS=1 rewrites it)"
+    want = path.read_text()
+    if text != want:
+        actual = Path(tempfile.gettempdir()) / f"ctl-{name}.actual.txt"
+        actual.write_text(text)
+        diff = "".join(
+            difflib.unified_diff(
+                want.splitlines(keepends=True), text.splitlines(keepends=True), str(path), "now"
+            )
+        )
+        raise AssertionError(f"{path} differs (now: {actual}):\n{diff}")
 
 
 COMMANDS = {

@@ -4,9 +4,6 @@ The owner of lent devices takes them back: its high-priority reclaim pod preempt
 on its tagged devices, and no other low-priority pod. Every scenario is built so that
 kube-scheduler's own choice of victims (or of node) would be the other pods: only the extender's
 answer makes the borrowers the victims.
-
-Two tests are expected failures that document extender bugs seen on this cluster (see their
-reasons); they are strict, so they turn red once the extender is fixed and the mark must go.
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""Property: random concurrent bind sequences, on two replicas, never assign one device twice."""
+"""Property: random concurrent bind sequences, on two replicas, never assign one device twice,
+and refuse a pod only for want of room: every pod left unbound, bound again alone, gets its
+devices wherever its node's ledger has them free."""
 
 from __future__ import annotations
 
@@ -99,11 +101,32 @@ async def run(case: dict[str, Any]) -> None:
         if p["spec"].get("nodeName") and contract.ANN_DEVICES in ann:
             for u in ann[contract.ANN_DEVICES].split(","):
                 assert seen.get(u) == f"default/{p['metadata']['name']}"
+
+    # Liveness: each pod left unbound, bound alone now (no race left to lose), is refused only
+    # where its node's ledger has too few devices free.
+    gpus_of = dict(zip(nodes, case["gpus_per_node"], strict=True))
+    for i, p in enumerate(pods):
+        meta = p["metadata"]
+        now = store.get("Pod", "default", meta["name"])
+        if now is None or now["spec"].get("nodeName"):
+            continue
+        gpus, node_i, _ = case["pods"][i]
+        node = nodes[node_i % len(nodes)]
+        ledger, _ = await store.read_ledger(NodeName(node))
+        free = gpus_of[node] - sum(len(a.devices) for a in ledger)
+        try:
+            await replicas[1].app.binder.bind("default", meta["name"], meta["uid"], node)
+        except BindRefused:
+            assert free < gpus, f"{meta['name']} ({gpus} GPUs) refused on {node} with {free} free"
+        else:
+            assert free >= gpus, f"{meta['name']} ({gpus} GPUs) bound on {node} with {free} free"
     for r in replicas:
         await r.stop()
 
 
 @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenario)
-def test_random_concurrent_binds_never_assign_a_device_twice(case: dict[str, Any]) -> None:
+def test_random_concurrent_binds_never_assign_a_device_twice_and_refuse_only_for_room(
+    case: dict[str, Any],
+) -> None:
     asyncio.run(run(case))
