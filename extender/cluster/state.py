@@ -38,6 +38,7 @@ from common.model import (
     PodRequest,
     PodUid,
     Priority,
+    Tier,
 )
 from common.objects import object_key, parse_gpu_allocation, parse_gpu_node, resource_version
 from common.tenancy import belongs, granted, online_refusal
@@ -372,22 +373,55 @@ class ClusterState:
         owner is reclaiming and the pod is one of the lease's workload's replicas (its owner
         references); where that workload names its replicas, the pod takes back its own lent
         group (``lent_group``: the replica's name, as the leasing controller recorded the
-        group). Nothing the pod declares makes it a reclaim. A borrower is kept off the devices
-        of every owner whose lease is reclaiming (``reclaiming_owners``)."""
+        group). Its devices must be like those its job lent: of their GPU type (where the pod
+        names none) and at least their lowest tier (:meth:`_lent_kind`). Nothing the pod
+        declares makes it a reclaim. A borrower is kept off the devices of every owner whose
+        lease is reclaiming (``reclaiming_owners``)."""
         if req.priority is Priority.LOW:
             owners = self._reclaiming_owners
             if req.reclaiming_owners == owners and not req.reclaim:
                 return req
             return replace(req, reclaiming_owners=owners, reclaim=False, lent_group=None)
-        found = self._reclaiming.get(req.owner) if req.owner is not None else None
-        if found is None or not belongs(req.controller, found.kind, found.name):
+        owner = req.owner
+        found = self._reclaiming.get(owner) if owner is not None else None
+        if owner is None or found is None or not belongs(req.controller, found.kind, found.name):
             if not req.reclaim and req.lent_group is None:
                 return req
             return replace(req, reclaim=False, lent_group=None)
         lent_group = req.name if found.per_replica else None
-        if req.reclaim and req.lent_group == lent_group:
+        gpu_type, tier = self._lent_kind(owner, lent_group)
+        gpu_type = req.gpu_type if req.gpu_type is not None else gpu_type
+        min_tier = max(req.min_tier, tier) if tier is not None else req.min_tier
+        if (req.reclaim, req.lent_group, req.gpu_type, req.min_tier) == (
+            True,
+            lent_group,
+            gpu_type,
+            min_tier,
+        ):
             return req
-        return replace(req, reclaim=True, lent_group=lent_group)
+        return replace(
+            req, reclaim=True, lent_group=lent_group, gpu_type=gpu_type, min_tier=min_tier
+        )
+
+    def _lent_kind(self, owner: JobKey, lent_group: str | None) -> tuple[str | None, Tier | None]:
+        """What a returning pod's devices must be like: the GPU type and the lowest tier of
+        what its job lent (its own group's devices, where it takes one back). Like for like: a
+        stand-in (standby, or what its node offers) of another type, or of a lower tier, breaks
+        the promise (docs/leasing.md). (None, None) when none of them is known any more (their
+        node gone); no type where they are of several."""
+        types: set[str] = set()
+        tiers: list[Tier] = []
+        for state in self._nodes.values():
+            for d in state.devices:
+                cls = d.cls
+                if cls.owner != owner or cls.standby:
+                    continue
+                if lent_group is not None and cls.replica != lent_group:
+                    continue
+                types.add(cls.gpu_type)
+                tiers.append(cls.tier)
+        gpu_type = next(iter(types)) if len(types) == 1 else None
+        return gpu_type, min(tiers, default=None)
 
     def refusal(self, req: PodRequest, online_class: str) -> str | None:
         """Why tidelease refuses to place ``req`` at all, or None: a privilege of online jobs

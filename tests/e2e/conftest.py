@@ -68,7 +68,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             env=env,
         ) as facts:
             _running = Cluster.from_state(facts)
-            yield _running
+            try:
+                yield _running
+            finally:
+                if "processes" in vars(_running):  # a test took some over: stopped (waited
+                    _running.processes.stop_restarted()  # for) before the cluster goes down
     finally:
         _running = None
 

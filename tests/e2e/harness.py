@@ -8,11 +8,12 @@ on another test's nodes, and tests can run in any order.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import ssl
 import subprocess
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,8 @@ from common import builders, contract
 from common.keyfile import key_file
 from common.model import Device, Priority
 from common.queuerelease import release_proof
-from tests.e2e.kube import ApiError, Kube, post_json, wait_for
+from tests.e2e.kube import ApiError, Kube, get_text, post_json, wait_for
+from tests.processes import Processes, ProcessSpec
 
 GROUP_LABEL = "e2e.tidelease.io/group"
 GPU = contract.DEFAULT_GPU_RESOURCE
@@ -141,10 +143,59 @@ class Cluster:
     nodes: tuple[str, ...]  # the kwok GPU nodes cluster-up made (untainted, shared)
     real_node: RealNode | None  # the kubelet node (hack/realnode.sh), when there is one
     real_dra_node: RealNode | None  # the kubelet node in DRA mode (hack/realnode.sh -d), if any
+    controllers_pid: int = 0  # `tidelease controllers` as cluster-up started it
+    extender_pid: int = 0  # the extender as cluster-up started it
     kube: Kube = field(init=False)
 
     def __post_init__(self) -> None:
         self.kube = Kube(self.server, self.token, str(self.ca))
+
+    @functools.cached_property
+    def processes(self) -> Processes:
+        """The extender's and the controllers' processes, taken over (once, for the session:
+        the Popen objects live as long as the processes, which hack/cluster-down.sh stops with
+        the rest, by pids.env). ``processes.specs``: how each ran at first."""
+        return Processes(
+            self.dir, {"controllers": self.controllers_pid, "extender": self.extender_pid}
+        )
+
+    @contextlib.contextmanager
+    def controllers_mode(self, *, dra: bool) -> Iterator[int]:
+        """The controllers in DRA mode or not (the chart's ``dra.enabled``) for the block: the
+        cluster's `tidelease controllers` stopped (SIGTERM: its leader leases released) and
+        started again as it ran but with ``TIDELEASE_EXTENDER_DRA``, then as it was; the pid
+        of the process in the asked mode. A no-op where it runs so already."""
+        procs = self.processes
+        spec = procs.specs["controllers"]
+        want = "true" if dra else "false"
+        if spec.env.get("TIDELEASE_EXTENDER_DRA", "false") == want:
+            yield procs.pids["controllers"]
+            return
+        procs.stop("controllers")
+        pid = procs.start(
+            "controllers",
+            ProcessSpec(spec.argv, {**spec.env, "TIDELEASE_EXTENDER_DRA": want}, spec.cwd),
+        )
+        try:
+            self.wait_controllers_leading()
+            yield pid
+        finally:
+            procs.stop("controllers")
+            procs.start("controllers", spec)
+            self.wait_controllers_leading()
+
+    def wait_controllers_leading(self, timeout: float = 60) -> None:
+        """Until the controllers process leads leasing (its reconcile loop in /metrics)."""
+        url = f"{self.controllers_url}/metrics"
+
+        def leading() -> bool:
+            try:
+                text = get_text(url, token=self.token)
+            except OSError:
+                return False
+            return 'tidelease_controller_queue_depth{controller="leasing"}' in text
+
+        wait_for(leading, what="the controllers leading leasing", timeout=timeout)
 
     @classmethod
     def from_state(cls, facts: dict[str, str]) -> Cluster:
@@ -165,6 +216,8 @@ class Cluster:
             nodes=tuple(f"{prefix}-{i}" for i in range(count)),
             real_node=RealNode.from_state(facts),
             real_dra_node=RealNode.dra_from_state(facts),
+            controllers_pid=int(facts.get("TL_CLUSTER_CONTROLLERS_PID") or 0),
+            extender_pid=int(facts.get("TL_CLUSTER_EXTENDER_PID") or 0),
         )
 
     def as_account(self, account: str) -> Path:

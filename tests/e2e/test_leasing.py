@@ -1,6 +1,8 @@
 """Right-of-return leasing on the local cluster: the real StatefulSet controller scales the owner,
 the real kube-scheduler places every pod through the extender, and the leasing controller runs in
-the extender process (as the chart deploys it).
+`tidelease controllers` in the chart's default mode (``dra.enabled: false``; the e2e cluster runs
+it in DRA mode for test_leasing_dra.py, so this module starts it again without DRA for its
+tests: ``Cluster.controllers_mode``).
 
 An online job ``recsys`` (a StatefulSet of 4-GPU replicas) holds 16 GPUs; its GpuLease lends 8,
 borrowers run on them, then the lease asks for 16 again: the borrowers get a notice, are evicted
@@ -10,8 +12,10 @@ tier instead.
 
 Right of return per replica: a 3 x 4 GPU StatefulSet lends replicas 1 and 2 and takes them back
 twenty times, borrowers on exactly the lent devices each time; every time each replica is back
-on exactly the UUIDs it lent (compared per ordinal). With a device of recsys-1's group made
-unhealthy, recsys-1 alone falls back to standby devices.
+on exactly the UUIDs it held before it was scaled down (compared per ordinal, against the
+pods' bound devices as the API server has them, never against the controller's own record).
+With a device of recsys-1's group made unhealthy, recsys-1 alone falls back to standby
+devices, of the lent device's type and tier among standby pools of several types and tiers.
 
 The local cluster gives borrowers GRACE_S seconds of notice (hack/cluster-up.sh sets the
 extender's leasing_test_grace_s); the leases say 30 s, the CRD's minimum.
@@ -20,148 +24,27 @@ extender's leasing_test_grace_s); the leases say 30 s, the CRD's minimum.
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Iterator
 
 import pytest
 
-from common import builders, contract
-from common.model import Priority, Tier
-from tests.e2e.harness import BORROWER, ONLINE, Cluster, NodeGroup, devices_of, workload
+from common import builders
+from common.model import Priority
+from tests.e2e import leasingjob
+from tests.e2e.harness import BORROWER, Cluster, NodeGroup, workload
 from tests.e2e.kube import get_text, wait_for
+from tests.e2e.leasingjob import GRACE_S, REPLICA_GPUS, Job, assert_stand_ins, standby_pools
+from tests.processes import ProcessSpec
 
 pytestmark = pytest.mark.cluster
 
-GRACE_S = 2  # TL_CLUSTER_LEASING_GRACE_S's default
-REPLICA_GPUS = 4
 
-
-def lent_devices(lease: dict[str, Any]) -> set[str]:
-    return {
-        u for g in (lease.get("status") or {}).get("lent") or [] for u in g.get("devices") or []
-    }
-
-
-class Job:
-    """The owner's StatefulSet and GpuLease in one namespace, on one node group."""
-
-    def __init__(
-        self, cluster: Cluster, group: NodeGroup, namespace: str, *, replicas: int = 4
-    ) -> None:
-        self.cluster, self.group, self.ns = cluster, group, namespace
-        self.replicas = replicas
-        kube = cluster.kube
-        template = group.pod(
-            namespace,
-            "template",
-            REPLICA_GPUS,
-            priority=Priority.HIGH,
-            owner="recsys",
-            tier=Tier.HA,
-            priority_class=ONLINE,
-        )
-        kube.create(workload("StatefulSet", "recsys", namespace, template, replicas=replicas))
-        kube.create(
-            builders.gpu_lease(
-                "recsys",
-                namespace,
-                gpus_per_replica=REPLICA_GPUS,
-                desired_gpus=replicas * REPLICA_GPUS,
-                grace_s=30,
-            )
-        )
-
-    def lease(self) -> dict[str, Any]:
-        lease = self.cluster.kube.get(contract.KIND_GPU_LEASE, "recsys", self.ns)
-        assert lease is not None
-        return lease
-
-    def set_desired(self, gpus: int) -> None:
-        self.cluster.kube.patch(
-            contract.KIND_GPU_LEASE, "recsys", {"spec": {"desiredGPUs": gpus}}, self.ns
-        )
-
-    def placed(self, prefix: str) -> dict[str, list[str]]:
-        """Bound, not terminating pods named ``prefix*``, with their devices."""
-        return {
-            p["metadata"]["name"]: devices_of(p)
-            for p in self.cluster.kube.list("Pod", self.ns)
-            if p["metadata"]["name"].startswith(prefix)
-            and p["spec"].get("nodeName")
-            and not p["metadata"].get("deletionTimestamp")
-            and devices_of(p)
-        }
-
-    def describe(self) -> str:
-        return f"lease status: {self.lease().get('status')}\npods: {self.placed('')}"
-
-    def wait_placed(
-        self, prefix: str, names: set[str], timeout: float = 60
-    ) -> dict[str, list[str]]:
-        def placed() -> dict[str, list[str]] | None:
-            now = self.placed(prefix)
-            return now if set(now) == names else None
-
-        return wait_for(
-            placed, what=f"pods {sorted(names)} placed", timeout=timeout, describe=self.describe
-        )
-
-    def wait_steady(self, what: str, check: Any, timeout: float = 60) -> dict[str, Any]:
-        def steady() -> dict[str, Any] | None:
-            status = self.lease().get("status") or {}
-            return status if status.get("phase") == "Steady" and check(status) else None
-
-        return wait_for(steady, what=what, timeout=timeout, describe=self.describe)
-
-    def lend_half(self) -> set[str]:
-        """16 GPUs placed, then 8 lent: the devices lent (tagged for the owner)."""
-        self.wait_placed("recsys-", {f"recsys-{i}" for i in range(4)})
-        self.set_desired(8)
-        status = self.wait_steady("8 devices lent", lambda s: len(lent_devices({"status": s})) == 8)
-        self.wait_placed("recsys-", {"recsys-0", "recsys-1"})
-        return lent_devices({"status": status})
-
-    def borrow(self, lent: set[str], prefix: str = "finetune-") -> dict[str, list[str]]:
-        for i in range(2):
-            self.group.create_pod(
-                self.ns,
-                f"{prefix}{i}",
-                REPLICA_GPUS,
-                priority=Priority.LOW,
-                priority_class=BORROWER,
-            )
-        placed = self.wait_placed(prefix, {f"{prefix}0", f"{prefix}1"})
-        assert {u for d in placed.values() for u in d} <= lent, placed
-        return placed
-
-    def break_device(self, node: str, uuid: str) -> None:
-        """Mark one device Unhealthy in its GpuNode's status, as its node agent would."""
-        gpu_node = self.cluster.kube.get(contract.KIND_GPU_NODE, node)
-        assert gpu_node is not None
-        for d in gpu_node["status"]["devices"]:
-            if d["uuid"] == uuid:
-                d["health"] = "Unhealthy"
-        self.cluster.kube.patch(
-            contract.KIND_GPU_NODE, node, {"status": gpu_node["status"]}, subresource="status"
-        )
-
-    def replicas_placed(self, count: int) -> dict[str, list[str]]:
-        return self.wait_placed("recsys-", {f"recsys-{i}" for i in range(count)})
-
-    def lend_groups(self, keep: int) -> dict[str, list[str]]:
-        """Scale down to ``keep`` replicas: the lent groups, by replica, once lent."""
-        lent = (self.replicas - keep) * REPLICA_GPUS
-        self.set_desired(keep * REPLICA_GPUS)
-        status = self.wait_steady(
-            f"{lent} devices lent", lambda s: len(lent_devices({"status": s})) == lent
-        )
-        self.replicas_placed(keep)
-        return {g["replica"]: sorted(g["devices"]) for g in status["lent"]}
-
-    def reclaim(self, reclaims: int) -> dict[str, Any]:
-        self.set_desired(self.replicas * REPLICA_GPUS)
-        return self.wait_steady(
-            f"reclaim {reclaims} to finish", lambda s: s.get("reclaims") == reclaims
-        )
+@pytest.fixture(scope="module", autouse=True)
+def default_mode(cluster: Cluster) -> Iterator[None]:
+    """The chart's default controller mode for this module's tests, then DRA mode again."""
+    with cluster.controllers_mode(dra=False) as pid:
+        assert ProcessSpec.of(pid).env.get("TIDELEASE_EXTENDER_DRA") == "false"
+        yield
 
 
 @pytest.fixture
@@ -169,9 +52,11 @@ def job(cluster: Cluster, group: NodeGroup, namespace: str) -> Job:
     cluster.ensure_priority_class(BORROWER, 10)
     for suffix in ("n1", "n2"):
         group.add_node(suffix, lambda name: builders.devices(name, 8))
-    group.add_node("s1", lambda name: builders.devices(name, 4, standby=True))
+    standby = standby_pools(group)
     group.wait_ready()
-    return Job(cluster, group, namespace)
+    job = Job(cluster, group, namespace)
+    job.standby = standby
+    return job
 
 
 def test_lend_borrow_reclaim_gives_the_owner_the_same_devices(job: Job) -> None:
@@ -183,9 +68,8 @@ def test_lend_borrow_reclaim_gives_the_owner_the_same_devices(job: Job) -> None:
     status = job.wait_steady("the reclaim to finish", lambda s: s.get("reclaims"))
     took = time.monotonic() - start
 
-    assert took <= GRACE_S + 10, f"reclaim took {took:.1f} s"
     placed = job.wait_placed("recsys-", {f"recsys-{i}" for i in range(4)})
-    assert set(placed["recsys-2"]) | set(placed["recsys-3"]) == lent  # the same UUIDs
+    job.assert_back_home(placed, "recsys-0", "recsys-1", "recsys-2", "recsys-3")
     assert (status["returned"], status["backfilled"]) == (8, 0)
     assert not job.placed("finetune-"), "the borrowers were not evicted"
     # The borrowers were told first: the notice annotation and an Event.
@@ -228,7 +112,7 @@ def test_a_reclaim_ends_though_every_evicted_borrower_is_replaced(job: Job) -> N
     took = time.monotonic() - start
 
     placed = job.wait_placed("recsys-", {f"recsys-{i}" for i in range(4)})
-    assert set(placed["recsys-2"]) | set(placed["recsys-3"]) == lent  # the same UUIDs
+    job.assert_back_home(placed, "recsys-0", "recsys-1", "recsys-2", "recsys-3")
     assert (status["returned"], status["backfilled"]) == (8, 0)
     # The replacements wait (the rest is held by the owner or kept as standby), none on a
     # returned device; only the two first borrowers were ever given notice.
@@ -249,40 +133,26 @@ def test_a_reclaim_ends_though_every_evicted_borrower_is_replaced(job: Job) -> N
 
 
 def test_a_lent_device_that_failed_is_backfilled_from_standby(job: Job) -> None:
-    lent = job.lend_half()
-    s1 = job.group.nodes[2]
-    broken = sorted(lent)[0]  # on whichever node kube-scheduler put the lent replicas
+    job.lend_half()
+    broken = job.before["recsys-2"][0]  # a device of the group recsys-2 lent
     node = next(n for n in job.group.nodes if broken in job.cluster.gpu_node_uuids(n))
-    devices = job.cluster.gpu_node_uuids(node)
+    like = job.cluster.gpu_node_uuids(node)[broken]
     job.break_device(node, broken)
 
     job.set_desired(16)
     status = job.wait_steady("the reclaim to finish", lambda s: s.get("reclaims"))
     placed = job.wait_placed("recsys-", {f"recsys-{i}" for i in range(4)})
-    standby = job.cluster.gpu_node_uuids(s1)
-    new = set(placed["recsys-2"]) | set(placed["recsys-3"])
-    assert broken not in new
-    assert len(new & lent) == 4  # the replica whose lent devices are all healthy got them back
-    backfill = new & set(standby)
-    assert len(backfill) == 4  # the other went to the standby node, same type and tier
-    for u in backfill:
-        assert (standby[u]["type"], standby[u]["tier"]) == (
-            devices[broken]["type"],
-            devices[broken]["tier"],
-        )
+    # recsys-3's group was healthy: it is back on it; recsys-2 takes standby devices of the
+    # broken one's type and tier (not the A100 pool, not the lower tier's).
+    job.assert_back_home(placed, "recsys-0", "recsys-1", "recsys-3")
+    assert len(placed["recsys-2"]) == REPLICA_GPUS
+    assert_stand_ins(job, placed["recsys-2"], like)
     assert (status["returned"], status["backfilled"]) == (4, 4)
 
 
 @pytest.fixture
 def small_job(cluster: Cluster, group: NodeGroup, namespace: str) -> Job:
-    """3 x 4 GPUs on a 4-GPU and an 8-GPU node (no free device beside the job's), and a
-    4-GPU standby node."""
-    cluster.ensure_priority_class(BORROWER, 10)
-    group.add_node("n1", lambda name: builders.devices(name, 4))
-    group.add_node("n2", lambda name: builders.devices(name, 8))
-    group.add_node("s1", lambda name: builders.devices(name, 4, standby=True))
-    group.wait_ready()
-    return Job(cluster, group, namespace, replicas=3)
+    return leasingjob.small_job(cluster, group, namespace)
 
 
 CYCLES = 20
@@ -290,35 +160,36 @@ CYCLES = 20
 
 def test_each_replica_gets_back_exactly_its_own_devices_every_cycle(small_job: Job) -> None:
     job = small_job
-    first = job.replicas_placed(3)
     for cycle in range(CYCLES):
+        # The truth before each lend: the devices each replica's pod is bound to.
+        before = {r: sorted(d) for r, d in job.replicas_placed(3).items()}
         groups = job.lend_groups(keep=1)
-        assert set(groups) == {"recsys-1", "recsys-2"}, groups
-        if cycle == 0:  # each group is what its replica held
-            assert groups == {r: sorted(first[r]) for r in groups}
+        assert groups == {r: before[r] for r in ("recsys-1", "recsys-2")}, (cycle, groups)
         job.borrow({u for devs in groups.values() for u in devs}, prefix=f"borrow-{cycle}-")
         status = job.reclaim(reclaims=cycle + 1)
         placed = job.replicas_placed(3)
-        got = {r: sorted(placed[r]) for r in groups}
-        assert got == groups, f"cycle {cycle}: replicas back on {got}, lent {groups}"
-        assert sorted(placed["recsys-0"]) == sorted(first["recsys-0"])
+        got = {r: sorted(placed[r]) for r in before}
+        assert got == before, f"cycle {cycle}: replicas back on {got}, held {before}"
         assert (status["returned"], status["backfilled"]) == (8 * (cycle + 1), 0)
         assert not job.placed(f"borrow-{cycle}-"), "the borrowers were not evicted"
 
 
 def test_only_the_replica_whose_device_failed_falls_back_to_standby(small_job: Job) -> None:
     job = small_job
-    job.replicas_placed(3)
+    before = {r: sorted(d) for r, d in job.replicas_placed(3).items()}
     groups = job.lend_groups(keep=1)
+    assert groups == {r: before[r] for r in ("recsys-1", "recsys-2")}, groups
     job.borrow({u for devs in groups.values() for u in devs})
     broken = groups["recsys-1"][0]
     node = next(n for n in job.group.nodes if broken in job.cluster.gpu_node_uuids(n))
     job.break_device(node, broken)
+    like = job.cluster.gpu_node_uuids(node)[broken]
     status = job.reclaim(reclaims=1)
     placed = job.replicas_placed(3)
-    assert sorted(placed["recsys-2"]) == groups["recsys-2"]  # untouched by the failure
-    standby = job.cluster.gpu_node_uuids(job.group.nodes[2])
-    assert set(placed["recsys-1"]) <= set(standby), placed["recsys-1"]
+    assert sorted(placed["recsys-2"]) == before["recsys-2"]  # untouched by the failure
+    assert sorted(placed["recsys-0"]) == before["recsys-0"]
+    assert len(placed["recsys-1"]) == REPLICA_GPUS
+    assert_stand_ins(job, placed["recsys-1"], like)
     assert (status["returned"], status["backfilled"]) == (4, 4)
     # recsys-1's own devices stay lent, whole (they come back once repaired), named after a
     # replica that is down now that recsys-1 runs on stand-ins.

@@ -199,10 +199,11 @@ def test_each_replica_gets_back_exactly_its_own_devices_every_cycle_in_dra_mode(
     every = [u for devices in first.values() for u in devices]
     assert len(every) == len(set(every)) == REPLICAS * REPLICA_GPUS
     for cycle in range(CYCLES):
+        # The truth before each lend: the devices each replica's claim holds.
+        before = job.placed(names)
         groups = job.lend_two(f"cycle {cycle}: ")
-        assert set(groups) == {f"{OWNER}-1", f"{OWNER}-2"}, groups
-        if cycle == 0:  # each group is what its replica's claim held, device by device
-            assert groups == {r: first[r] for r in groups}
+        # each group is what its replica's claim held, device by device, every cycle
+        assert groups == {r: before[r] for r in names[1:]}, (cycle, groups)
 
         borrowers = []
         for i in range(2):
@@ -219,9 +220,7 @@ def test_each_replica_gets_back_exactly_its_own_devices_every_cycle_in_dra_mode(
             f"cycle {cycle}: the reclaim to finish", lambda s, n=done: s.get("reclaims") == n
         )
         placed = job.placed(names)
-        got = {r: placed[r] for r in groups}
-        assert got == groups, f"cycle {cycle}: replicas back on {got}, lent {groups}"
-        assert placed[names[0]] == first[names[0]]
+        assert placed == before, f"cycle {cycle}: replicas back on {placed}, held {before}"
         assert (status["returned"], status["backfilled"]) == (8 * (cycle + 1), 0)
         assert not status.get("lent"), status
         job.gone(borrowers)
@@ -259,8 +258,9 @@ def test_only_the_replica_whose_device_failed_falls_back_to_standby_in_dra_mode(
 ) -> None:
     job = dra_job
     names = [f"{OWNER}-{i}" for i in range(REPLICAS)]
-    job.placed(names)
+    before = job.placed(names)
     groups = job.lend_two()
+    assert groups == {r: before[r] for r in names[1:]}, groups
     borrowers = [f"borrow-{i}" for i in range(2)]
     for name in borrowers:
         _borrower(job, name)
@@ -272,9 +272,13 @@ def test_only_the_replica_whose_device_failed_falls_back_to_standby_in_dra_mode(
     job.set_desired(REPLICAS * REPLICA_GPUS)
     status = job.wait_steady("the reclaim to finish", lambda s: s.get("reclaims") == 1)
     placed = job.placed(names)
-    assert placed[f"{OWNER}-2"] == groups[f"{OWNER}-2"]  # untouched by the failure
+    assert placed[f"{OWNER}-2"] == before[f"{OWNER}-2"]  # untouched by the failure
+    assert placed[f"{OWNER}-0"] == before[f"{OWNER}-0"]
+    like = job.cluster.gpu_node_uuids(node)[broken]
     standby = job.cluster.gpu_node_uuids(job.group.nodes[2])
     assert set(placed[f"{OWNER}-1"]) <= set(standby), placed[f"{OWNER}-1"]
+    for u in placed[f"{OWNER}-1"]:
+        assert (standby[u]["type"], standby[u]["tier"]) == (like["type"], like["tier"])
     assert (status["returned"], status["backfilled"]) == (4, 4)
     # recsys-1's own devices stay lent, whole (they come back once repaired), named after a
     # replica that is down now that recsys-1 runs on stand-ins; the stand-ins are on loan.
@@ -307,8 +311,9 @@ def test_a_reclaim_ends_though_every_evicted_borrower_is_replaced_in_dra_mode(
     ends with each replica on its own devices."""
     job = dra_job
     names = [f"{OWNER}-{i}" for i in range(REPLICAS)]
-    job.placed(names)
+    before = job.placed(names)
     groups = job.lend_two()
+    assert groups == {r: before[r] for r in names[1:]}, groups
     create_claim_template(
         job.cluster,
         claim_template(job.ns, "finetune", deviceattributes.CLASS_BORROW, count=REPLICA_GPUS),

@@ -25,7 +25,7 @@ import yaml
 
 from tests.e2e.forwarding import Forwarder, forwarding
 from tests.ports import free_port
-from tests.soak.faults import Processes, ProcessSpec
+from tests.processes import Processes, ProcessSpec
 
 REPLICAS = 2
 LEASE_S, RENEW_S, RETRY_S = 6, 4, 1  # the kube-schedulers' leader election (chart: 15, 10, 2)

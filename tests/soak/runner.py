@@ -41,8 +41,8 @@ from common.model import Health, Priority, Tier
 from extender.rightofreturn.lease import parse_gpu_lease
 from tests.e2e.harness import BORROWER, ONLINE, Cluster, workload
 from tests.e2e.kube import ApiError, path_of
+from tests.processes import Processes
 from tests.soak import heartbeats, replicas
-from tests.soak.faults import Processes
 from tests.soak.invariants import (
     Checker,
     LeakTrend,

@@ -173,6 +173,44 @@ def test_a_broken_group_falls_back_without_taking_another_replicas_group() -> No
     assert (node, devices) == ("n1", tuple(d.uuid for d in g2))
 
 
+def test_a_stand_in_is_like_what_the_replica_lent() -> None:
+    """recsys-1 lent H20 HA devices, one of which failed: among standby pools of another type
+    (A100 HA), of a lower tier (H20 MA) and of its own (H20 HA), only the last may stand in,
+    though the pod names no GPU type (the request takes the group's type and tier)."""
+    g1 = group("n1", "recsys-1", 0)[:3] + group("n1", "recsys-1", 3, healthy=False)[:1]
+    state = cluster(
+        builders.gpu_node("n1", g1),
+        builders.gpu_node("a100", builders.devices("a100", 4, standby=True, gpu_type="A100")),
+        builders.gpu_node("ma", builders.devices("ma", 4, standby=True, tier=Tier.MA)),
+        builders.gpu_node("h20", builders.devices("h20", 4, standby=True)),
+    )
+    reclaiming(state, {"recsys-1": g1})
+    req = replica_pod(state, 1)
+    assert (req.gpu_type, req.min_tier) == ("H20", Tier.HA)
+    decision = filter_nodes(state, req, ["n1", "a100", "ma", "h20"])
+    assert decision.passed == ["h20"], decision
+    node, _ = place(state, req, ["n1", "a100", "ma", "h20"])
+    assert node == "h20"
+
+
+def test_a_pod_that_names_its_type_keeps_it_and_a_higher_tier_stays_required() -> None:
+    g1 = group("n1", "recsys-1", 0)  # H20 HA
+    state = cluster(builders.gpu_node("n1", g1))
+    reclaiming(state, {"recsys-1": g1})
+    pod = builders.pod(
+        f"{OWNER}-1",
+        4,
+        priority=Priority.HIGH,
+        owner=OWNER,
+        pod_priority=1000,
+        controller=("StatefulSet", OWNER),
+        gpu_type="A100",
+        tier=Tier.LA,
+    )
+    req = state.with_reclaim(parse_pod(pod))
+    assert (req.gpu_type, req.min_tier) == ("A100", Tier.HA)
+
+
 def test_a_deployments_pods_take_the_groups_back_as_a_set() -> None:
     g1, g2 = group("n1", "recsys-1", 0), group("n2", "recsys-2", 0)
     state = cluster(builders.gpu_node("n1", g1), builders.gpu_node("n2", g2))

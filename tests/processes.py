@@ -1,11 +1,13 @@
-"""The soak run's faults on the local cluster's processes: kill -9 and restart as it ran, pause.
+"""The local cluster's processes, taken over by a test or the soak: kill -9 (or stop) and start
+again as they ran, pause and continue.
 
-A process is restarted from what /proc said of it when the runner took it over: its command
-line, its environment and its working directory (or a spec the runner gave it: a second
-replica, a kubeconfig through the fault proxy); its output goes to a log of its own in the
-cluster's logs/ folder, and its pid is appended to the cluster's pids.env (as
-hack/lib/cluster.sh records them), so hack/cluster-down.sh finds it should the runner die. A
-process the runner started gets SIGTERM when the runner dies (PR_SET_PDEATHSIG).
+A process is started again from what /proc said of it when it was taken over: its command
+line, its environment and its working directory (or a spec the caller gave it: a second
+replica, a kubeconfig through the soak's fault proxy, another controller mode); its output
+goes to a log of its own in the cluster's logs/ folder, and its pid is appended to the
+cluster's pids.env (as hack/lib/cluster.sh records them), so hack/cluster-down.sh finds it
+should the caller die. A process started here gets SIGTERM when its starter dies
+(PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import ctypes
 import os
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,6 +91,17 @@ class Processes:
         self.specs = {role: ProcessSpec.of(pid) for role, pid in pids.items()}
         self.generation = dict.fromkeys(pids, 0)
         self._children: list[subprocess.Popen[bytes]] = []
+        self._by_pid: dict[int, subprocess.Popen[bytes]] = {}
+
+    def log_of(self, role: str) -> Path:
+        """Where the role's current process writes (one it started)."""
+        return self.dir / "logs" / f"{role}-{self.generation.get(role, 0)}.log"
+
+    def reap(self, role: str) -> None:
+        """Collect the exit of the role's process if it was one started here (no zombie)."""
+        child = self._by_pid.pop(self.pids.get(role, 0), None)
+        if child is not None:
+            child.wait()
 
     def kill(self, role: str) -> None:
         """kill -9 the role's process and wait until it is gone."""
@@ -96,16 +110,30 @@ class Processes:
         deadline = time.monotonic() + 10
         while alive(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
+        self.reap(role)
+        self.pids[role] = 0
+
+    def stop(self, role: str, timeout_s: float = 20) -> None:
+        """SIGTERM the role's process (a clean exit: leader leases released), SIGKILL after
+        ``timeout_s``; wait until it is gone."""
+        pid = self.pids[role]
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if alive(pid):
+            self.kill(role)
+        self.reap(role)
         self.pids[role] = 0
 
     def start(self, role: str, spec: ProcessSpec | None = None) -> int:
         """Start the role's process from ``spec`` (kept for its later restarts) or from the one
-        it ran with; its pid, recorded in pids.env under ``TL_SOAK_<ROLE>_PID``."""
+        it ran with; its pid, recorded in pids.env under ``TL_TAKEN_<ROLE>_PID``."""
         if spec is not None:
             self.specs[role] = spec
         spec = self.specs[role]
         self.generation[role] = self.generation.get(role, -1) + 1
-        log = self.dir / "logs" / f"soak-{role}-{self.generation[role]}.log"
+        log = self.log_of(role)
         with log.open("wb") as out:
             child = subprocess.Popen(
                 spec.argv,
@@ -114,11 +142,12 @@ class Processes:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                preexec_fn=_die_with_parent,  # the runner's other thread only reads sockets
+                preexec_fn=_die_with_parent,  # the caller's threads hold no lock a fork needs
             )
         self._children.append(child)
+        self._by_pid[child.pid] = child
         self.pids[role] = child.pid
-        key = "TL_SOAK_" + "".join(c if c.isalnum() else "_" for c in role.upper()) + "_PID"
+        key = "TL_TAKEN_" + "".join(c if c.isalnum() else "_" for c in role.upper()) + "_PID"
         with (self.dir / "pids.env").open("a") as f:
             f.write(f"{key}={child.pid}\n")
         return child.pid
@@ -147,3 +176,36 @@ class Processes:
             except subprocess.TimeoutExpired:
                 child.kill()
                 child.wait()
+
+
+class Supervisor:
+    """Starts a role's process again as it ran (``Processes.specs``) whenever it is found dead,
+    as a Deployment's kubelet would: a thread polling every ``interval_s``. :attr:`restarts`
+    counts them by role, :attr:`logs` names each dead process's log."""
+
+    def __init__(self, processes: Processes, roles: tuple[str, ...], interval_s: float = 0.2):
+        self.processes, self.roles, self.interval_s = processes, roles, interval_s
+        self.restarts = dict.fromkeys(roles, 0)
+        self.logs: list[Path] = []
+        self.lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="supervisor", daemon=True)
+
+    def __enter__(self) -> Supervisor:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            with self.lock:
+                for role in self.roles:
+                    pid = self.processes.pids.get(role, 0)
+                    if pid and not alive(pid):
+                        self.logs.append(self.processes.log_of(role))
+                        self.processes.reap(role)
+                        self.processes.start(role)
+                        self.restarts[role] += 1

@@ -1,0 +1,129 @@
+"""Hooks for the tidelease processes a test or the soak runs, patched in at start: Python
+imports ``sitecustomize`` from PYTHONPATH before anything else. Only the ``tidelease extender``
+and ``tidelease controllers`` processes are touched, and only when an environment variable
+asks; anything else this directory is on the path of (a helper script, a Python without
+tidelease's packages) is left alone.
+
+* ``TIDELEASE_SOAK_MUTATION=NAME``: a deliberate bug (tests/soak/mutations.py), for the soak's
+  checkers to report.
+* ``TIDELEASE_TEST_CRASH_AT=POINT``: the process kills itself with SIGKILL (a real crash: no
+  clean-up, no finally) the first time it passes POINT (:data:`CRASH_POINTS`), after a line on
+  stderr that says so. tests/e2e/test_leasing_crash.py starts it so, then again as it ran.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import sys
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+# point -> (module, class, method, when): the process dies before or after that call.
+CRASH_POINTS = {
+    # the extender: between its ledger write and the Binding; after the Binding, unanswered
+    "ledger-written": ("extender.cluster.kubestore", "KubeStore", "bind_pod", "before"),
+    "bound": ("extender.cluster.kubestore", "KubeStore", "bind_pod", "after"),
+    # the controllers: a lend's or reclaim's scale written; a lend's tags written (its status
+    # not yet); a borrower told; a lease's status written
+    "scaled": ("extender.leasing.kubeworld", "KubeWorld", "scale", "after"),
+    "tags-set": ("extender.leasing.kubeworld", "KubeWorld", "set_tags", "after"),
+    "noticed": ("extender.leasing.kubeworld", "KubeWorld", "notify", "after"),
+    "status-written": ("extender.leasing.kubeworld", "KubeWorld", "write_status", "after"),
+}
+
+Async = Callable[..., Coroutine[Any, Any, Any]]
+
+
+def _crash(point: str) -> None:
+    import importlib
+
+    module, cls_name, method, when = CRASH_POINTS[point]
+    cls = getattr(importlib.import_module(module), cls_name)
+    original: Async = getattr(cls, method)
+
+    def die() -> None:
+        print(f"tidelease crash point {point!r} reached in pid {os.getpid()}", file=sys.stderr)
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    @functools.wraps(original)
+    async def wrapped(*args: Any, **kwargs: Any) -> Any:
+        if when == "before":
+            die()
+        result = await original(*args, **kwargs)
+        die()
+        return result
+
+    setattr(cls, method, wrapped)
+
+
+def _mutate(name: str) -> None:
+    if name == "skip-notice":
+        from extender.leasing.kubeworld import KubeWorld
+
+        async def notify(self: object, *args: object, **kwargs: object) -> None:
+            return None
+
+        KubeWorld.notify = notify  # type: ignore[method-assign]
+    elif name == "skip-ledger":
+        from extender.cluster.kubestore import KubeStore
+
+        async def write_ledger(
+            self: object, node: object, allocations: object, version: str
+        ) -> str:
+            return version or "1"
+
+        KubeStore.write_ledger = write_ledger  # type: ignore[method-assign]
+    elif name == "wrong-return":
+        import dataclasses
+
+        from extender.scheduler import admitting, binding, handlers
+
+        original = admitting.placed_request
+
+        def placed_request(*args: object, **kwargs: object) -> object:
+            req = original(*args, **kwargs)  # type: ignore[arg-type]
+            group = req.lent_group
+            if group is not None:
+                base, _, ordinal = group.rpartition("-")
+                if ordinal.isdigit():
+                    other = f"{base}-{int(ordinal) + 1}" if ordinal == "0" else f"{base}-0"
+                    return dataclasses.replace(req, lent_group=other)
+            return req
+
+        for module in (handlers, binding):
+            setattr(module, "placed_request", placed_request)  # noqa: B010 (a module's global)
+    elif name in ("refuse-fours", "leak"):
+        from extender.scheduler import handlers, wire
+
+        filter_verb = handlers.ExtenderApp.filter
+        kept: list[bytearray] = []
+
+        async def filter_mutant(self: handlers.ExtenderApp, body: dict[str, object]) -> object:
+            if name == "leak":
+                kept.append(bytearray(256 * 1024))
+            else:
+                args = wire.parse_extender_args(body)
+                try:
+                    req = self._request(args.pod)
+                except Exception:
+                    req = None
+                if req is not None and req.gpus == 4:
+                    failed = dict.fromkeys(args.node_names, "tidelease: mutant refuses 4 GPUs")
+                    return 200, wire.encoded_filter_result(args, [], failed, {})
+            return await filter_verb(self, body)
+
+        handlers.ExtenderApp.filter = filter_mutant  # type: ignore[method-assign,assignment]
+    else:
+        raise SystemExit(f"sitecustomize: no mutation {name!r}")
+    print(f"tidelease soak mutation {name!r} in pid {os.getpid()}", file=sys.stderr, flush=True)
+
+
+_ours = any(a in ("extender", "controllers") for a in sys.argv[1:4])
+if _ours and os.path.basename(sys.argv[0]) == "tidelease":
+    if os.environ.get("TIDELEASE_SOAK_MUTATION"):
+        _mutate(os.environ["TIDELEASE_SOAK_MUTATION"])
+    if os.environ.get("TIDELEASE_TEST_CRASH_AT"):
+        _crash(os.environ["TIDELEASE_TEST_CRASH_AT"])
