@@ -1,5 +1,9 @@
-"""Chaos: the extender and its leasing controller are killed at random points of many
-lease/reclaim cycles; afterwards every lease is consistent and no device is assigned twice."""
+"""Interruptions: the in-process extender and leasing controller of the rig are stopped (their
+asyncio tasks cancelled: whatever their clean-up finishes, finishes) at random points of many
+lend/reclaim cycles against a real API server and started again; afterwards every lease is
+consistent and no device is assigned twice. A cancellation is no crash: for real SIGKILLs at
+chosen points (between the ledger write and the Binding, among others) with the real
+kube-scheduler, see tests/e2e/test_leasing_crash.py."""
 
 from __future__ import annotations
 

@@ -3,13 +3,14 @@
 The extender and the controllers are killed with SIGKILL at chosen points of a lend and a
 reclaim (tests/hooks/sitecustomize.py: between the extender's ledger write and the Binding,
 after the Binding before its answer, after the controllers' scale, tag, notice and status
-writes), and each is started again at once as it ran (tests/processes.Supervisor, as a
-Deployment's kubelet would), with the real kube-scheduler, StatefulSet controller and kwok
-kubelets around them. Each cycle arms one point, in an order drawn from SEED, then lends two
-replicas of a 3 x 4 GPU StatefulSet, puts borrowers on exactly the lent devices and takes them
-back; the crash happens somewhere in it. Every cycle, each replica is back on exactly the
-devices its pod was bound to before (per replica, the API server's truth), no device is held
-by two pods, and every bound pod's devices are in its node's ledger under that pod.
+writes; and once each at a random moment), and each is started again at once as it ran
+(tests/processes.Supervisor, as a Deployment's kubelet would), with the real kube-scheduler,
+StatefulSet controller and kwok kubelets around them. Each cycle arms one point, in an order
+drawn from SEED, then lends two replicas of a 3 x 4 GPU StatefulSet, puts borrowers on exactly
+the lent devices and takes them back; the crash happens somewhere in it. Every cycle, each
+replica is back on exactly the devices its pod was bound to before (per replica, the API
+server's truth), no device is held by two pods, and every bound pod's devices are in its node's
+ledger under that pod.
 
 The controllers run in the chart's default mode (the extender mode's leasing).
 """
@@ -41,6 +42,7 @@ POINTS = (
     ("controllers", "noticed"),
     ("controllers", "status-written"),
 )
+ROLES = ("extender", "controllers")
 SEED = 11
 
 
@@ -102,10 +104,13 @@ def test_each_replica_comes_back_through_real_crashes(
     cluster: Cluster, group: NodeGroup, namespace: str
 ) -> None:
     job = leasingjob.small_job(cluster, group, namespace)
-    points = list(POINTS)
-    random.Random(SEED).shuffle(points)
-    crashes = {"extender": 0, "controllers": 0}
-    with Supervisor(cluster.processes, ("extender", "controllers")) as supervisor:
+    rng = random.Random(SEED)
+    # The chosen points, and a kill of each at a random moment of a cycle (a cycle takes some
+    # seconds: a lend, two borrowers bound, a reclaim).
+    points = [*POINTS, *((role, f"in:{rng.uniform(0.5, 4.0):.1f}") for role in ROLES)]
+    rng.shuffle(points)
+    crashes = dict.fromkeys(ROLES, 0)
+    with Supervisor(cluster.processes, ROLES) as supervisor:
         for cycle, (role, point) in enumerate(points):
             what = f"cycle {cycle} ({role} at {point})"
             before = {r: sorted(d) for r, d in job.replicas_placed(3).items()}

@@ -7,8 +7,9 @@ tidelease's packages) is left alone.
 * ``TIDELEASE_SOAK_MUTATION=NAME``: a deliberate bug (tests/soak/mutations.py), for the soak's
   checkers to report.
 * ``TIDELEASE_TEST_CRASH_AT=POINT``: the process kills itself with SIGKILL (a real crash: no
-  clean-up, no finally) the first time it passes POINT (:data:`CRASH_POINTS`), after a line on
-  stderr that says so. tests/e2e/test_leasing_crash.py starts it so, then again as it ran.
+  clean-up, no finally) the first time it passes POINT (:data:`CRASH_POINTS`), or
+  ``in:SECONDS`` after it started, whatever it is doing then, after a line on stderr that says
+  so. tests/e2e/test_leasing_crash.py starts it so, then again as it ran.
 """
 
 from __future__ import annotations
@@ -39,14 +40,21 @@ Async = Callable[..., Coroutine[Any, Any, Any]]
 def _crash(point: str) -> None:
     import importlib
 
-    module, cls_name, method, when = CRASH_POINTS[point]
-    cls = getattr(importlib.import_module(module), cls_name)
-    original: Async = getattr(cls, method)
-
     def die() -> None:
         print(f"tidelease crash point {point!r} reached in pid {os.getpid()}", file=sys.stderr)
         sys.stderr.flush()
         os.kill(os.getpid(), signal.SIGKILL)
+
+    if point.startswith("in:"):
+        import threading
+
+        timer = threading.Timer(float(point.removeprefix("in:")), die)
+        timer.daemon = True
+        timer.start()
+        return
+    module, cls_name, method, when = CRASH_POINTS[point]
+    cls = getattr(importlib.import_module(module), cls_name)
+    original: Async = getattr(cls, method)
 
     @functools.wraps(original)
     async def wrapped(*args: Any, **kwargs: Any) -> Any:
