@@ -103,9 +103,15 @@ async def test_xid_stops_the_offer_within_10_s_and_recovery_restores_it(rig: Rig
 
 
 async def test_application_xid_changes_nothing(rig: Rig) -> None:
+    """XID 13 (an application's fault) on device 1, then a marker: XID 48 on device 2, queued
+    after it on the same event set. Once the extender no longer offers device 2, the agent has
+    read both events and published what it made of them: device 1 must still be offered (three
+    of the four fit), not merely "nothing changed yet"."""
     rig.fake.inject_xid(1, 13)
-    await asyncio.sleep(1.5)  # three agent cycles: nothing may change
-    assert (await rig.fits(4))[0]
+    rig.fake.inject_xid(2, 48)
+    _, reason = await rig.until(4, False, within_s=10)
+    assert "unhealthy" in reason
+    assert (await rig.fits(3))[0], "device 1 taken out for an application's XID"
 
 
 async def test_silent_agent_node_is_not_offered(rig: Rig) -> None:
