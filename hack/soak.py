@@ -101,7 +101,7 @@ def main() -> int:
         mutation = MUTATIONS[args.mutate]
         log(f"mutation {args.mutate}: {mutation.what}; {mutation.checker} must report it")
         env[MUTATION_ENV] = args.mutate
-        mutants = str(ROOT / "tests" / "soak" / "mutants")
+        mutants = str(ROOT / "tests" / "hooks")
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [mutants, env.get("PYTHONPATH")]))
     log(f"seed {seed}: starting a cluster with {args.nodes} kwok GPU nodes in {cluster_dir}")
     t0 = time.monotonic()

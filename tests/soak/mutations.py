@@ -1,8 +1,8 @@
 """Deliberate bugs for the soak to catch: each names the checker that must report it.
 
 ``hack/soak.py --mutate NAME`` starts the cluster's tidelease processes (the extenders and the
-controllers) with tests/soak/mutants on their PYTHONPATH and ``TIDELEASE_SOAK_MUTATION=NAME``:
-its ``sitecustomize`` patches the bug into them before they start, and into nothing else. The
+controllers) with tests/hooks on their PYTHONPATH and ``TIDELEASE_SOAK_MUTATION=NAME``: its
+``sitecustomize`` patches the bug into them before they start, and into nothing else. The
 run then passes only when the checker named here reported at least one violation, so a green
 soak means something: the checkers see the bugs that matter when they happen in the system,
 not only in the histories of tests/unit/test_soak_invariants.py.
