@@ -5,7 +5,10 @@ asks; anything else this directory is on the path of (a helper script, a Python 
 tidelease's packages) is left alone.
 
 * ``TIDELEASE_SOAK_MUTATION=NAME``: a deliberate bug (tests/soak/mutations.py), for the soak's
-  checkers to report.
+  checkers to report; ``swap-in-cycle-2`` (the leasing controller records the second lend's
+  first two groups with each other's devices) and ``standby-any-tier`` (placement offers any
+  standby device to a reclaim, whatever its type and tier) are for the test suite's own
+  mutation check (docs/development.md).
 * ``TIDELEASE_TEST_CRASH_AT=POINT``: the process kills itself with SIGKILL (a real crash: no
   clean-up, no finally) the first time it passes POINT (:data:`CRASH_POINTS`), or
   ``in:SECONDS`` after it started, whatever it is doing then, after a line on stderr that says
@@ -124,6 +127,46 @@ def _mutate(name: str) -> None:
             return await filter_verb(self, body)
 
         handlers.ExtenderApp.filter = filter_mutant  # type: ignore[method-assign,assignment]
+    elif name == "swap-in-cycle-2":
+        import dataclasses
+
+        from extender.leasing import controller, decisions
+
+        decide = decisions.decide
+
+        def swapping(lease: Any, *args: Any) -> Any:
+            action = decide(lease, *args)
+            new = getattr(action, "status", None)
+            if not (
+                isinstance(action, decisions.WriteStatus)
+                and new is not None
+                and new.phase == "Lending"
+                and lease.status.reclaims == 1
+            ):
+                return action
+            added = [g for g in new.groups if g not in lease.status.groups]
+            if len(added) < 2:
+                return action
+            a, b = added[:2]
+            swap = {
+                a: dataclasses.replace(a, devices=b.devices),
+                b: dataclasses.replace(b, devices=a.devices),
+            }
+            groups = tuple(swap.get(g, g) for g in new.groups)
+            return dataclasses.replace(action, status=dataclasses.replace(new, groups=groups))
+
+        setattr(controller, "decide", swapping)  # noqa: B010 (a module's global)
+    elif name == "standby-any-tier":
+        from extender.scheduler import placement
+
+        verdict = placement.verdict
+
+        def lax(cls: Any, req: Any) -> Any:
+            if cls.standby and cls.healthy and req.reclaim:
+                return placement.Verdict.STANDBY  # type and tier not checked
+            return verdict(cls, req)
+
+        setattr(placement, "verdict", lax)  # noqa: B010 (a module's global)
     else:
         raise SystemExit(f"sitecustomize: no mutation {name!r}")
     print(f"tidelease soak mutation {name!r} in pid {os.getpid()}", file=sys.stderr, flush=True)
