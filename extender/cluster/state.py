@@ -364,9 +364,19 @@ class ClusterState:
         reclaim = reclaim_of(obj) if event != "DELETED" else None
         if reclaim is not None:
             self._reclaiming[reclaim.owner] = _Reclaim(
-                key, names_replicas(reclaim.kind), reclaim.kind, reclaim.name
+                key,
+                names_replicas(reclaim.kind),
+                reclaim.kind,
+                reclaim.name,
+                frozenset(reclaim.groups),
             )
         self._reclaiming_owners = frozenset(self._reclaiming)
+
+    def reclaiming_groups(self, owner: JobKey) -> frozenset[str]:
+        """The lent groups (by replica name) the owner's reclaiming lease takes back; none
+        while it is not reclaiming."""
+        found = self._reclaiming.get(owner)
+        return found.groups if found is not None else frozenset()
 
     def with_reclaim(self, req: PodRequest) -> PodRequest:
         """The request as placement sees it: a reclaim when its namespace's lease for its
@@ -462,6 +472,7 @@ class _Reclaim:
     per_replica: bool
     kind: str
     name: str
+    groups: frozenset[str] = frozenset()  # the lent groups (by replica) being taken back
 
 
 def _older(version: str, than: str) -> bool:

@@ -264,13 +264,15 @@ class Reclaim:
     owner: JobKey
     kind: str
     name: str
+    groups: tuple[str, ...] = ()  # the lent groups (by replica) it takes back
 
 
 def reclaim_of(obj: Mapping[str, Any]) -> Reclaim | None:
     """What a GpuLease whose status says Reclaiming takes back, and through which workload's
-    pods; None for any other phase. Only the owner and the workload's kind and name are read,
-    as strings, so a lease the controller finds invalid otherwise (:func:`parse_gpu_lease`)
-    still reads as it is stored; one without them is not reclaiming."""
+    pods; None for any other phase. Only the owner, the workload's kind and name and the
+    groups being taken back are read, as strings, so a lease the controller finds invalid
+    otherwise (:func:`parse_gpu_lease`) still reads as it is stored; one without the first
+    three is not reclaiming."""
     status, spec = obj.get("status"), obj.get("spec")
     if not isinstance(status, Mapping) or _phase(status) != "Reclaiming":
         return None
@@ -282,7 +284,10 @@ def reclaim_of(obj: Mapping[str, Any]) -> Reclaim | None:
     if not (isinstance(owner, str) and isinstance(kind, str) and isinstance(name, str)):
         return None
     namespace = (obj.get("metadata") or {}).get("namespace", "")
-    return Reclaim(job_key(str(namespace), owner), kind, name)
+    reclaim = status.get("reclaim")
+    groups = reclaim.get("groups") if isinstance(reclaim, Mapping) else None
+    named = tuple(g for g in items(groups) if isinstance(g, str))
+    return Reclaim(job_key(str(namespace), owner), kind, name, named)
 
 
 def _true_reason(conditions: object, kind: str) -> str | None:

@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from common.model import DeviceClass, PodRequest
+from common.model import DeviceClass, NodeName, PodRequest
 from extender.cluster.state import ClusterState, Freeable, NodeState
 from extender.scheduler.placement import (
     NodePlan,
@@ -28,7 +28,7 @@ from extender.scheduler.placement import (
     plan_node,
     remembered_plans,
 )
-from extender.scheduler.returning import RETURN_HOME, lent_group_home
+from extender.scheduler.returning import home_reason, return_homes
 from extender.scheduler.victims import freeable, may_evict, resolvable_counts
 
 AGENT_SILENT = "tidelease: node agent silent for too long; its GPUs are not offered"
@@ -164,23 +164,24 @@ def filter_nodes(cluster: ClusterState, req: PodRequest, names: Iterable[str]) -
                 if needs_standby and name not in decision.failed:
                     decision.unresolvable[name] = STANDBY_KEPT
         _right_of_return(decision, plans, req)
-        _home_only(decision, lent_group_home(cluster, req))
+        _home_only(decision, req, return_homes(cluster, req))
     decision.unresolvable.update(missing)
     return decision
 
 
-def _home_only(decision: FilterDecision, home: str | None) -> None:
-    """A replica whose lent group can come back goes there and nowhere else: every other node
-    is rejected, so kube-scheduler places it there, or preempts the group's borrowers there.
-    Where the group's node cannot take it at all, nothing changes (it falls back)."""
-    if home is None or (home not in decision.passed and home not in decision.failed):
+def _home_only(decision: FilterDecision, req: PodRequest, homes: frozenset[NodeName]) -> None:
+    """A returning pod whose lent devices can come back goes there and nowhere else
+    (extender.scheduler.returning): every other node is rejected, so kube-scheduler places it
+    there, or preempts the borrowers there. Where none of those nodes can take it at all,
+    nothing changes (it falls back)."""
+    if not any(h in decision.passed or h in decision.failed for h in homes):
         return
-    reason = RETURN_HOME.format(node=home)
+    reason = home_reason(req, homes)
     for name in [*decision.passed, *decision.failed]:
-        if name != home:
+        if name not in homes:
             decision.unresolvable[name] = reason
-    decision.passed[:] = [n for n in decision.passed if n == home]
-    for name in [n for n in decision.failed if n != home]:
+    decision.passed[:] = [n for n in decision.passed if n in homes]
+    for name in [n for n in decision.failed if n not in homes]:
         del decision.failed[name]
 
 

@@ -1,13 +1,14 @@
-"""Right of return per replica: where a returning replica's own lent group is. Pure over the
-cluster view.
+"""Right of return: where a returning pod's lent devices are. Pure over the cluster view.
 
 A replica that takes back its lent group (``PodRequest.lent_group``, a StatefulSet replica
 while its lease reclaims) goes to the node holding that group, while the group can come back
-whole (:func:`~extender.rightofreturn.rules.group_can_return`, the leasing controller's rule):
-the filter rejects every other node and the preempt verb evicts only there, so kube-scheduler
-cannot send the replica to another node whose devices happen to be free. Where the group cannot
-come back, the replica is placed as any reclaim is (its node's other devices, then the standby
-pool).
+whole (:func:`~extender.rightofreturn.rules.group_can_return`, the leasing controller's rule).
+A Deployment's pods take its groups back as a set: a returning pod goes to a node holding one
+of the groups its lease is taking back (``GpuLease.status.reclaim.groups``) that can come back
+whole. Either way the filter rejects every other node and the preempt verb evicts only there,
+so kube-scheduler cannot send the pod to another node whose devices happen to be free (which
+would leave the lent devices' borrowers evicted for nothing). Where no group can come back, the
+pod is placed as any reclaim is (its node's other devices, then the standby pool).
 """
 
 from __future__ import annotations
@@ -17,28 +18,53 @@ from extender.cluster.state import ClusterState
 from extender.rightofreturn.rules import group_can_return
 
 RETURN_HOME = "tidelease: this replica's own lent GPUs are on node {node} (right of return)"
+RETURN_HOMES = (
+    "tidelease: the lent GPUs this job takes back are on node(s) {nodes} (right of return)"
+)
 
 
-def lent_group_home(cluster: ClusterState, req: PodRequest) -> NodeName | None:
-    """The node holding the request's lent group, when the group can come back whole."""
-    if req.lent_group is None or req.owner is None:
-        return None
-    devices: dict[GpuUuid, Device] = {}
+def return_homes(cluster: ClusterState, req: PodRequest) -> frozenset[NodeName]:
+    """The nodes a returning pod must go to: its own group's node (a StatefulSet replica), or
+    the nodes of the groups its lease takes back (a Deployment's pod), each only while that
+    group can come back whole; empty for any other pod, or where none can."""
+    if req.owner is None or not req.reclaim:
+        return frozenset()
+    groups = (
+        frozenset({req.lent_group})
+        if req.lent_group is not None
+        else cluster.reclaiming_groups(req.owner)
+    )
+    if not groups:
+        return frozenset()
+    devices: dict[str, dict[GpuUuid, Device]] = {g: {} for g in groups}
     holders: dict[GpuUuid, Holder] = {}
     offering: dict[str, bool] = {}
     for state in cluster:
         mine = [
-            d for d in state.devices if d.cls.replica == req.lent_group and d.cls.owner == req.owner
+            d
+            for d in state.devices
+            if d.cls.owner == req.owner and d.cls.replica in groups and not d.cls.standby
         ]
         if not mine:
             continue
         offering[state.node] = state.offering
+        lent = set()
         for d in mine:
-            devices[d.uuid] = d
+            devices[str(d.cls.replica)][d.uuid] = d
+            lent.add(d.uuid)
         for a in state.allocations.values():
             for u in a.devices:
-                if u in devices:
+                if u in lent:
                     holders[u] = a.holder
-    if not group_can_return(req.owner, devices, devices, holders, offering):
-        return None
-    return next(iter(devices.values())).node
+    homes = set()
+    for group in devices.values():
+        if group and group_can_return(req.owner, group, group, holders, offering):
+            homes.add(next(iter(group.values())).node)
+    return frozenset(homes)
+
+
+def home_reason(req: PodRequest, homes: frozenset[NodeName]) -> str:
+    """Why a node outside ``homes`` is rejected, as the filter says it."""
+    if req.lent_group is not None and len(homes) == 1:
+        return RETURN_HOME.format(node=next(iter(homes)))
+    return RETURN_HOMES.format(nodes=", ".join(sorted(homes)))

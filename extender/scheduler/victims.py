@@ -25,7 +25,7 @@ from common.model import (
 )
 from extender.cluster.state import ClusterState
 from extender.scheduler.placement import Verdict, free_counts, own_tag, plan_node, verdict
-from extender.scheduler.returning import lent_group_home
+from extender.scheduler.returning import return_homes
 
 _HELPFUL = (Verdict.USABLE, Verdict.STANDBY)
 
@@ -191,10 +191,10 @@ def preempt_nodes(
     """
     answer: dict[str, Proposal] = {}
     costs: dict[str, tuple[int, int, int]] = {}
-    home = lent_group_home(cluster, req)
-    if home is not None and home in proposals:
-        # A replica taking back its lent group evicts there or nowhere (.returning).
-        proposals = {n: p for n, p in proposals.items() if n == home}
+    homes = return_homes(cluster, req)
+    if homes & proposals.keys():
+        # A pod taking back lent devices evicts where they are or nowhere (.returning).
+        proposals = {n: p for n, p in proposals.items() if n in homes}
     for name, proposal in proposals.items():
         state = cluster.get(name)
         if state is None or not state.offering:

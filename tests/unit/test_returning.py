@@ -31,7 +31,7 @@ from extender.prewarm.policy import PrewarmSettings, WorkloadTemplate, plan_leas
 from extender.rightofreturn.lease import parse_gpu_lease
 from extender.scheduler.filtering import filter_nodes
 from extender.scheduler.placement import Verdict, pick_devices, verdict
-from extender.scheduler.returning import RETURN_HOME, lent_group_home
+from extender.scheduler.returning import RETURN_HOME, RETURN_HOMES, return_homes
 from extender.scheduler.scoring import prioritize_nodes
 from extender.scheduler.settings import ExtenderSettings
 from extender.scheduler.victims import Proposal, preempt_nodes
@@ -40,6 +40,7 @@ from tests.unit.cluster import allocate, cluster, holder
 OWNER = "recsys"
 KEY = job_key("default", OWNER)
 STATEFULSET = {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": OWNER}
+DEPLOYMENT = {**STATEFULSET, "kind": "Deployment"}
 
 
 def group(node: str, replica: str, start: int, *, healthy: bool = True) -> list[Device]:
@@ -143,7 +144,7 @@ def test_a_borrower_on_the_group_is_preempted_there_not_elsewhere() -> None:
     borrower = holder("finetune", pod_priority=10)
     allocate(state, "n2", [(borrower, [d.uuid for d in g2[:2]])])
     req = replica_pod(state, 2)
-    assert lent_group_home(state, req) == "n2"
+    assert return_homes(state, req) == {"n2"}
     decision = filter_nodes(state, req, ["free", "n2"])
     assert decision.passed == []
     assert "n2" in decision.failed
@@ -164,7 +165,7 @@ def test_a_broken_group_falls_back_without_taking_another_replicas_group() -> No
     )
     reclaiming(state, {"recsys-1": g1, "recsys-2": g2})
     req = replica_pod(state, 1)
-    assert lent_group_home(state, req) is None
+    assert not return_homes(state, req)
     node, devices = place(state, req, ["n1", "s1"])
     assert node == "s1"
     assert not set(devices) & {d.uuid for d in g1 + g2}
@@ -229,6 +230,56 @@ def test_a_deployments_pods_take_the_groups_back_as_a_set() -> None:
     )
     assert (req.reclaim, req.lent_group) == (True, None)
     assert filter_nodes(state, req, ["n1", "n2"]).passed == ["n1", "n2"]
+
+
+def deployment_pod(state: ClusterState) -> PodRequest:
+    pod = builders.pod(
+        "recsys-7c9f-x2",
+        4,
+        priority=Priority.HIGH,
+        owner=OWNER,
+        pod_priority=1000,
+        controller=("ReplicaSet", f"{OWNER}-7c9f"),
+    )
+    return state.with_reclaim(parse_pod(pod))
+
+
+def test_a_deployments_returning_pod_goes_where_its_groups_are_not_to_free_devices() -> None:
+    """The hour's soak found it: a Deployment's returning pod was placed on free devices of
+    another node while the borrower of its lent group was being evicted, so the borrower went
+    for nothing and the group never came back. It goes only where a group being taken back is
+    (kube-scheduler preempts the borrower there), never to a group that stays lent."""
+    g1, g2 = group("n1", "recsys-1", 0), group("n2", "recsys-2", 0)
+    state = cluster(
+        builders.gpu_node("n1", g1), builders.gpu_node("n2", g2), builders.gpu_node("free")
+    )
+    borrower, other = holder("borrower"), holder("other")
+    allocate(state, "n1", [(borrower, [d.uuid for d in g1])])
+    allocate(state, "n2", [(other, [d.uuid for d in g2])])
+    lease = reclaiming(state, {"recsys-1": g1, "recsys-2": g2}, workload=DEPLOYMENT)
+    lease["status"]["reclaim"]["groups"] = ["recsys-1"]  # recsys-2's group stays lent
+    state.apply_gpu_lease("MODIFIED", lease)
+    req = deployment_pod(state)
+    assert return_homes(state, req) == {"n1"}
+    decision = filter_nodes(state, req, ["n1", "n2", "free"])
+    assert decision.passed == []
+    assert decision.unresolvable["free"] == RETURN_HOMES.format(nodes="n1")
+    assert "n2" not in decision.failed
+    proposals = {
+        "free": Proposal(()),
+        "n1": Proposal((borrower.pod_uid,)),
+        "n2": Proposal((other.pod_uid,)),
+    }
+    assert preempt_nodes(state, req, proposals) == {"n1": Proposal((borrower.pod_uid,))}
+
+
+def test_a_deployments_pod_falls_back_where_no_group_can_come_back() -> None:
+    g1 = group("n1", "recsys-1", 0)[:3] + group("n1", "recsys-1", 3, healthy=False)[:1]
+    state = cluster(builders.gpu_node("n1", g1), builders.gpu_node("free"))
+    reclaiming(state, {"recsys-1": g1}, workload=DEPLOYMENT)
+    req = deployment_pod(state)
+    assert not return_homes(state, req)
+    assert filter_nodes(state, req, ["n1", "free"]).passed == ["free"]
 
 
 def test_a_group_tag_survives_the_gpunode_round_trip() -> None:
@@ -297,4 +348,4 @@ def test_holders_of_a_group_decide_whether_it_comes_back() -> None:
     reclaiming(state, {"recsys-1": g1})
     squatter = Holder(holder("hp").pod_uid, "default", "hp", Priority.HIGH, 5000, JobKey("other"))
     allocate(state, "n1", [(squatter, [GpuUuid(g1[0].uuid)])])
-    assert lent_group_home(state, replica_pod(state, 1)) is None
+    assert not return_homes(state, replica_pod(state, 1))
