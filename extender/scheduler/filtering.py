@@ -171,10 +171,14 @@ def filter_nodes(cluster: ClusterState, req: PodRequest, names: Iterable[str]) -
 
 def _home_only(decision: FilterDecision, req: PodRequest, homes: frozenset[NodeName]) -> None:
     """A returning pod whose lent devices can come back goes there and nowhere else
-    (extender.scheduler.returning): every other node is rejected, so kube-scheduler places it
-    there, or preempts the borrowers there. Where none of those nodes can take it at all,
-    nothing changes (it falls back)."""
-    if not any(h in decision.passed or h in decision.failed for h in homes):
+    (extender.scheduler.returning): every other node is rejected as unresolvable, so
+    kube-scheduler places it there, preempts the borrowers there, or lets it wait there while
+    their eviction (the leasing controller's, after its notice) runs its course, even where
+    no preemption could help there now: preempting borrowers elsewhere would evict them for
+    nothing, without notice. Where kube-scheduler offered none of those nodes (its own filters
+    rejected them), nothing changes (it falls back)."""
+    judged = (*decision.passed, *decision.failed, *decision.unresolvable)
+    if not any(h in judged for h in homes):
         return
     reason = home_reason(req, homes)
     for name in [*decision.passed, *decision.failed]:

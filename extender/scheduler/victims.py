@@ -193,7 +193,9 @@ def preempt_nodes(
     costs: dict[str, tuple[int, int, int]] = {}
     homes = return_homes(cluster, req)
     if homes & proposals.keys():
-        # A pod taking back lent devices evicts where they are or nowhere (.returning).
+        # A pod taking back lent devices evicts where they are (.returning). Where the filter
+        # held it there, kube-scheduler proposes no other node; where it did not (its own
+        # filters rejected those nodes), the pod falls back as any reclaim.
         proposals = {n: p for n, p in proposals.items() if n in homes}
     for name, proposal in proposals.items():
         state = cluster.get(name)

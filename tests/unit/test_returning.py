@@ -273,6 +273,28 @@ def test_a_deployments_returning_pod_goes_where_its_groups_are_not_to_free_devic
     assert preempt_nodes(state, req, proposals) == {"n1": Proposal((borrower.pod_uid,))}
 
 
+def test_a_replica_waits_for_its_groups_borrower_rather_than_preempt_elsewhere() -> None:
+    """The hour's soak found it too: the borrower on recsys-1's group could not be preempted
+    there (here: a higher pod priority; there: already being evicted after its notice), so the
+    filter let the other nodes through and kube-scheduler preempted a borrower on another
+    node, without notice and for nothing (the replica was then bound to its own group). Now
+    every other node is unresolvable: no preemption anywhere, the replica waits for the
+    eviction that the leasing controller runs."""
+    g1 = group("n1", "recsys-1", 0)
+    state = cluster(builders.gpu_node("n1", g1), builders.gpu_node("n2"))
+    strong = holder("strong", pod_priority=5000)  # the group's borrower: not preemptible
+    weak = holder("weak")  # n2's: preemptible
+    allocate(state, "n1", [(strong, [d.uuid for d in g1])])
+    allocate(state, "n2", [(weak, [builders.device_uuid("n2", i) for i in range(8)])])
+    reclaiming(state, {"recsys-1": g1})
+    req = replica_pod(state, 1)
+    assert return_homes(state, req) == {"n1"}
+    decision = filter_nodes(state, req, ["n1", "n2"])
+    assert (decision.passed, decision.failed) == ([], {})
+    assert decision.unresolvable["n2"] == RETURN_HOME.format(node="n1")
+    assert "n1" in decision.unresolvable  # no preemption can help there: it waits
+
+
 def test_a_deployments_pod_falls_back_where_no_group_can_come_back() -> None:
     g1 = group("n1", "recsys-1", 0)[:3] + group("n1", "recsys-1", 3, healthy=False)[:1]
     state = cluster(builders.gpu_node("n1", g1), builders.gpu_node("free"))
