@@ -5,6 +5,7 @@ bound to before (the API server's truth, never the controller's record)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from common import builders, contract
@@ -157,6 +158,27 @@ class Job:
         return self.wait_steady(
             f"reclaim {reclaims} to finish", lambda s: s.get("reclaims") == reclaims
         )
+
+    def round_trip(
+        self, cycle: int, *, what: str = "", before_lend: Callable[[], None] | None = None
+    ) -> dict[str, Any]:
+        """One cycle of a 3-replica job: replicas 1 and 2 lend their devices (each group what
+        its replica's pod was bound to), borrowers take exactly those, the job takes them back
+        (``cycle + 1`` reclaims in all), and each replica is back on exactly the devices its pod
+        held before; ``before_lend`` runs first. The lease's status."""
+        what = what or f"cycle {cycle}"
+        before = {r: sorted(d) for r, d in self.replicas_placed(3).items()}
+        if before_lend is not None:
+            before_lend()
+        groups = self.lend_groups(keep=1)
+        assert groups == {r: before[r] for r in ("recsys-1", "recsys-2")}, (what, groups)
+        self.borrow({u for d in groups.values() for u in d}, prefix=f"borrow-{cycle}-")
+        status = self.reclaim(reclaims=cycle + 1)
+        placed = self.replicas_placed(3)
+        got = {r: sorted(placed[r]) for r in before}
+        assert got == before, f"{what}: replicas back on {got}, held {before}"
+        assert (status["returned"], status["backfilled"]) == (8 * (cycle + 1), 0), what
+        return status
 
 
 def standby_pools(group: NodeGroup) -> list[str]:

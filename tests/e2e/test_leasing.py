@@ -161,16 +161,7 @@ CYCLES = 20
 def test_each_replica_gets_back_exactly_its_own_devices_every_cycle(small_job: Job) -> None:
     job = small_job
     for cycle in range(CYCLES):
-        # The truth before each lend: the devices each replica's pod is bound to.
-        before = {r: sorted(d) for r, d in job.replicas_placed(3).items()}
-        groups = job.lend_groups(keep=1)
-        assert groups == {r: before[r] for r in ("recsys-1", "recsys-2")}, (cycle, groups)
-        job.borrow({u for devs in groups.values() for u in devs}, prefix=f"borrow-{cycle}-")
-        status = job.reclaim(reclaims=cycle + 1)
-        placed = job.replicas_placed(3)
-        got = {r: sorted(placed[r]) for r in before}
-        assert got == before, f"cycle {cycle}: replicas back on {got}, held {before}"
-        assert (status["returned"], status["backfilled"]) == (8 * (cycle + 1), 0)
+        job.round_trip(cycle)  # per replica, against the pods' bound devices before the lend
         assert not job.placed(f"borrow-{cycle}-"), "the borrowers were not evicted"
 
 

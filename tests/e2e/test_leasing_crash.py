@@ -113,17 +113,12 @@ def test_each_replica_comes_back_through_real_crashes(
     with Supervisor(cluster.processes, ROLES) as supervisor:
         for cycle, (role, point) in enumerate(points):
             what = f"cycle {cycle} ({role} at {point})"
-            before = {r: sorted(d) for r, d in job.replicas_placed(3).items()}
-            with supervisor.lock:
-                arm(cluster, role, point)
-            groups = job.lend_groups(keep=1)
-            assert groups == {r: before[r] for r in ("recsys-1", "recsys-2")}, (what, groups)
-            job.borrow({u for d in groups.values() for u in d}, prefix=f"borrow-{cycle}-")
-            status = job.reclaim(reclaims=cycle + 1)
-            placed = job.replicas_placed(3)
-            got = {r: sorted(placed[r]) for r in before}
-            assert got == before, f"{what}: replicas back on {got}, held {before}"
-            assert (status["returned"], status["backfilled"]) == (8 * (cycle + 1), 0), what
+
+            def armed(role: str = role, point: str = point) -> None:
+                with supervisor.lock:
+                    arm(cluster, role, point)
+
+            job.round_trip(cycle, what=what, before_lend=armed)
             assert_one_holder_each(cluster, job)
             # The crash happened, there: the supervisor started the process again, and the
             # dead one's log says where it died.

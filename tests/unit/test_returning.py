@@ -71,7 +71,7 @@ def reclaiming(
     return lease
 
 
-def replica_pod(state: ClusterState, ordinal: int) -> PodRequest:
+def replica_pod(state: ClusterState, ordinal: int, **kw: Any) -> PodRequest:
     pod = builders.pod(
         f"{OWNER}-{ordinal}",
         4,
@@ -79,6 +79,7 @@ def replica_pod(state: ClusterState, ordinal: int) -> PodRequest:
         owner=OWNER,
         pod_priority=1000,
         controller=("StatefulSet", OWNER),
+        **kw,
     )
     return state.with_reclaim(parse_pod(pod))
 
@@ -198,17 +199,7 @@ def test_a_pod_that_names_its_type_keeps_it_and_a_higher_tier_stays_required() -
     g1 = group("n1", "recsys-1", 0)  # H20 HA
     state = cluster(builders.gpu_node("n1", g1))
     reclaiming(state, {"recsys-1": g1})
-    pod = builders.pod(
-        f"{OWNER}-1",
-        4,
-        priority=Priority.HIGH,
-        owner=OWNER,
-        pod_priority=1000,
-        controller=("StatefulSet", OWNER),
-        gpu_type="A100",
-        tier=Tier.LA,
-    )
-    req = state.with_reclaim(parse_pod(pod))
+    req = replica_pod(state, 1, gpu_type="A100", tier=Tier.LA)
     assert (req.gpu_type, req.min_tier) == ("A100", Tier.HA)
 
 
