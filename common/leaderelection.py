@@ -38,6 +38,7 @@ class LeaderElector:
         self._path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
         self._namespace, self._name, self.identity = namespace, name, identity
         self._lease_s, self._renew_s, self._clock = lease_s, renew_s, clock
+        self.other_holder = ""  # who held the lease when this last found it held
 
     def _spec(self, now: float, acquired: float) -> dict[str, Any]:
         return {
@@ -68,6 +69,7 @@ class LeaderElector:
             spec.get("leaseDurationSeconds") or 0
         )
         if holder not in (None, "", self.identity) and expires > now:
+            self.other_holder = str(holder)
             return False
         acquired = (epoch(spec.get("acquireTime")) or now) if holder == self.identity else now
         current["spec"] = self._spec(now, acquired)
@@ -78,7 +80,9 @@ class LeaderElector:
         return True
 
     async def run(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
-        """Run ``work`` while leading, until cancelled; stop it when leadership is lost."""
+        """Run ``work`` while leading, until cancelled; stop it when leadership is lost. While
+        another holds the lease, says so once per holder."""
+        waiting_for = ""
         while True:
             try:
                 leading = await self.try_acquire_or_renew()
@@ -86,8 +90,12 @@ class LeaderElector:
                 log.warning("leader election %s: %s", self._name, e)
                 leading = False
             if not leading:
+                if self.other_holder and self.other_holder != waiting_for:
+                    waiting_for = self.other_holder
+                    log.info("%s waits for %s, held by %s", self.identity, self._name, waiting_for)
                 await asyncio.sleep(self._renew_s)
                 continue
+            waiting_for = ""
             log.info("%s now leads %s", self.identity, self._name)
             task = asyncio.create_task(work())
             try:

@@ -11,6 +11,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -50,18 +51,26 @@ async def holders(kube: KubeClient) -> dict[str, str]:
     return out
 
 
-async def start(apiserver: ApiServer, identity: str, port: int) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "common.cli", "controllers", "--kubeconfig",
-        str(apiserver.kubeconfig), "--probe-host", "127.0.0.1", "--probe-port", str(port),
-        "--leasing-controller", "--prewarm-controller",
-        env={"POD_NAME": identity, "TIDELEASE_EXTENDER_METRICS_AUTH": "true", "PATH": ""},
-        stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
+async def start(
+    apiserver: ApiServer, identity: str, port: int, log: Path | None = None
+) -> asyncio.subprocess.Process:
+    """``tidelease controllers`` as ``identity``; its log to ``log`` (else nowhere)."""
+    err = log.open("wb") if log is not None else asyncio.subprocess.DEVNULL
+    try:
+        return await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "common.cli", "controllers", "--kubeconfig",
+            str(apiserver.kubeconfig), "--probe-host", "127.0.0.1", "--probe-port", str(port),
+            "--leasing-controller", "--prewarm-controller",
+            env={"POD_NAME": identity, "TIDELEASE_EXTENDER_METRICS_AUTH": "true", "PATH": ""},
+            stderr=err,
+        )  # fmt: skip
+    finally:
+        if log is not None:
+            err.close()  # type: ignore[union-attr]
 
 
 async def test_the_controllers_process_leads_serves_its_metrics_and_hands_over_on_sigterm(
-    apiserver: ApiServer,
+    apiserver: ApiServer, tmp_path: Path
 ) -> None:
     kube = await KubeClient.connect(apiserver.kubeconfig)
     with contextlib.suppress(Conflict):
@@ -92,8 +101,16 @@ async def test_the_controllers_process_leads_serves_its_metrics_and_hands_over_o
         assert "tidelease_extender_requests_total" not in text  # the verbs are elsewhere
 
         # A second replica waits; the first stops on SIGTERM and the second takes both Leases.
-        second = await start(apiserver, "controllers-b", second_port)
-        await asyncio.sleep(2)
+        log = tmp_path / "controllers-b.log"
+        second = await start(apiserver, "controllers-b", second_port, log)
+
+        async def waits_for_both() -> bool:  # it found each Lease held, and said so
+            text = log.read_text() if log.exists() else ""
+            return all(
+                f"controllers-b waits for {name}, held by controllers-a" in text for name in LEASES
+            )
+
+        await eventually(waits_for_both, within_s=60)
         assert set((await holders(kube)).values()) == {"controllers-a"}
         first.send_signal(signal.SIGTERM)
         stopped_at = time.monotonic()
