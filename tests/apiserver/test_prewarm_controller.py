@@ -489,8 +489,25 @@ async def test_tidelease_agent_with_a_cache_carries_out_its_directive(
         items = await eventually(reported, within_s=90)
         assert "--cri-endpoint" in items["image"]["reason"]
         assert "nobody-has-it" in items["checkpoint"]["reason"]
-        await asyncio.sleep(1.5)  # three of the agent's status publishes
-        assert await reported() == items
+        # A marker: a second directive, for another lease. Once the agent reports its item, it
+        # has run (and published its whole status) past the first items' failure: they must
+        # still be Failed, unchanged, not retried.
+        marker = {**directive, "lease": "ml/marker", "images": [], "checkpoints": ["marker-only"]}
+        await kube.json(
+            "PATCH",
+            path,
+            body={"spec": {"prewarm": [directive, marker]}},
+            content_type="application/merge-patch+json",
+        )
+
+        async def marked() -> list[dict[str, Any]] | None:
+            obj = await kube.json("GET", path)
+            now = ((obj.get("status") or {}).get("prewarm") or {}).get("items") or []
+            seen = any(i["lease"] == "ml/marker" and i["state"] == "Failed" for i in now)
+            return list(now) if seen else None
+
+        after = await eventually(marked, within_s=90)
+        assert {i["kind"]: i for i in after if i["lease"] == directive["lease"]} == items
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), 30) == 0
     finally:
