@@ -6,9 +6,9 @@ tidelease's packages) is left alone.
 
 * ``TIDELEASE_SOAK_MUTATION=NAME``: a deliberate bug (tests/soak/mutations.py), for the soak's
   checkers to report; ``swap-in-cycle-2`` (the leasing controller records the second lend's
-  first two groups with each other's devices) and ``standby-any-tier`` (placement offers any
-  standby device to a reclaim, whatever its type and tier) are for the test suite's own
-  mutation check (docs/development.md).
+  first two groups with each other's devices) and ``standby-lower-tier`` (placement offers a
+  reclaim standby devices of its type only below the tier it needs) are for the test suite's
+  own mutation check (docs/development.md).
 * ``TIDELEASE_TEST_CRASH_AT=POINT``: the process kills itself with SIGKILL (a real crash: no
   clean-up, no finally) the first time it passes POINT (:data:`CRASH_POINTS`), or
   ``in:SECONDS`` after it started, whatever it is doing then, after a line on stderr that says
@@ -156,17 +156,19 @@ def _mutate(name: str) -> None:
             return dataclasses.replace(action, status=dataclasses.replace(new, groups=groups))
 
         setattr(controller, "decide", swapping)  # noqa: B010 (a module's global)
-    elif name == "standby-any-tier":
+    elif name == "standby-lower-tier":
         from extender.scheduler import placement
 
         verdict = placement.verdict
 
-        def lax(cls: Any, req: Any) -> Any:
-            if cls.standby and cls.healthy and req.reclaim:
-                return placement.Verdict.STANDBY  # type and tier not checked
+        def lower(cls: Any, req: Any) -> Any:
+            if cls.standby and cls.healthy and req.reclaim and cls.gpu_type == req.gpu_type:
+                # standby offered only below the tier asked for
+                ok = cls.tier < req.min_tier
+                return placement.Verdict.STANDBY if ok else placement.Verdict.STANDBY_RESERVED
             return verdict(cls, req)
 
-        setattr(placement, "verdict", lax)  # noqa: B010 (a module's global)
+        setattr(placement, "verdict", lower)  # noqa: B010 (a module's global)
     else:
         raise SystemExit(f"sitecustomize: no mutation {name!r}")
     print(f"tidelease soak mutation {name!r} in pid {os.getpid()}", file=sys.stderr, flush=True)
