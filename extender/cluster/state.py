@@ -42,7 +42,7 @@ from common.model import (
 )
 from common.objects import object_key, parse_gpu_allocation, parse_gpu_node, resource_version
 from common.tenancy import belongs, granted, online_refusal
-from extender.rightofreturn.lease import reclaim_of
+from extender.rightofreturn.lease import reclaim_of, workload_of
 from extender.rightofreturn.replicas import names_replicas
 
 log = logging.getLogger(__name__)
@@ -207,6 +207,9 @@ class ClusterState:
         self._reclaiming: dict[JobKey, _Reclaim] = {}
         # The same owners: the devices they lent are what borrowers may not take.
         self._reclaiming_owners: frozenset[JobKey] = frozenset()
+        # every lease's owner and workload, whatever its phase (a returning replica may come
+        # before this view sees its lease Reclaiming: with_reclaim)
+        self._workloads: dict[JobKey, _Reclaim] = {}
         # Namespaces an admin granted online jobs (label tidelease.io/online: common.tenancy).
         self.granted: set[str] = set()
         # Pods seen deleted (or finished) whose allocations are still in a stored ledger.
@@ -358,18 +361,22 @@ class ClusterState:
         (:func:`~extender.rightofreturn.lease.reclaim_of`), its owner's pods of its workload
         are reclaims (:meth:`with_reclaim`)."""
         key = object_key(obj)
-        for job, found in list(self._reclaiming.items()):
-            if found.lease == key:
-                del self._reclaiming[job]
-        reclaim = reclaim_of(obj) if event != "DELETED" else None
-        if reclaim is not None:
-            self._reclaiming[reclaim.owner] = _Reclaim(
+        for table in (self._reclaiming, self._workloads):
+            for job, found in list(table.items()):
+                if found.lease == key:
+                    del table[job]
+        named = workload_of(obj) if event != "DELETED" else None
+        if named is not None:
+            lease = _Reclaim(
                 key,
-                names_replicas(reclaim.kind),
-                reclaim.kind,
-                reclaim.name,
-                frozenset(reclaim.groups),
+                names_replicas(named.kind),
+                named.kind,
+                named.name,
+                frozenset(named.groups),
             )
+            self._workloads[named.owner] = lease
+            if reclaim_of(obj) is not None:
+                self._reclaiming[named.owner] = lease
         self._reclaiming_owners = frozenset(self._reclaiming)
 
     def reclaiming_groups(self, owner: JobKey) -> frozenset[str]:
@@ -383,7 +390,9 @@ class ClusterState:
         owner is reclaiming and the pod is one of the lease's workload's replicas (its owner
         references); where that workload names its replicas, the pod takes back its own lent
         group (``lent_group``: the replica's name, as the leasing controller recorded the
-        group). Its devices must be like those its job lent: of their GPU type (where the pod
+        group); such a replica whose group is tagged is that group's return even before this
+        view sees the lease Reclaiming (:meth:`_returning_replica`). Its devices must be like
+        those its job lent: of their GPU type (where the pod
         names none) and at least their lowest tier (:meth:`_lent_kind`). Nothing the pod
         declares makes it a reclaim. A borrower is kept off the devices of every owner whose
         lease is reclaiming (``reclaiming_owners``)."""
@@ -394,6 +403,8 @@ class ClusterState:
             return replace(req, reclaiming_owners=owners, reclaim=False, lent_group=None)
         owner = req.owner
         found = self._reclaiming.get(owner) if owner is not None else None
+        if found is None and owner is not None:
+            found = self._returning_replica(owner, req)
         if owner is None or found is None or not belongs(req.controller, found.kind, found.name):
             if not req.reclaim and req.lent_group is None:
                 return req
@@ -412,6 +423,23 @@ class ClusterState:
         return replace(
             req, reclaim=True, lent_group=lent_group, gpu_type=gpu_type, min_tier=min_tier
         )
+
+    def _returning_replica(self, owner: JobKey, req: PodRequest) -> _Reclaim | None:
+        """The owner's lease, when ``req`` is one of its StatefulSet's replicas whose own lent
+        group is tagged on the devices, whatever the lease's phase in this view: that replica
+        comes up only when its lease takes the group back (the leasing controller scales it
+        up after the Reclaiming status and the borrowers' notice), and this view may not have
+        seen the status yet (a slow watch). Its right of return does not wait for the view."""
+        lease = self._workloads.get(owner)
+        if lease is None or not lease.per_replica:
+            return None
+        if not belongs(req.controller, lease.kind, lease.name):
+            return None
+        for state in self._nodes.values():
+            for d in state.devices:
+                if d.cls.owner == owner and d.cls.replica == req.name and not d.cls.standby:
+                    return lease
+        return None
 
     def _lent_kind(self, owner: JobKey, lent_group: str | None) -> tuple[str | None, Tier | None]:
         """What a returning pod's devices must be like: the GPU type and the lowest tier of

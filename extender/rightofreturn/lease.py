@@ -269,13 +269,20 @@ class Reclaim:
 
 def reclaim_of(obj: Mapping[str, Any]) -> Reclaim | None:
     """What a GpuLease whose status says Reclaiming takes back, and through which workload's
-    pods; None for any other phase. Only the owner, the workload's kind and name and the
-    groups being taken back are read, as strings, so a lease the controller finds invalid
-    otherwise (:func:`parse_gpu_lease`) still reads as it is stored; one without the first
-    three is not reclaiming."""
-    status, spec = obj.get("status"), obj.get("spec")
+    pods; None for any other phase (:func:`workload_of` otherwise)."""
+    status = obj.get("status")
     if not isinstance(status, Mapping) or _phase(status) != "Reclaiming":
         return None
+    return workload_of(obj)
+
+
+def workload_of(obj: Mapping[str, Any]) -> Reclaim | None:
+    """The owner and the workload a GpuLease names, whatever its phase, with the groups its
+    reclaim takes back (none outside one). Only the owner, the workload's kind and name and
+    those groups are read, as strings, so a lease the controller finds invalid otherwise
+    (:func:`parse_gpu_lease`) still reads as it is stored; one without the first three names
+    nothing."""
+    status, spec = obj.get("status"), obj.get("spec")
     owner = spec.get("owner") if isinstance(spec, Mapping) else None
     workload = spec.get("workload") if isinstance(spec, Mapping) else None
     if not isinstance(workload, Mapping):
@@ -284,7 +291,7 @@ def reclaim_of(obj: Mapping[str, Any]) -> Reclaim | None:
     if not (isinstance(owner, str) and isinstance(kind, str) and isinstance(name, str)):
         return None
     namespace = (obj.get("metadata") or {}).get("namespace", "")
-    reclaim = status.get("reclaim")
+    reclaim = status.get("reclaim") if isinstance(status, Mapping) else None
     groups = reclaim.get("groups") if isinstance(reclaim, Mapping) else None
     named = tuple(g for g in items(groups) if isinstance(g, str))
     return Reclaim(job_key(str(namespace), owner), kind, name, named)

@@ -44,8 +44,8 @@ from common.model import Priority
 from common.queryscope import scope_query
 from tests.e2e.harness import BORROWER, ONLINE, Cluster, NodeGroup, workload
 from tests.e2e.kube import ApiError, Kube, wait_for
+from tests.e2e.queuesrig import queues_controller
 from tests.e2e.test_leasing import REPLICA_GPUS, Job
-from tests.e2e.test_queues import queues_controller
 
 pytestmark = pytest.mark.cluster
 

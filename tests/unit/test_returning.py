@@ -286,6 +286,29 @@ def test_a_replica_waits_for_its_groups_borrower_rather_than_preempt_elsewhere()
     assert "n1" in decision.unresolvable  # no preemption can help there: it waits
 
 
+def test_a_replica_returns_home_before_the_view_sees_its_lease_reclaiming() -> None:
+    """The second hour found it (seed 7, t=239 s, the extenders' network slowed): the
+    controller wrote Reclaiming, noticed and evicted the borrower and scaled up, and the
+    replica came to an extender whose lease watch had not caught up; it took free devices
+    elsewhere and its group stayed lent. A replica whose own group is tagged is that group's
+    return whatever the lease's phase in the view; another replica of the job is not."""
+    g1 = group("n1", "recsys-1", 0)
+    state = cluster(builders.gpu_node("n1", g1), builders.gpu_node("free"))
+    lease = reclaiming(state, {"recsys-1": g1})
+    lease["status"] = {  # the view's last news: lent, not yet Reclaiming
+        "phase": "Lending",
+        "targetReplicas": 1,
+        "lent": [{"replica": "recsys-1", "devices": [d.uuid for d in g1]}],
+    }
+    state.apply_gpu_lease("MODIFIED", lease)
+    req = replica_pod(state, 1)
+    assert (req.reclaim, req.lent_group) == (True, "recsys-1")
+    assert return_homes(state, req) == {"n1"}
+    assert filter_nodes(state, req, ["n1", "free"]).passed == ["n1"]
+    other = replica_pod(state, 0)
+    assert (other.reclaim, other.lent_group) == (False, None)
+
+
 def test_a_deployments_pod_falls_back_where_no_group_can_come_back() -> None:
     g1 = group("n1", "recsys-1", 0)[:3] + group("n1", "recsys-1", 3, healthy=False)[:1]
     state = cluster(builders.gpu_node("n1", g1), builders.gpu_node("free"))
