@@ -28,6 +28,7 @@ from extender.leasing.decisions import TagChange
 from extender.leasing.metrics import LeasingMetrics
 from extender.rightofreturn.lease import GpuLease, LeaseStatus, LentGroup, Workload, parse_gpu_lease
 from extender.scheduler.settings import ExtenderSettings
+from tests.polling import eventually
 from tests.unit.cluster import cluster, granted_leases
 
 NS = "ns"
@@ -489,6 +490,21 @@ async def wait_for(world: World, check: Callable[[], bool]) -> None:
             await world.event.wait()
 
 
+RECONCILES = "tidelease_controller_reconcile_duration_seconds_count"
+
+
+async def reconciled(registry: CollectorRegistry, passes: int = 2) -> None:
+    """Until the leasing controller has finished ``passes`` more reconciles: what it has done
+    by then (or not) is its answer, not the outcome of a race with a slow machine."""
+    labels = {"controller": "leasing"}
+    start = registry.get_sample_value(RECONCILES, labels) or 0.0
+
+    async def done() -> bool:
+        return (registry.get_sample_value(RECONCILES, labels) or 0.0) >= start + passes
+
+    await eventually(done, within_s=10)
+
+
 def lent_node() -> dict[str, Any]:
     """node-a, whose gpu-2 and gpu-3 job-1 lent (GROUPS[0]): tagged with their owner."""
     lent = b.devices(NODE, 2, tier=Tier.HA, start=2, owner=KEY, replica="job-1")
@@ -503,18 +519,20 @@ async def test_the_controller_pins_a_returning_replica_once_the_borrowers_claim_
     store.put(lease_obj("Reclaiming"))
     world = World(store)
     settings = ExtenderSettings(dra=True)
+    registry = CollectorRegistry()
     async with controllers(
         store=store,
         world=world,  # type: ignore[arg-type]
         kube=None,  # type: ignore[arg-type]
         settings=settings,
         enabled=Enabled(leasing=True),
-        registry=CollectorRegistry(),
+        registry=registry,
     ) as running:
         assert running.view is not None
         await store.settle()
         assert {k for k in DRA_VIEW_KINDS if store.watchers(k)} == set(DRA_VIEW_KINDS)
-        await asyncio.sleep(0.3)  # steps come and go: the borrower's claim holds gpu-3
+        await wait_for(world, lambda: bool(world.marks))
+        await reconciled(registry)  # steps come and go: the borrower's claim holds gpu-3
         assert world.pins == []
         assert world.ungated == []
 
@@ -593,16 +611,17 @@ async def test_without_dra_mode_claims_are_not_watched_and_gated_pods_left_alone
     store.put(owner_pod("job-1", "job-1-gpu"))
     store.put(lease_obj("Reclaiming"))
     world = World()
+    registry = CollectorRegistry()
     async with controllers(
         store=store,
         world=world,  # type: ignore[arg-type]
         kube=None,  # type: ignore[arg-type]
         settings=ExtenderSettings(),
         enabled=Enabled(leasing=True),
-        registry=CollectorRegistry(),
+        registry=registry,
     ):
         await store.settle()
-        await asyncio.sleep(0.3)
+        await reconciled(registry)
         assert store.watchers("ResourceClaim") == 0
         assert world.pins == []
         assert world.ungated == []
