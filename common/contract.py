@@ -89,3 +89,8 @@ DEFAULT_AGENT_NAMESPACE: Final = "tidelease-system"
 
 # --- resources ---
 DEFAULT_GPU_RESOURCE: Final = "nvidia.com/gpu"
+
+# --- Kubernetes' own annotations tidelease writes (a pod author may write them too) ---
+# A ReplicaSet scaling down removes the pods of lowest cost first. The leasing controller sets it
+# on the pods of a Deployment whose devices a scale-down lends, so that exactly those go.
+ANN_POD_DELETION_COST: Final = "controller.kubernetes.io/pod-deletion-cost"

@@ -50,6 +50,7 @@ from extender.leasing.decisions import (
     RECLAIM_OVERDUE_S,
     Action,
     Evict,
+    MarkRelease,
     Notify,
     OwnerPod,
     ScaleTo,
@@ -137,6 +138,8 @@ class World(ClaimWrites, Protocol):
     async def replicas(self, namespace: str, workload: Workload) -> int: ...
 
     async def scale(self, namespace: str, workload: Workload, replicas: int) -> None: ...
+
+    async def set_deletion_cost(self, namespace: str, pod: OwnerPod, cost: str | None) -> None: ...
 
     async def set_tags(self, changes: Iterable[TagChange]) -> None: ...
 
@@ -432,6 +435,12 @@ class _LeaseWrites:
     async def set_tags(self, action: SetTags) -> None:
         log.info("lease %s: %s", self.lease.key, action.why)
         await self.controller.world.set_tags(action.changes)
+
+    async def mark_release(self, action: MarkRelease) -> None:
+        lease = self.lease
+        log.info("lease %s: %s", lease.key, action.why)
+        for pod, cost in action.costs:
+            await self.controller.world.set_deletion_cost(lease.namespace, pod, cost)
 
     async def scale(self, action: ScaleTo) -> None:
         lease = self.lease

@@ -43,7 +43,7 @@ from dataclasses import dataclass, replace
 
 from common.model import Device, GpuUuid, Holder, JobKey
 from extender.rightofreturn.lease import GpuLease, LeaseStatus, LentGroup, Notice, Trouble
-from extender.rightofreturn.replicas import incoming_replicas
+from extender.rightofreturn.replicas import incoming_replicas, names_replicas
 from extender.rightofreturn.rules import (
     devices_to_tag,
     group_can_return,
@@ -69,6 +69,7 @@ class OwnerPod:
     uid: str
     node: str  # "" while unbound
     devices: tuple[GpuUuid, ...]
+    deletion_cost: str | None = None  # its controller.kubernetes.io/pod-deletion-cost
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +117,20 @@ class ScaleTo:
 
 
 @dataclass(frozen=True, slots=True)
+class MarkRelease:
+    """Set (a value) or remove (None) each pod's pod-deletion-cost, so that a ReplicaSet's
+    scale-down removes exactly the pods whose devices are lent."""
+
+    costs: tuple[tuple[OwnerPod, str | None], ...]
+    why: str
+
+
+# The cost of a Deployment's pod whose devices a scale-down lends: below every other pod's
+# (Kubernetes' default is 0), so the ReplicaSet removes it first.
+RELEASE_COST = "-1000"
+
+
+@dataclass(frozen=True, slots=True)
 class Notify:
     pods: tuple[Holder, ...]
     deadline: float
@@ -133,7 +148,7 @@ class Wait:
     why: str
 
 
-Action = WriteStatus | SetTags | ScaleTo | Notify | Evict | Wait
+Action = WriteStatus | SetTags | MarkRelease | ScaleTo | Notify | Evict | Wait
 
 
 def _tag(dev: Device, owner: JobKey | None, standby: bool, replica: str | None = None) -> TagChange:
@@ -362,6 +377,20 @@ def decide(
                 tuple(_tag(d, None, True) for d in loans),
                 f"give {len(loans)} standby device(s) on loan back to the pool",
             )
+        if not names_replicas(spec.workload.kind):
+            # Its pods are named at random: the ReplicaSet must remove those that lent.
+            costs = tuple(
+                (p, RELEASE_COST if p.name in released else None)
+                for p in pods
+                if (p.deletion_cost == RELEASE_COST) != (p.name in released)
+            )
+            if costs:
+                marked = sum(1 for _, c in costs if c is not None)
+                return MarkRelease(
+                    costs,
+                    f"mark {marked} pod(s) whose devices are lent to go first at the scale-down "
+                    f"(pod-deletion-cost {RELEASE_COST})",
+                )
         return ScaleTo(target)
     if status.phase == "Lending":
         return WriteStatus(replace(status, phase="Steady"), "scaled down; devices lent")

@@ -15,6 +15,7 @@ from typing import Protocol, TypeVar
 from extender.leasing.decisions import (
     Action,
     Evict,
+    MarkRelease,
     Notify,
     ScaleTo,
     SetTags,
@@ -34,6 +35,10 @@ class Executor(Protocol[R_co]):
 
     def set_tags(self, action: SetTags) -> R_co:
         """Write the devices' owner tags and standby flags."""
+        ...
+
+    def mark_release(self, action: MarkRelease) -> R_co:
+        """Set the pods' pod-deletion-cost before a scale-down."""
         ...
 
     def scale(self, action: ScaleTo) -> R_co:
@@ -59,6 +64,8 @@ def execute(action: Action, executor: Executor[R_co]) -> R_co:
         return executor.write_status(action)
     if isinstance(action, SetTags):
         return executor.set_tags(action)
+    if isinstance(action, MarkRelease):
+        return executor.mark_release(action)
     if isinstance(action, ScaleTo):
         return executor.scale(action)
     if isinstance(action, Notify):

@@ -25,7 +25,7 @@ from common.kubeclient import KubeClient
 from common.model import GpuUuid, Holder
 from common.timefmt import microtime, rfc3339
 from extender.leasing import claimpinning
-from extender.leasing.decisions import TagChange
+from extender.leasing.decisions import OwnerPod, TagChange
 from extender.rightofreturn.lease import GpuLease, LeaseStatus, Trouble, Workload, lease_conditions
 
 log = logging.getLogger(__name__)
@@ -62,6 +62,22 @@ class KubeWorld:
             body={"spec": {"replicas": replicas}},
             content_type="application/merge-patch+json",
         )
+
+    async def set_deletion_cost(self, namespace: str, pod: OwnerPod, cost: str | None) -> None:
+        """The pod's pod-deletion-cost annotation set (or removed, ``None``); a pod gone, or
+        replaced under its name (the UID is a precondition), is left alone."""
+        with contextlib.suppress(NotFound, Conflict):
+            await self._kube.json(
+                "PATCH",
+                f"/api/v1/namespaces/{namespace}/pods/{pod.name}",
+                body={
+                    "metadata": {
+                        "uid": pod.uid,
+                        "annotations": {contract.ANN_POD_DELETION_COST: cost},
+                    }
+                },
+                content_type="application/merge-patch+json",
+            )
 
     async def set_tags(self, changes: Iterable[TagChange]) -> None:
         """Each device's tags as the change says; a device that stays lent keeps its

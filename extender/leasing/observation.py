@@ -11,6 +11,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from common import contract
 from common.errors import InvalidInput
 from common.model import GpuUuid, Holder, JobKey, PodUid, Priority
 from common.podrequest import controller_of, parse_pod
@@ -68,7 +69,10 @@ def observe(
         uid = str(meta.get("uid", ""))
         bound = str((raw.get("spec") or {}).get("nodeName") or "")
         node, devs = where.get(uid, ("", ()))
-        owner_pods.append(OwnerPod(str(meta.get("name")), uid, bound and node, devs))
+        cost = (meta.get("annotations") or {}).get(contract.ANN_POD_DELETION_COST)
+        owner_pods.append(
+            OwnerPod(str(meta.get("name")), uid, bound and node, devs, cost and str(cost))
+        )
     return owner_pods, View(devices, holders, offering, _eviction_cost(cluster, pods))
 
 

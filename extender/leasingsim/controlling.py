@@ -53,6 +53,7 @@ from extender.leasing.decisions import (
     STEADY,
     Action,
     Evict,
+    MarkRelease,
     Notify,
     OwnerPod,
     ScaleTo,
@@ -673,6 +674,9 @@ class _Executing:
                     owner=c.owner, standby=c.standby, replica=c.replica
                 )
         world.set_classes(changes)
+
+    def mark_release(self, action: MarkRelease) -> None:
+        """Nothing to mark: the simulated scale-down removes the pods the decision released."""
 
     def scale(self, action: ScaleTo) -> None:
         self.jobs._scale(self.job, action.replicas)

@@ -370,7 +370,8 @@ class ReclaimEnds(Checker):
     other workloads the pods that did not hold devices when it began, any of them on any
     group) holds its own lent group's devices. Where its group could come back whole
     throughout the reclaim (every device there and healthy, on a Ready node whose agent renewed
-    its heartbeat within ``fresh_s``) and the lease was never Degraded, nothing else: that is
+    its heartbeat within ``fresh_s``, held by no high-priority pod) and the lease was never
+    Degraded, nothing else: that is
     right of return. Otherwise it may also hold stand-ins: a standby device, not tagged for
     another job, matched with a lent device of its group that it does not hold, of the same GPU
     type and at least its tier (a better tier breaks no promise). Never another replica's or
@@ -452,11 +453,18 @@ class ReclaimEnds(Checker):
     def _can_return(self, devices: Sequence[GpuUuid], obs: Observation) -> bool:
         ready = {str(n["metadata"]["name"]) for n in obs.nodes if _ready(n)}
         silent = obs.silent(self.fresh_s)
+        online = {  # devices a high-priority pod holds: no eviction frees them
+            u
+            for p in obs.holding
+            if _annotations(p).get(contract.ANN_PRIORITY) == Priority.HIGH.value
+            for u in pod_devices(p)
+        }
         return bool(devices) and all(
             (d := obs.devices.get(u)) is not None
             and d.cls.healthy
             and d.node in ready
             and d.node not in silent
+            and u not in online
             for u in devices
         )
 

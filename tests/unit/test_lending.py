@@ -11,7 +11,9 @@ from common import builders
 from common.model import Device, Holder, JobKey, Priority, Tier
 from common.tenancy import job_key
 from extender.leasing.decisions import (
+    RELEASE_COST,
     Evict,
+    MarkRelease,
     Notify,
     OwnerPod,
     ScaleTo,
@@ -105,6 +107,40 @@ def test_scale_down_records_then_tags_then_scales() -> None:
     assert isinstance(step, WriteStatus)
     assert step.status.phase == "Steady"
     assert step.status.lent == recorded.status.lent
+
+
+def test_a_deployments_scale_down_marks_the_pods_that_lent_to_go_first() -> None:
+    """A ReplicaSet removes the pods of its choice at a scale-down (not those the controller
+    recorded as lent: the hour's soak found a lent group whose pod kept running): before it
+    scales, the controller gives the released pods the lowest pod-deletion-cost, and takes the
+    mark off any other pod that had it."""
+    devs, view = world()
+    deployment = replace(lease(8).spec, workload=Workload("apps/v1", "Deployment", "recsys"))
+    running = [
+        replace(p, name=f"recsys-7c9f-{c}", deletion_cost=cost)
+        for p, c, cost in zip(pods(devs, 4), "wxyz", (RELEASE_COST, None, None, None), strict=True)
+    ]
+    step = decide(
+        GpuLease("default", "recsys", "1", deployment, LeaseStatus()), 4, running, view, NOW
+    )
+    assert isinstance(step, WriteStatus)
+    released = {g.replica for g in step.status.groups}
+    assert released == {"recsys-7c9f-y", "recsys-7c9f-z"}
+    recorded = GpuLease("default", "recsys", "1", deployment, step.status)
+    step = decide(recorded, 4, running, view, NOW)
+    assert isinstance(step, SetTags)
+    tagged = applied(view, step.changes)
+    step = decide(recorded, 4, running, tagged, NOW)
+    assert isinstance(step, MarkRelease)
+    assert {(p.name, cost) for p, cost in step.costs} == {
+        ("recsys-7c9f-w", None),
+        ("recsys-7c9f-y", RELEASE_COST),
+        ("recsys-7c9f-z", RELEASE_COST),
+    }
+    marked = [
+        replace(p, deletion_cost=RELEASE_COST if p.name in released else None) for p in running
+    ]
+    assert decide(recorded, 4, marked, tagged, NOW) == ScaleTo(2)
 
 
 def lent_status(devs: list[Device]) -> LeaseStatus:

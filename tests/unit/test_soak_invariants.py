@@ -316,6 +316,11 @@ def test_reclaim_stand_ins_are_right_where_the_group_could_not_come_back() -> No
     assert run(ReclaimEnds(30.0, grace_s=2.0, fresh_s=5.0), *silent) == []
     heard = reclaim_history("n3", [0, 1], nodes=READY, heartbeats={"n1": 999.0})
     assert len(run(ReclaimEnds(30.0, grace_s=2.0, fresh_s=5.0), *heard)) == 2
+    # recsys-1's group held by an online pod (the owner's own, left running): nothing frees it
+    online = bound("web", "n1", [2, 3], namespace=NS, priority=Priority.HIGH, owner="web")
+    history = reclaim_history("n3", [0, 1], nodes=READY)
+    held = [dataclasses.replace(o, pods=[*o.pods, online]) for o in history[:2]] + history[2:]
+    assert run(ReclaimEnds(30.0, grace_s=2.0), *held) == []
 
 
 def test_reclaim_seen_only_by_the_watch_between_two_lists_is_judged() -> None:
