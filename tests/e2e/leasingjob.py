@@ -27,7 +27,13 @@ class Job:
     """The owner's StatefulSet and GpuLease in one namespace, on one node group."""
 
     def __init__(
-        self, cluster: Cluster, group: NodeGroup, namespace: str, *, replicas: int = 4
+        self,
+        cluster: Cluster,
+        group: NodeGroup,
+        namespace: str,
+        *,
+        replicas: int = 4,
+        kind: str = "StatefulSet",
     ) -> None:
         self.cluster, self.group, self.ns = cluster, group, namespace
         self.replicas = replicas
@@ -43,16 +49,16 @@ class Job:
             tier=Tier.HA,
             priority_class=ONLINE,
         )
-        kube.create(workload("StatefulSet", "recsys", namespace, template, replicas=replicas))
-        kube.create(
-            builders.gpu_lease(
-                "recsys",
-                namespace,
-                gpus_per_replica=REPLICA_GPUS,
-                desired_gpus=replicas * REPLICA_GPUS,
-                grace_s=30,
-            )
+        kube.create(workload(kind, "recsys", namespace, template, replicas=replicas))
+        lease = builders.gpu_lease(
+            "recsys",
+            namespace,
+            gpus_per_replica=REPLICA_GPUS,
+            desired_gpus=replicas * REPLICA_GPUS,
+            grace_s=30,
         )
+        lease["spec"]["workload"]["kind"] = kind
+        kube.create(lease)
 
     def lease(self) -> dict[str, Any]:
         lease = self.cluster.kube.get(contract.KIND_GPU_LEASE, "recsys", self.ns)

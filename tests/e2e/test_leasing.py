@@ -150,6 +150,42 @@ def test_a_lent_device_that_failed_is_backfilled_from_standby(job: Job) -> None:
     assert (status["returned"], status["backfilled"]) == (4, 4)
 
 
+def test_a_deployment_lends_the_devices_of_the_pods_its_scale_down_removes(
+    cluster: Cluster, group: NodeGroup, namespace: str
+) -> None:
+    """A Deployment of three 4-GPU pods lends two: the ReplicaSet removes exactly the pods whose
+    devices the lease records as lent (the controller marks them with pod-deletion-cost; left
+    to itself the ReplicaSet picks its own), the pod it keeps holds what it held, and at the
+    reclaim the two new pods come back onto the lent groups, as a set."""
+    cluster.ensure_priority_class(BORROWER, 10)
+    for suffix in ("n1", "n2"):
+        group.add_node(suffix, lambda name: builders.devices(name, 8))
+    group.wait_ready()
+    job = Job(cluster, group, namespace, replicas=3, kind="Deployment")
+
+    def placed(n: int) -> dict[str, list[str]] | None:
+        now = {name: sorted(d) for name, d in job.placed("recsys-").items()}
+        return now if len(now) == n else None
+
+    before = wait_for(lambda: placed(3), what="3 pods placed", describe=job.describe)
+    job.set_desired(REPLICA_GPUS)
+    status = job.wait_steady(
+        "8 devices lent", lambda s: sum(len(g["devices"]) for g in s.get("lent") or []) == 8
+    )
+    groups = {g["replica"]: sorted(g["devices"]) for g in status["lent"]}
+    after = wait_for(lambda: placed(1), what="one pod left", describe=job.describe)
+    (kept,) = after
+    assert kept not in groups, (kept, groups)
+    assert after[kept] == before[kept]
+    assert groups == {name: before[name] for name in before if name != kept}  # whole, exact
+
+    job.set_desired(3 * REPLICA_GPUS)
+    job.wait_steady("the reclaim to finish", lambda s: s.get("reclaims") == 1)
+    back = wait_for(lambda: placed(3), what="3 pods placed again", describe=job.describe)
+    new = sorted(d for name, d in back.items() if name != kept)
+    assert new == sorted(groups.values()), (new, groups)  # the lent groups, as a set
+
+
 @pytest.fixture
 def small_job(cluster: Cluster, group: NodeGroup, namespace: str) -> Job:
     return leasingjob.small_job(cluster, group, namespace)
