@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import ctypes
 import os
+import queue
 import signal
 import subprocess
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 PR_SET_PDEATHSIG = 1
 
@@ -82,6 +84,42 @@ def _die_with_parent() -> None:
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+class _Spawner:
+    """Starts children from one thread that lives as long as this process. PR_SET_PDEATHSIG
+    fires when the *thread* that forked a child ends, not its process: a child started from a
+    short-lived thread (a Supervisor's) would get SIGTERM when that thread returns (the CI run
+    that found it: the extender the crash test's supervisor restarted died with it, and every
+    e2e test after it failed)."""
+
+    def __init__(self) -> None:
+        self._requests: queue.Queue[tuple[dict[str, Any], queue.Queue[Any]]] = queue.Queue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def popen(self, **kwargs: Any) -> subprocess.Popen[bytes]:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name="spawner", daemon=True)
+                self._thread.start()
+        answer: queue.Queue[Any] = queue.Queue(maxsize=1)
+        self._requests.put((kwargs, answer))
+        child = answer.get()
+        if isinstance(child, BaseException):
+            raise child
+        return child  # type: ignore[no-any-return]
+
+    def _serve(self) -> None:
+        while True:
+            kwargs, answer = self._requests.get()
+            try:
+                answer.put(subprocess.Popen(**kwargs, preexec_fn=_die_with_parent))
+            except Exception as e:  # handed to the caller
+                answer.put(e)
+
+
+_spawner = _Spawner()
+
+
 class Processes:
     """The cluster's processes that faults strike, by role, following restarts."""
 
@@ -135,14 +173,13 @@ class Processes:
         self.generation[role] = self.generation.get(role, -1) + 1
         log = self.log_of(role)
         with log.open("wb") as out:
-            child = subprocess.Popen(
-                spec.argv,
+            child = _spawner.popen(
+                args=spec.argv,
                 env=spec.env,
                 cwd=spec.cwd,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                preexec_fn=_die_with_parent,  # the caller's threads hold no lock a fork needs
             )
         self._children.append(child)
         self._by_pid[child.pid] = child
