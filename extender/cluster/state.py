@@ -392,10 +392,10 @@ class ClusterState:
         group (``lent_group``: the replica's name, as the leasing controller recorded the
         group); such a replica whose group is tagged is that group's return even before this
         view sees the lease Reclaiming (:meth:`_returning_replica`). Its devices must be like
-        those its job lent: of their GPU type (where the pod
-        names none) and at least their lowest tier (:meth:`_lent_kind`). Nothing the pod
-        declares makes it a reclaim. A borrower is kept off the devices of every owner whose
-        lease is reclaiming (``reclaiming_owners``)."""
+        those its job lent: of their GPU type (where the pod names none) and at least their
+        lowest tier (:meth:`_lent_kind`). Nothing the pod declares makes it a reclaim. A
+        borrower is kept off the devices of every owner whose lease is reclaiming
+        (``reclaiming_owners``)."""
         if req.priority is Priority.LOW:
             owners = self._reclaiming_owners
             if req.reclaiming_owners == owners and not req.reclaim:
