@@ -115,8 +115,10 @@ class PodRequest:
     reclaim: bool = False
     # The lent group this pod takes back (a StatefulSet replica's own name, set while its
     # lease reclaims): it may use only the owner's devices tagged for this replica. None: any
-    # of the owner's tagged devices (a Deployment's pods have no identity across scale-ups).
+    # group its lease takes back (``lent_groups``: a Deployment's pods have no identity across
+    # scale-ups, they take the groups back as a set), or, with none named, any of the owner's.
     lent_group: str | None = None
+    lent_groups: frozenset[str] = frozenset()
     checkpoint: str | None = None
     images: frozenset[str] = field(default_factory=frozenset)
     # Jobs whose lease is reclaiming now (set by the cluster view, not by the pod): a borrower

@@ -400,28 +400,36 @@ class ClusterState:
             owners = self._reclaiming_owners
             if req.reclaiming_owners == owners and not req.reclaim:
                 return req
-            return replace(req, reclaiming_owners=owners, reclaim=False, lent_group=None)
+            return replace(
+                req,
+                reclaiming_owners=owners,
+                reclaim=False,
+                lent_group=None,
+                lent_groups=frozenset(),
+            )
         owner = req.owner
         found = self._reclaiming.get(owner) if owner is not None else None
         if found is None and owner is not None:
             found = self._returning_replica(owner, req)
         if owner is None or found is None or not belongs(req.controller, found.kind, found.name):
-            if not req.reclaim and req.lent_group is None:
+            if not req.reclaim and req.lent_group is None and not req.lent_groups:
                 return req
-            return replace(req, reclaim=False, lent_group=None)
+            return replace(req, reclaim=False, lent_group=None, lent_groups=frozenset())
         lent_group = req.name if found.per_replica else None
+        lent_groups = frozenset() if found.per_replica else found.groups
         gpu_type, tier = self._lent_kind(owner, lent_group)
         gpu_type = req.gpu_type if req.gpu_type is not None else gpu_type
         min_tier = max(req.min_tier, tier) if tier is not None else req.min_tier
-        if (req.reclaim, req.lent_group, req.gpu_type, req.min_tier) == (
-            True,
-            lent_group,
-            gpu_type,
-            min_tier,
-        ):
+        same = (req.reclaim, req.lent_group, req.lent_groups, req.gpu_type, req.min_tier)
+        if same == (True, lent_group, lent_groups, gpu_type, min_tier):
             return req
         return replace(
-            req, reclaim=True, lent_group=lent_group, gpu_type=gpu_type, min_tier=min_tier
+            req,
+            reclaim=True,
+            lent_group=lent_group,
+            lent_groups=lent_groups,
+            gpu_type=gpu_type,
+            min_tier=min_tier,
         )
 
     def _returning_replica(self, owner: JobKey, req: PodRequest) -> _Reclaim | None:

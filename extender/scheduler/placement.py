@@ -63,20 +63,27 @@ def verdict(cls: DeviceClass, req: PodRequest) -> Verdict:
             return Verdict.BEING_RECLAIMED
         return Verdict.USABLE
     if req.owner == cls.owner:  # line 12: high priority only on its own tags ...
-        if req.lent_group is not None and cls.replica not in (None, req.lent_group):
-            return Verdict.TAGGED_REPLICA  # ... and a returning replica only on its own group
+        if not _takes_back(cls.replica, req):
+            return Verdict.TAGGED_REPLICA  # ... and a returning pod only on what it takes back
         return Verdict.USABLE
     return Verdict.TAGGED_OTHER
+
+
+def _takes_back(replica: str | None, req: PodRequest) -> bool:
+    """Whether a device of the owner's tagged for ``replica`` is the pod's to take: untagged
+    for a replica, or of its own lent group (a StatefulSet replica), or of a group its lease
+    takes back (a Deployment's pod); any of the owner's when the pod takes back none."""
+    if replica is None:
+        return True
+    if req.lent_group is not None:
+        return replica == req.lent_group
+    return not req.lent_groups or replica in req.lent_groups
 
 
 def own_tag(cls: DeviceClass, req: PodRequest) -> bool:
     """Whether a device of this class is the pod's own to take back: tagged with its job and,
     for a replica returning to its lent group, with that replica (or with no replica)."""
-    return (
-        cls.owner is not None
-        and cls.owner == req.owner
-        and (req.lent_group is None or cls.replica in (None, req.lent_group))
-    )
+    return cls.owner is not None and cls.owner == req.owner and _takes_back(cls.replica, req)
 
 
 def placement_shape(req: PodRequest) -> tuple[object, ...]:
@@ -89,6 +96,7 @@ def placement_shape(req: PodRequest) -> tuple[object, ...]:
         req.gpu_type,
         req.reclaim,
         req.lent_group,
+        req.lent_groups,
         req.reclaiming_owners,
     )
 

@@ -309,6 +309,25 @@ def test_a_replica_returns_home_before_the_view_sees_its_lease_reclaiming() -> N
     assert (other.reclaim, other.lent_group) == (False, None)
 
 
+def test_a_deployments_returning_pod_takes_no_device_of_a_group_that_stays_lent() -> None:
+    """The fourth hour found it: a Deployment's returning pod, sent to the node of the group
+    being taken back, took a free device there of another group of its job that stays lent, so
+    that group's record named a device the owner held. It takes only what its lease takes
+    back."""
+    g1 = group("n1", "recsys-1", 0)
+    g2 = group("n1", "recsys-2", 4)  # stays lent, free, first... if it were allowed
+    state = cluster(builders.gpu_node("n1", g2 + g1))
+    lease = reclaiming(state, {"recsys-1": g1, "recsys-2": g2}, workload=DEPLOYMENT)
+    lease["status"]["reclaim"]["groups"] = ["recsys-1"]
+    state.apply_gpu_lease("MODIFIED", lease)
+    req = deployment_pod(state)
+    assert req.lent_groups == {"recsys-1"}
+    cls = g2[0].cls
+    assert verdict(cls, req) is Verdict.TAGGED_REPLICA
+    node, devices = place(state, req, ["n1"])
+    assert (node, devices) == ("n1", tuple(d.uuid for d in g1))
+
+
 def test_a_deployments_pod_falls_back_where_no_group_can_come_back() -> None:
     g1 = group("n1", "recsys-1", 0)[:3] + group("n1", "recsys-1", 3, healthy=False)[:1]
     state = cluster(builders.gpu_node("n1", g1), builders.gpu_node("free"))
