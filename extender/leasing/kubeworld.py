@@ -67,17 +67,20 @@ class KubeWorld:
         """The pod's pod-deletion-cost annotation set (or removed, ``None``); a pod gone, or
         replaced under its name (the UID is a precondition), is left alone."""
         with contextlib.suppress(NotFound, Conflict):
-            await self._kube.json(
-                "PATCH",
-                f"/api/v1/namespaces/{namespace}/pods/{pod.name}",
-                body={
-                    "metadata": {
-                        "uid": pod.uid,
-                        "annotations": {contract.ANN_POD_DELETION_COST: cost},
-                    }
-                },
-                content_type="application/merge-patch+json",
+            await self._annotate(
+                namespace, pod.name, pod.uid, {contract.ANN_POD_DELETION_COST: cost}
             )
+
+    async def _annotate(
+        self, namespace: str, name: str, uid: str, annotations: dict[str, str | None]
+    ) -> None:
+        """Set (None: remove) annotations of the pod with this UID (a precondition)."""
+        await self._kube.json(
+            "PATCH",
+            f"/api/v1/namespaces/{namespace}/pods/{name}",
+            body={"metadata": {"uid": uid, "annotations": annotations}},
+            content_type="application/merge-patch+json",
+        )
 
     async def set_tags(self, changes: Iterable[TagChange]) -> None:
         """Each device's tags as the change says; a device that stays lent keeps its
@@ -173,16 +176,8 @@ class KubeWorld:
     async def notify(self, pod: Holder, lease: GpuLease, deadline: float) -> None:
         when = microtime(deadline)
         with contextlib.suppress(NotFound):
-            await self._kube.json(
-                "PATCH",
-                f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}",
-                body={
-                    "metadata": {
-                        "uid": pod.pod_uid,
-                        "annotations": {contract.ANN_RECLAIM_NOTICE: when},
-                    }
-                },
-                content_type="application/merge-patch+json",
+            await self._annotate(
+                pod.namespace, pod.name, pod.pod_uid, {contract.ANN_RECLAIM_NOTICE: when}
             )
             await post_event(
                 self._kube,
