@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from bisect import bisect_left
 from collections import Counter, OrderedDict
-from collections.abc import Hashable, Iterator, Mapping
+from collections.abc import Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -210,6 +210,9 @@ class ClusterState:
         # every lease's owner and workload, whatever its phase (a returning replica may come
         # before this view sees its lease Reclaiming: with_reclaim)
         self._workloads: dict[JobKey, _Reclaim] = {}
+        # The devices tagged with each owner's right of return (standby ones aside), by node:
+        # what a returning pod looks up on every verb, kept as the GpuNodes change.
+        self._lent: dict[JobKey, dict[NodeName, tuple[Device, ...]]] = {}
         # Namespaces an admin granted online jobs (label tidelease.io/online: common.tenancy).
         self.granted: set[str] = set()
         # Pods seen deleted (or finished) whose allocations are still in a stored ledger.
@@ -268,7 +271,26 @@ class ClusterState:
     def set_inventory(self, inv: NodeInventory) -> None:
         state = self._node(inv.node)
         state.devices, state.cache, state.has_inventory = inv.devices, inv.cache, True
+        self._index_lent(inv.node, inv.devices)
         self._changed(state)
+
+    def _index_lent(self, node: NodeName, devices: Iterable[Device]) -> None:
+        for owner in [o for o, by_node in self._lent.items() if node in by_node]:
+            del self._lent[owner][node]
+            if not self._lent[owner]:
+                del self._lent[owner]
+        tagged: dict[JobKey, list[Device]] = {}
+        for d in devices:
+            if d.cls.owner is not None and not d.cls.standby:
+                tagged.setdefault(d.cls.owner, []).append(d)
+        for owner, devs in tagged.items():
+            self._lent.setdefault(owner, {})[node] = tuple(devs)
+
+    def lent_devices(self, owner: JobKey) -> Iterator[Device]:
+        """Every device tagged with ``owner``'s right of return (its lent groups; standby
+        devices on loan aside)."""
+        for devs in self._lent.get(owner, {}).values():
+            yield from devs
 
     def remove_inventory(self, node: NodeName) -> None:
         state = self._nodes.get(node)
@@ -276,6 +298,7 @@ class ClusterState:
             return
         state.devices, state.cache, state.has_inventory = (), NodeCache(), False
         state.reclaiming = frozenset()
+        self._index_lent(node, ())
         self._changed(state)
         if not state.ledger and not state.ledger_version:
             del self._nodes[node]
@@ -379,12 +402,6 @@ class ClusterState:
                 self._reclaiming[named.owner] = lease
         self._reclaiming_owners = frozenset(self._reclaiming)
 
-    def reclaiming_groups(self, owner: JobKey) -> frozenset[str]:
-        """The lent groups (by replica name) the owner's reclaiming lease takes back; none
-        while it is not reclaiming."""
-        found = self._reclaiming.get(owner)
-        return found.groups if found is not None else frozenset()
-
     def with_reclaim(self, req: PodRequest) -> PodRequest:
         """The request as placement sees it: a reclaim when its namespace's lease for its
         owner is reclaiming and the pod is one of the lease's workload's replicas (its owner
@@ -443,10 +460,8 @@ class ClusterState:
             return None
         if not belongs(req.controller, lease.kind, lease.name):
             return None
-        for state in self._nodes.values():
-            for d in state.devices:
-                if d.cls.owner == owner and d.cls.replica == req.name and not d.cls.standby:
-                    return lease
+        if any(d.cls.replica == req.name for d in self.lent_devices(owner)):
+            return lease
         return None
 
     def _lent_kind(self, owner: JobKey, lent_group: str | None) -> tuple[str | None, Tier | None]:
@@ -457,15 +472,10 @@ class ClusterState:
         node gone); no type where they are of several."""
         types: set[str] = set()
         tiers: list[Tier] = []
-        for state in self._nodes.values():
-            for d in state.devices:
-                cls = d.cls
-                if cls.owner != owner or cls.standby:
-                    continue
-                if lent_group is not None and cls.replica != lent_group:
-                    continue
-                types.add(cls.gpu_type)
-                tiers.append(cls.tier)
+        for d in self.lent_devices(owner):
+            if lent_group is None or d.cls.replica == lent_group:
+                types.add(d.cls.gpu_type)
+                tiers.append(d.cls.tier)
         gpu_type = next(iter(types)) if len(types) == 1 else None
         return gpu_type, min(tiers, default=None)
 

@@ -29,29 +29,21 @@ def return_homes(cluster: ClusterState, req: PodRequest) -> frozenset[NodeName]:
     group can come back whole; empty for any other pod, or where none can."""
     if req.owner is None or not req.reclaim:
         return frozenset()
-    groups = (
-        frozenset({req.lent_group})
-        if req.lent_group is not None
-        else cluster.reclaiming_groups(req.owner)
-    )
+    groups = frozenset({req.lent_group}) if req.lent_group is not None else req.lent_groups
     if not groups:
         return frozenset()
     devices: dict[str, dict[GpuUuid, Device]] = {g: {} for g in groups}
+    for d in cluster.lent_devices(req.owner):
+        if d.cls.replica in groups:
+            devices[d.cls.replica][d.uuid] = d
+    lent = {u for group in devices.values() for u in group}
     holders: dict[GpuUuid, Holder] = {}
     offering: dict[str, bool] = {}
-    for state in cluster:
-        mine = [
-            d
-            for d in state.devices
-            if d.cls.owner == req.owner and d.cls.replica in groups and not d.cls.standby
-        ]
-        if not mine:
+    for node in {d.node for group in devices.values() for d in group.values()}:
+        state = cluster.get(node)
+        if state is None:
             continue
         offering[state.node] = state.offering
-        lent = set()
-        for d in mine:
-            devices[str(d.cls.replica)][d.uuid] = d
-            lent.add(d.uuid)
         for a in state.allocations.values():
             for u in a.devices:
                 if u in lent:

@@ -159,6 +159,33 @@ def test_the_controllers_change_a_borrower_only_as_they_own(borrowers: Kubectl) 
     c.kubectl("delete", "pod", "borrower", "-n", "ml", "--wait=false", token=t)
 
 
+def test_the_controllers_deletion_cost_grant_reaches_no_further(borrowers: Kubectl) -> None:
+    """What the leasing controller now writes on a Deployment's pods before a lend's scale-down
+    (Kubernetes' pod-deletion-cost): a stolen controllers token may set it, on tenant pods
+    only, and nothing more with it: not in kube-system, not together with a label or another
+    annotation."""
+    c, t = borrowers, token(borrowers, "tidelease-controllers")
+    cost = {contract.ANN_POD_DELETION_COST: "-1000"}
+    assert "do not touch pods in the namespace kube-system" in c.refused(
+        t, "patch", "pod", "victim", "-n", "kube-system", MERGE, "-p",
+        json.dumps({"metadata": {"annotations": cost}}),
+    )  # fmt: skip
+    error = c.refused(
+        t, "patch", "pod", "borrower", "-n", "ml", MERGE, "-p",
+        json.dumps({"metadata": {"annotations": {**cost, "example.com/x": "y"}}}),
+    )  # fmt: skip
+    assert "may not change the pod annotations" in error
+    assert "example.com/x" in error
+    assert "labels" in c.refused(
+        t, "patch", "pod", "borrower", "-n", "ml", MERGE, "-p",
+        json.dumps({"metadata": {"annotations": cost, "labels": {"a": "b"}}}),
+    )  # fmt: skip
+    c.kubectl(
+        "patch", "pod", "borrower", "-n", "ml", MERGE, "-p",
+        json.dumps({"metadata": {"annotations": cost}}), token=t,
+    )  # fmt: skip
+
+
 def test_the_controllers_scale_but_cannot_rewrite_a_template(borrowers: Kubectl) -> None:
     c, t = borrowers, token(borrowers, "tidelease-controllers")
     for patch in (

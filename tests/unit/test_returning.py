@@ -328,6 +328,32 @@ def test_a_deployments_returning_pod_takes_no_device_of_a_group_that_stays_lent(
     assert (node, devices) == ("n1", tuple(d.uuid for d in g1))
 
 
+def test_a_pod_of_another_namespace_named_as_a_lent_replica_returns_nothing() -> None:
+    """What a tenant with ``edit`` in another namespace can write: a pod named as the owner's
+    lent replica, the same owner annotation, a StatefulSet of the same name as controller. Its
+    owner is its own namespace's job, so it is no return of the group: no reclaim, no home,
+    none of the group's devices (tagged for another job)."""
+    g1 = group("n1", "recsys-1", 0)
+    state = cluster(builders.gpu_node("n1", g1), builders.gpu_node("free"))
+    lease = reclaiming(state, {"recsys-1": g1})
+    lease["status"] = {"phase": "Lending", "targetReplicas": 1, "lent": [
+        {"replica": "recsys-1", "devices": [d.uuid for d in g1]}]}  # fmt: skip
+    state.apply_gpu_lease("MODIFIED", lease)
+    pod = builders.pod(
+        f"{OWNER}-1",
+        4,
+        namespace="tenant",
+        priority=Priority.HIGH,
+        owner=OWNER,
+        pod_priority=1000,
+        controller=("StatefulSet", OWNER),
+    )
+    req = state.with_reclaim(parse_pod(pod))
+    assert (req.reclaim, req.lent_group, req.lent_groups) == (False, None, frozenset())
+    assert not return_homes(state, req)
+    assert verdict(g1[0].cls, req) is Verdict.TAGGED_OTHER
+
+
 def test_a_deployments_pod_falls_back_where_no_group_can_come_back() -> None:
     g1 = group("n1", "recsys-1", 0)[:3] + group("n1", "recsys-1", 3, healthy=False)[:1]
     state = cluster(builders.gpu_node("n1", g1), builders.gpu_node("free"))
