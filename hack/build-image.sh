@@ -2,7 +2,8 @@
 # Build tidelease's container images here, without a registry, as docker-archive tarballs (what
 # `ctr -n k8s.io images import` and `docker load` take); print the archive's path.
 #
-# usage: hack/build-image.sh [-o OUT] [--import SOCKET] [--rebuild] [tidelease | kube-scheduler]
+# usage: hack/build-image.sh [-o OUT] [--import SOCKET] [--rebuild [--same-inputs]]
+#                             [tidelease | kube-scheduler]
 #   tidelease        (default) Debian bookworm made with mmdebstrap from Debian's packages, its
 #                    python3, and tidelease with its runtime dependencies installed from wheels
 #                    into /opt/tidelease; tags tidelease:<version> and
@@ -12,6 +13,9 @@
 #   -o OUT           also copy the archive to OUT
 #   --import SOCKET  import it into the containerd at SOCKET (namespace k8s.io)
 #   --rebuild        build even when the cache has the archive (and replace it there)
+#   --same-inputs    (tidelease) from the Debian packages and dependency wheels of the last
+#                    build, kept in the cache, not from the package sources: what was
+#                    published since (a Debian stable update, a new wheel) stays out
 #
 # Both run as the non-root user 65532. Reproducible: every mtime is the last commit's time
 # (SOURCE_DATE_EPOCH), tar entries are sorted, and the same commit, Debian packages and wheels
@@ -22,7 +26,7 @@ set -o errexit -o nounset -o pipefail
 
 source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 
-usage() { sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 # What goes into the tidelease image. The Containerfile says the same (checked by
 # tests/unit/test_image_recipe.py): keep them in step.
@@ -154,16 +158,19 @@ IMAGE=tidelease
 OUT=""
 IMPORT=""
 REBUILD=0
+SAME_INPUTS=0
 while (($#)); do
   case "$1" in
     -o) OUT="$(realpath -m -- "${2:?-o needs a path}")"; shift 2 ;;
     --import) IMPORT="${2:?--import needs a socket}"; shift 2 ;;
     --rebuild) REBUILD=1; shift ;;
+    --same-inputs) SAME_INPUTS=1; shift ;;
     -h | --help) usage; exit 0 ;;
     tidelease | kube-scheduler) IMAGE="$1"; shift ;;
     *) usage >&2; exit 2 ;;
   esac
 done
+((SAME_INPUTS == 0 || REBUILD == 1)) || tl::die "--same-inputs goes with --rebuild"
 [[ -z "${IMPORT}" ]] || [[ -S "${IMPORT}" ]] || tl::die "not a socket: ${IMPORT}"
 [[ -z "${IMPORT}" ]] || tl::require_cmd ctr
 tl::require_cmd git python3 sha256sum flock
@@ -310,14 +317,29 @@ make_wheels() {
   sources | (cd "${TL_ROOT}" && xargs -0 cp --parents -t "${src}")
   "${pip[@]}" wheel --quiet --no-deps --wheel-dir "${TL_IMAGE_WHEELS}" "${src}" >&2
   mapfile -t platform_args < <(platforms)
+  # With --same-inputs, the dependencies' wheels (and pip's) of the last build, nothing else.
+  local -a index=()
+  if ((SAME_INPUTS)); then
+    compgen -G "${TL_IMAGE_DEP_WHEELS}/*.whl" >/dev/null ||
+      tl::die "--same-inputs: no wheels of an earlier build in ${TL_IMAGE_DEP_WHEELS}"
+    index=(--no-index --find-links "${TL_IMAGE_DEP_WHEELS}")
+  fi
   "${pip[@]}" download --quiet --only-binary=:all: --implementation cp \
     --python-version "${TL_IMAGE_PY_VERSION}" --abi "cp${TL_IMAGE_PY_VERSION/./}" \
-    "${platform_args[@]}" --dest "${TL_IMAGE_WHEELS}" \
+    "${platform_args[@]}" "${index[@]}" --dest "${TL_IMAGE_WHEELS}" \
     "${TL_IMAGE_WHEELS}/tidelease-${version}-py3-none-any.whl" >&2
-  "${pip[@]}" download --quiet --only-binary=:all: --no-deps --dest "${WORK}/pip" pip >&2
+  "${pip[@]}" download --quiet --only-binary=:all: --no-deps "${index[@]}" \
+    --dest "${WORK}/pip" pip >&2
   TL_IMAGE_PIP_WHEEL="$(ls "${WORK}"/pip/pip-*.whl)"
   cp "${TL_IMAGE_PIP_WHEEL}" "${TL_IMAGE_WHEELS}/"
   export TL_IMAGE_PIP_WHEEL
+  # Kept for the next build's --same-inputs: every wheel but this tree's own.
+  rm -rf "${TL_IMAGE_DEP_WHEELS}.new"
+  mkdir -p "${TL_IMAGE_DEP_WHEELS}.new"
+  find "${TL_IMAGE_WHEELS}" -maxdepth 1 -name '*.whl' ! -name "tidelease-${version}-*" \
+    -exec cp -p -t "${TL_IMAGE_DEP_WHEELS}.new" {} +
+  rm -rf "${TL_IMAGE_DEP_WHEELS}"
+  mv "${TL_IMAGE_DEP_WHEELS}.new" "${TL_IMAGE_DEP_WHEELS}"
   tl::log "wheels ready in $(tl::elapsed "${start}") s:" \
     "$(find "${TL_IMAGE_WHEELS}" -name '*.whl' | wc -l) wheels"
 }
@@ -339,7 +361,14 @@ make_rootfs() {
     --customize-hook="\"${TL_IMAGE_SELF}\" --customize \"\$1\""
   )
   local -a mirrors=()
-  if [[ -n "${TL_IMAGE_MIRROR}" ]]; then
+  if ((SAME_INPUTS)); then
+    # The .debs of the last build as a flat repository: the same packages, at their versions.
+    compgen -G "${TL_IMAGE_DEBS}/*.deb" >/dev/null ||
+      tl::die "--same-inputs: no Debian packages of an earlier build in ${TL_IMAGE_DEBS}"
+    cp -a "${TL_IMAGE_DEBS}" "${WORK}/debs"
+    python3 "${TL_HACK}/images.py" debindex "${WORK}/debs" "${TL_IMAGE_SUITE}"
+    mirrors=("deb [trusted=yes] copy://${WORK}/debs ./")
+  elif [[ -n "${TL_IMAGE_MIRROR}" ]]; then
     mirrors=("${TL_IMAGE_MIRROR}")
   else
     for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources; do
@@ -352,13 +381,17 @@ make_rootfs() {
     "${TL_IMAGE_SUITE}" "${root}" "${mirrors[@]}" >&2 || tl::die "mmdebstrap failed"
 
   # What the runtime provides or nothing needs: device nodes, the host's resolver and name, apt's
-  # (empty) lists and cache, dpkg's and debconf's backups.
+  # (empty) lists and cache, dpkg's and debconf's backups, apt's sources.
   find "${root}/dev" -mindepth 1 -delete
   : >"${root}/etc/resolv.conf"
   : >"${root}/etc/hostname"
   chmod 0644 "${root}/etc/resolv.conf" "${root}/etc/hostname"
   rm -rf "${root}/var/lib/apt/lists" "${root}/var/cache/apt" "${root}"/var/lib/dpkg/*-old \
     "${root}"/var/cache/debconf/*-old
+  # Where this build found its packages (this machine's mirror, or with --same-inputs a copy of
+  # the last build's): nothing the image needs, as it installs nothing at run time.
+  rm -f "${root}/etc/apt/sources.list"
+  find "${root}/etc/apt/sources.list.d" -mindepth 1 -delete
   # What dpkg's path filters leave of the documentation: empty directories, dangling links.
   find "${root}/usr/share/doc" -mindepth 2 ! -type d \
     \( ! -name copyright -o -path "${root}/usr/share/doc/*/*/*" \) -delete
@@ -405,6 +438,7 @@ print(tomllib.load(open(sys.argv[1], "rb"))["project"]["version"])' "${TL_ROOT}/
   export SOURCE_DATE_EPOCH
   WORK="$(mktemp -d "${TL_IMAGE_CACHE}/work.XXXXXX")"
   export TL_IMAGE_WHEELS="${WORK}/wheels" TL_IMAGE_DEBS="${TL_IMAGE_CACHE}/debs"
+  TL_IMAGE_DEP_WHEELS="${TL_IMAGE_CACHE}/wheels"
   mkdir -p "${TL_IMAGE_DEBS}"
   root="${WORK}/root"
   app="${WORK}/app"

@@ -20,6 +20,9 @@ usage: hack/images.py pack --out FILE --mtime EPOCH --tag NAME --layer DIR[=WHAT
 
 Each directory becomes one layer (its contents, not itself), written reproducibly: entries in
 sorted order, every mtime EPOCH, owners and modes as on disk, no user or group names.
+
+usage: hack/images.py debindex DIR SUITE   (writes DIR/Packages and DIR/Release: DIR's .deb
+           files as a flat apt repository of SUITE, for hack/build-image.sh --same-inputs)
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import os
 import random
 import shutil
 import stat
+import subprocess
 import sys
 import tarfile
 import tempfile
@@ -322,9 +326,51 @@ def pack(argv: list[str]) -> int:
     return 0
 
 
+def deb_index(debs: Path) -> str:
+    """The ``Packages`` index of a flat apt repository holding the ``.deb`` files of ``debs``:
+    each package's control fields (``dpkg-deb --field``) with its file name, size and SHA256."""
+    stanzas = []
+    for deb in sorted(debs.glob("*.deb")):
+        control = subprocess.run(
+            ["dpkg-deb", "--field", str(deb)], capture_output=True, text=True, check=True
+        ).stdout.rstrip("\n")
+        digest = hashlib.sha256(deb.read_bytes()).hexdigest()
+        size = deb.stat().st_size
+        stanzas.append(f"{control}\nFilename: ./{deb.name}\nSize: {size}\nSHA256: {digest}\n")
+    return "\n".join(stanzas)
+
+
+def deb_release(suite: str, packages: bytes) -> str:
+    """The ``Release`` file of a flat repository of ``suite`` whose index is ``packages``:
+    mmdebstrap picks the essential packages of the suite it is given by archive or codename."""
+    digest = hashlib.sha256(packages).hexdigest()
+    return (
+        f"Origin: tidelease\nLabel: tidelease\nSuite: {suite}\nCodename: {suite}\n"
+        f"Architectures: amd64 all\nSHA256:\n {digest} {len(packages)} Packages\n"
+    )
+
+
+def debindex(argv: list[str]) -> int:
+    """``hack/images.py debindex DIR SUITE``: DIR/Packages and DIR/Release for the .deb files
+    in DIR, a flat apt repository of SUITE."""
+    parser = argparse.ArgumentParser(prog="hack/images.py debindex", description=debindex.__doc__)
+    parser.add_argument("dir", type=Path)
+    parser.add_argument("suite")
+    args = parser.parse_args(argv)
+    index = deb_index(args.dir).encode()
+    if not index:
+        print(f"images.py debindex: no .deb files in {args.dir}", file=sys.stderr)
+        return 1
+    (args.dir / "Packages").write_bytes(index)
+    (args.dir / "Release").write_text(deb_release(args.suite, index))
+    return 0
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["pack"]:
         return pack(argv[1:])
+    if argv[:1] == ["debindex"]:
+        return debindex(argv[1:])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("names", nargs="*", help=f"images to build (default: {', '.join(IMAGES)})")
