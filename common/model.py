@@ -119,6 +119,9 @@ class PodRequest:
     # scale-ups, they take the groups back as a set), or, with none named, any of the owner's.
     lent_group: str | None = None
     lent_groups: frozenset[str] = frozenset()
+    # Set by the cluster view with ``reclaim``: the lease's reclaim is Degraded ReclaimOverdue,
+    # so its pods stop waiting for their groups' nodes (extender.scheduler.returning).
+    reclaim_overdue: bool = False
     checkpoint: str | None = None
     images: frozenset[str] = field(default_factory=frozenset)
     # Jobs whose lease is reclaiming now (set by the cluster view, not by the pod): a borrower

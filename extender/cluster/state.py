@@ -396,6 +396,7 @@ class ClusterState:
                 named.kind,
                 named.name,
                 frozenset(named.groups),
+                named.overdue,
             )
             self._workloads[named.owner] = lease
             if reclaim_of(obj) is not None:
@@ -423,6 +424,7 @@ class ClusterState:
                 reclaim=False,
                 lent_group=None,
                 lent_groups=frozenset(),
+                reclaim_overdue=False,
             )
         owner = req.owner
         found = self._reclaiming.get(owner) if owner is not None else None
@@ -431,14 +433,28 @@ class ClusterState:
         if owner is None or found is None or not belongs(req.controller, found.kind, found.name):
             if not req.reclaim and req.lent_group is None and not req.lent_groups:
                 return req
-            return replace(req, reclaim=False, lent_group=None, lent_groups=frozenset())
+            return replace(
+                req,
+                reclaim=False,
+                lent_group=None,
+                lent_groups=frozenset(),
+                reclaim_overdue=False,
+            )
         lent_group = req.name if found.per_replica else None
         lent_groups = frozenset() if found.per_replica else found.groups
         gpu_type, tier = self._lent_kind(owner, lent_group)
         gpu_type = req.gpu_type if req.gpu_type is not None else gpu_type
         min_tier = max(req.min_tier, tier) if tier is not None else req.min_tier
-        same = (req.reclaim, req.lent_group, req.lent_groups, req.gpu_type, req.min_tier)
-        if same == (True, lent_group, lent_groups, gpu_type, min_tier):
+        overdue = found.overdue
+        same = (
+            req.reclaim,
+            req.lent_group,
+            req.lent_groups,
+            req.gpu_type,
+            req.min_tier,
+            req.reclaim_overdue,
+        )
+        if same == (True, lent_group, lent_groups, gpu_type, min_tier, overdue):
             return req
         return replace(
             req,
@@ -447,6 +463,7 @@ class ClusterState:
             lent_groups=lent_groups,
             gpu_type=gpu_type,
             min_tier=min_tier,
+            reclaim_overdue=overdue,
         )
 
     def _returning_replica(self, owner: JobKey, req: PodRequest) -> _Reclaim | None:
@@ -519,6 +536,7 @@ class _Reclaim:
     kind: str
     name: str
     groups: frozenset[str] = frozenset()  # the lent groups (by replica) being taken back
+    overdue: bool = False  # Degraded ReclaimOverdue: its pods no longer wait for their groups
 
 
 def _older(version: str, than: str) -> bool:

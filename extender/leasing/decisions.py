@@ -42,7 +42,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from common.model import Device, GpuUuid, Holder, JobKey
-from extender.rightofreturn.lease import GpuLease, LeaseStatus, LentGroup, Notice, Trouble
+from extender.rightofreturn.lease import (
+    RECLAIM_OVERDUE,
+    GpuLease,
+    LeaseStatus,
+    LentGroup,
+    Notice,
+    Trouble,
+)
 from extender.rightofreturn.replicas import incoming_replicas, names_replicas
 from extender.rightofreturn.rules import (
     devices_to_tag,
@@ -414,7 +421,7 @@ def overdue(
     target = status.target_replicas if status.target_replicas is not None else len(pods)
     placed = sum(1 for p in pods if p.node and p.devices)
     return Trouble(
-        "ReclaimOverdue",
+        RECLAIM_OVERDUE,
         f"the reclaim of {', '.join(status.reclaiming) or 'the lent GPUs'} is {late:.0f} s past "
         f"the borrowers' notice; {placed} of {target} owner pod(s) placed",
     )

@@ -26,6 +26,9 @@ Phase = Literal["Steady", "Lending", "Reclaiming"]
 PHASES: tuple[Phase, ...] = ("Steady", "Lending", "Reclaiming")
 # True while something keeps the lease from its promise (a reclaim past its deadline).
 CONDITION_DEGRADED = "Degraded"
+# The Degraded reason of a reclaim past its bound (the extender's reclaim_overdue_s after the
+# borrowers' notice): from then on the owner's pods take what kube-scheduler offers.
+RECLAIM_OVERDUE = "ReclaimOverdue"
 DEFAULT_GRACE_S = 45
 # The shortest notice a lease may give its borrowers: time to checkpoint (weflex 3.5 gives
 # 30-60 s). The chart's crds/gpuleases.yaml holds the same minimum; a test cluster shortens every
@@ -265,6 +268,7 @@ class Reclaim:
     kind: str
     name: str
     groups: tuple[str, ...] = ()  # the lent groups (by replica) it takes back
+    overdue: bool = False  # its stored Degraded condition says RECLAIM_OVERDUE
 
 
 def reclaim_of(obj: Mapping[str, Any]) -> Reclaim | None:
@@ -294,7 +298,9 @@ def workload_of(obj: Mapping[str, Any]) -> Reclaim | None:
     reclaim = status.get("reclaim") if isinstance(status, Mapping) else None
     groups = reclaim.get("groups") if isinstance(reclaim, Mapping) else None
     named = tuple(g for g in items(groups) if isinstance(g, str))
-    return Reclaim(job_key(str(namespace), owner), kind, name, named)
+    conditions = status.get("conditions") if isinstance(status, Mapping) else None
+    overdue = _true_reason(conditions, CONDITION_DEGRADED) == RECLAIM_OVERDUE
+    return Reclaim(job_key(str(namespace), owner), kind, name, named, overdue)
 
 
 def _true_reason(conditions: object, kind: str) -> str | None:

@@ -28,7 +28,7 @@ from extender.scheduler.placement import (
     plan_node,
     remembered_plans,
 )
-from extender.scheduler.returning import home_reason, return_homes
+from extender.scheduler.returning import home_reason, home_unoffered_reason, return_homes
 from extender.scheduler.victims import freeable, may_evict, resolvable_counts
 
 AGENT_SILENT = "tidelease: node agent silent for too long; its GPUs are not offered"
@@ -175,10 +175,22 @@ def _home_only(decision: FilterDecision, req: PodRequest, homes: frozenset[NodeN
     kube-scheduler places it there, preempts the borrowers there, or lets it wait there while
     their eviction (the leasing controller's, after its notice) runs its course, even where
     no preemption could help there now: preempting borrowers elsewhere would evict them for
-    nothing, without notice. Where kube-scheduler offered none of those nodes (its own filters
-    rejected them), nothing changes (it falls back)."""
+    nothing, without notice.
+
+    Where kube-scheduler offered none of those nodes, its own filters turned them down: most
+    often its resource fit, which counts a borrower being evicted there until it is gone. The
+    pod still waits (every node offered is rejected; the borrower's deletion makes
+    kube-scheduler try it again), until the reclaim is overdue (the lease Degraded
+    ReclaimOverdue): from then on it takes what kube-scheduler offers, a stand-in rather than
+    no place at all (a home node cordoned or tainted for good)."""
     judged = (*decision.passed, *decision.failed, *decision.unresolvable)
     if not any(h in judged for h in homes):
+        if homes and not req.reclaim_overdue:
+            reason = home_unoffered_reason(req, homes)
+            for name in [*decision.passed, *decision.failed]:
+                decision.unresolvable[name] = reason
+            decision.passed.clear()
+            decision.failed.clear()
         return
     reason = home_reason(req, homes)
     for name in [*decision.passed, *decision.failed]:

@@ -21,6 +21,10 @@ RETURN_HOME = "tidelease: this replica's own lent GPUs are on node {node} (right
 RETURN_HOMES = (
     "tidelease: the lent GPUs this job takes back are on node(s) {nodes} (right of return)"
 )
+RETURN_HOME_UNOFFERED = (
+    "tidelease: waits for its lent GPUs on node(s) {nodes}, which kube-scheduler did not offer"
+    " now (a borrower there still being evicted?); elsewhere once the reclaim is overdue"
+)
 
 
 def return_homes(cluster: ClusterState, req: PodRequest) -> frozenset[NodeName]:
@@ -60,3 +64,8 @@ def home_reason(req: PodRequest, homes: frozenset[NodeName]) -> str:
     if req.lent_group is not None and len(homes) == 1:
         return RETURN_HOME.format(node=next(iter(homes)))
     return RETURN_HOMES.format(nodes=", ".join(sorted(homes)))
+
+
+def home_unoffered_reason(req: PodRequest, homes: frozenset[NodeName]) -> str:
+    """Why every node is rejected while kube-scheduler offers none of ``homes``."""
+    return RETURN_HOME_UNOFFERED.format(nodes=", ".join(sorted(homes)))

@@ -31,7 +31,12 @@ from extender.prewarm.policy import PrewarmSettings, WorkloadTemplate, plan_leas
 from extender.rightofreturn.lease import parse_gpu_lease
 from extender.scheduler.filtering import filter_nodes
 from extender.scheduler.placement import Verdict, pick_devices, verdict
-from extender.scheduler.returning import RETURN_HOME, RETURN_HOMES, return_homes
+from extender.scheduler.returning import (
+    RETURN_HOME,
+    RETURN_HOME_UNOFFERED,
+    RETURN_HOMES,
+    return_homes,
+)
 from extender.scheduler.scoring import prioritize_nodes
 from extender.scheduler.settings import ExtenderSettings
 from extender.scheduler.victims import Proposal, preempt_nodes
@@ -284,6 +289,61 @@ def test_a_replica_waits_for_its_groups_borrower_rather_than_preempt_elsewhere()
     assert (decision.passed, decision.failed) == ([], {})
     assert decision.unresolvable["n2"] == RETURN_HOME.format(node="n1")
     assert "n1" in decision.unresolvable  # no preemption can help there: it waits
+
+
+def test_a_replica_waits_while_kube_scheduler_offers_not_its_groups_node() -> None:
+    """The fourth hour found it (seed 7, t=1533 s and 1555 s): the group's borrower was being
+    evicted, kube-scheduler's own resource fit still counted it, so kube-scheduler offered
+    every node but the group's; the filter, judging none of the replica's home, let the
+    others through and the replica took free devices elsewhere, its group left lent. Now it
+    waits (the borrower's deletion makes kube-scheduler try it again), until the reclaim is
+    overdue: then a stand-in is better than no place."""
+    g1 = group("n1", "recsys-1", 0)
+    state = cluster(builders.gpu_node("n1", g1), builders.gpu_node("free"))
+    allocate(state, "n1", [(holder("leaving"), [d.uuid for d in g1])])
+    lease = reclaiming(state, {"recsys-1": g1})
+    req = replica_pod(state, 1)
+    assert (req.reclaim, req.reclaim_overdue) == (True, False)
+    assert return_homes(state, req) == {"n1"}
+
+    decision = filter_nodes(state, req, ["free"])  # n1 not offered
+    assert (decision.passed, decision.failed) == ([], {})
+    assert decision.unresolvable == {"free": RETURN_HOME_UNOFFERED.format(nodes="n1")}
+
+    lease["status"]["conditions"] = [
+        {"type": "Reclaiming", "status": "True", "reason": "Reclaiming"},
+        {"type": "Degraded", "status": "True", "reason": "ReclaimOverdue"},
+    ]
+    state.apply_gpu_lease("MODIFIED", lease)
+    overdue = replica_pod(state, 1)
+    assert (overdue.reclaim, overdue.lent_group, overdue.reclaim_overdue) == (
+        True,
+        "recsys-1",
+        True,
+    )
+    assert filter_nodes(state, overdue, ["free"]).passed == ["free"]
+    # Offered, its group's node is still the only place, overdue or not.
+    assert filter_nodes(state, overdue, ["n1", "free"]).passed == []
+    assert filter_nodes(state, overdue, ["n1", "free"]).unresolvable["free"] == RETURN_HOME.format(
+        node="n1"
+    )
+
+
+def test_a_degraded_lease_of_another_reason_keeps_the_replica_waiting() -> None:
+    """Only ReclaimOverdue releases the wait: a lease Degraded for another reason (a group
+    that cannot come back, say) is not a reclaim past its bound."""
+    g1 = group("n1", "recsys-1", 0)
+    state = cluster(builders.gpu_node("n1", g1), builders.gpu_node("free"))
+    allocate(state, "n1", [(holder("leaving"), [d.uuid for d in g1])])
+    lease = reclaiming(state, {"recsys-1": g1})
+    lease["status"]["conditions"] = [
+        {"type": "Degraded", "status": "True", "reason": "StandbyShort"},
+        {"type": "Degraded", "status": "False", "reason": "ReclaimOverdue"},
+    ]
+    state.apply_gpu_lease("MODIFIED", lease)
+    req = replica_pod(state, 1)
+    assert req.reclaim_overdue is False
+    assert filter_nodes(state, req, ["free"]).passed == []
 
 
 def test_a_replica_returns_home_before_the_view_sees_its_lease_reclaiming() -> None:
