@@ -19,6 +19,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -218,10 +219,20 @@ class Processes:
 class Supervisor:
     """Starts a role's process again as it ran (``Processes.specs``) whenever it is found dead,
     as a Deployment's kubelet would: a thread polling every ``interval_s``. :attr:`restarts`
-    counts them by role, :attr:`logs` names each dead process's log."""
+    counts them by role, :attr:`logs` names each dead process's log; ``on_restart(role, log)``,
+    where given, hears of each (from the supervisor's thread). A role whose pid is 0 (stopped
+    on purpose, ``Processes.kill``) stays down. Whoever kills or starts a supervised role holds
+    :attr:`lock` meanwhile, so that a kill is not mistaken for a death."""
 
-    def __init__(self, processes: Processes, roles: tuple[str, ...], interval_s: float = 0.2):
+    def __init__(
+        self,
+        processes: Processes,
+        roles: tuple[str, ...],
+        interval_s: float = 0.2,
+        on_restart: Callable[[str, Path], None] | None = None,
+    ):
         self.processes, self.roles, self.interval_s = processes, roles, interval_s
+        self.on_restart = on_restart
         self.restarts = dict.fromkeys(roles, 0)
         self.logs: list[Path] = []
         self.lock = threading.Lock()
@@ -242,7 +253,10 @@ class Supervisor:
                 for role in self.roles:
                     pid = self.processes.pids.get(role, 0)
                     if pid and not alive(pid):
-                        self.logs.append(self.processes.log_of(role))
+                        dead = self.processes.log_of(role)
+                        self.logs.append(dead)
                         self.processes.reap(role)
                         self.processes.start(role)
                         self.restarts[role] += 1
+                        if self.on_restart is not None:
+                            self.on_restart(role, dead)

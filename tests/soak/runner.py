@@ -41,7 +41,7 @@ from common.model import Health, Priority, Tier
 from extender.rightofreturn.lease import parse_gpu_lease
 from tests.e2e.harness import BORROWER, ONLINE, Cluster, workload
 from tests.e2e.kube import ApiError, path_of
-from tests.processes import Processes
+from tests.processes import Processes, Supervisor
 from tests.soak import heartbeats, replicas
 from tests.soak.invariants import (
     Checker,
@@ -98,6 +98,10 @@ ROLES = {
     "etcd": "TL_CLUSTER_ETCD_PID",
 }
 SAMPLED = (replicas.extender(0), replicas.extender(1), "controllers")
+# tidelease's own processes: none of them may exit on its own.
+TIDELEASE_ROLES = frozenset(
+    {"controllers", *(replicas.extender(i) for i in range(replicas.REPLICAS))}
+)
 KILLED = {  # the faults that kill -9 one process and restart it at once
     "controllers-kill": "controllers",
     "apiserver-kill": "kube-apiserver",
@@ -164,6 +168,9 @@ class Report:
     deletions: int = 0
     borrowers: int = 0
     errors: list[str] = field(default_factory=list)  # the harness's own failures
+    # Processes that exited on their own (no fault killed them), started again as a kubelet
+    # would: what they last said.
+    exits: list[str] = field(default_factory=list)
     schedule: list[str] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
@@ -184,6 +191,7 @@ class Report:
             "deletions": self.deletions,
             "borrowers": self.borrowers,
             "errors": self.errors,
+            "exits": self.exits,
         }
 
     def lines(self) -> list[str]:
@@ -202,6 +210,8 @@ class Report:
                 f"{p['rss_mib_last']:.1f} MiB ({p['rss_mib_per_h']:+.1f} MiB/h), fds "
                 f"{p['fds_last']:.0f} ({p['fds_per_h']:+.1f}/h)"
             )
+        out.append(f"exits (restarted as a kubelet would): {len(self.exits)}")
+        out += [f"  {e}" for e in self.exits]
         if self.errors:
             out.append(f"harness errors: {len(self.errors)}")
             out += [f"  {e}" for e in self.errors]
@@ -239,6 +249,7 @@ class Runner:
         self._samples: dict[str, list[tuple[float, ProcessSample]]] = {}
         self._job_lease: dict[str, OnlineJob] = {j.name: j for j in plan.jobs}
         self.replicas: replicas.Replicas | None = None
+        self.supervisor: Supervisor  # while run() runs
         self.namespace = facts.get("TL_CLUSTER_NAMESPACE") or contract.DEFAULT_AGENT_NAMESPACE
         nodes = int(facts["TL_CLUSTER_NODES"])
         self.heartbeats = heartbeats.Heartbeats(
@@ -383,7 +394,8 @@ class Runner:
                 if self._paused or (role == "kube-apiserver" and self._blocked_until_ready):
                     self.at(t + 1.0, f"fault {f.kind}", strike)  # the API server: one at a time
                     return
-                pid = self.processes.kill_and_restart(role)
+                with self.supervisor.lock:
+                    pid = self.processes.kill_and_restart(role)
                 if role == "kube-apiserver":
                     self._blocked_until_ready = True
                 self._done(f, t, f"{role} killed, restarted as pid {pid}")
@@ -392,7 +404,8 @@ class Runner:
                 if not self.processes.pids.get(role):  # its replica is down (replica-kill)
                     self.at(t + 1.0, f"fault {f.kind}", strike)
                     return
-                pid = self.processes.kill_and_restart(role)
+                with self.supervisor.lock:
+                    pid = self.processes.kill_and_restart(role)
                 self._done(f, t, f"{role} killed, restarted as pid {pid}")
             elif f.kind == "replica-kill":
                 self._replica_kill(f, t, strike)
@@ -426,13 +439,15 @@ class Runner:
             return
         leader = self.replicas.leader()
         i = leader if leader is not None else 0
-        for role in (replicas.scheduler(i), replicas.extender(i)):
-            if procs.pids.get(role):
-                procs.kill(role)
+        with self.supervisor.lock:  # pid 0: down on purpose, not started again by it
+            for role in (replicas.scheduler(i), replicas.extender(i)):
+                if procs.pids.get(role):
+                    procs.kill(role)
 
         def back() -> None:
-            for role in (replicas.extender(i), replicas.scheduler(i)):
-                procs.start(role)
+            with self.supervisor.lock:
+                for role in (replicas.extender(i), replicas.scheduler(i)):
+                    procs.start(role)
             log(f"t={self.now():.1f} replica {i} started again")
 
         self.at(t + f.duration_s, f"replica {i} back", back)
@@ -644,7 +659,22 @@ class Runner:
             self.processes, self.cluster.dir, (server.hostname or "127.0.0.1", server.port or 443)
         ) as self.replicas:
             log(f"two replicas; the extenders' fault proxy on :{self.replicas.proxy.port}")
-            return self._run()
+            # Every process is started again when it exits on its own (kube-scheduler and
+            # kube-controller-manager exit when they lose their leader lease, as through a
+            # paused etcd), as the kubelet restarts a pod's container; each exit is reported.
+            roles = tuple(self.processes.pids)
+            with Supervisor(self.processes, roles, on_restart=self._exited) as self.supervisor:
+                return self._run()
+
+    def _exited(self, role: str, dead: Path) -> None:
+        """A process that exited with no fault killing it. Upstream's may (kube-scheduler and
+        kube-controller-manager end when they lose their lease); tidelease's must not (its
+        controllers and extenders go back to waiting when they lose theirs): a violation."""
+        t, last = self.now(), tail_lines(dead, 1)
+        self.report.exits.append(f"t={t:.1f} {role} exited on its own, started again: {last}")
+        log(f"t={t:.1f} {role} exited on its own, started again: {last}")
+        if role in TIDELEASE_ROLES:
+            self._violation(Violation("process-exit", t, role, f"exited on its own: {last}"))
 
     def _run(self) -> Report:
         self.heartbeats.start()
@@ -700,6 +730,19 @@ class Runner:
         self.observer.stop()
         self.heartbeats.stop()
         self.processes.stop_restarted()
+
+
+def tail_lines(path: Path, n: int, width: int = 240) -> str:
+    """The last ``n`` non-empty lines of a log, each cut to ``width`` characters."""
+    try:
+        with path.open("rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - 16384))
+            text = f.read().decode(errors="replace")
+    except OSError as e:
+        return f"(no log: {e})"
+    lines = [line[:width] for line in text.splitlines() if line.strip()]
+    return " | ".join(lines[-n:])
 
 
 def write_json(report: Report, path: Path) -> None:
