@@ -54,9 +54,9 @@ CYCLES = 3
 TIMEOUT_S = 90
 
 
-def ha(count: int, *, standby: bool = False) -> Any:
+def ha(count: int, *, standby: bool = False, gpu_type: str = "H20", tier: Tier = Tier.HA) -> Any:
     def layout(node: str) -> list[Device]:
-        return b.devices(node, count, tier=Tier.HA, standby=standby)
+        return b.devices(node, count, tier=tier, standby=standby, gpu_type=gpu_type)
 
     return layout
 
@@ -176,15 +176,19 @@ def dra_job(
     plain_scheduler: str,  # noqa: F811
     device_classes: list[str],  # noqa: F811
 ) -> Any:
-    """3 x 4 HA GPUs on a 4-GPU and an 8-GPU node (no free HA device beside the job's), and a
-    4-GPU standby node; their slices mirrored while the test runs."""
+    """3 x 4 H20 HA GPUs on a 4-GPU and an 8-GPU node (no free HA device beside the job's),
+    and standby pools of several types and tiers: s1 of the job's (H20, HA), s2 of another type
+    (A100, HA), s3 of the job's type at a lower tier (H20, MA), 4 GPUs each; a stand-in must
+    come from s1. Their slices mirrored while the test runs."""
     cluster.ensure_priority_class(BORROWER, 10)
     group.add_node("n1", ha(4))
     group.add_node("n2", ha(8))
     group.add_node("s1", ha(4, standby=True))
+    group.add_node("s2", ha(4, standby=True, gpu_type="A100"), gpu_type="A100")
+    group.add_node("s3", ha(4, standby=True, tier=Tier.MA))
     wait_nodes_ready(cluster, group)
     with mirrored(cluster, group.nodes):
-        for node, count in zip(group.nodes, (4, 8, 4), strict=True):
+        for node, count in zip(group.nodes, (4, 8, 4, 4, 4), strict=True):
             wait_published(cluster, node, {f"gpu-{i}" for i in range(count)})
         yield DraJob(cluster, group, namespace, plain_scheduler)
 

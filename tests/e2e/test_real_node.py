@@ -117,7 +117,9 @@ def test_a_job_whose_borrower_a_reclaim_evicts_does_not_count_a_failure(
     (backoffLimit 0) on devices an online job lent. The reclaim takes them back past the
     borrower's PodDisruptionBudget (deleted, not evicted: Kubernetes adds no condition of its
     own then): the pod carries DisruptionTarget (reason TideleaseReclaim), the Job does not fail,
-    and its replacement pod waits."""
+    and its replacement pod waits. Right of return on the real kubelet, per replica: the
+    returning replica's container sees exactly the devices it lent (NVIDIA_VISIBLE_DEVICES and
+    its /dev nodes), and the replica that stayed kept its own."""
     ns, kube = namespace, cluster.kube
     cluster.ensure_priority_class(BORROWER, 10)
     gpus = real_node.gpus // 2
@@ -131,8 +133,10 @@ def test_a_job_whose_borrower_a_reclaim_evicts_does_not_count_a_failure(
     kube.create(workload("StatefulSet", "recsys", ns, owner_pod, replicas=2))
     lease = builders.gpu_lease("recsys", ns, gpus_per_replica=gpus, desired_gpus=2 * gpus)
     kube.create(lease)
-    for i in range(2):
-        cluster.wait_running(ns, f"recsys-{i}", timeout=90)
+    held = {
+        f"recsys-{i}": devices_of(cluster.wait_running(ns, f"recsys-{i}", timeout=90))
+        for i in range(2)
+    }
     kube.patch(contract.KIND_GPU_LEASE, "recsys", {"spec": {"desiredGPUs": gpus}}, ns)
 
     def lent() -> list[str] | None:
@@ -142,6 +146,10 @@ def test_a_job_whose_borrower_a_reclaim_evicts_does_not_count_a_failure(
         return devices if status.get("phase") == "Steady" and len(devices) == gpus else None
 
     lent_devices = wait_for(lent, what=f"{gpus} devices lent", timeout=60)
+    groups = (kube.get(contract.KIND_GPU_LEASE, "recsys", ns) or {})["status"]["lent"]
+    assert [(g["replica"], sorted(g["devices"])) for g in groups] == [
+        ("recsys-1", sorted(held["recsys-1"]))
+    ]
 
     borrower = real_node.pod(ns, "template", gpus=gpus, annotations={contract.ANN_PRIORITY: "low"})
     spec = borrower["spec"]
@@ -202,7 +210,18 @@ def test_a_job_whose_borrower_a_reclaim_evicts_does_not_count_a_failure(
         return status if status.get("phase") == "Steady" and status.get("reclaims") else None
 
     wait_for(reclaimed, what="the reclaim to finish", timeout=90)
-    cluster.wait_running(ns, "recsys-1", timeout=90)
+    node_devices = cluster.gpu_node_uuids(real_node.name)
+    for replica, before in held.items():
+        pod = cluster.wait_running(ns, replica, timeout=90)
+        assert sorted(devices_of(pod)) == sorted(before), replica
+        env = cluster.exec(ns, replica, "env").splitlines()
+        visible = [e for e in env if e.startswith("NVIDIA_VISIBLE_DEVICES=")]
+        assert len(visible) == 1, env
+        assert sorted(visible[0].partition("=")[2].split(",")) == sorted(before), replica
+        listed = cluster.exec(ns, replica, "ls", "/dev").split()
+        assert sorted(n for n in listed if n.startswith("nvidia")) == sorted(
+            f"nvidia{node_devices[u]['index']}" for u in before
+        ), replica
 
     def replaced() -> dict[str, Any] | None:
         job = kube.get("Job", "finetune", ns) or {}
