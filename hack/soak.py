@@ -3,7 +3,7 @@
 over the whole history (issue 33).
 
 usage: hack/soak.py [--minutes 60] [--seed S] [--dir DIR] [--nodes 6] [--json FILE] [--plan]
-                    [--mutate NAME]
+                    [--mutate NAME] [--real-node]
 
 Starts hack/cluster-up.sh (foreground, following this process) in DIR (default: a temporary
 directory, removed afterwards; a DIR given is kept, with every component's log) with --nodes
@@ -19,6 +19,10 @@ start); a failing run prints its seed and schedule: run that seed again to repla
 report: faults by kind, reclaims and their p50/p99 time, violations (time and message), and
 memory and fd slopes of the extenders and the controllers. Exit 1 on any violation, 2 when
 the harness itself failed (a fault it could not do, a cluster that did not start).
+
+``--real-node`` adds a real kubelet node (hack/realnode.sh: containerd, the kubelet and the
+tidelease agent with 8 fake GPUs) with an online job, borrowers and agent kills of its own
+(tests/soak/workload.py); its pods run for real.
 
 ``--mutate NAME`` runs the cluster's tidelease processes with a deliberate bug
 (tests/soak/mutations.py) and turns the verdict around: exit 0 when the checker that must see
@@ -55,6 +59,7 @@ from tests.soak.runner import CLUSTER_ENV, Runner, log, write_json  # noqa: E402
 from tests.soak.workload import plan  # noqa: E402
 
 START_TIMEOUT_S = 600
+REAL_NODE_GPUS = 8
 
 
 def main() -> int:
@@ -66,11 +71,17 @@ def main() -> int:
     p.add_argument("--json", type=Path, help="also write the report here")
     p.add_argument("--plan", action="store_true", help="print the seed's plan only (no cluster)")
     p.add_argument("--mutate", choices=sorted(MUTATIONS), help="run with this deliberate bug")
+    p.add_argument(
+        "--real-node",
+        action="store_true",
+        help=f"also a real kubelet node ({REAL_NODE_GPUS} fake GPUs; root, containerd)",
+    )
     args = p.parse_args()
     if args.minutes < 1:
         p.error("--minutes: at least 1")
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
-    the_plan = plan(seed, args.minutes, nodes=args.nodes)
+    real_gpus = REAL_NODE_GPUS if args.real_node else 0
+    the_plan = plan(seed, args.minutes, nodes=args.nodes, real_node_gpus=real_gpus)
     if args.plan:
         print("\n".join(the_plan.describe()))
         return 0
@@ -94,7 +105,8 @@ def main() -> int:
         "TL_CLUSTER_NODES": str(args.nodes),
         "TL_CLUSTER_PARENT_PID": str(os.getpid()),
         "TL_CLUSTER_KEEP_DIR": "true" if keep else "false",
-        "TL_CLUSTER_REAL_NODE": "false",
+        "TL_CLUSTER_REAL_NODE": "true" if args.real_node else "false",
+        "TL_CLUSTER_REAL_NODE_GPUS": str(REAL_NODE_GPUS),
         "TL_CLUSTER_REAL_DRA_NODE": "false",
     }
     if args.mutate:

@@ -77,6 +77,9 @@ def test_an_interactive_pod_takes_one_gpu_pair_from_the_job_that_loses_least(
             and not pod["metadata"].get("deletionTimestamp")
         )
 
+    # No window to wait out: chat is bound, and kube-scheduler deletes (or marks deleting) all
+    # its victims in the preemption cycle, before the cycle that binds the preemptor; what has
+    # not been deleted by now never is for chat.
     gone = wait_for(
         lambda: [n for n in uids if not alive(n)] or None,
         what="a victim to be evicted",

@@ -39,7 +39,8 @@ from typing import Any
 from common import builders, contract
 from common.model import Health, Priority, Tier
 from extender.rightofreturn.lease import parse_gpu_lease
-from tests.e2e.harness import BORROWER, ONLINE, Cluster, workload
+from tests.background import read_state
+from tests.e2e.harness import BORROWER, ONLINE, Cluster, RealNode, workload
 from tests.e2e.kube import ApiError, path_of
 from tests.processes import Processes, Supervisor
 from tests.soak import heartbeats, replicas
@@ -67,10 +68,11 @@ MISSING_GRACE_S = 30.0  # its missing_grace_s (default)
 REAP_INTERVAL_S = 10.0  # its reap_interval_s (default)
 RECLAIM_OVERDUE_S = 45.0  # the controllers' reclaim_overdue_s on the soak's cluster (default 120)
 AGENT_TIMEOUT_S = 15.0  # the extender's agent_timeout_s on the soak's cluster (default 60)
-# A node whose agent heartbeat is older than this offers the pending-while-free checker nothing
-# (the extender gives up on it only after AGENT_TIMEOUT_S: between the two, the checker is
-# the more careful).
-HEARTBEAT_FRESH_S = 2 * heartbeats.RENEW_S + 1.0
+# A node whose agent heartbeat is older than this offers the pending-while-free checker nothing:
+# longer than any agent's period (the runner's for the kwok nodes, heartbeats.RENEW_S; the real
+# node's agent's own, 10 s), shorter than AGENT_TIMEOUT_S, after which the extender gives up on
+# the node (between the two, the checker is the more careful).
+HEARTBEAT_FRESH_S = AGENT_TIMEOUT_S - 2.0
 FAULT_MARGIN_S = 30.0  # a restart, an API server away, a paused etcd
 LEDGER_SETTLE_S = max(RESERVE_TTL_S, MISSING_GRACE_S) + REAP_INTERVAL_S + FAULT_MARGIN_S
 RECLAIM_BOUND_S = RECLAIM_OVERDUE_S + FAULT_MARGIN_S
@@ -99,10 +101,12 @@ ROLES = {
 }
 SAMPLED = (replicas.extender(0), replicas.extender(1), "controllers")
 # tidelease's own processes: none of them may exit on its own.
+AGENT_REAL = "agent-real"  # the real node's tidelease agent (a process of hack/realnode.sh)
 TIDELEASE_ROLES = frozenset(
-    {"controllers", *(replicas.extender(i) for i in range(replicas.REPLICAS))}
+    {"controllers", AGENT_REAL, *(replicas.extender(i) for i in range(replicas.REPLICAS))}
 )
 KILLED = {  # the faults that kill -9 one process and restart it at once
+    "agent-kill": AGENT_REAL,
     "controllers-kill": "controllers",
     "apiserver-kill": "kube-apiserver",
     "kcm-kill": "kube-controller-manager",
@@ -229,7 +233,12 @@ class Runner:
         self.cluster, self.kube, self.plan = cluster, cluster.kube, plan
         self.minutes = minutes
         self.facts = facts
-        self.processes = Processes(cluster.dir, {r: int(facts[k]) for r, k in ROLES.items()})
+        pids = {r: int(facts[k]) for r, k in ROLES.items()}
+        self.real = RealNode.from_state(facts)
+        if self.real is not None:  # its agent: hack/realnode.sh's process, struck by agent-kill
+            node_env = read_state(cluster.dir / "realnode" / "realnode.env")
+            pids[AGENT_REAL] = int(node_env["TL_REALNODE_AGENT_PID"])
+        self.processes = Processes(cluster.dir, pids)
         self.observer = Observer(
             self.kube,
             agent_namespace=facts.get("TL_CLUSTER_NAMESPACE") or contract.DEFAULT_AGENT_NAMESPACE,
@@ -287,14 +296,17 @@ class Runner:
         for ns in self.plan.borrower_namespaces:
             self.kube.create(builders.namespace(ns, online=False))
         for job in self.plan.jobs:
-            pod = template(
-                "template",
-                job.namespace,
-                job.gpus_per_replica,
-                priority=Priority.HIGH,
-                owner=job.name,
-                tier=Tier.HA,
-                priority_class=ONLINE,
+            pod = self._on_node(
+                template(
+                    "template",
+                    job.namespace,
+                    job.gpus_per_replica,
+                    priority=Priority.HIGH,
+                    owner=job.name,
+                    tier=Tier.HA,
+                    priority_class=ONLINE,
+                ),
+                job.real,
             )
             self.kube.create(
                 workload(job.kind, job.name, job.namespace, pod, replicas=job.replicas)
@@ -322,6 +334,22 @@ class Runner:
                 return
             time.sleep(1)
         raise RuntimeError(f"the online jobs' {want} pods were not all placed in 180 s")
+
+    def _on_node(self, pod: dict[str, Any], real: bool) -> dict[str, Any]:
+        """``pod`` as it is for the kwok nodes, or (``real``) moved to the real node: its taint
+        tolerated, the node selected, a local image that runs there, a second to stop."""
+        if not real:
+            return pod
+        if self.real is None:
+            raise RuntimeError("the plan has real-node pods, the cluster no real node")
+        on_real = self.real.pod("-", "-", gpus=1)["spec"]
+        spec = pod["spec"]
+        for key in ("nodeSelector", "tolerations", "terminationGracePeriodSeconds"):
+            spec[key] = on_real[key]
+        container, real_container = spec["containers"][0], on_real["containers"][0]
+        for key in ("image", "imagePullPolicy"):
+            container[key] = real_container[key]
+        return pod
 
     # --- actions (each retried while the API server is away) ---
     def _api(self, what: str, action: Callable[[], None], tries: int = 60) -> Callable[[], None]:
@@ -362,7 +390,9 @@ class Runner:
 
     def _borrow(self, b: Borrower) -> Callable[[], None]:
         def create() -> None:
-            pod = template(b.name, b.namespace, b.gpus, priority=Priority.LOW)
+            pod = self._on_node(
+                template(b.name, b.namespace, b.gpus, priority=Priority.LOW), b.real
+            )
             pod["spec"]["priorityClassName"] = BORROWER
             try:
                 made = self.kube.create(pod)

@@ -10,6 +10,11 @@ its GPUs (``desiredGPUs`` down) and takes them back (up) on a schedule of its ow
 30 to 75 s (so that an hour sees a hundred reclaims and more). Borrowers (low-priority pods)
 of a few namespaces arrive at random and finish after a random time. Faults
 (:data:`FAULT_KINDS`) strike at random moments; each kind at least once.
+
+With a real kubelet node (``real_node_gpus``), more is drawn from a second generator of the
+same seed, so that the rest of the history stays what the seed names without it: an online
+StatefulSet of two replicas on the real node with tides of its own, real-node borrowers (one
+GPU each, every 20 s or so), and :data:`REAL_NODE_FAULT_KINDS`.
 """
 
 from __future__ import annotations
@@ -48,6 +53,10 @@ FAULT_KINDS = (
     "device-unhealthy",
     "agent-silent",
 )
+# With a real node:
+#   agent-kill:       kill -9 of the real node's tidelease agent (its device plugin and its
+#                     heartbeat), started again as it ran, as its DaemonSet pod's kubelet would
+REAL_NODE_FAULT_KINDS = ("agent-kill",)
 
 
 @dataclass(frozen=True)
@@ -57,6 +66,7 @@ class OnlineJob:
     kind: str  # StatefulSet or Deployment
     replicas: int
     gpus_per_replica: int
+    real: bool = False  # its pods on the real kubelet node
 
     @property
     def full(self) -> int:
@@ -77,6 +87,7 @@ class Borrower:
     name: str
     gpus: int
     lifetime_s: float
+    real: bool = False  # on the real kubelet node
 
 
 @dataclass(frozen=True)
@@ -126,7 +137,7 @@ class Plan:
             tides = [t for t in self.tides if t.job == job.name]
             lines.append(
                 f"  job {job.namespace}/{job.name}: {job.kind} {job.replicas} x "
-                f"{job.gpus_per_replica} GPU, tides "
+                f"{job.gpus_per_replica} GPU{' (real node)' if job.real else ''}, tides "
                 + ", ".join(f"t={t.t:.0f}->{t.desired_gpus}" for t in tides)
             )
         lines.append("  fault schedule:")
@@ -138,11 +149,29 @@ class Plan:
 _SHAPES = ((3, 2), (2, 4), (3, 1), (4, 2), (2, 2), (4, 1))
 
 
-def plan(seed: int, minutes: float, *, nodes: int = 6) -> Plan:
-    """The whole schedule of a run of ``minutes`` on ``nodes`` kwok GPU nodes (8 GPUs each)."""
+TIDE_S = (30.0, 75.0)  # how long a job's tide lasts before it turns, at random in between
+
+
+def _tides(rng: random.Random, job: OnlineJob, duration: float) -> list[Tide]:
+    """``job``'s tides: down to a random part of its replicas, then back up, and so on."""
+    tide_lo, tide_hi = TIDE_S
+    out: list[Tide] = []
+    t = rng.uniform(10.0, tide_lo)
+    low = True
+    while t < duration - 20.0:
+        keep = rng.randint(1, job.replicas - 1)
+        desired = keep * job.gpus_per_replica if low else job.full
+        out.append(Tide(round(t, 1), job.name, desired))
+        low = not low
+        t += rng.uniform(tide_lo, tide_hi)
+    return out
+
+
+def plan(seed: int, minutes: float, *, nodes: int = 6, real_node_gpus: int = 0) -> Plan:
+    """The whole schedule of a run of ``minutes`` on ``nodes`` kwok GPU nodes (8 GPUs each)
+    and, with ``real_node_gpus``, a real kubelet node of that many GPUs."""
     rng = random.Random(seed)
     duration = minutes * 60.0
-    tide_lo, tide_hi = 30.0, 75.0
 
     online = ("soak-online-0", "soak-online-1")
     borrower_ns = tuple(f"soak-batch-{i}" for i in range(rng.choice((2, 3))))
@@ -154,15 +183,7 @@ def plan(seed: int, minutes: float, *, nodes: int = 6) -> Plan:
 
     tides: list[Tide] = []
     for job in jobs:
-        t = rng.uniform(10.0, tide_lo)
-        low = True
-        while t < duration - 20.0:
-            keep = rng.randint(1, job.replicas - 1)
-            desired = keep * job.gpus_per_replica if low else job.full
-            tides.append(Tide(round(t, 1), job.name, desired))
-            low = not low
-            t += rng.uniform(tide_lo, tide_hi)
-    tides.sort(key=lambda x: x.t)
+        tides += _tides(rng, job, duration)
 
     borrowers: list[Borrower] = []
     t = rng.uniform(5.0, 15.0)
@@ -222,6 +243,21 @@ def plan(seed: int, minutes: float, *, nodes: int = 6) -> Plan:
         else:
             faults.append(Fault(when, kind))
 
+    if real_node_gpus:
+        _real_node(
+            random.Random(f"{seed}-real"),
+            jobs,
+            tides,
+            borrowers,
+            faults,
+            duration,
+            real_node_gpus,
+            online[0],
+            borrower_ns,
+        )
+    tides.sort(key=lambda x: x.t)
+    borrowers.sort(key=lambda x: x.t)
+    faults.sort(key=lambda x: x.t)
     return Plan(
         seed=seed,
         duration_s=duration,
@@ -232,3 +268,33 @@ def plan(seed: int, minutes: float, *, nodes: int = 6) -> Plan:
         borrowers=tuple(borrowers),
         faults=tuple(faults),
     )
+
+
+def _real_node(
+    rng: random.Random,
+    jobs: list[OnlineJob],
+    tides: list[Tide],
+    borrowers: list[Borrower],
+    faults: list[Fault],
+    duration: float,
+    gpus: int,
+    online_namespace: str,
+    borrower_namespaces: tuple[str, ...],
+) -> None:
+    """The real node's share of the plan, added to the lists: an online StatefulSet of two
+    replicas of a quarter of its GPUs each, its tides, borrowers of one GPU, agent kills."""
+    job = OnlineJob("online-real", online_namespace, "StatefulSet", 2, max(1, gpus // 4), True)
+    jobs.append(job)
+    tides += _tides(rng, job, duration)
+    t, n = rng.uniform(5.0, 20.0), 0
+    while t < duration - 10.0:
+        lifetime = round(rng.uniform(15.0, 90.0), 1)
+        name = f"real-{n:04d}"
+        borrowers.append(
+            Borrower(round(t, 1), rng.choice(borrower_namespaces), name, 1, lifetime, True)
+        )
+        n += 1
+        t += rng.expovariate(1 / 20.0)
+    start, end = 25.0, max(40.0, duration - 35.0)
+    for _ in range(max(1, round(duration / 600.0))):  # one every ten minutes
+        faults.append(Fault(round(rng.uniform(start, end), 1), "agent-kill"))

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from tests.soak.workload import FAULT_KINDS, plan
+from tests.soak.workload import FAULT_KINDS, REAL_NODE_FAULT_KINDS, plan
 
 
 @pytest.mark.parametrize(("seed", "minutes"), [(1, 4), (2, 4), (7, 60), (42, 15)])
@@ -39,3 +39,30 @@ def test_a_seed_draws_one_plan_with_every_fault_kind_in_time(seed: int, minutes:
 
 def test_other_seeds_draw_other_plans() -> None:
     assert plan(1, 4).faults != plan(2, 4).faults
+
+
+@pytest.mark.parametrize(("seed", "minutes"), [(1, 6), (7, 60)])
+def test_a_real_node_adds_its_share_and_leaves_the_rest_of_the_seeds_history(
+    seed: int, minutes: float
+) -> None:
+    """With a real node the seed still names the same kwok history (drawn first, from the
+    same generator): the real node's job, borrowers and agent kills come on top."""
+    base, real = plan(seed, minutes), plan(seed, minutes, real_node_gpus=8)
+    assert plan(seed, minutes, real_node_gpus=8) == real
+    assert [j for j in real.jobs if not j.real] == list(base.jobs)
+    assert [b for b in real.borrowers if not b.real] == list(base.borrowers)
+    assert [f for f in real.faults if f.kind not in REAL_NODE_FAULT_KINDS] == list(base.faults)
+    kwok_jobs = {j.name for j in base.jobs}
+    assert [t for t in real.tides if t.job in kwok_jobs] == list(base.tides)
+
+    (job,) = [j for j in real.jobs if j.real]
+    assert (job.kind, job.replicas, job.gpus_per_replica) == ("StatefulSet", 2, 2)
+    assert [t.desired_gpus for t in real.tides if t.job == job.name][:2] == [2, 4]
+    ours = [b for b in real.borrowers if b.real]
+    assert ours
+    assert {b.gpus for b in ours} == {1}
+    assert {b.namespace for b in ours} <= set(base.borrower_namespaces)
+    kills = [f for f in real.faults if f.kind == "agent-kill"]
+    assert len(kills) == max(1, round(minutes / 10))
+    for field in (real.tides, real.borrowers, real.faults):
+        assert [x.t for x in field] == sorted(x.t for x in field)
