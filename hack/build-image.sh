@@ -333,11 +333,12 @@ make_wheels() {
   TL_IMAGE_PIP_WHEEL="$(ls "${WORK}"/pip/pip-*.whl)"
   cp "${TL_IMAGE_PIP_WHEEL}" "${TL_IMAGE_WHEELS}/"
   export TL_IMAGE_PIP_WHEEL
-  # Kept for the next build's --same-inputs: every wheel but this tree's own.
+  # Kept for the next build's --same-inputs: every wheel but this tree's own (hard links: the
+  # work directory is in the cache, on the same file system).
   rm -rf "${TL_IMAGE_DEP_WHEELS}.new"
   mkdir -p "${TL_IMAGE_DEP_WHEELS}.new"
   find "${TL_IMAGE_WHEELS}" -maxdepth 1 -name '*.whl' ! -name "tidelease-${version}-*" \
-    -exec cp -p -t "${TL_IMAGE_DEP_WHEELS}.new" {} +
+    -exec cp -l -t "${TL_IMAGE_DEP_WHEELS}.new" {} +
   rm -rf "${TL_IMAGE_DEP_WHEELS}"
   mv "${TL_IMAGE_DEP_WHEELS}.new" "${TL_IMAGE_DEP_WHEELS}"
   tl::log "wheels ready in $(tl::elapsed "${start}") s:" \

@@ -186,7 +186,7 @@ def _home_only(decision: FilterDecision, req: PodRequest, homes: frozenset[NodeN
     judged = (*decision.passed, *decision.failed, *decision.unresolvable)
     if not any(h in judged for h in homes):
         if homes and not req.reclaim_overdue:
-            reason = home_unoffered_reason(req, homes)
+            reason = home_unoffered_reason(homes)
             for name in [*decision.passed, *decision.failed]:
                 decision.unresolvable[name] = reason
             decision.passed.clear()

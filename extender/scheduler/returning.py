@@ -66,6 +66,6 @@ def home_reason(req: PodRequest, homes: frozenset[NodeName]) -> str:
     return RETURN_HOMES.format(nodes=", ".join(sorted(homes)))
 
 
-def home_unoffered_reason(req: PodRequest, homes: frozenset[NodeName]) -> str:
+def home_unoffered_reason(homes: frozenset[NodeName]) -> str:
     """Why every node is rejected while kube-scheduler offers none of ``homes``."""
     return RETURN_HOME_UNOFFERED.format(nodes=", ".join(sorted(homes)))

@@ -22,6 +22,7 @@ from common import admissionpolicy, builders, contract, tenancy
 from common.errors import Conflict, InvalidInput, NotFound
 from common.kubeclient import KubeClient
 from common.podrequest import parse_pod
+from extender.rightofreturn.lease import RECLAIM_OVERDUE, workload_of
 from tests.apiserver.conftest import ApiServer
 from tests.kubeconfigs import write_kubeconfig
 from tests.polling import eventually
@@ -706,3 +707,54 @@ async def test_tidelease_writes_what_it_writes_and_the_kubelet_and_gc_pass(
     assert await said(acct[ctl], "PATCH", gated_path, release, content_type=JSON_PATCH) is None
     released = await w.admin.json("GET", gated_path)
     assert not released["spec"].get("schedulingGates")
+
+
+async def _status_of(kube: KubeClient, method: str, path: str, body: Any) -> int:
+    resp = await kube.raw(method, path, body=body, content_type=MERGE)
+    try:
+        await resp.read()
+    finally:
+        resp.release()
+    return resp.status
+
+
+async def test_no_tenant_can_forge_an_overdue_reclaim(tenancy_world: Tenancy) -> None:
+    """A lease's stored ``Degraded: ReclaimOverdue`` releases its returning replicas from
+    waiting for their own groups (extender.scheduler.filtering): only the controllers write
+    it. A tenant with `edit` and the rights on GpuLeases an admin gives, in the lease's own
+    namespace, cannot write it (no ``gpuleases/status``; the API server drops status from a
+    write of the main resource); a tenant of another namespace reaches the lease not at all.
+    The admin's write shows the check would see it."""
+    w = tenancy_world
+    a, b = w.a, w.b
+    assert await said(w.admin, "POST", leases_of(a), lease(a)) is None
+    path = f"{leases_of(a)}/recsys"
+    forged = {
+        "status": {
+            "phase": "Reclaiming",
+            "conditions": [
+                {
+                    "type": "Degraded",
+                    "status": "True",
+                    "reason": RECLAIM_OVERDUE,
+                    "message": "forged",
+                    "lastTransitionTime": "2026-01-01T00:00:00Z",
+                }
+            ],
+        }
+    }
+    own, other = w.tenants[a], w.tenants[b]
+    assert await _status_of(own, "PATCH", f"{path}/status", forged) == 403
+    assert await _status_of(other, "PATCH", f"{path}/status", forged) == 403
+    assert await _status_of(other, "PATCH", path, forged) == 403
+    # The main resource: the tenant's write passes, its status is dropped.
+    assert await _status_of(own, "PATCH", path, forged) == 200
+    stored = await w.admin.json("GET", path)
+    named = workload_of(stored)
+    assert named is not None
+    assert named.overdue is False, stored.get("status")
+
+    assert await _status_of(w.admin, "PATCH", f"{path}/status", forged) == 200
+    named = workload_of(await w.admin.json("GET", path))
+    assert named is not None
+    assert named.overdue is True
