@@ -213,14 +213,27 @@ def entry_since(book: Book, key: str, pod: PodObs) -> float:
 # --- the book as stored (a ConfigMap's data) ---
 
 
-def book_to_json(book: Book) -> dict[str, Any]:
-    t, m = book.thresholds, book.means
+def thresholds_to_json(t: Thresholds) -> dict[str, float]:
     return {
-        "thresholds": {
-            "demote1Seconds": t.demote_1_s,
-            "demote2Seconds": t.demote_2_s,
-            "promote3Seconds": t.promote_3_s,
-        },
+        "demote1Seconds": t.demote_1_s,
+        "demote2Seconds": t.demote_2_s,
+        "promote3Seconds": t.promote_3_s,
+    }
+
+
+def thresholds_from_json(t: Mapping[str, Any]) -> Thresholds:
+    return Thresholds(
+        float(t["demote1Seconds"]), float(t["demote2Seconds"]), float(t["promote3Seconds"])
+    )
+
+
+def book_to_json(book: Book, configured: Thresholds) -> dict[str, Any]:
+    """The book as stored, with the thresholds the admin configured when it was written (so a
+    later change of the setting is told from an adaptation: :func:`book_from_json`)."""
+    m = book.means
+    return {
+        "thresholds": thresholds_to_json(book.thresholds),
+        "configured": thresholds_to_json(configured),
         "means": {
             "interactiveSum": m.interactive_sum,
             "interactiveCount": m.interactive_n,
@@ -247,11 +260,20 @@ def book_to_json(book: Book) -> dict[str, Any]:
     }
 
 
-def book_from_json(data: Mapping[str, Any], default: Thresholds) -> Book:
-    """The stored book; what cannot be read falls back to an empty book with ``default``."""
+def book_from_json(data: Mapping[str, Any], configured: Thresholds) -> Book:
+    """The stored book; what cannot be read falls back to an empty book with ``configured``.
+
+    Its thresholds are the stored ones (adapted from completions) while the admin's setting is
+    the one it was written under; once the setting changed (or the book does not say under
+    which it was written), the setting holds until the next adaptation: a changed setting takes
+    effect on the controllers' restart, as a setting should. The jobs and means are kept."""
     try:
-        t = data["thresholds"]
         m = data["means"]
+        stored = thresholds_from_json(data["thresholds"])
+        written_under = data.get("configured")
+        same = isinstance(written_under, Mapping) and thresholds_from_json(written_under) == (
+            configured
+        )
         jobs = {
             str(k): Entry(
                 JobKind(v["kind"]),
@@ -267,9 +289,7 @@ def book_from_json(data: Mapping[str, Any], default: Thresholds) -> Book:
         updated = data.get("updated")
         return Book(
             jobs,
-            Thresholds(
-                float(t["demote1Seconds"]), float(t["demote2Seconds"]), float(t["promote3Seconds"])
-            ),
+            stored if same else configured,
             Means(
                 float(m["interactiveSum"]),
                 int(m["interactiveCount"]),
@@ -283,7 +303,7 @@ def book_from_json(data: Mapping[str, Any], default: Thresholds) -> Book:
             float(updated) if updated is not None else None,
         )
     except (KeyError, TypeError, ValueError):
-        return Book({}, default)
+        return Book({}, configured)
 
 
 # --- what the pods say ---

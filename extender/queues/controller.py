@@ -189,7 +189,12 @@ class QueuesController:
         except ValueError:
             data = {}
         book = book_from_json(data if isinstance(data, dict) else {}, self.settings.thresholds)
-        log.info("queues: book of %d job(s) read from ConfigMap %s", len(book.jobs), CONFIGMAP)
+        t = book.thresholds
+        log.info(
+            "queues: book of %d job(s) read from ConfigMap %s; thresholds %.0f/%.0f/%.0f s (%s)",
+            len(book.jobs), CONFIGMAP, t.demote_1_s, t.demote_2_s, t.promote_3_s,
+            "adapted" if t != self.settings.thresholds else "as configured",
+        )  # fmt: skip
         return book
 
     async def save(self, book: Book) -> None:
@@ -198,7 +203,11 @@ class QueuesController:
             "apiVersion": "v1",
             "kind": "ConfigMap",
             "metadata": {"name": CONFIGMAP, "namespace": self.namespace},
-            "data": {"book.json": json.dumps(book_to_json(book), sort_keys=True)},
+            "data": {
+                "book.json": json.dumps(
+                    book_to_json(book, self.settings.thresholds), sort_keys=True
+                )
+            },
         }
         if self._version:
             body["metadata"]["resourceVersion"] = self._version

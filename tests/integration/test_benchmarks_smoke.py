@@ -4,7 +4,8 @@ its figures. The figures are parsed, not just looked for: a table with a row mis
 number that is not one, fails.
 
 bench_hot_restart needs a real containerd: its smoke test is in
-tests/containerd/test_bench_hot_restart_smoke.py (marker ``containerd``). A script added to
+tests/containerd/test_bench_hot_restart_smoke.py (marker ``containerd``); bench_queues needs
+the local cluster: tests/e2e/test_bench_queues_smoke.py (marker ``cluster``). A script added to
 benchmarks/ without a smoke test here or there fails ``test_every_benchmark_has_a_smoke_test``.
 """
 
@@ -29,6 +30,7 @@ NUMBER = r"(\d+(?:,\d{3})*(?:\.\d+)?)"
 # Smoke tests that live elsewhere (they need more than this directory's tests do).
 ELSEWHERE = {
     "bench_hot_restart": "tests/containerd/test_bench_hot_restart_smoke.py",
+    "bench_queues": "tests/e2e/test_bench_queues_smoke.py",  # needs the local cluster
 }
 
 

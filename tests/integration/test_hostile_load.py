@@ -6,7 +6,8 @@ API server) are attacked within bounds of count and time, and measured from outs
 ``/proc/<pid>/status``: resident memory (VmRSS) and its peak (VmHWM, reset before each attack
 through ``/proc/<pid>/clear_refs`` where the kernel allows it).
 
-Extender, against the Deployment's memory limit (the chart's ``extender.resources``):
+Extender, against the Deployment's memory limit (the chart's ``extender.resources``: past it
+the kernel kills the container, so staying under it is the behaviour promised, not a figure):
 
 * oversized bodies (9 MiB declared, chunked, gzip-compressed; just under the 8 MiB cap made of
   ``{},`` in NodeNames and in Nodes.items): 413 or a 400 protocol error, never a 500; the peak
@@ -15,8 +16,9 @@ Extender, against the Deployment's memory limit (the chart's ``extender.resource
   (the rest 503), small requests still served, the unfinished dropped (408) after BODY_READ_S;
 * 100,000 levels of ``[`` (and of ``{"a":``): a 400 naming the nesting, never a 500;
 * 3,000 idle connections to the verbs port: past ``max_connections`` they are refused (503),
-  /healthz on the probes port keeps answering (latency measured while they are held), /filter
-  answers once they are gone;
+  /healthz on the probes port keeps answering, never as many probes in a row past the chart's
+  liveness timeout as its failureThreshold (the kubelet would not restart the extender; the
+  latencies are printed, a figure, not a bound), /filter answers once they are gone;
 * 20,000 distinct request shapes through /filter: memory grows by a bounded amount (the shape
   memo is an LRU).
 
@@ -56,6 +58,7 @@ from extender.cluster.state import MEMO_SHAPES
 from extender.scheduler.handlers import BODY_BUDGET_BYTES, BODY_READ_S, MAX_BODY_BYTES
 from extender.scheduler.settings import ExtenderSettings
 from nodeagent.cache.peerserver import CACHE_LIMITS
+from tests.chart import containers, find, render
 from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -281,6 +284,30 @@ def post_head(verb: str, length: int | None) -> bytes:
         f"POST /{verb} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         f"Connection: close\r\n{framing}\r\n\r\n"
     ).encode()
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A container's liveness probe as the chart renders it (Kubernetes' defaults where unset):
+    the kubelet restarts the container after ``failure_threshold`` failures in a row, a probe
+    unanswered within ``timeout_s`` being one."""
+
+    timeout_s: float
+    failure_threshold: int
+
+
+def liveness_probe(deployment: str, container: str) -> Probe:
+    spec = containers(find(render(), "Deployment", deployment))[container]["livenessProbe"]
+    return Probe(float(spec.get("timeoutSeconds", 1)), int(spec.get("failureThreshold", 3)))
+
+
+def longest_failing_run(latencies: list[float], probe: Probe) -> int:
+    """The most probes in a row that took longer than the probe's timeout."""
+    longest = run = 0
+    for seconds in latencies:
+        run = run + 1 if seconds > probe.timeout_s else 0
+        longest = max(longest, run)
+    return longest
 
 
 async def healthz_latencies(url: str, n: int) -> list[float]:
@@ -513,8 +540,12 @@ async def test_thousands_of_idle_connections(extender: Server) -> None:
             f"({len(values)} probes)"
         )
     assert peak < limit
-    assert p(holding, 0.99) < 0.5
-    assert max(during) < 2.0
+    # What the chart promises of the storm: the kubelet would not have restarted the extender.
+    # Its liveness probe fails only after failure_threshold probes in a row go unanswered
+    # within its timeout; how fast /healthz answers is the figure printed above, not a bound.
+    probe = liveness_probe("tidelease-extender", "extender")
+    for what, values in (("during the storm", during), ("held", holding)):
+        assert longest_failing_run(values, probe) < probe.failure_threshold, (what, probe)
 
 
 async def test_twenty_thousand_request_shapes(extender: Server) -> None:

@@ -22,7 +22,7 @@ from extender.queues.admission import (
     release,
 )
 from extender.queues.fitting import Capacity, Constraints, NodeFacts
-from extender.queues.mlfq import Queue, Thresholds
+from extender.queues.mlfq import Means, Queue, Thresholds
 
 T = Thresholds(demote_1_s=100.0, demote_2_s=200.0, promote_3_s=50.0)
 INTERACTIVE, BATCH = JobClass(JobKind.INTERACTIVE), JobClass(JobKind.BATCH)
@@ -167,8 +167,26 @@ def test_the_book_survives_its_json_and_a_bad_one_starts_afresh() -> None:
         failures=frozenset({"u1"}),
         updated=9.0,
     )
-    assert book_from_json(book_to_json(book), Thresholds(1, 2, 3)) == book
+    configured = Thresholds(1, 2, 3)
+    assert book_from_json(book_to_json(book, configured), configured) == book
     assert book_from_json({"jobs": "nonsense"}, T) == Book({}, T)
+
+
+def test_a_changed_setting_wins_over_the_stored_thresholds() -> None:
+    """A book written under one setting keeps its adapted thresholds while the setting stays;
+    once the admin changes the setting, the new one holds (jobs and means kept). A book that
+    does not say under which setting it was written takes the setting too."""
+    adapted = Thresholds(10, 20, 30)
+    book = Book({"b": Entry(JobKind.BATCH, Queue.LONG, 5.0, 1.5, 2.5)}, adapted,
+                Means(1.0, 1, 2.0, 1, 3.0, 1, 3))  # fmt: skip
+    old, new = Thresholds(1, 2, 3), Thresholds(4, 4, 4)
+    stored = book_to_json(book, old)
+    assert book_from_json(stored, old).thresholds == adapted
+    changed = book_from_json(stored, new)
+    assert changed.thresholds == new
+    assert (changed.jobs, changed.means) == (book.jobs, book.means)
+    legacy = {k: v for k, v in stored.items() if k != "configured"}
+    assert book_from_json(legacy, new).thresholds == new
 
 
 def gpu_pod(name: str, annotations: dict[str, str], *, gate: bool = True) -> dict[str, Any]:
