@@ -36,7 +36,12 @@ class ProcessSpec:
     @classmethod
     def of(cls, pid: int) -> ProcessSpec:
         proc = Path(f"/proc/{pid}")
-        argv = tuple(a.decode() for a in proc.joinpath("cmdline").read_bytes().split(b"\0") if a)
+        # Empty for a moment while a just-started child execs (a unit test met it): wait.
+        deadline = time.monotonic() + 5
+        while not (argv := _argv(proc)) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if not argv:
+            raise RuntimeError(f"process {pid} has no command line (gone, or a zombie)")
         env = {}
         for item in proc.joinpath("environ").read_bytes().split(b"\0"):
             key, sep, value = item.decode(errors="replace").partition("=")
@@ -69,6 +74,19 @@ class ProcessSpec:
             else:
                 argv += [name, value]
         return ProcessSpec(tuple(argv), dict(self.env), self.cwd)
+
+
+def _argv(proc: Path) -> tuple[str, ...]:
+    return tuple(a.decode() for a in proc.joinpath("cmdline").read_bytes().split(b"\0") if a)
+
+
+def stdout_file(pid: int) -> Path | None:
+    """The regular file ``pid``'s stdout is (None: a pipe, a terminal, or gone)."""
+    try:
+        target = Path(os.readlink(f"/proc/{pid}/fd/1"))
+    except OSError:
+        return None
+    return target if target.is_file() else None
 
 
 def alive(pid: int) -> bool:
@@ -131,10 +149,16 @@ class Processes:
         self.generation = dict.fromkeys(pids, 0)
         self._children: list[subprocess.Popen[bytes]] = []
         self._by_pid: dict[int, subprocess.Popen[bytes]] = {}
+        # Where each first process writes (started by someone else: its stdout's file).
+        self._first_logs = {role: p for role, pid in pids.items() if (p := stdout_file(pid))}
 
     def log_of(self, role: str) -> Path:
-        """Where the role's current process writes (one it started)."""
-        return self.dir / "logs" / f"{role}-{self.generation.get(role, 0)}.log"
+        """Where the role's current process writes: the log of one started here, or, for the
+        first process of a role (started by someone else), the file its stdout goes to."""
+        generation = self.generation.get(role, 0)
+        if generation == 0 and role in self._first_logs:
+            return self._first_logs[role]
+        return self.dir / "logs" / f"{role}-{generation}.log"
 
     def reap(self, role: str) -> None:
         """Collect the exit of the role's process if it was one started here (no zombie)."""

@@ -124,12 +124,14 @@ def group(cluster: Cluster) -> Iterator[NodeGroup]:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    """On a failed e2e test, attach the ends of the extender's and kube-scheduler's logs."""
+    """On a failed e2e test, attach the ends of the logs of tidelease's processes (the live
+    ones: a test may have restarted them), kube-scheduler's and the real nodes'."""
     outcome = yield
     report = outcome.get_result()  # type: ignore[attr-defined]
     if report.failed and report.when == "call" and _running is not None:
         for name in (
-            "extender.log",
+            _running.latest_log("extender"),
+            _running.latest_log("controllers"),
             "kube-scheduler-default-scheduler.log",
             "realnode.log",
             "realnode/kubelet.log",

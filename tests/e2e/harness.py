@@ -276,6 +276,15 @@ class Cluster:
         """``command``'s stdout in the pod's container (through the API server and kubelet)."""
         return self.kubectl("exec", "-n", namespace, pod, "--", *command)
 
+    def latest_log(self, role: str) -> str:
+        """The log ``role``'s live process writes: cluster-up's ``<role>.log``, or, once a test
+        restarted it (tests/processes.py), the newest ``<role>-<generation>.log``."""
+        candidates = [self.logs / f"{role}.log", *self.logs.glob(f"{role}-[0-9]*.log")]
+        existing = [p for p in candidates if p.exists()]
+        if not existing:
+            return f"{role}.log"
+        return max(existing, key=lambda p: p.stat().st_mtime).name
+
     def log_tail(self, name: str, lines: int = 40) -> str:
         path = self.logs / name
         if not path.exists():

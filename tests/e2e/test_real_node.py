@@ -209,7 +209,20 @@ def test_a_job_whose_borrower_a_reclaim_evicts_does_not_count_a_failure(
         status = got.get("status") or {}
         return status if status.get("phase") == "Steady" and status.get("reclaims") else None
 
-    wait_for(reclaimed, what="the reclaim to finish", timeout=90)
+    def lease_and_pods() -> str:
+        lease = kube.get(contract.KIND_GPU_LEASE, "recsys", ns) or {}
+        pods = {
+            p["metadata"]["name"]: (
+                (p.get("status") or {}).get("phase"),
+                p["spec"].get("nodeName"),
+                (p["metadata"].get("annotations") or {}).get(contract.ANN_DEVICES),
+                bool(p["metadata"].get("deletionTimestamp")),
+            )
+            for p in kube.list("Pod", ns)
+        }
+        return f"lease status: {lease.get('status')}\npods (phase, node, devices, deleting): {pods}"
+
+    wait_for(reclaimed, what="the reclaim to finish", timeout=90, describe=lease_and_pods)
     node_devices = cluster.gpu_node_uuids(real_node.name)
     for replica, before in held.items():
         pod = cluster.wait_running(ns, replica, timeout=90)

@@ -26,6 +26,7 @@ local cluster's kube-controller-manager runs outside it.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import threading
@@ -88,28 +89,56 @@ def tenancy_job(cluster: Cluster, group: NodeGroup) -> Iterator[tuple[Job, str]]
             cluster.kube.delete("Namespace", ns)
 
 
-def wait_enforced(cluster: Cluster, enforced: bool) -> None:
-    """Until the API server (which compiles policies as they come and go) refuses, or admits,
-    a high-priority pod in a namespace not granted online jobs."""
-    probe = cluster.namespace("ten-probe", online=False)
-    pod = builders.pod("probe", 0, namespace=probe, priority=Priority.HIGH)
-    pod["metadata"].pop("uid")
-    pod.pop("status")
+def policy_probes(namespace: str) -> dict[str, dict[str, Any]]:
+    """For each of the chart's policies, a pod it alone refuses at creation in ``namespace``
+    (not granted online jobs), by anyone: a reliability tier that is none, a high priority, an
+    annotation only tidelease writes. Never placed (a node selector no node has)."""
 
-    def settled() -> bool:
+    def probe(name: str, **kwargs: Any) -> dict[str, Any]:
+        pod = builders.pod(name, 0, namespace=namespace, **kwargs)
+        pod["metadata"].pop("uid")
+        pod.pop("status")
+        pod["spec"]["nodeSelector"] = {"no-such-node": "x"}
+        return pod
+
+    return {
+        admissionpolicy.POLICY_NAME: probe(
+            "probe-tier", extra_annotations={contract.ANN_RELIABILITY: "no-such-tier"}
+        ),
+        admissionpolicy.ONLINE_POLICY_NAME: probe("probe-high", priority=Priority.HIGH),
+        admissionpolicy.WRITTEN_POLICY_NAME: probe(
+            "probe-written", extra_annotations={contract.ANN_DEVICES: "GPU-probe"}
+        ),
+    }
+
+
+def wait_enforced(cluster: Cluster, enforced: bool) -> None:
+    """Until the API server refuses, or admits, each policy's probe pod. It loads every policy
+    and binding on its own in the background, so one in force says nothing of the others (a
+    clean-clone run saw the written-annotations policy not yet in force after the first was)."""
+    namespace = cluster.namespace("ten-probe", online=False)
+    probes = policy_probes(namespace)
+
+    def settled(policy: str) -> bool:
+        pod = probes[policy]
         try:
             cluster.kube.create(pod)
         except ApiError as e:
-            if e.status != 422:
+            if e.status not in (403, 422) or policy not in e.message:
                 raise
             return enforced
-        cluster.kube.delete("Pod", "probe", probe)
+        cluster.kube.delete("Pod", pod["metadata"]["name"], namespace)
         return not enforced
 
     try:
-        wait_for(settled, what=f"the admission policies {'on' if enforced else 'off'}", timeout=30)
+        for policy in probes:
+            wait_for(
+                functools.partial(settled, policy),
+                what=f"{policy} {'on' if enforced else 'off'}",
+                timeout=30,
+            )
     finally:
-        cluster.kube.delete("Namespace", probe)
+        cluster.kube.delete("Namespace", namespace)
 
 
 @pytest.fixture

@@ -24,7 +24,10 @@ def _wait(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
 
 def test_a_process_that_exits_on_its_own_is_started_again_and_reported(tmp_path: Path) -> None:
     (tmp_path / "logs").mkdir()
-    first = subprocess.Popen(["sleep", "300"], stdin=subprocess.DEVNULL)
+    # Started by someone else (as cluster-up starts the cluster's), writing to a log of its own.
+    own_log = tmp_path / "logs" / "sleeper.log"
+    with own_log.open("wb") as out:
+        first = subprocess.Popen(["sleep", "300"], stdin=subprocess.DEVNULL, stdout=out)
     processes = Processes(tmp_path, {"sleeper": first.pid})
     heard: list[tuple[str, Path]] = []
     try:
@@ -37,7 +40,8 @@ def test_a_process_that_exits_on_its_own_is_started_again_and_reported(tmp_path:
             second = processes.pids["sleeper"]
             assert second != first.pid
             assert alive(second)
-            assert heard == [("sleeper", processes.dir / "logs" / "sleeper-0.log")]
+            assert heard == [("sleeper", own_log)]  # the dead one's log: where it wrote
+            assert processes.log_of("sleeper") == processes.dir / "logs" / "sleeper-1.log"
             assert processes.specs["sleeper"].argv == ("sleep", "300")
 
             with supervisor.lock:  # stopped on purpose: pid 0, left down
