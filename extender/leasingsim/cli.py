@@ -16,6 +16,7 @@ import json
 import math
 import os
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -262,6 +263,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         if args.standby_sweep:
             over = "" if len(seeds) == 1 else f" over seeds {seeds[0]}-{seeds[-1]}"
             print(f"sweeping standby sizes {sizes}{over} ...", file=stream, flush=True)
+            swept = time.perf_counter()
             sizing = sweep(
                 lambda batch: runner.run(
                     [replace(base, standby_gpus=s, seed=k) for s in batch for k in seeds]
@@ -271,6 +273,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
                 batch=_batch(args.jobs, len(seeds)),
                 level=LEVEL,
             )
+            sweep_s = time.perf_counter() - swept
         todo: list[SimSettings] = []
         for policy in policies:
             if policy is Policy.RIGHT_OF_RETURN:
@@ -297,6 +300,11 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     if sizing is not None:
         print(file=stream)
         print(sizing_table(sizing, total), file=stream)
+        print(
+            f"The sweep ran {len(sizing.results)} simulations in {sweep_s:.0f} s "
+            f"({args.jobs} at a time).",
+            file=stream,
+        )
     print(file=stream)
     print(findings(groups, sizing, total), file=stream)
     print(file=stream)

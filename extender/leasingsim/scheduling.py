@@ -6,7 +6,7 @@
   passed -> bind: the devices of :func:`extender.scheduler.placement.pick_devices`, recorded in
   the node's ledger.
 * **plain** (``Profile.PLAIN``): kube-scheduler as it ships, with the NVIDIA device plugin: a GPU
-  is an ``nvidia.com/gpu``, one as good as another (weflex 2: "native Kubernetes scheduling
+  is an ``nvidia.com/gpu``, one as good as another (weflex 2.3, C3: "native Kubernetes scheduling
   mechanisms [...] treat all resources of equivalent priority as interchangeable"). A node fits
   where its free healthy GPUs (allocatable less requested; the plugin reports a failed GPU
   unhealthy) are enough, of the pod's GPU type (a node label); it scores by ``NodeResourcesFit``

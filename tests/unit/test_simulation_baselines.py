@@ -14,6 +14,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 from dataclasses import replace
+from functools import partial
 
 import pytest
 
@@ -144,7 +145,7 @@ def test_the_best_score_wins_before_any_draw() -> None:
         assert second.node == first.node
 
 
-def evict(world: SimCluster, holder: Holder, gone: list[Holder]) -> None:
+def evict(world: SimCluster, gone: list[Holder], holder: Holder) -> None:
     gone.append(holder)
     world.release(holder.pod_uid)
 
@@ -160,7 +161,7 @@ def test_preemption_ties_are_drawn_from_the_seed() -> None:
             assert filler.place(borrower(4, f"b{i}")) is not None
         scheduler = Scheduler(world, SchedulerSettings(), random.Random(seed))
         gone: list[Holder] = []
-        placed = scheduler.place(online(4), evict=lambda h: evict(world, h, gone))
+        placed = scheduler.place(online(4), evict=partial(evict, world, gone))
         assert placed is not None
         assert len(gone) == 1
         assert world.pod_node.get(gone[0].pod_uid) is None
@@ -181,7 +182,7 @@ def test_plain_preemption_takes_the_node_whose_victim_started_last() -> None:
         latest = world.pod_node[PodUid("b11")]
         scheduler = Scheduler(world, SchedulerSettings(), random.Random(seed), Profile.PLAIN)
         gone: list[Holder] = []
-        placed = scheduler.place(online(4), evict=lambda h: evict(world, h, gone))
+        placed = scheduler.place(online(4), evict=partial(evict, world, gone))
         assert [h.pod_uid for h in gone] == ["b11"]
         assert placed is not None
         assert placed.node == latest
