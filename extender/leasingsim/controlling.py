@@ -107,6 +107,10 @@ class Policy(enum.Enum):
         return self in (Policy.NO_RETURN, Policy.TIERS_NO_TAGS)
 
 
+# the policies compared by default (the ablation only when asked for), in the report's order
+DEFAULT_POLICIES = (Policy.RIGHT_OF_RETURN, Policy.NO_RETURN, Policy.NO_SCALING)
+
+
 @dataclass(frozen=True, slots=True)
 class ReclaimRecord:
     """One reclaim of a lease: from ``Reclaiming`` back to ``Steady``.
