@@ -266,7 +266,7 @@ class Scheduler:
 
     def _best_plain(self, req: PodRequest, within: Collection[NodeName] | None) -> NodeName | None:
         """The plain profile's pick: of the nodes with enough free healthy GPUs of the type (all
-        that fit), the best ``MostAllocated`` score (:func:`most_allocated`), ties at random."""
+        that fit), the best ``NodeResourcesFit`` score (:func:`resources_fit`), ties at random."""
         cands = self.world.with_free(req.gpus, req.gpu_type)
         if within is not None:
             cands = [n for n in cands if n in within]
@@ -360,7 +360,7 @@ class Scheduler:
             return None
         shape = (*placement_shape(req), req.pod_priority)
         world = self.world
-        ranked: list[tuple[int, str, tuple[Holder, ...]]] = []
+        ranked: list[tuple[tuple[int, ...], str, tuple[Holder, ...]]] = []
         known = self._victims.get(shape)
         for name in walked:
             node = NodeName(name)
@@ -379,8 +379,8 @@ class Scheduler:
                 known[node] = (version, victims)
                 self._remembered += 1
             if victims is not None:
-                ranked.append((len(victims), name, victims))
-        return self._pick_candidate([((r[0],), r[1], r[2]) for r in ranked])
+                ranked.append(((len(victims),), name, victims))
+        return self._pick_candidate(ranked)
 
     def _pick_candidate(
         self, ranked: Sequence[tuple[tuple[int, ...], str, tuple[Holder, ...]]]
