@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The main job on its embedded default: the cluster simulator on a built-in 10,000-GPU cluster
 # and a two-week trace of tides, borrowers and failures. It runs the extender's and the leasing
-# controller's own policy code, compares right of return against no return and no scaling,
-# sizes the standby pool, over seeds 1-3 (each figure a mean with its 95% confidence interval),
-# prints the tables and writes PNG plots to ./tidelease-sim-out. About 6 minutes on two cores
-# (--seeds 1: one run, about 3).
+# controller's own policy code, compares right of return against no return (the plain
+# kube-scheduler) and no scaling, and sizes the standby pool, over seeds 1-3 (each figure a
+# mean with its 95% confidence interval); prints the tables and writes PNG plots to
+# ./tidelease-sim-out. About 6 minutes on two cores (--seeds 1: one run, about 3).
 #
 # usage: hack/demo.sh [tidelease simulate options]   (e.g. --scale 0.1 --days 3 for a quick look)
 #   The extender's own HTTP demo (a day of tides over HTTP on five nodes): .venv/bin/tidelease demo

@@ -1,4 +1,4 @@
-"""The online jobs, their workloads, and the leasing controller, under one of three policies. Pure.
+"""The online jobs, their workloads, and the leasing controller, under one of four policies. Pure.
 
 An online job runs a StatefulSet of ``gpus_per_replica``-GPU pods named ``<job>-<ordinal>``
 (high priority, pod priority ``tidelease-online``, its owner, type and tier annotations). Its
@@ -16,12 +16,19 @@ and is tried again at every step, preempting borrowers where that helps.
   GpuLease by its watch. The standby pool is topped up every ``topup_every`` minutes exactly as
   the controller does it (:func:`~extender.rightofreturn.rules.standby_changes` over the same
   view).
-* **No right of return** (``no-return``): the same targets
-  (:func:`~extender.rightofreturn.rules.target_gpus`,
-  :func:`~extender.rightofreturn.rules.replicas_for`),
-  but the StatefulSet is scaled directly: released devices go back untagged, new pods go
-  wherever placement puts them. No standby pool.
-* **No elastic scaling** (``no-scaling``): the jobs keep their peak replicas.
+* **No right of return** (``no-return``): what a cluster runs without tidelease, Kubernetes-native
+  leasing: the same targets (:func:`~extender.rightofreturn.rules.target_gpus`,
+  :func:`~extender.rightofreturn.rules.replicas_for`), the StatefulSet scaled directly (as an
+  autoscaler scales it), every pod placed by the plain kube-scheduler with the NVIDIA device
+  plugin (:attr:`~extender.leasingsim.scheduling.Profile.PLAIN`: GPUs interchangeable, no tiers,
+  tags or standby pool). weflex 4.7: "When leasing GPUs without a Right-of-Return guarantee,
+  the share of high-availability GPUs gradually diminished until it aligned with the cluster
+  average".
+* **Tiers without tags** (``tiers-no-tags``, an ablation): scaled as ``no-return``, but placed
+  by tidelease's tier-aware scheduler, without leases, tags or standby pool: what the
+  scheduler's tiers alone preserve.
+* **No elastic scaling** (``no-scaling``): the jobs keep their peak replicas (placed by
+  tidelease's scheduler; they never move).
 
 Every job starts at its peak, its pods placed on the cluster's ``online`` nodes: the pre-lease
 placement.
@@ -65,7 +72,7 @@ from extender.leasing.decisions import (
 )
 from extender.leasing.execution import execute
 from extender.leasingsim.scenario import NodeSpec, OnlineJob, Role
-from extender.leasingsim.scheduling import Scheduler
+from extender.leasingsim.scheduling import Profile, Scheduler
 from extender.leasingsim.tagging import TagChecks
 from extender.leasingsim.world import SimCluster
 from extender.rightofreturn.lease import GpuLease, LeaseSpec, LeaseStatus, Workload
@@ -86,7 +93,22 @@ MAX_ACTIONS = 200  # per lease and step: a guard, never reached in practice
 class Policy(enum.Enum):
     RIGHT_OF_RETURN = "right-of-return"
     NO_RETURN = "no-return"
+    TIERS_NO_TAGS = "tiers-no-tags"
     NO_SCALING = "no-scaling"
+
+    @property
+    def profile(self) -> Profile:
+        """The scheduler that places every pod under this policy."""
+        return Profile.PLAIN if self is Policy.NO_RETURN else Profile.TIDELEASE
+
+    @property
+    def scales_directly(self) -> bool:
+        """Whether the jobs' StatefulSets are scaled to their targets without leases."""
+        return self in (Policy.NO_RETURN, Policy.TIERS_NO_TAGS)
+
+
+# the policies compared by default (the ablation only when asked for), in the report's order
+DEFAULT_POLICIES = (Policy.RIGHT_OF_RETURN, Policy.NO_RETURN, Policy.NO_SCALING)
 
 
 @dataclass(frozen=True, slots=True)
@@ -385,7 +407,7 @@ class OnlineJobs:
             self._place_pending()
             for job in self.jobs:
                 self._control(job, now, now + step_s)
-        elif self.policy is Policy.NO_RETURN:
+        elif self.policy.scales_directly:
             for job in self.jobs:
                 spec = job.spec
                 target = target_gpus(spec.demand_at(minute), spec.schedule, now)

@@ -76,6 +76,30 @@ def share(values: Sequence[float], level: float = LEVEL) -> Estimate:
     return estimate(values, level, (0.0, 1.0))
 
 
+def seeds_for(
+    values: Sequence[float], bound: float, level: float = LEVEL, most: int = 100
+) -> int | None:
+    """How many seeds would put the lower bound of the interval at or above ``bound``, were the
+    mean and standard deviation of ``values`` to hold as more seeds come: the smallest ``n``
+    (at least ``len(values)``, at most ``most``) with ``mean - t(n - 1) · s / √n >= bound``;
+    ``None`` with fewer than two values (no spread to project), where the mean is below
+    ``bound`` (no number of seeds would do) or where it takes more than ``most``. A projection,
+    not a promise: more seeds move the mean too."""
+    n = len(values)
+    if n < 2:
+        return None
+    e = estimate(values, level)
+    if e.mean < bound:
+        return None
+    if e.low >= bound:
+        return n
+    sd = e.half * math.sqrt(n) / t_quantile(n, level)
+    for k in range(n + 1, most + 1):
+        if e.mean - t_quantile(k, level) * sd / math.sqrt(k) >= bound:
+            return k
+    return None
+
+
 def band(
     rows: Sequence[Sequence[float]], level: float = LEVEL
 ) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:

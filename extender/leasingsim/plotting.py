@@ -27,7 +27,12 @@ except ModuleNotFoundError as e:
         " --no-plots (the tables and summary.json are written without it)"
     ) from e
 
-COLORS = {"right-of-return": "tab:green", "no-return": "tab:red", "no-scaling": "tab:gray"}
+COLORS = {
+    "right-of-return": "tab:green",
+    "no-return": "tab:red",
+    "tiers-no-tags": "tab:orange",
+    "no-scaling": "tab:gray",
+}
 
 
 Runs = Sequence[RunResult]  # one policy's runs, one per seed

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from extender.leasingsim.estimating import LEVEL, Estimate, estimate
 from extender.leasingsim.metrics import Summary, over_seeds
 from extender.leasingsim.scenario import Scenario
-from extender.leasingsim.sizing import SizeEstimate, Sizing
+from extender.leasingsim.sizing import CAP_SHARE, SizeEstimate, Sizing
 
 
 def _pct(x: float) -> str:
@@ -227,8 +227,7 @@ def sizing_table(sizing: Sizing, total_gpus: int) -> str:
         "devices taken; forfeited: asked back, neither back nor still lent.",
     ]
     if sizing.answer is None:
-        largest = max((p.size for p in sizing.points), default=0)
-        text = f"No standby pool up to {largest} GPUs meets the target"
+        text = f"No standby pool up to {sizing.largest} GPUs meets the target"
         best = _best(sizing.sizes)
         if several and best is not None:
             text += (
@@ -236,7 +235,7 @@ def sizing_table(sizing: Sizing, total_gpus: int) -> str:
                 f"lower bound, {100 * best.full.low:.2f}%, is at {best.size} GPUs (full "
                 f"{_pe(best.full, 2)}, {_ci(best.full)})"
             )
-        lines.append(text + ".")
+        lines.append(text + "." + _capped(sizing, total_gpus))
     else:
         share = sizing.answer / total_gpus if total_gpus else 0.0
         larger = [p.size for p in sizing.points if p.size > sizing.answer]
@@ -258,7 +257,33 @@ def sizing_table(sizing: Sizing, total_gpus: int) -> str:
                 f"Smallest standby pool meeting the target: {sizing.answer} GPUs "
                 f"({100 * share:.2f}% of the cluster; {confirmed})."
             )
+    nearest = sizing.nearest()
+    if nearest is not None:
+        lines.append(_more_seeds(sizing, nearest))
     return "\n".join(lines)
+
+
+def _capped(sizing: Sizing, total_gpus: int) -> str:
+    """Why the sweep stopped without an answer, when it stopped at the default sweep's cap."""
+    if not total_gpus or sizing.largest < CAP_SHARE * total_gpus:
+        return ""
+    return (
+        f" The sweep stops at {100 * CAP_SHARE:g}% of the cluster: a standby device is one no "
+        "borrower may use, and a larger pool would hold back most of what the leases lend; "
+        "the answer is more than that."
+    )
+
+
+def _more_seeds(sizing: Sizing, size: SizeEstimate) -> str:
+    """What more seeds could confirm: a smaller size whose mean meets the target."""
+    text = (
+        f"{size.size} GPUs meets the target on average (full {_pe(size.full, 2)}, "
+        f"{_ci(size.full)}), but its interval over {sizing.seeds} seeds reaches below it"
+    )
+    need = size.seeds_to_meet(sizing.target)
+    if need is None:
+        return text + "; no number of seeds up to 100 would confirm it at this spread."
+    return text + f"; about {need} seeds would confirm it if the spread holds (--seeds {need})."
 
 
 def _best(sizes: Sequence[SizeEstimate]) -> SizeEstimate | None:
@@ -270,6 +295,16 @@ def _diff(e: Estimate) -> str:
     """A difference in points: ``+19.0 pp``, or ``+19.0 ±1.2 pp`` with several seeds."""
     text = f"{100 * e.mean:+.1f}"
     return f"{text} ±{100 * e.half:.1f} pp" if e.spread else f"{text} pp"
+
+
+def _apart(ror: Estimate, nor: Estimate, level: float = LEVEL) -> str:
+    """Whether right of return's end share and no return's differ beyond their intervals."""
+    apart = ror.low > nor.high or nor.low > ror.high
+    verdict = "do not overlap: the difference is significant" if apart else "overlap"
+    return (
+        f"at the end, right of return {_ci(ror, 1)} against no return {_ci(nor, 1)}: the "
+        f"{100 * level:g}% intervals {verdict}."
+    )
 
 
 def findings(
@@ -284,6 +319,7 @@ def findings(
     by = {g[0].policy: g for g in groups}
     lines = ["Findings:"]
     ror, nor, nos = by.get("right-of-return"), by.get("no-return"), by.get("no-scaling")
+    tiers = by.get("tiers-no-tags")
 
     def e(group: list[Summary], name: str) -> Estimate:
         return over_seeds(group, name)
@@ -303,13 +339,19 @@ def findings(
             )
         if nor is not None:
             drift = _diff(diff(nor, "ha_end", "ha_start"))
+            off = _diff(diff(nor, "ha_end", "cluster_ha"))
             parts.append(
-                f"no return drifts to {_pe(e(nor, 'ha_end'))} ({drift}; {_pe(e(nor, 'ha_min'))} "
-                "at its lowest daily peak)"
+                f"no return (plain kube-scheduler) ends at {_pe(e(nor, 'ha_end'))} ({drift}; "
+                f"{off} from the cluster average; {_pe(e(nor, 'ha_min'))} at its lowest daily "
+                "peak)"
             )
+        if tiers is not None:
+            parts.append(f"tiers without tags ends at {_pe(e(tiers, 'ha_end'))}")
         if nos is not None:
             parts.append(f"no scaling {_pe(e(nos, 'ha_end'))}")
         lines.append("  fig. 14, HA share of the online jobs' GPUs: " + "; ".join(parts) + ".")
+        if ror is not None and nor is not None and len(ror) > 1 and len(nor) > 1:
+            lines.append("  " + _apart(e(ror, "ha_end"), e(nor, "ha_end")))
     if ror is not None or nor is not None:
         leased = ror or nor
         assert leased is not None
@@ -335,10 +377,9 @@ def findings(
             else ""
         )
         if sizing.answer is None:
-            largest = max((p.size for p in sizing.points), default=0)
             text = (
-                f"  standby for >= {100 * sizing.target:g}% full reclaims{how}: none up to "
-                f"{largest} GPUs"
+                f"  standby for >= {100 * sizing.target:g}% full reclaims{how}: more than "
+                f"{sizing.largest} GPUs"
             )
             best = _best(sizing.sizes)
             if several and best is not None:

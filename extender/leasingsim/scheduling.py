@@ -1,15 +1,33 @@
-"""kube-scheduler's cycle for one GPU pod, as it runs with the tidelease extender. Pure.
+"""kube-scheduler's cycle for one GPU pod, under one of two profiles. Pure.
 
-filter (:func:`extender.scheduler.filtering.filter_nodes`) -> prioritize
-(:func:`extender.scheduler.scoring.prioritize_nodes`) -> the best score among the nodes that
-passed, ties by name (as :class:`extender.scheduler.driver.SchedulerDriver` picks) -> bind: the
-devices of :func:`extender.scheduler.placement.pick_devices`, recorded in the node's ledger.
+* **tidelease** (``Profile.TIDELEASE``): kube-scheduler with the tidelease extender. filter
+  (:func:`extender.scheduler.filtering.filter_nodes`) -> prioritize
+  (:func:`extender.scheduler.scoring.prioritize_nodes`) -> the best score among the nodes that
+  passed -> bind: the devices of :func:`extender.scheduler.placement.pick_devices`, recorded in
+  the node's ledger.
+* **plain** (``Profile.PLAIN``): kube-scheduler as it ships, with the NVIDIA device plugin: a GPU
+  is an ``nvidia.com/gpu``, one as good as another (weflex 2.3, C3: "native Kubernetes scheduling
+  mechanisms [...] treat all resources of equivalent priority as interchangeable"). A node fits
+  where its free healthy GPUs (allocatable less requested; the plugin reports a failed GPU
+  unhealthy) are enough, of the pod's GPU type (a node label); it scores by ``NodeResourcesFit``
+  with the ``MostAllocated`` strategy over ``nvidia.com/gpu`` (bin packing, what GPU clusters
+  configure so that 8-GPU pods find whole nodes); the kubelet hands out any free healthy
+  devices (its device manager takes them from an unordered set: drawn at random here). No
+  tiers, tags or standby devices: the pod's ``min_tier`` cannot be expressed.
+
+Ties are broken as kube-scheduler breaks them, at random (seeded): ``selectHost`` samples the
+highest-scoring nodes uniformly (reservoir sampling). The scheduler's node list (its snapshot's
+order) is a random permutation of the nodes, drawn once per run.
 
 When no node passes, high-priority pods preempt as kube-scheduler's DefaultPreemption does: from
-a random node (seeded), it collects the nodes the filter marked as resolvable by eviction
-(``FailedNodes``) until it has ``max(10 % of the nodes, 100)`` candidates, asks the extender's
-preempt (:func:`extender.scheduler.victims.choose_victims` per node), evicts the victims of the
-node with the fewest (ties by name) and runs the cycle once more.
+a random offset in the node list, it collects the nodes where eviction would make room (the
+filter's ``FailedNodes``) until it has ``max(10 % of the nodes, 100)`` candidates, finds the
+victims on each (tidelease: the extender's
+:func:`extender.scheduler.victims.choose_victims`; plain: :func:`select_victims`, kube-
+scheduler's ``SelectVictimsOnNode``), picks the candidate as ``pickOneNodeForPreemption`` does
+(tidelease: the fewest victims; plain: the lowest highest victim priority, the lowest sum of
+priorities, the fewest victims, the latest start of the highest-priority victims), the rest of
+the ties at random, evicts its victims and runs the cycle once more.
 
 Three shortcuts keep a two-week run of 10,000 GPUs fast, none changing an answer:
 
@@ -18,7 +36,7 @@ Three shortcuts keep a two-week run of 10,000 GPUs fast, none changing an answer
   standby pool unless the pod is a reclaim (no other pod's plan takes a standby device); the rest
   of the nodes matter only for preemption, which walks them as kube-scheduler does. The
   statistics count the filter calls of the unabridged cycle (one per cycle with a node of enough
-  free healthy devices).
+  free healthy devices). Under the plain profile those nodes are exactly the ones that fit.
 * A pod that is no reclaim passes or not on a node, and scores there, whatever the other nodes
   are; its candidates are scored first and the filter asked about the best (it nearly always
   passes), not about every candidate.
@@ -31,6 +49,7 @@ Three shortcuts keep a two-week run of 10,000 GPUs fast, none changing an answer
 
 from __future__ import annotations
 
+import enum
 import random
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
@@ -47,6 +66,23 @@ from extender.scheduler.placement import (
 from extender.scheduler.scoring import ScoreWeights, prioritize_nodes
 from extender.scheduler.victims import choose_victims
 
+MAX_NODE_SCORE = 100  # kube-scheduler's framework.MaxNodeScore
+
+
+class Scoring(enum.Enum):
+    """``NodeResourcesFit``'s scoring strategy (its ``scoringStrategy.type``)."""
+
+    LEAST_ALLOCATED = "LeastAllocated"  # kube-scheduler's default: spread
+    MOST_ALLOCATED = "MostAllocated"  # bin packing
+
+
+class Profile(enum.Enum):
+    """Which scheduler places the pods (the module's docstring)."""
+
+    TIDELEASE = "tidelease"
+    PLAIN = "plain"
+
+
 Evict = Callable[[Holder], object]
 Victims = tuple[int, tuple[Holder, ...] | None]  # at a node version, choose_victims' answer
 VICTIMS_KEPT = 200_000
@@ -58,6 +94,8 @@ class SchedulerSettings:
     # DefaultPreemption's minCandidateNodesPercentage and minCandidateNodesAbsolute
     candidates_percent: int = 10
     candidates_min: int = 100
+    # the plain profile's NodeResourcesFit strategy
+    plain_scoring: Scoring = Scoring.MOST_ALLOCATED
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,11 +115,24 @@ class SchedulerStats:
 
 
 class Scheduler:
-    def __init__(self, world: SimCluster, settings: SchedulerSettings, rng: random.Random) -> None:
+    def __init__(
+        self,
+        world: SimCluster,
+        settings: SchedulerSettings,
+        rng: random.Random,
+        profile: Profile = Profile.TIDELEASE,
+    ) -> None:
         self.world = world
         self.settings = settings
         self.rng = rng
+        self.profile = profile
         self.stats = SchedulerStats()
+        # kube-scheduler's node list: a random permutation (its snapshot's order), per GPU type
+        order = list(world.names)
+        rng.shuffle(order)
+        self._order: dict[str | None, list[NodeName]] = {None: order}
+        for name in order:
+            self._order.setdefault(world.specs[name].gpu_type, []).append(name)
         # victims per request shape, per node, at a node version: choose_victims is pure in the
         # node's devices and ledger, which the version identifies (versions only grow, so an
         # answer at an older one is never asked again: only the latest is kept). All of it is
@@ -120,7 +171,8 @@ class Scheduler:
 
     # --- the scheduling cycle ---
     def _universe(self, req: PodRequest, within: Collection[NodeName] | None) -> list[NodeName]:
-        nodes = self.world.nodes_of(req.gpu_type)
+        """The nodes of the pod's GPU type (and of ``within``) in the scheduler's order."""
+        nodes = self._order.get(req.gpu_type, [])
         if within is None:
             return nodes
         return [n for n in nodes if n in within]
@@ -183,6 +235,8 @@ class Scheduler:
         is a candidate for its free devices), it is the best that passes, without asking about
         every candidate; where not, the filter is asked about all of them. Counted as one
         filter call either way."""
+        if self.profile is Profile.PLAIN:
+            return self._best_plain(req, within)
         weights = self.settings.weights
         state = self.world.state
         if req.reclaim or req.gpus <= 0:
@@ -194,17 +248,37 @@ class Scheduler:
                     self.stats.filter_calls += 1
                 return None
             self.stats.filter_calls += 1
-            scores = prioritize_nodes(state, req, cands, weights)
-            top = max(v for _, v in scores)
-            first = min(n for n, v in scores if v == top)
+            first = self.select_host(prioritize_nodes(state, req, cands, weights))
             if filter_nodes(state, req, [first]).passed:
                 return NodeName(first)
             passed = filter_nodes(state, req, cands).passed
         if not passed:
             return None
-        scores = prioritize_nodes(state, req, passed, weights)
+        return NodeName(self.select_host(prioritize_nodes(state, req, passed, weights)))
+
+    def select_host(self, scores: Sequence[tuple[str, int]]) -> str:
+        """kube-scheduler's ``selectHost``: one of the highest-scoring nodes, uniformly at random
+        (sorted first: the candidates come in no fixed order, the seed's draw must not depend
+        on it)."""
         top = max(v for _, v in scores)
-        return NodeName(min(n for n, v in scores if v == top))
+        best = [n for n, v in scores if v == top]
+        return best[0] if len(best) == 1 else self.rng.choice(sorted(best))
+
+    def _best_plain(self, req: PodRequest, within: Collection[NodeName] | None) -> NodeName | None:
+        """The plain profile's pick: of the nodes with enough free healthy GPUs of the type (all
+        that fit), the best ``NodeResourcesFit`` score (:func:`resources_fit`), ties at random."""
+        cands = self.world.with_free(req.gpus, req.gpu_type)
+        if within is not None:
+            cands = [n for n in cands if n in within]
+        if not cands:
+            return None
+        self.stats.filter_calls += 1
+        nodes, healthy = self.world.state.nodes, self.world.healthy
+        strategy = self.settings.plain_scoring
+        scores = [
+            (n, resources_fit(strategy, healthy[n], nodes[n].free_total, req.gpus)) for n in cands
+        ]
+        return NodeName(self.select_host(scores))
 
     def _cycle(
         self, req: PodRequest, universe: Sequence[NodeName], within: Collection[NodeName] | None
@@ -213,6 +287,14 @@ class Scheduler:
         if best is None:
             return None
         world = self.world
+        if self.profile is Profile.PLAIN:
+            # the kubelet's device manager: any free healthy devices (an unordered set)
+            taken = world.holder_of
+            free = [d for d in world.by_node[best] if d.cls.healthy and d.uuid not in taken]
+            picked = sorted(self.rng.sample(free, req.gpus), key=lambda d: d.index)
+            world.bind(best, req.holder(), picked)
+            self.stats.placed += 1
+            return Placement(best, tuple(picked))
         state = world.state.nodes[best]
         # The plan the filter and prioritize made for this node's free devices (pick_devices'
         # own, made once per free-device state and request shape), then its devices.
@@ -227,9 +309,15 @@ class Scheduler:
         return Placement(best, devices)
 
     # --- preemption ---
-    def _walk(self, req: PodRequest, universe: Sequence[NodeName], want: int) -> list[str]:
-        """Up to ``want`` nodes where evicting lower-priority pods would let the pod fit, walking
-        the nodes from a random one, as DefaultPreemption collects its candidates."""
+    def _walk(
+        self,
+        universe: Sequence[NodeName],
+        want: int,
+        failed: Callable[[list[NodeName]], list[str]],
+    ) -> list[str]:
+        """Up to ``want`` nodes where evicting lower-priority pods would let the pod fit
+        (``failed``: those of some nodes), walking the node list from a random offset, as
+        DefaultPreemption collects its candidates."""
         n = len(universe)
         if n == 0:
             return []
@@ -238,7 +326,7 @@ class Scheduler:
         found: list[str] = []
         for lo in range(0, n, chunk):
             names = [universe[(start + i) % n] for i in range(lo, min(n, lo + chunk))]
-            found.extend(self._filter(req, names)[1])
+            found.extend(failed(names))
             if len(found) >= want:
                 return found[:want]
         return found
@@ -259,18 +347,20 @@ class Scheduler:
                 own = own_resolvable(self.world.state, self._filter(plain, tagged)[1], plain)
                 if own:
                     return sorted(own)[:want]
-        return self._walk(req, universe, want)
+        return self._walk(universe, want, lambda names: self._filter(req, names)[1])
 
     def _preempt(self, req: PodRequest, universe: Sequence[NodeName]) -> tuple[Holder, ...] | None:
         s = self.settings
         n = len(universe)
         want = min(n, max(n * s.candidates_percent // 100, s.candidates_min))
+        if self.profile is Profile.PLAIN:
+            return self._preempt_plain(req, universe, want)
         walked = self.preemption_candidates(req, universe, want)
         if not walked:
             return None
         shape = (*placement_shape(req), req.pod_priority)
         world = self.world
-        best: tuple[int, str, tuple[Holder, ...]] | None = None
+        ranked: list[tuple[tuple[int, ...], str, tuple[Holder, ...]]] = []
         known = self._victims.get(shape)
         for name in walked:
             node = NodeName(name)
@@ -288,9 +378,89 @@ class Scheduler:
                 known = self._victims.setdefault(shape, {})
                 known[node] = (version, victims)
                 self._remembered += 1
-            if victims is None:
-                continue
-            rank = (len(victims), name, victims)
-            if best is None or rank[:2] < best[:2]:
-                best = rank
-        return None if best is None else best[2]
+            if victims is not None:
+                ranked.append(((len(victims),), name, victims))
+        return self._pick_candidate(ranked)
+
+    def _pick_candidate(
+        self, ranked: Sequence[tuple[tuple[int, ...], str, tuple[Holder, ...]]]
+    ) -> tuple[Holder, ...] | None:
+        """The victims of the candidate with the smallest rank, ties at random."""
+        if not ranked:
+            return None
+        top = min(r[0] for r in ranked)
+        best = sorted((r for r in ranked if r[0] == top), key=lambda r: r[1])
+        return (best[0] if len(best) == 1 else self.rng.choice(best))[2]
+
+    def _preempt_plain(
+        self, req: PodRequest, universe: Sequence[NodeName], want: int
+    ) -> tuple[Holder, ...] | None:
+        world = self.world
+        found: dict[str, tuple[Holder, ...]] = {}
+
+        def failed(names: list[NodeName]) -> list[str]:
+            out: list[str] = []
+            for name in names:
+                victims = select_victims(
+                    self._pods_on(name), world.state.nodes[name].free_total, req
+                )
+                if victims is not None:
+                    found[name] = victims
+                    out.append(name)
+            return out
+
+        walked = self._walk(universe, want, failed)
+        started = world.started
+        ranked = []
+        for name in walked:
+            victims = found[name]
+            top = max((h.pod_priority for h in victims), default=0)
+            earliest = min(
+                (started[h.pod_uid] for h in victims if h.pod_priority == top), default=0
+            )
+            rank = (top, sum(h.pod_priority for h in victims), len(victims), -earliest)
+            ranked.append((rank, name, victims))
+        return self._pick_candidate(ranked)
+
+    def _pods_on(self, node: NodeName) -> list[tuple[Holder, int, int]]:
+        """The pods on a node: holder, healthy devices held, start (bind order)."""
+        world = self.world
+        devices, started = world.devices, world.started
+        return [
+            (a.holder, sum(1 for u in a.devices if devices[u].cls.healthy), started[h])
+            for h, a in world.ledger[node].items()
+        ]
+
+
+def resources_fit(strategy: Scoring, healthy: int, free: int, gpus: int) -> int:
+    """``NodeResourcesFit``'s score (0-100) of a node with ``healthy`` allocatable and ``free``
+    free GPUs for a pod of ``gpus``: ``LeastAllocated``, the share left free after placement;
+    ``MostAllocated``, the share requested."""
+    if healthy <= 0:
+        return 0
+    requested = min(healthy, healthy - free + gpus)
+    if strategy is Scoring.MOST_ALLOCATED:
+        return requested * MAX_NODE_SCORE // healthy
+    return (healthy - requested) * MAX_NODE_SCORE // healthy
+
+
+def select_victims(
+    pods: Sequence[tuple[Holder, int, int]], free: int, req: PodRequest
+) -> tuple[Holder, ...] | None:
+    """kube-scheduler's ``SelectVictimsOnNode`` for a pod of ``req.gpus`` interchangeable GPUs
+    on a node with ``free`` free healthy GPUs and these pods (holder, healthy GPUs held, start):
+    every pod of lower priority is a potential victim; ``None`` where the pod does not fit
+    even without them all. Then as many as possible are reprieved, the most important first
+    (higher priority, then earlier start): a pod stays when the preemptor fits without its
+    GPUs. Returns the rest, the victims (``()``: none needed)."""
+    lower = [p for p in pods if p[0].pod_priority < req.pod_priority]
+    room = free + sum(g for _, g, _ in lower)
+    if room < req.gpus:
+        return None
+    victims = []
+    for holder, gpus, _ in sorted(lower, key=lambda p: (-p[0].pod_priority, p[2])):
+        if room - gpus >= req.gpus:
+            room -= gpus  # reprieved: it keeps its GPUs
+        else:
+            victims.append(holder)
+    return tuple(victims)

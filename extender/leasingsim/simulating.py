@@ -69,7 +69,12 @@ def simulate(
     cpu_started = time.process_time()
     trace = scenario.trace
     world = SimCluster(scenario.nodes)
-    scheduler = Scheduler(world, settings.scheduler, random.Random(f"scheduler/{settings.seed}"))
+    scheduler = Scheduler(
+        world,
+        settings.scheduler,
+        random.Random(f"scheduler/{settings.seed}"),
+        settings.policy.profile,
+    )
     events = EventQueue()
     clock = SimClock(trace.start, trace.step)
     borrowers = Borrowers(trace.borrowers, world, scheduler, events, settings.borrower_pod_priority)

@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from extender.leasingsim.estimating import LEVEL, Estimate, estimate, share
+from extender.leasingsim.estimating import LEVEL, Estimate, estimate, seeds_for, share
 
 if TYPE_CHECKING:
     from extender.leasingsim.simulating import RunResult
@@ -39,11 +39,24 @@ if TYPE_CHECKING:
 
 TARGET = 0.999
 CONFIRM = 2
-# standby sizes tried by default, as shares of the cluster's GPUs (rounded to whole nodes): finer
-# below 2 % with one seed; whole percents with several, where each size costs a run per seed
-# (the default two-week run then stays within a few minutes on two cores)
-DEFAULT_SHARES = (0.0, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05)
-SEEDED_SHARES = (0.0, 0.01, 0.02, 0.03, 0.04, 0.05)
+# The largest standby pool the default sweep tries, as a share of the cluster's GPUs. A standby
+# device is one no borrower may use: on the built-in cluster the leases lend about 17 % of the
+# GPUs on average, so a pool of 10 % would hold back well over half of what leasing gives
+# borrowers; past it an admin gains more by accepting fewer full reclaims.
+CAP_SHARE = 0.10
+# standby sizes tried by default, as shares of the cluster's GPUs (rounded to whole nodes), up to
+# the cap: with one seed, finer below 2 % and whole percents above; with several, where each
+# size costs a run per seed, every other percent (the default three-seed demo then runs as many
+# simulations as its 0-5 % sweep did, about six minutes on two cores). The sweep stops at the
+# first confirmed answer, so the sizes past it cost nothing.
+SEEDED_SHARES = tuple(k / 100 for k in range(0, round(100 * CAP_SHARE) + 1, 2))
+DEFAULT_SHARES = (
+    0.0025,
+    0.005,
+    0.0075,
+    0.015,
+    *(k / 100 for k in range(round(100 * CAP_SHARE) + 1)),
+)
 
 
 def default_sizes(total_gpus: int, node_gpus: int = 8, seeds: int = 1) -> tuple[int, ...]:
@@ -82,6 +95,11 @@ class SizeEstimate:
     full: Estimate  # share of reclaims full: mean over the seeds, t interval
     level: float = LEVEL
 
+    def seeds_to_meet(self, target: float) -> int | None:
+        """How many seeds would confirm this size (its interval's lower bound at the target),
+        projected from its seeds' shares (:func:`~.estimating.seeds_for`)."""
+        return seeds_for([p.ratio for p in self.points], target, self.level)
+
     def of(self, name: str) -> Estimate:
         """The mean and interval of one of :class:`SizingPoint`'s counts (e.g. ``shortfall``)."""
         return estimate([float(getattr(p, name)) for p in self.points], self.level)
@@ -114,6 +132,20 @@ class Sizing:
     def seeds(self) -> int:
         """How many seeds each size was run with."""
         return max((len(s.points) for s in self.sizes), default=0)
+
+    @property
+    def largest(self) -> int:
+        return max((p.size for p in self.points), default=0)
+
+    def nearest(self) -> SizeEstimate | None:
+        """Below the answer (or without one), the smallest size whose mean meets the target
+        but whose interval does not: one more seeds could confirm (None with one seed)."""
+        for p in self.sizes:
+            if self.answer is not None and p.size >= self.answer:
+                return None
+            if p.full.spread and p.full.mean >= self.target > p.full.low:
+                return p
+        return None
 
     def results_for(self, size: int) -> list[RunResult]:
         """The runs of ``size``, one per seed."""

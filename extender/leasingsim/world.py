@@ -100,6 +100,11 @@ class SimCluster:
         self._pool: Counter[tuple[str, Tier]] = Counter()
         self.tagged: dict[str, Counter[NodeName]] = {}  # per owner tag: its devices per node
         self.unhealthy = 0
+        self.healthy: dict[NodeName, int] = {}  # per node: its healthy devices (allocatable)
+        # per pod: when it was bound, as a count of binds (kube-scheduler's preemption prefers
+        # the node whose victims started last)
+        self.started: dict[PodUid, int] = {}
+        self._binds = 0
         self.total = 0
         self.changes = 0  # bumped on every change of any node
         # per owner tag: bumped whenever a device tagged with it, before or after, changes class
@@ -128,6 +133,7 @@ class SimCluster:
             self.ledger[name] = {}
             self.version[name] = 0
             self.offering[name] = True
+            self.healthy[name] = len(devs)
             self.total += len(devs)
             self.state.set_inventory(NodeInventory(name, tuple(devs)))
             self.state.set_ledger(name, (), "0")
@@ -191,6 +197,7 @@ class SimCluster:
             self.devices[uuid] = new
             self.by_node[old.node][old.index] = new
             self.unhealthy += int(not cls.healthy) - int(not old.cls.healthy)
+            self.healthy[old.node] += int(cls.healthy) - int(old.cls.healthy)
             if old.cls.owner != cls.owner:
                 if old.cls.owner is not None:
                     nodes = self.tagged[old.cls.owner]
@@ -225,6 +232,8 @@ class SimCluster:
         alloc = Allocation(holder, tuple(d.uuid for d in devices))
         self.ledger[node][holder.pod_uid] = alloc
         self.pod_node[holder.pod_uid] = node
+        self._binds += 1
+        self.started[holder.pod_uid] = self._binds
         for u in alloc.devices:
             self.holder_of[u] = holder
         self._write_ledger(node)
@@ -235,6 +244,7 @@ class SimCluster:
         if node is None:
             return None
         alloc = self.ledger[node].pop(pod)
+        self.started.pop(pod, None)
         for u in alloc.devices:
             self.holder_of.pop(u, None)
         self._write_ledger(node)

@@ -7,7 +7,14 @@ import math
 
 import pytest
 
-from extender.leasingsim.estimating import band, estimate, seeds_from, share, t_quantile
+from extender.leasingsim.estimating import (
+    band,
+    estimate,
+    seeds_for,
+    seeds_from,
+    share,
+    t_quantile,
+)
 
 
 @pytest.mark.parametrize(
@@ -56,3 +63,18 @@ def test_band_is_the_estimate_column_by_column() -> None:
 def test_seeds_count_up_from_the_first() -> None:
     assert seeds_from(1, 3) == (1, 2, 3)
     assert seeds_from(7, 1) == (7,)
+
+
+def test_seeds_for_projects_the_seeds_that_would_confirm_a_mean() -> None:
+    values = [0.9990, 0.9996, 0.9999]  # mean 0.9995, interval below 0.999 with three seeds
+    assert estimate(values).low < 0.999 <= estimate(values).mean
+    n = seeds_for(values, 0.999)
+    assert n is not None
+    assert n > 3
+    e = estimate(values)
+    sd = e.half * math.sqrt(3) / t_quantile(3)
+    assert e.mean - t_quantile(n) * sd / math.sqrt(n) >= 0.999
+    assert e.mean - t_quantile(n - 1) * sd / math.sqrt(n - 1) < 0.999
+    assert seeds_for([0.9995, 0.9996, 0.9997], 0.999) == 3  # confirmed already
+    assert seeds_for([0.998, 0.999, 0.9985], 0.999) is None  # the mean is below
+    assert seeds_for([0.9995], 0.999) is None  # one seed: no spread to project

@@ -1,15 +1,18 @@
-"""The three policies on a tiny cluster, with outcomes worked out by hand.
+"""The policies on a tiny cluster, with outcomes worked out by hand.
 
 Four-GPU H20 nodes. The online job ``recsys`` (replicas of 4 GPUs) starts on nodes ``a`` and
-``b`` (replica 0 on ``a``: equal scores, ties by name); at 01:00 its demand halves and replica 1
-goes, releasing ``b``; at 01:05 two borrowers asking 4 GPUs of at least MA arrive: the first
-takes untagged ``d`` (all MA; with right of return it also scores higher there than on the lent
-``b``), the second the only other node that fits, ``b``. At 10:00 the demand is back:
+``b`` (seed 1 puts replica 0 on ``a``: equal scores, ties at random); at 01:00 its demand halves
+and replica 1 goes, releasing ``b``; at 01:05 two borrowers asking 4 GPUs of at least MA
+arrive: the first takes untagged ``d`` (all MA; with right of return it also scores higher
+there than on the lent ``b``), the second the only other node that fits, ``b``. At 10:00 the
+demand is back:
 
 * with right of return (the leasing controller's own decisions,
   :func:`extender.leasing.decisions.decide`) the borrower on ``b`` gets notice, is evicted 45 s
   later, and ``b`` comes back;
-* without, the job takes the only free node, ``c`` (all LA);
+* with tidelease's tiers but no tags, the job takes the only free node, ``c`` (all LA);
+* without return (the plain kube-scheduler, blind to tiers) the borrowers take any two of the
+  three free nodes, and the job the third, whichever the seed draws;
 * without elastic scaling, nothing moves.
 """
 
@@ -65,8 +68,8 @@ def drift_cluster() -> list[NodeSpec]:
     ]
 
 
-def run(policy: Policy, nodes: list[NodeSpec], **kw: object) -> RunResult:
-    return simulate(scenario(nodes, **kw), SimSettings(policy))  # type: ignore[arg-type]
+def run(policy: Policy, nodes: list[NodeSpec], seed: int = 1, **kw: object) -> RunResult:
+    return simulate(scenario(nodes, **kw), SimSettings(policy, seed=seed))  # type: ignore[arg-type]
 
 
 def held_nodes(result: RunResult) -> Counter[str]:
@@ -90,14 +93,30 @@ def test_right_of_return_keeps_the_ha_share() -> None:
     assert r.stats["reclaim_notices"] == 1
 
 
-def test_without_right_of_return_the_ha_share_drifts() -> None:
-    r = run(Policy.NO_RETURN, drift_cluster())
+def test_tiers_without_tags_take_the_free_node() -> None:
+    r = run(Policy.TIERS_NO_TAGS, drift_cluster())
     assert held_nodes(r) == {"a": 4, "c": 4}
     s = r.summary
     assert (s.ha_start, s.ha_end) == (0.75, 0.375)
     assert s.ha_end <= s.cluster_ha < s.ha_start  # cluster: 6 HA of 16
     assert r.reclaims == []
     assert s.evictions == 0  # it took the free node instead
+
+
+def test_without_right_of_return_the_plain_scheduler_puts_the_job_anywhere() -> None:
+    """The borrowers' MA cannot be asked of the plain kube-scheduler: they and the returning
+    replica share the three free nodes at random, and over the seeds the replica lands on
+    each of them, the LA node too."""
+    second: set[str] = set()
+    for seed in range(1, 13):
+        r = run(Policy.NO_RETURN, drift_cluster(), seed=seed)
+        held = held_nodes(r)
+        assert sorted(held.values()) == [4, 4], held
+        assert held.keys() & {"a", "b"}, held
+        assert r.summary.evictions == 0  # a free node was left
+        assert r.reclaims == []
+        second.update(held.keys() - {"a"} if "a" in held else held.keys() - {"b"})
+    assert second >= {"c", "d"}, second
 
 
 def test_without_elastic_scaling_nothing_moves() -> None:
@@ -229,10 +248,10 @@ def test_fig14_right_of_return_holds_the_ha_share_and_no_return_drifts(
     # right of return: within half a point of the pre-lease share, at every step
     assert ror.ha_steps_drift <= 0.005
     assert abs(ror.ha_end - ror.ha_start) <= 0.005
-    # without return: the daily peaks lose HA devices, toward the cluster's average
+    # without return: the daily peaks lose HA devices, down to the cluster's average (ten
+    # online nodes: each peak is a draw of a few nodes, the lowest the telling one)
     assert nor.ha_drift >= 4 * max(ror.ha_drift, 0.005)
-    assert nor.ha_end <= nor.ha_start - 0.02
-    assert abs(nor.ha_end - nor.cluster_ha) < abs(nor.ha_start - nor.cluster_ha)
+    assert nor.ha_min <= nor.cluster_ha + 0.005 < nor.ha_start
     assert (nos.ha_drift, nos.ha_steps_drift) == (0.0, 0.0)
 
 

@@ -13,6 +13,7 @@ from extender.leasingsim.metrics import Series, summarize
 from extender.leasingsim.scenario import Scenario, draw_failures
 from extender.leasingsim.simulating import RunResult, SimSettings, simulate
 from extender.leasingsim.sizing import (
+    CAP_SHARE,
     SizingPoint,
     answer_of,
     default_sizes,
@@ -99,15 +100,30 @@ def test_sweep_without_an_answer_reports_every_size() -> None:
     assert [p.size for p in out.points] == [0, 8]
 
 
-def test_default_sizes_are_whole_nodes_up_to_five_percent() -> None:
-    assert default_sizes(10_000) == (0, 32, 56, 80, 104, 152, 200, 304, 400, 504)
-    assert default_sizes(1_000) == (0, 8, 16, 24, 32, 40, 56)
+def test_default_sizes_are_whole_nodes_up_to_the_cap() -> None:
+    assert default_sizes(10_000) == (
+        *(0, 32, 56, 80, 104, 152, 200, 304, 400, 504),  # finer below 2 %, up to 5 % as before
+        *(600, 704, 800, 904, 1000),  # on to the cap
+    )
+    assert default_sizes(1_000) == (0, 8, 16, 24, 32, 40, 56, 64, 72, 80, 96, 104)
     assert all(s % 4 == 0 for s in default_sizes(1_000, node_gpus=4))
+    assert max(default_sizes(10_000)) == CAP_SHARE * 10_000
 
 
-def test_several_seeds_sweep_whole_percents() -> None:
-    assert default_sizes(10_000, seeds=3) == (0, 104, 200, 304, 400, 504)
+def test_several_seeds_sweep_every_other_percent() -> None:
+    assert default_sizes(10_000, seeds=3) == (0, 200, 400, 600, 800, 1000)
     assert default_sizes(10_000, seeds=1) == default_sizes(10_000)
+
+
+def test_the_sweep_goes_past_five_percent_until_an_answer() -> None:
+    sizes = default_sizes(1_000, seeds=3)
+    fulls = {s: 990 if s < 64 else 1000 for s in sizes}
+    runs = Runs(fulls)
+    out = sweep(runs, sizes, target=0.999)
+    assert out.answer == 64 > 0.05 * 1_000
+    assert max(p.size for p in out.points) == 80  # confirmed by the next, then it stops
+    assert [s for batch in runs.asked for s in batch] == [s for s in sizes if s <= 80]
+    assert max(sizes) == 104 > 80
 
 
 def small() -> Scenario:

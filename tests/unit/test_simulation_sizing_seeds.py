@@ -12,9 +12,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from extender.leasingsim.controlling import Policy
+from extender.leasingsim.reporting import findings, sizing_table
 from extender.leasingsim.scenario import Scenario, draw_failures
 from extender.leasingsim.simulating import RunResult, SimSettings, simulate
-from extender.leasingsim.sizing import SizingPoint, answer_of, point, sweep
+from extender.leasingsim.sizing import CAP_SHARE, Sizing, SizingPoint, answer_of, point, sweep
 from extender.leasingsim.tides import default_cluster, default_trace
 from tests.unit.test_simulation_sizing import fake
 
@@ -103,6 +104,39 @@ def test_sweep_over_seeds_groups_by_size_and_keeps_every_seed() -> None:
     assert out.seeds == 2
     assert [r.settings.seed for r in out.results_for(8)] == [1, 2]
     assert out.sizes[1].full.low < 0.999 <= out.sizes[2].full.low
+
+
+def sized(table: dict[int, list[int]]) -> Sizing:
+    def run(sizes: Sequence[int]) -> list[RunResult]:
+        return [fake(s, table[s][k], seed=k + 1) for s in sizes for k in range(len(table[s]))]
+
+    return sweep(run, list(table), target=0.999)
+
+
+def test_a_size_whose_mean_meets_the_target_says_how_many_seeds_would_confirm_it() -> None:
+    out = sized({0: [990, 991, 992], 4: [999, 1000, 1000], 8: [1000] * 3, 10: [1000] * 3})
+    assert out.answer == 8
+    nearest = out.nearest()
+    assert nearest is not None
+    assert nearest.size == 4
+    need = nearest.seeds_to_meet(0.999)
+    assert need is not None
+    assert need > 3
+    text = sizing_table(out, 100)
+    assert "4 GPUs meets the target on average" in text
+    assert f"about {need} seeds would confirm it if the spread holds (--seeds {need})" in text
+    assert "Smallest standby pool meeting the target with the lower bound" in text
+
+
+def test_without_an_answer_up_to_the_cap_the_report_says_why_it_stopped() -> None:
+    out = sized({0: [990, 991, 992], 5: [995, 996, 997], 10: [996, 998, 997]})
+    assert out.answer is None
+    assert out.nearest() is None
+    text = sizing_table(out, 100)  # 10 GPUs of 100: the cap
+    assert "No standby pool up to 10 GPUs meets the target" in text
+    assert f"The sweep stops at {100 * CAP_SHARE:g}% of the cluster" in text
+    assert "The sweep stops" not in sizing_table(out, 1000)  # 10 of 1,000: sizes given, no cap
+    assert "more than 10 GPUs" in findings([], out, 100)
 
 
 SEEDS = (1, 2, 3, 4)
