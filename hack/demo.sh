@@ -4,7 +4,7 @@
 # controller's own policy code, compares right of return against no return (the plain
 # kube-scheduler) and no scaling, and sizes the standby pool, over seeds 1-3 (each figure a
 # mean with its 95% confidence interval); prints the tables and writes PNG plots to
-# ./tidelease-sim-out. About 6 minutes on two cores (--seeds 1: one run, about 3).
+# ./tidelease-sim-out. About 6 minutes on two cores (--seeds 1: one run, about 4).
 #
 # usage: hack/demo.sh [tidelease simulate options]   (e.g. --scale 0.1 --days 3 for a quick look)
 #   The extender's own HTTP demo (a day of tides over HTTP on five nodes): .venv/bin/tidelease demo
