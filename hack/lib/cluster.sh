@@ -61,6 +61,9 @@ TL_CLUSTER_KCM_QPS="${TL_CLUSTER_KCM_QPS:-200}"
 TL_CLUSTER_KCM_BURST="${TL_CLUSTER_KCM_BURST:-400}"
 TL_CLUSTER_READY_TIMEOUT="${TL_CLUSTER_READY_TIMEOUT:-180}"
 TL_CLUSTER_VERBOSITY="${TL_CLUSTER_VERBOSITY:-1}"
+# kube-scheduler's alone (2: each pod it cannot place, with every node's reason, the
+# extender's included; the e2e tests ask for it, to read a stuck pod's story after a failure).
+TL_CLUSTER_SCHEDULER_VERBOSITY="${TL_CLUSTER_SCHEDULER_VERBOSITY:-${TL_CLUSTER_VERBOSITY}}"
 TL_CLUSTER_EXTENDER_LOG_LEVEL="${TL_CLUSTER_EXTENDER_LOG_LEVEL:-INFO}"
 # Seconds of notice every reclaim gives borrowers on this cluster, whatever its lease's
 # graceSeconds (the CRD keeps those at 30 or more): the extender's leasing_test_grace_s, so that
@@ -541,7 +544,7 @@ tl::cluster::_start_scheduler() {
     --authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics \
     --secure-port="${port}" \
     --cert-dir="${dir}" \
-    --v="${TL_CLUSTER_VERBOSITY}" \
+    --v="${TL_CLUSTER_SCHEDULER_VERBOSITY}" \
     >"${log}" 2>&1 &
   TL_CLUSTER__LAST_PID=$!
   tl::cluster::record_pid "TL_CLUSTER_SCHEDULER_${name//-/_}_PID" "${TL_CLUSTER__LAST_PID}"

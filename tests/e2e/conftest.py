@@ -45,6 +45,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         "TL_CLUSTER_NODES": str(NODES),
         "TL_CLUSTER_PARENT_PID": str(os.getpid()),
         "TL_CLUSTER_KEEP_DIR": "true",
+        # A pod left pending: kube-scheduler says why, node by node, in its log.
+        "TL_CLUSTER_SCHEDULER_VERBOSITY": "2",
         # A second kube-scheduler without extenders (schedulerName tidelease-plain): the DRA
         # tests (test_dra.py) schedule through it, so that no extender plays a part.
         "TL_CLUSTER_PLAIN_SCHEDULER": "true",
