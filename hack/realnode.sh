@@ -100,7 +100,9 @@ TL_CTRD_LOG_DIR="${LOGS}"
 REGISTRY_DIR="${DIR}/kubelet/plugins_registry"
 PLUGINS_DIR="${DIR}/kubelet/plugins"
 CDI_DIR=""
-# DRA mode: the fake GPUs' UUIDs are the node's own (an extender-mode real node has GPU-fake-...).
+# The fake GPUs' UUIDs are the node's own, as real GPUs' are unique in a cluster: two real nodes
+# of one cluster with the same UUIDs (the e2e real-0 and test_helm_install's helm-0) made the
+# extender send a returning replica to the other node holding "its" devices.
 FAKE_UUID_PREFIX="GPU-${NAME}"
 if [[ "${DRA}" == true ]]; then
   CDI_DIR="${DIR}/cdi"
@@ -315,7 +317,7 @@ if [[ "${AGENT_IN_POD}" == true ]]; then
   ip link set "${TL_CTRD_BRIDGE}" up
 elif ((GPUS > 0)); then
   kubectl create namespace tidelease-system >/dev/null 2>&1 || true
-  agent_flags=(--device-plugin-dir "${DIR}/device-plugins")
+  agent_flags=(--device-plugin-dir "${DIR}/device-plugins" --fake-uuid-prefix "${FAKE_UUID_PREFIX}")
   if [[ "${DRA}" == true ]]; then
     [[ -z "${TIERS}" ]] || seed_tiers
     agent_flags=(--dra --no-device-plugin --fake-uuid-prefix "${FAKE_UUID_PREFIX}"
