@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,22 @@ def find(objs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
 
 def containers(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {c["name"]: c for c in obj["spec"]["template"]["spec"]["containers"]}
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A container's probe as the chart renders it, Kubernetes' defaults where unset: the
+    kubelet acts (restarts, or marks unready) after ``failure_threshold`` failures in a row, a
+    probe unanswered within ``timeout_s`` being one."""
+
+    timeout_s: float
+    failure_threshold: int
+
+
+def probe_of(container: dict[str, Any], kind: str) -> Probe:
+    """``container``'s ``kind`` probe ("liveness" or "readiness")."""
+    spec = container.get(f"{kind}Probe") or {}
+    return Probe(float(spec.get("timeoutSeconds", 1)), int(spec.get("failureThreshold", 3)))
 
 
 def agent_pod(*values: str) -> dict[str, Any]:

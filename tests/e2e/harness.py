@@ -561,6 +561,16 @@ class NodeGroup:
 _WORKLOAD_API = {"StatefulSet": "apps/v1", "Deployment": "apps/v1", "Job": "batch/v1"}
 
 
+def parked_pod(name: str, namespace: str, gpus: int = 0, **kwargs: Any) -> dict[str, Any]:
+    """A pod (``builders.pod`` with ``gpus`` and ``kwargs``) as a client creates it, which no
+    node will take (a node selector no node has): to probe admission, never to run."""
+    pod = builders.pod(name, gpus, namespace=namespace, **kwargs)
+    pod["metadata"].pop("uid")
+    pod.pop("status")
+    pod["spec"]["nodeSelector"] = {"no-such-node": "x"}
+    return pod
+
+
 def workload(
     kind: str, name: str, namespace: str, pod: dict[str, Any], **spec: Any
 ) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from typing import Any
 from common import builders, contract
 from common.model import Priority
 from tests.chart import ROOT, render
-from tests.e2e.harness import Cluster, NodeGroup, workload
+from tests.e2e.harness import Cluster, NodeGroup, parked_pod, workload
 from tests.e2e.kube import wait_for
 from tests.ports import free_port
 
@@ -46,11 +46,7 @@ def gate(cluster: Cluster, namespace: str) -> Iterator[None]:
     }
     cluster.kube.create(binding)
     # In force once a probe pod comes out gated (the API server loads policies in the background).
-    probe = builders.pod("probe", 1, namespace=namespace, extra_annotations={
-        contract.ANN_JOB_CLASS: "batch"})  # fmt: skip
-    probe["metadata"].pop("uid")
-    probe.pop("status")
-    probe["spec"]["nodeSelector"] = {"no-such-node": "x"}
+    probe = parked_pod("probe", namespace, 1, extra_annotations={contract.ANN_JOB_CLASS: "batch"})
 
     def gated() -> bool:
         cluster.kube.create(probe)

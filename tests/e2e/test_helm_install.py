@@ -30,7 +30,7 @@ import pytest
 
 from common import contract
 from tests.background import running
-from tests.chart import CHART, binary, helm
+from tests.chart import CHART, binary, helm, probe_of
 from tests.e2e.forwarding import forwarding
 from tests.e2e.harness import Cluster, RealNode, devices_of, unique
 from tests.e2e.kube import wait_for
@@ -450,9 +450,7 @@ async def test_the_kubelets_probes_succeed_through_connection_floods(stack: Stac
         for p in pods
     }
     failure_thresholds = {
-        (p["metadata"]["name"], c["name"], kind): int(
-            (c.get(f"{kind.lower()}Probe") or {}).get("failureThreshold", 3)
-        )
+        (p["metadata"]["name"], c["name"], kind): probe_of(c, kind.lower()).failure_threshold
         for p in pods
         for c in p["spec"]["containers"]
         for kind in ("Liveness", "Readiness")

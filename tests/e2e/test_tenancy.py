@@ -43,7 +43,7 @@ import pytest
 from common import admissionpolicy, builders, contract, tenancy
 from common.model import Priority
 from common.queryscope import scope_query
-from tests.e2e.harness import BORROWER, ONLINE, Cluster, NodeGroup, workload
+from tests.e2e.harness import BORROWER, ONLINE, Cluster, NodeGroup, parked_pod, workload
 from tests.e2e.kube import ApiError, Kube, wait_for
 from tests.e2e.queuesrig import queues_controller
 from tests.e2e.test_leasing import REPLICA_GPUS, Job
@@ -95,11 +95,7 @@ def policy_probes(namespace: str) -> dict[str, dict[str, Any]]:
     annotation only tidelease writes. Never placed (a node selector no node has)."""
 
     def probe(name: str, **kwargs: Any) -> dict[str, Any]:
-        pod = builders.pod(name, 0, namespace=namespace, **kwargs)
-        pod["metadata"].pop("uid")
-        pod.pop("status")
-        pod["spec"]["nodeSelector"] = {"no-such-node": "x"}
-        return pod
+        return parked_pod(name, namespace, **kwargs)
 
     return {
         admissionpolicy.POLICY_NAME: probe(

@@ -58,7 +58,7 @@ from extender.cluster.state import MEMO_SHAPES
 from extender.scheduler.handlers import BODY_BUDGET_BYTES, BODY_READ_S, MAX_BODY_BYTES
 from extender.scheduler.settings import ExtenderSettings
 from nodeagent.cache.peerserver import CACHE_LIMITS
-from tests.chart import containers, find, render
+from tests.chart import Probe, containers, find, probe_of, render
 from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -286,19 +286,8 @@ def post_head(verb: str, length: int | None) -> bytes:
     ).encode()
 
 
-@dataclass(frozen=True)
-class Probe:
-    """A container's liveness probe as the chart renders it (Kubernetes' defaults where unset):
-    the kubelet restarts the container after ``failure_threshold`` failures in a row, a probe
-    unanswered within ``timeout_s`` being one."""
-
-    timeout_s: float
-    failure_threshold: int
-
-
 def liveness_probe(deployment: str, container: str) -> Probe:
-    spec = containers(find(render(), "Deployment", deployment))[container]["livenessProbe"]
-    return Probe(float(spec.get("timeoutSeconds", 1)), int(spec.get("failureThreshold", 3)))
+    return probe_of(containers(find(render(), "Deployment", deployment))[container], "liveness")
 
 
 def longest_failing_run(latencies: list[float], probe: Probe) -> int:
