@@ -15,7 +15,7 @@ Reference: weflex Algorithm 1 (lines 19-23) (docs/references.md).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from common.model import DeviceClass, NodeName, PodRequest
@@ -78,22 +78,38 @@ class _Judge:
         """The plan on this node, and whether evicting lower-priority pods would make it fit.
         ``holds_devices``: the pod holds devices on this node (it never evicts itself)."""
         req = self.req
+        if holds_devices:
+            return self._holding(state)
         free_key = state.free_key
         plan = self.plans.get(free_key)
         if plan is None:
             plan = self.plans[free_key] = plan_node(state.free, req, self.verdicts)
         more: Freeable = frozenset()
         if not plan.fits:
-            if holds_devices:
-                more = freeable(state.allocations.values(), state.held_classes, req)
-            else:
-                more = state.freeable(req.pod_priority)
+            more = state.freeable(req.pod_priority)
         key = (free_key, more) if more else free_key
         judged = self.judged.get(key)
         if judged is None:
             helps = bool(more) and resolvable_counts(state.free, more, req, self.verdicts)
             judged = self.judged[key] = (plan, helps)
         return judged
+
+    def _holding(self, state: NodeState) -> Judged:
+        """A node where the pod already holds devices: a bind of it that wrote the ledger and
+        did not finish (the extender killed between the two, or the Binding refused). Those
+        devices are the pod's: it is judged on the free ones and its own (the bind takes its
+        allocation again, :meth:`extender.scheduler.binding.Binder.bind`), never on the free
+        ones alone, which would leave it unschedulable beside its own reservation until the
+        reaper drops it, with nothing to make kube-scheduler try it again. Not remembered:
+        the answer is this pod's."""
+        req = self.req
+        free = Counter(state.free)
+        free.update(state.held_classes.get(req.uid, ()))
+        plan = plan_node(free, req, self.verdicts)
+        if plan.fits:
+            return (plan, False)
+        more = freeable(state.allocations.values(), state.held_classes, req)
+        return (plan, bool(more) and resolvable_counts(free, more, req, self.verdicts))
 
 
 def _shape(req: PodRequest) -> tuple[object, ...]:
@@ -247,7 +263,13 @@ def _own_resolvable(
         classes = state.held_classes.get(a.holder.pod_uid, ())
         if may_evict(a.holder, req) and any(own_tag(c, req) for c in classes):
             counts.update(classes)
-    return bool(counts) and resolvable_counts(state.free, counts.items(), req, verdicts)
+    if not counts:
+        return False
+    free: Mapping[DeviceClass, int] = state.free
+    if req.uid in state.allocations:  # its own reservation is its own (_Judge._holding)
+        free = Counter(state.free)
+        free.update(state.held_classes.get(req.uid, ()))
+    return resolvable_counts(free, counts.items(), req, verdicts)
 
 
 def return_share(plan: NodePlan, req: PodRequest) -> tuple[float, float, float]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -12,6 +13,7 @@ from common.errors import Conflict, InvalidInput, NotFound
 from common.model import Allocation, GpuUuid, NodeName, PodUid, Priority
 from extender.cluster.store import MemoryStore
 from extender.cluster.watching import PodStatus, run_watch
+from extender.scheduler import wire
 from extender.scheduler.binding import BindRefused, stale_allocations
 from extender.scheduler.extenderserver import build_app
 from extender.scheduler.handlers import ExtenderApp
@@ -282,3 +284,45 @@ def test_a_pod_seen_deleted_is_released_without_waiting_for_the_grace() -> None:
         gone={PodUid("uid-p")},
     )
     assert [r for _, r in stale] == ["pod-gone"]
+
+
+async def test_a_bind_cut_off_after_its_ledger_write_is_taken_up_again() -> None:
+    """A bind that wrote the ledger and never made the Binding (the extender killed between
+    the two, or the bind cut off by its deadline) leaves the pod's reservation in the ledger.
+    A restarted extender offers the pod that node, on its own devices (it is not full to the
+    pod), and the next bind takes the same devices; another pod still finds the node full."""
+    pod, other = builders.pod("p", 4), builders.pod("q", 4)
+    store = MemoryStore([builders.gpu_node("n", builders.devices("n", 4)), pod, other])
+    first = await replica(store)
+    binding = asyncio.Event()
+    real_bind = store.bind_pod
+
+    async def hang(*args: object, **kwargs: object) -> None:
+        binding.set()
+        await asyncio.Event().wait()  # the process dies here: nothing after it runs
+
+    store.bind_pod = hang  # type: ignore[method-assign]
+    cut = asyncio.create_task(first.app.binder.bind("default", "p", pod["metadata"]["uid"], "n"))
+    await binding.wait()
+    cut.cancel()
+    await asyncio.gather(cut, return_exceptions=True)
+    await first.stop()
+    store.bind_pod = real_bind  # type: ignore[method-assign]
+    ledger, _ = await store.read_ledger(NodeName("n"))
+    assert [a.holder.name for a in ledger] == ["p"]  # the reservation outlived its process
+
+    second = await replica(store)
+
+    async def filtered(p: dict[str, object]) -> dict[str, object]:
+        _, answer = await second.app.filter({"Pod": p, "NodeNames": ["n"]})
+        return json.loads(wire.encode(answer))  # type: ignore[no-any-return]
+
+    assert (await filtered(pod))["NodeNames"] == ["n"]
+    answer = await filtered(other)
+    assert answer["NodeNames"] == []
+    assert "0 free" in str(answer["FailedAndUnresolvableNodes"])
+    result = await second.app.binder.bind("default", "p", pod["metadata"]["uid"], "n")
+    assert result.reused
+    assert result.devices == ledger[0].devices
+    assert devices_on_pod(store, "p") == list(ledger[0].devices)
+    await second.stop()

@@ -55,20 +55,27 @@ PRIORITIES = [0, 100, 1000, 5000]
 # --- the reference: every node decided on its own, nothing remembered ---
 
 
-def _free(state: NodeState) -> Counter[DeviceClass]:
-    return free_counts(state.devices, [u for a in state.allocations.values() for u in a.devices])
+def _free(state: NodeState, mine: PodUid | None = None) -> Counter[DeviceClass]:
+    """The node's free devices; with ``mine``, that pod's own held ones too (a bind of it
+    that wrote the ledger and never finished: its reservation is its own to place on)."""
+    held = [u for a in _others(state, mine) for u in a.devices]
+    return free_counts(state.devices, held)
+
+
+def _others(state: NodeState, mine: PodUid | None) -> list[Allocation]:
+    return [a for a in state.allocations.values() if a.holder.pod_uid != mine]
 
 
 def _judge(state: NodeState, req: PodRequest) -> tuple[NodePlan, bool]:
-    plan = plan_node(_free(state), req)
+    plan = plan_node(_free(state, req.uid), req)
     if plan.fits:
         return plan, False
-    return plan, resolvable(state.devices, list(state.allocations.values()), req)
+    return plan, resolvable(state.devices, _others(state, req.uid), req)
 
 
 def _own_resolvable(state: NodeState, req: PodRequest) -> bool:
     by_uuid = {d.uuid: d.cls for d in state.devices}
-    counts = _free(state)
+    counts = _free(state, req.uid)
     freed = False
     for a in state.allocations.values():
         classes = [by_uuid[u] for u in a.devices if u in by_uuid]
