@@ -84,8 +84,10 @@ def _candidates(
 def choose_victims(
     devices: Sequence[Device], allocations: Sequence[Allocation], req: PodRequest
 ) -> tuple[Holder, ...] | None:
-    """Pods to evict on this node: ``()`` if none is needed, ``None`` if eviction cannot help."""
-    allocated = [u for a in allocations for u in a.devices]
+    """Pods to evict on this node: ``()`` if none is needed, ``None`` if eviction cannot help.
+    The preemptor's own reservation here (a bind of it cut off after its ledger write) is its
+    own, as the filter counts it."""
+    allocated = [u for a in allocations if a.holder.pod_uid != req.uid for u in a.devices]
     base = free_counts(devices, allocated)
     verdicts: dict[DeviceClass, Verdict] = {}  # verdict() is pure in the class, for this pod
     if plan_node(base, req, verdicts).fits:
