@@ -473,7 +473,8 @@ tl::cluster::start_extender() {
 # hot-restart operator and the prewarm controller, each leader-elected, as the chart's
 # controllers Deployment runs them (it also runs the planner, which needs a Prometheus);
 # /healthz, /readyz and /metrics (for allowed tokens) on a free loopback port.
-# TL_CLUSTER_CONTROLLER_FLAGS names others (hack/bench-scale.py: the chart's defaults).
+# TL_CLUSTER_CONTROLLER_FLAGS names others (hack/bench-scale.py: the chart's defaults; the soak
+# adds --queues-controller, which signs its releases with the cluster's key).
 tl::cluster::start_controllers() {
   local port log="${TL_CLUSTER_DIR}/logs/controllers.log" flags
   read -r -a flags <<<"${TL_CLUSTER_CONTROLLER_FLAGS}"
@@ -482,6 +483,7 @@ tl::cluster::start_controllers() {
   TIDELEASE_EXTENDER_LEASING_TEST_GRACE_S="${TL_CLUSTER_LEASING_GRACE_S}" \
     TIDELEASE_EXTENDER_METRICS_AUTH="${TIDELEASE_EXTENDER_METRICS_AUTH:-true}" \
     TIDELEASE_EXTENDER_DRA="${TL_CLUSTER_LEASING_DRA}" \
+    TIDELEASE_EXTENDER_QUEUE_RELEASE_KEY_FILE="${TL_CLUSTER_QUEUE_RELEASE_KEY}" \
     "${TL_VENV}/bin/tidelease" --log-level "${TL_CLUSTER_EXTENDER_LOG_LEVEL}" controllers \
     --kubeconfig "$(tl::cluster::account_kubeconfig tidelease-controllers)" --probe-host 127.0.0.1 --probe-port "${port}" \
     "${flags[@]}" >"${log}" 2>&1 &

@@ -1,6 +1,7 @@
 """The short soak (issue 33): hack/soak.py for four minutes with seed 1, on a cluster of its own.
 
-Compressed tides (online jobs lending and reclaiming), borrowers arriving and finishing, two
+Compressed tides (online jobs lending and reclaiming), borrowers arriving and finishing (some
+through the shared queues), the real kubelet node where the e2e cluster has one, two
 scheduling replicas, and one fault of each kind (tests/soak/workload.py: processes killed and
 restarted, a replica lost, etcd paused, a kwok node deleted with its pods, the extenders'
 network slowed and dropping replies, a device Unhealthy), with the invariants of
@@ -11,6 +12,7 @@ command of its own: hack/soak.py --minutes 60.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.soak.workload import FAULT_KINDS
+from tests.soak.workload import FAULT_KINDS, REAL_NODE_FAULT_KINDS
 
 pytestmark = pytest.mark.cluster
 
@@ -54,13 +56,21 @@ def soak(tmp_path: Path, *extra: str) -> tuple[int, dict[str, Any], str]:
     return done.returncode, result, output
 
 
+# The real kubelet node as the e2e cluster has it (needs root and containerd; the same switch).
+REAL_NODE = os.environ.get("TIDELEASE_E2E_REAL_NODE", "true") == "true"
+
+
 def test_a_short_soak_keeps_every_invariant(tmp_path: Path) -> None:
-    code, result, output = soak(tmp_path)
+    """With the real kubelet node (its online job, its borrowers, its agent killed) where the
+    e2e cluster has one, and borrowers through the shared queues."""
+    code, result, output = soak(tmp_path, *(["--real-node"] if REAL_NODE else []))
     assert code == 0, output
     assert result["violations"] == [], output
-    assert all(result["faults"].get(kind, 0) >= 1 for kind in FAULT_KINDS), result["faults"]
+    kinds = [*FAULT_KINDS, *(REAL_NODE_FAULT_KINDS if REAL_NODE else ())]
+    assert all(result["faults"].get(kind, 0) >= 1 for kind in kinds), result["faults"]
     assert result["reclaims"] >= 1, output
     assert result["reclaims_judged"] >= 1, output
+    assert result["queued"] >= 1, output
     print(output)
 
 

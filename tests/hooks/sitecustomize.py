@@ -169,6 +169,13 @@ def _mutate(name: str) -> None:
             return verdict(cls, req)
 
         setattr(placement, "verdict", lower)  # noqa: B010 (a module's global)
+    elif name == "skip-release":
+        from extender.queues import controller as queues
+
+        def release_nothing(*args: object, **kwargs: object) -> list[object]:
+            return []
+
+        setattr(queues, "release", release_nothing)  # noqa: B010 (a module's global)
     else:
         raise SystemExit(f"sitecustomize: no mutation {name!r}")
     print(f"tidelease soak mutation {name!r} in pid {os.getpid()}", file=sys.stderr, flush=True)

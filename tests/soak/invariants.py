@@ -26,6 +26,8 @@ it has ended and comes back). The rules, and where they approximate:
   devices back.
 * :class:`PendingWhileFree` — no GPU pod stays Pending beyond ``bound_s`` while a Ready node it
   may run on has enough free plain devices for it (conservative: see the class).
+* :class:`QueuedReleased` — the shared queues release an interactive pod, and a pod they hold
+  alone while it has room, within ``bound_s``.
 * :class:`LeakTrend` — no process's RSS or open fds grow faster than a threshold per hour over
   the run (least-squares slope).
 
@@ -46,7 +48,7 @@ from common.model import Allocation, Device, GpuUuid, JobKey, NodeName, Priority
 from common.objects import object_key, parse_gpu_allocation, parse_gpu_node
 from common.podrequest import controller_of, parse_pod
 from common.tenancy import belongs, pod_owner
-from extender.queues.fitting import NodeFacts, constraints, eligible, node_facts
+from extender.queues.fitting import constraints, eligible, node_facts
 from extender.rightofreturn.lease import GpuLease, parse_gpu_lease
 from extender.rightofreturn.replicas import names_replicas
 
@@ -634,20 +636,74 @@ def _preempted(pod: Obj) -> bool:
     )
 
 
+class _Room:
+    """What the pending checkers judge room by, from one observation: the Ready nodes, and per
+    node its free plain devices (healthy, untagged, not standby, in no ledger and on no pod) on
+    nodes whose agent renewed its heartbeat within ``fresh_s`` (or has none: the extender's
+    rule)."""
+
+    def __init__(self, obs: Observation, fresh_s: float) -> None:
+        taken = {u for p in obs.holding for u in pod_devices(p)}
+        taken.update(u for a in obs.allocations.values() for e in a for u in e.devices)
+        silent = obs.silent(fresh_s)
+        self.free: dict[str, list[Device]] = {}
+        for u, d in obs.devices.items():
+            if d.node in silent:
+                continue
+            if d.cls.healthy and d.cls.owner is None and not d.cls.standby and u not in taken:
+                self.free.setdefault(d.node, []).append(d)
+        self.ready = [node_facts(n) for n in obs.nodes if _ready(n)]
+
+    def for_pod(self, pod: Obj, resource: str) -> str:
+        """A Ready node with room for this unbound GPU pod, "" for none (or a pod these
+        checkers do not judge: being deleted, or with pod affinity or topology spread)."""
+        spec, meta = pod.get("spec") or {}, pod.get("metadata") or {}
+        if _phase(pod) != "Pending" or _node_of(pod) or meta.get("deletionTimestamp"):
+            return ""
+        affinity = spec.get("affinity") or {}
+        if spec.get("topologySpreadConstraints"):
+            return ""
+        if affinity.get("podAffinity") or affinity.get("podAntiAffinity"):
+            return ""
+        try:
+            req = parse_pod(pod, resource=resource)
+        except InvalidInput:
+            return ""
+        if req.gpus <= 0:
+            return ""
+        c = constraints(spec)
+        for node in self.ready:
+            fit: dict[str, int] = {}
+            for d in self.free.get(node.name, ()):
+                if d.tier >= req.min_tier and req.gpu_type in (None, d.gpu_type):
+                    fit[d.gpu_type] = fit.get(d.gpu_type, 0) + 1
+            if max(fit.values(), default=0) >= req.gpus and eligible(c, node):
+                return node.name
+        return ""
+
+
+def _gates(pod: Obj) -> list[str]:
+    return [
+        str(g.get("name"))
+        for g in (pod.get("spec") or {}).get("schedulingGates") or []
+        if isinstance(g, dict)
+    ]
+
+
 class PendingWhileFree(Checker):
     """(e) No GPU pod Pending beyond ``bound_s`` while devices it may use are free.
 
     Conservative, to flag only what placement should certainly have done: the pod is unbound,
-    ungated (``schedulingGates`` empty: the shared queues hold it otherwise), not being deleted,
-    asks ``resource`` GPUs, and declares no pod affinity or topology spread; and some Node that
-    is Ready and that its node selector, required node affinity and tolerations accept
-    (:func:`extender.queues.fitting.eligible`) has at least that many free devices of one GPU
-    type: healthy, untagged, not standby, in no ledger and on no pod, of its type (if it names
-    one) and at least its tier, on a node whose agent renewed its heartbeat within ``fresh_s``
-    (or has none). Both must hold in every observation of ``bound_s``. Left out:
-    other resources (CPU, memory), tenancy refusals (a high-priority pod in a namespace not
-    granted online jobs waits by design: keep the run's pods legitimate), and tagged devices a
-    borrower could take."""
+    ungated (``schedulingGates`` empty: the shared queues hold it otherwise, judged by
+    :class:`QueuedReleased`), not being deleted, asks ``resource`` GPUs, and declares no pod
+    affinity or topology spread; and some Node that is Ready and that its node selector,
+    required node affinity and tolerations accept (:func:`extender.queues.fitting.eligible`)
+    has at least that many free devices of one GPU type: healthy, untagged, not standby, in no
+    ledger and on no pod, of its type (if it names one) and at least its tier, on a node whose
+    agent renewed its heartbeat within ``fresh_s`` (or has none). Both must hold in every
+    observation of ``bound_s``. Left out: other resources (CPU, memory), tenancy refusals (a
+    high-priority pod in a namespace not granted online jobs waits by design: keep the run's
+    pods legitimate), and tagged devices a borrower could take."""
 
     name = "pending-while-free"
 
@@ -663,53 +719,65 @@ class PendingWhileFree(Checker):
         self._lasting = _Lasting(bound_s)
 
     def observe(self, obs: Observation) -> list[Violation]:
-        taken = {u for p in obs.holding for u in pod_devices(p)}
-        taken.update(u for a in obs.allocations.values() for e in a for u in e.devices)
-        # A node whose agent's heartbeat is older than fresh_s offers nothing (a node with no
-        # heartbeat at all is not judged: the extender's rule).
-        silent = obs.silent(self.fresh_s)
-        free: dict[str, list[Device]] = {}
-        for u, d in obs.devices.items():
-            if d.node in silent:
-                continue
-            if d.cls.healthy and d.cls.owner is None and not d.cls.standby and u not in taken:
-                free.setdefault(d.node, []).append(d)
-        ready = [node_facts(n) for n in obs.nodes if _ready(n)]
+        room = _Room(obs, self.fresh_s)
         now: dict[str, str] = {}
         for pod in obs.pods:
-            room = self._room(pod, ready, free)
-            if room:
-                now[object_key(pod)] = f"Pending while {room} has enough free GPUs for it"
+            if _gates(pod):
+                continue
+            node = room.for_pod(pod, self.resource)
+            if node:
+                now[object_key(pod)] = f"Pending while {node} has enough free GPUs for it"
         return [
             self._v(obs.t, key, f"{msg} (since t={since:.1f})")
             for key, msg, since in self._lasting.update(obs.t, now)
         ]
 
-    def _room(self, pod: Obj, ready: Sequence[NodeFacts], free: Mapping[str, list[Device]]) -> str:
-        """A Ready node with room for the waiting pod; "" for none (or a pod not waiting)."""
-        spec, meta = pod.get("spec") or {}, pod.get("metadata") or {}
-        if _phase(pod) != "Pending" or _node_of(pod) or meta.get("deletionTimestamp"):
-            return ""
-        affinity = spec.get("affinity") or {}
-        if spec.get("schedulingGates") or spec.get("topologySpreadConstraints"):
-            return ""
-        if affinity.get("podAffinity") or affinity.get("podAntiAffinity"):
-            return ""
-        try:
-            req = parse_pod(pod, resource=self.resource)
-        except InvalidInput:
-            return ""
-        if req.gpus <= 0:
-            return ""
-        c = constraints(spec)
-        for node in ready:
-            fit: dict[str, int] = {}
-            for d in free.get(node.name, ()):
-                if d.tier >= req.min_tier and req.gpu_type in (None, d.gpu_type):
-                    fit[d.gpu_type] = fit.get(d.gpu_type, 0) + 1
-            if max(fit.values(), default=0) >= req.gpus and eligible(c, node):
-                return node.name
-        return ""
+
+class QueuedReleased(Checker):
+    """(f) The shared queues release what they must, within ``bound_s``: a pod held by the
+    queues' scheduling gate alone (``tidelease.io/queue``) that is interactive (the first queue
+    is released whatever the room, cornucopia 4.2), or that is the only pod the queues hold
+    while a Ready node it may use has room for it (:class:`PendingWhileFree`'s room: nothing
+    ahead of it in the queues keeps that room, extender.queues.admission.release). A pod
+    released stops being judged here; :class:`PendingWhileFree` judges it from then on."""
+
+    name = "queued-released"
+
+    def __init__(
+        self,
+        bound_s: float,
+        *,
+        resource: str = contract.DEFAULT_GPU_RESOURCE,
+        fresh_s: float = float("inf"),
+    ) -> None:
+        self.resource = resource
+        self.fresh_s = fresh_s
+        self._lasting = _Lasting(bound_s)
+
+    def observe(self, obs: Observation) -> list[Violation]:
+        held = [
+            p
+            for p in obs.pods
+            if _gates(p) == [contract.SCHEDULING_GATE]
+            and not (p.get("metadata") or {}).get("deletionTimestamp")
+        ]
+        now: dict[str, str] = {}
+        room: _Room | None = None
+        for pod in held:
+            if _annotations(pod).get(contract.ANN_JOB_CLASS) == "interactive":
+                now[object_key(pod)] = "an interactive pod still held by the queues' gate"
+            elif len(held) == 1:
+                room = room or _Room(obs, self.fresh_s)
+                # for_pod judges an unbound pod as if ungated: the room it would have
+                node = room.for_pod(pod, self.resource)
+                if node:
+                    now[object_key(pod)] = (
+                        f"the only pod the queues hold, still gated while {node} has room for it"
+                    )
+        return [
+            self._v(obs.t, key, f"{msg} (since t={since:.1f})")
+            for key, msg, since in self._lasting.update(obs.t, now)
+        ]
 
 
 def slope_per_hour(points: Sequence[tuple[float, float]]) -> float:

@@ -36,6 +36,9 @@ MUTATIONS = {
     "refuse-fours": Mutation(
         "pending-while-free", "the extender's filter turns every 4-GPU pod away from every node"
     ),
+    "skip-release": Mutation(
+        "queued-released", "the queues controller never releases a pod its gate holds"
+    ),
     "leak": Mutation(
         "leak-trend", "the extender keeps 256 KiB of every filter request forever", minutes=12.0
     ),

@@ -25,6 +25,7 @@ follow from them, fit a run of minutes. Its extender and kube-scheduler become t
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import json
 import subprocess
@@ -40,6 +41,7 @@ from common import builders, contract
 from common.model import Health, Priority, Tier
 from extender.rightofreturn.lease import parse_gpu_lease
 from tests.background import read_state
+from tests.e2e import queuesrig
 from tests.e2e.harness import BORROWER, ONLINE, Cluster, RealNode, workload
 from tests.e2e.kube import ApiError, path_of
 from tests.processes import Processes, Supervisor
@@ -53,6 +55,7 @@ from tests.soak.invariants import (
     Observation,
     PendingWhileFree,
     ProcessSample,
+    QueuedReleased,
     ReclaimEnds,
     Violation,
     slope_per_hour,
@@ -84,6 +87,15 @@ FDS_PER_HOUR = 100.0
 # The soak's cluster settings (environment of hack/cluster-up.sh; TIDELEASE_EXTENDER_* reach
 # the extender and the controllers).
 CLUSTER_ENV = {
+    # the chart's controllers with the shared queues (extender.controllers.queues=true)
+    "TL_CLUSTER_CONTROLLER_FLAGS": (
+        "--leasing-controller --hot-restart-operator --prewarm-controller --queues-controller"
+    ),
+    # the queues' thresholds compressed too: jobs move between queues within a run
+    "TIDELEASE_EXTENDER_QUEUE_DEMOTE_INTERACTIVE_S": "20",
+    "TIDELEASE_EXTENDER_QUEUE_DEMOTE_BATCH_S": "45",
+    "TIDELEASE_EXTENDER_QUEUE_PROMOTE_S": "45",
+    "TIDELEASE_EXTENDER_QUEUE_INTERVAL_S": "2",
     "TIDELEASE_EXTENDER_RESERVE_TTL_S": str(RESERVE_TTL_S),
     "TIDELEASE_EXTENDER_RECLAIM_OVERDUE_S": str(RECLAIM_OVERDUE_S),
     "TIDELEASE_EXTENDER_AGENT_TIMEOUT_S": str(AGENT_TIMEOUT_S),
@@ -126,6 +138,7 @@ def checkers(minutes: float) -> list[Checker]:
         ),
         NoticeBeforeEviction(),
         PendingWhileFree(PENDING_BOUND_S, fresh_s=HEARTBEAT_FRESH_S),
+        QueuedReleased(PENDING_BOUND_S, fresh_s=HEARTBEAT_FRESH_S),
     ]
     if minutes >= LEAK_MIN_MINUTES:
         out.append(
@@ -171,6 +184,7 @@ class Report:
     observations_failed: int = 0
     deletions: int = 0
     borrowers: int = 0
+    queued: int = 0  # of the borrowers, those through the shared queues
     errors: list[str] = field(default_factory=list)  # the harness's own failures
     # Processes that exited on their own (no fault killed them), started again as a kubelet
     # would: what they last said.
@@ -194,6 +208,7 @@ class Report:
             "observations_failed": self.observations_failed,
             "deletions": self.deletions,
             "borrowers": self.borrowers,
+            "queued": self.queued,
             "errors": self.errors,
             "exits": self.exits,
         }
@@ -202,7 +217,8 @@ class Report:
         j = self.as_json()
         out = [
             f"soak report: seed {self.seed}, {self.minutes:g} min, {self.observations} "
-            f"observations ({self.observations_failed} failed), {self.borrowers} borrowers, "
+            f"observations ({self.observations_failed} failed), {self.borrowers} borrowers "
+            f"({self.queued} through the shared queues), "
             f"{self.deletions} deletions seen",
             "faults: " + " ".join(f"{k}={v}" for k, v in sorted(self.faults.items())),
             f"reclaims: {j['reclaims']} (p50 {j['reclaim_p50_s']} s, p99 {j['reclaim_p99_s']} s;"
@@ -257,6 +273,7 @@ class Runner:
         self._groups: dict[str, int] = {}  # lease -> its lent groups, last seen
         self._samples: dict[str, list[tuple[float, ProcessSample]]] = {}
         self._job_lease: dict[str, OnlineJob] = {j.name: j for j in plan.jobs}
+        self._stack = contextlib.ExitStack()  # what setup made that close undoes
         self.replicas: replicas.Replicas | None = None
         self.supervisor: Supervisor  # while run() runs
         self.namespace = facts.get("TL_CLUSTER_NAMESPACE") or contract.DEFAULT_AGENT_NAMESPACE
@@ -295,6 +312,10 @@ class Runner:
             self.kube.create(builders.namespace(ns, online=True))
         for ns in self.plan.borrower_namespaces:
             self.kube.create(builders.namespace(ns, online=False))
+        # The shared queues' borrowers: the chart's gate policy holds their pods at creation
+        # until the queues controller (one of the controllers here) releases them.
+        self.kube.create(builders.namespace(self.plan.queued_namespace, online=False))
+        self._stack.enter_context(queuesrig.gate(self.cluster, self.plan.queued_namespace))
         for job in self.plan.jobs:
             pod = self._on_node(
                 template(
@@ -394,6 +415,8 @@ class Runner:
                 template(b.name, b.namespace, b.gpus, priority=Priority.LOW), b.real
             )
             pod["spec"]["priorityClassName"] = BORROWER
+            if b.job_class:
+                pod["metadata"].setdefault("annotations", {})[contract.ANN_JOB_CLASS] = b.job_class
             try:
                 made = self.kube.create(pod)
             except ApiError as e:
@@ -404,6 +427,7 @@ class Runner:
                     return
                 made = found
             self.report.borrowers += 1
+            self.report.queued += bool(b.job_class)
             uid = str(made["metadata"]["uid"])
 
             def finish() -> None:
@@ -759,6 +783,7 @@ class Runner:
             self._resume_etcd()
         self.observer.stop()
         self.heartbeats.stop()
+        self._stack.close()
         self.processes.stop_restarted()
 
 

@@ -11,6 +11,11 @@ its GPUs (``desiredGPUs`` down) and takes them back (up) on a schedule of its ow
 of a few namespaces arrive at random and finish after a random time. Faults
 (:data:`FAULT_KINDS`) strike at random moments; each kind at least once.
 
+Queued borrowers (interactive and batch pods of the shared queues, in a namespace of their own
+where the chart's gate policy holds them for the queues controller) are drawn from a generator
+of their own of the same seed, so that the rest of the history is what the seed named before
+they were added.
+
 With a real kubelet node (``real_node_gpus``), more is drawn from a second generator of the
 same seed, so that the rest of the history stays what the seed names without it: an online
 StatefulSet of two replicas on the real node with tides of its own, real-node borrowers (one
@@ -88,6 +93,7 @@ class Borrower:
     gpus: int
     lifetime_s: float
     real: bool = False  # on the real kubelet node
+    job_class: str | None = None  # interactive or batch: through the shared queues
 
 
 @dataclass(frozen=True)
@@ -122,16 +128,19 @@ class Plan:
     duration_s: float
     online_namespaces: tuple[str, ...]
     borrower_namespaces: tuple[str, ...]
+    queued_namespace: str  # the shared queues' borrowers, gated at creation
     jobs: tuple[OnlineJob, ...]
     tides: tuple[Tide, ...]
     borrowers: tuple[Borrower, ...]
     faults: tuple[Fault, ...]
 
     def describe(self) -> list[str]:
+        queued = sum(1 for b in self.borrowers if b.job_class)
         lines = [
             f"seed {self.seed}, {self.duration_s / 60:.1f} min: {len(self.jobs)} online jobs, "
             f"{len(self.tides)} tides, {len(self.borrowers)} borrowers "
-            f"({', '.join(self.borrower_namespaces)}), {len(self.faults)} faults"
+            f"({', '.join(self.borrower_namespaces)}; {queued} through the shared queues in "
+            f"{self.queued_namespace}), {len(self.faults)} faults"
         ]
         for job in self.jobs:
             tides = [t for t in self.tides if t.job == job.name]
@@ -167,9 +176,12 @@ def _tides(rng: random.Random, job: OnlineJob, duration: float) -> list[Tide]:
     return out
 
 
-def plan(seed: int, minutes: float, *, nodes: int = 6, real_node_gpus: int = 0) -> Plan:
+def plan(
+    seed: int, minutes: float, *, nodes: int = 6, real_node_gpus: int = 0, queues: bool = True
+) -> Plan:
     """The whole schedule of a run of ``minutes`` on ``nodes`` kwok GPU nodes (8 GPUs each)
-    and, with ``real_node_gpus``, a real kubelet node of that many GPUs."""
+    and, with ``real_node_gpus``, a real kubelet node of that many GPUs; ``queues``: with the
+    shared queues' borrowers."""
     rng = random.Random(seed)
     duration = minutes * 60.0
 
@@ -243,6 +255,9 @@ def plan(seed: int, minutes: float, *, nodes: int = 6, real_node_gpus: int = 0) 
         else:
             faults.append(Fault(when, kind))
 
+    queued_ns = "soak-queued"
+    if queues:
+        _queued(random.Random(f"{seed}-queues"), borrowers, duration, queued_ns)
     if real_node_gpus:
         _real_node(
             random.Random(f"{seed}-real"),
@@ -263,11 +278,35 @@ def plan(seed: int, minutes: float, *, nodes: int = 6, real_node_gpus: int = 0) 
         duration_s=duration,
         online_namespaces=online,
         borrower_namespaces=borrower_ns,
+        queued_namespace=queued_ns,
         jobs=tuple(jobs),
         tides=tuple(tides),
         borrowers=tuple(borrowers),
         faults=tuple(faults),
     )
+
+
+INTERACTIVE_SHARE = 0.3  # of the queued borrowers; the rest are batch
+
+
+def _queued(rng: random.Random, borrowers: list[Borrower], duration: float, namespace: str) -> None:
+    """Borrowers of the shared queues, added to the list: one every 15 s or so, of one or two
+    GPUs, interactive or batch."""
+    t, n = rng.uniform(5.0, 20.0), 0
+    while t < duration - 10.0:
+        job_class = "interactive" if rng.random() < INTERACTIVE_SHARE else "batch"
+        borrowers.append(
+            Borrower(
+                round(t, 1),
+                namespace,
+                f"queued-{n:04d}",
+                rng.choice((1, 2)),
+                round(rng.uniform(15.0, 90.0), 1),
+                job_class=job_class,
+            )
+        )
+        n += 1
+        t += rng.expovariate(1 / 15.0)
 
 
 def _real_node(

@@ -24,6 +24,7 @@ from tests.soak.invariants import (
     Observation,
     PendingWhileFree,
     ProcessSample,
+    QueuedReleased,
     ReclaimEnds,
     Violation,
     check_history,
@@ -484,7 +485,49 @@ def test_pending_leaves_out_a_node_whose_agent_is_silent() -> None:
     assert [v.obj for v in found] == ["default/wait"]
 
 
-# --- (f) no leak trend ---
+# --- (f) the shared queues release what they must ---
+
+
+def queued(name: str = "wait", job_class: str | None = None, gpus: int = 2) -> Obj:
+    extra = {contract.ANN_JOB_CLASS: job_class} if job_class else None
+    pod = builders.pod(name, gpus, extra_annotations=extra)
+    pod["spec"]["schedulingGates"] = [{"name": contract.SCHEDULING_GATE}]
+    return pod
+
+
+def held(*pods: Obj, times: tuple[float, ...] = (0.0, 5.0, 11.0), **kw: Any) -> list[Observation]:
+    return [dataclasses.replace(o, pods=list(pods)) for o in pending(pods[0], times, **kw)]
+
+
+def test_queued_clean() -> None:
+    released = waiting()  # its gate removed: PendingWhileFree's from here
+    history = held(queued(), times=(0.0, 5.0)) + held(released, times=(11.0,))
+    assert run(QueuedReleased(10.0), *history) == []
+    busy = [ledger("n1", bound("x", "n1", [0, 1, 2]))]
+    assert run(QueuedReleased(10.0), *held(queued(), ledgers=busy)) == []  # no room: it waits
+    # Two held: the one ahead keeps the room (the queues' order), neither is judged.
+    assert run(QueuedReleased(10.0), *held(queued("a"), queued("b"))) == []
+    other_gate = queued("interactive")
+    other_gate["spec"]["schedulingGates"].append({"name": "example.com/other"})
+    assert run(QueuedReleased(10.0), *held(other_gate)) == []  # someone else's gate holds it
+
+
+def test_queued_catches_an_interactive_pod_never_released() -> None:
+    busy = [ledger("n1", bound("x", "n1", [0, 1, 2, 3]))]
+    pods = (queued("chat", "interactive"), queued("b"))
+    found = run(QueuedReleased(10.0), *held(*pods, ledgers=busy))  # released, room or not
+    assert [(v.t, v.obj) for v in found] == [(11.0, "default/chat")]
+    assert "interactive" in found[0].message
+
+
+def test_queued_catches_a_lone_pod_held_beside_room() -> None:
+    found = run(QueuedReleased(10.0), *held(queued("b", "batch")))
+    assert [(v.t, v.obj) for v in found] == [(11.0, "default/b")]
+    assert "n1 has room" in found[0].message
+    assert run(PendingWhileFree(10.0), *held(queued("b", "batch"))) == []  # gated: not its
+
+
+# --- (g) no leak trend ---
 
 
 def samples(rss: list[int], fds: list[int], step_s: float = 60.0) -> list[Observation]:

@@ -66,3 +66,23 @@ def test_a_real_node_adds_its_share_and_leaves_the_rest_of_the_seeds_history(
     assert len(kills) == max(1, round(minutes / 10))
     for field in (real.tides, real.borrowers, real.faults):
         assert [x.t for x in field] == sorted(x.t for x in field)
+
+
+@pytest.mark.parametrize(("seed", "minutes"), [(1, 4), (7, 60)])
+def test_queued_borrowers_come_on_top_of_the_seeds_history(seed: int, minutes: float) -> None:
+    """The shared queues' borrowers, interactive and batch, in their gated namespace, drawn from
+    a generator of their own: the other borrowers are the seed's own draw, whatever their
+    number."""
+    p = plan(seed, minutes)
+    queued = [b for b in p.borrowers if b.job_class]
+    assert {b.job_class for b in queued} == {"interactive", "batch"}
+    assert {b.namespace for b in queued} == {p.queued_namespace}
+    assert p.queued_namespace not in p.borrower_namespaces
+    assert all(b.namespace != p.queued_namespace for b in p.borrowers if not b.job_class)
+    assert {b.gpus for b in queued} <= {1, 2}
+    assert len({b.name for b in p.borrowers}) == len(p.borrowers)
+    assert len(queued) >= minutes * 60 / 15 / 3  # one every 15 s on average, give or take
+    # The rest of the history is the seed's without them.
+    plain = plan(seed, minutes, queues=False)
+    assert [b for b in p.borrowers if not b.job_class] == list(plain.borrowers)
+    assert (p.jobs, p.tides, p.faults) == (plain.jobs, plain.tides, plain.faults)
