@@ -107,6 +107,20 @@ RULES: tuple[Rule, ...] = (
         "invalid value ",
         " (want 1 to 10000)",
     ),
+    # Gangs (common.gangs): a pod group of the pod's namespace, and its last checkpoint.
+    Pattern(
+        contract.ANN_POD_GROUP,
+        "[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?",
+        "invalid pod group ",
+        " (want a DNS label: lower-case letters, digits and '-', at most 63)",
+    ),
+    Pattern(
+        contract.ANN_CHECKPOINTED_AT,
+        "[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]"
+        "([.][0-9]{1,9})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])",
+        "invalid time ",
+        " (want RFC 3339, e.g. 2026-11-29T04:00:00Z)",
+    ),
     # Empty means none. The id names the entry in the nodes' caches; the pin, when there is
     # one, is what a node checks the bytes against (common.checkpointref).
     Pattern(

@@ -35,6 +35,12 @@ ANN_QUEUE_RELEASED: Final = f"{PREFIX}/queue-released"
 ANN_THROUGHPUT_QUERY: Final = f"{PREFIX}/throughput-query"  # PromQL: job's samples/s; on pods
 ANN_THROUGHPUT_MEASURED: Final = f"{PREFIX}/throughput-measured"  # by the queues, on workload
 
+# --- gangs: pods that run together or not at all (docs/gangs.md) ---
+# A gang of the pod's own namespace, where the Workload API (spec.workloadRef) is not in use.
+ANN_POD_GROUP: Final = f"{PREFIX}/pod-group"
+# When the pod last saved its work (RFC 3339): the newest checkpoint is the cheapest victim.
+ANN_CHECKPOINTED_AT: Final = f"{PREFIX}/checkpointed-at"
+
 # --- pod annotations written by tidelease ---
 ANN_DEVICES: Final = f"{PREFIX}/devices"  # comma-separated GPU UUIDs chosen at bind time
 ANN_DEVICE_NODE: Final = f"{PREFIX}/devices-node"  # the node those devices are on

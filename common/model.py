@@ -91,6 +91,7 @@ class Holder:
     priority: Priority
     pod_priority: int  # the pod's spec.priority (PriorityClass value)
     owner: JobKey | None = None
+    gang: str | None = None  # its gang (common.gangs.gang_of): evicted together
 
     @property
     def key(self) -> str:
@@ -132,6 +133,9 @@ class PodRequest:
     # what ties it to a GpuLease's workload.
     controller: tuple[str, str] | None = None
     priority_class: str = ""  # spec.priorityClassName
+    # The pod's gang (common.gangs.gang_of), None when it runs alone: a gang's pods are placed
+    # together or not at all, and evicted together.
+    gang: str | None = None
 
     @property
     def key(self) -> str:
@@ -145,6 +149,7 @@ class PodRequest:
             priority=self.priority,
             pod_priority=self.pod_priority,
             owner=self.owner,
+            gang=self.gang,
         )
 
 

@@ -207,6 +207,7 @@ def parse_gpu_allocation(obj: Mapping[str, Any]) -> tuple[NodeName, tuple[Alloca
         priority = _PRIORITIES.get(entry.get("priority", "low"))
         pod_priority = entry.get("podPriority", 0)
         owner = entry.get("owner")
+        gang = entry.get("gang")
         if not all(isinstance(v, str) and v for v in (uid, ns, name)):
             problems.append(f"{at} needs podUID, namespace and name")
             continue
@@ -225,6 +226,7 @@ def parse_gpu_allocation(obj: Mapping[str, Any]) -> tuple[NodeName, tuple[Alloca
             # A ledger written before owners were namespaced names the job alone: the pod's
             # own namespace is the job's.
             owner=_holder_owner(owner, str(ns)),
+            gang=gang if isinstance(gang, str) and gang else None,
         )
         since = entry.get("since", "")
         devs = tuple(GpuUuid(d) for d in devices)
@@ -245,6 +247,7 @@ def allocation_spec(allocations: Iterable[Allocation]) -> dict[str, Any]:
                 "priority": a.holder.priority.value,
                 "podPriority": a.holder.pod_priority,
                 **({"owner": a.holder.owner} if a.holder.owner else {}),
+                **({"gang": a.holder.gang} if a.holder.gang else {}),
                 "devices": list(a.devices),
                 "since": a.since,
             }

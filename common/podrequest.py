@@ -15,6 +15,7 @@ from common.annotationrules import annotation_problems
 from common.checkpointref import parse_checkpoint_ref
 from common.coercion import items, whole
 from common.errors import InvalidInput
+from common.gangs import gang_of
 from common.model import PodRequest, PodUid, Priority, Tier
 from common.tenancy import job_key
 
@@ -155,6 +156,7 @@ def parse_pod(pod: object, *, resource: str = contract.DEFAULT_GPU_RESOURCE) -> 
         images=frozenset(images),
         controller=controller_of(meta),
         priority_class=priority_class,
+        gang=gang_of(pod),
     )
 
 

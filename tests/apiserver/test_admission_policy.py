@@ -42,6 +42,7 @@ PRI, REL, RCL = contract.ANN_PRIORITY, contract.ANN_RELIABILITY, contract.ANN_RE
 JOB, ELA, TPT = contract.ANN_JOB_CLASS, contract.ANN_ELASTIC, contract.ANN_THROUGHPUT
 OWN, GPU, CKP = contract.ANN_OWNER, contract.ANN_GPU_TYPE, contract.ANN_CHECKPOINT
 WKL, MAX = contract.ANN_WORKLOAD, contract.ANN_MAX_REPLICAS
+GRP, CAT = contract.ANN_POD_GROUP, contract.ANN_CHECKPOINTED_AT
 
 TABLE: list[dict[str, str]] = [
     {PRI: "high", OWN: "recsys"},
@@ -103,6 +104,19 @@ TABLE: list[dict[str, str]] = [
     {WKL: "Deployment/Train", MAX: "10001"},
     {WKL: "Deployment/", MAX: "06"},
     {MAX: "12"},
+    {GRP: "sweep-7"},
+    {GRP: "a" * 63},
+    {GRP: "a" * 64},
+    {GRP: "Sweep"},
+    {GRP: "sweep.7"},
+    {GRP: "-sweep"},
+    {CAT: "2026-11-29T04:00:00Z"},
+    {CAT: "2026-11-29T04:00:00.123456789+01:00"},
+    {CAT: "2026-11-29 04:00:00Z"},
+    {CAT: "2026-13-01T00:00:00Z"},
+    {CAT: "2026-11-29T24:00:00Z"},
+    {CAT: "2026-11-29T04:00:00"},
+    {CAT: "yesterday"},
 ]
 
 

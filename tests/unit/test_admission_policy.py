@@ -36,6 +36,8 @@ def test_every_pod_author_annotation_the_filter_reads_has_a_rule() -> None:
         contract.ANN_CHECKPOINT,
         contract.ANN_WORKLOAD,
         contract.ANN_MAX_REPLICAS,
+        contract.ANN_POD_GROUP,
+        contract.ANN_CHECKPOINTED_AT,
     }
 
 
