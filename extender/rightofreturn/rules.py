@@ -197,6 +197,13 @@ def plan_reclaim(
         else:
             lost.append(dev)
             lost_types[(dev.gpu_type, dev.tier)] += 1
+    # A borrower gang is evicted whole (common.gangs): its members elsewhere go with the one
+    # on a lent device, with the same notice, or they would hold their GPUs doing nothing.
+    gangs = {h.gang for h in borrowers.values() if h.gang is not None}
+    if gangs:
+        for holder in holders.values():
+            if holder.gang in gangs and holder.owner != owner and holder.priority is Priority.LOW:
+                borrowers.setdefault(holder.key, holder)
     return ReclaimPlan(
         returnable=tuple(returnable),
         lost=tuple(lost),

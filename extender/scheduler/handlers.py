@@ -34,11 +34,12 @@ from extender.scheduler import wire
 from extender.scheduler.admitting import placed_request
 from extender.scheduler.binding import Binder, BindRefused
 from extender.scheduler.filtering import filter_nodes
+from extender.scheduler.gangvictims import choose_gang_victims, eviction_costs
 from extender.scheduler.metrics import ExtenderMetrics
 from extender.scheduler.partialpreemption import choose_preemption
 from extender.scheduler.scoring import prioritize_nodes
 from extender.scheduler.settings import ExtenderSettings
-from extender.scheduler.victims import Chooser, choose_victims, preempt_nodes
+from extender.scheduler.victims import Chooser, preempt_nodes
 
 log = logging.getLogger(__name__)
 
@@ -186,7 +187,10 @@ class ExtenderApp:
             # node had room): a pod tidelease does not place yet evicts nobody.
             self.metrics.decisions.labels("preempt", "refused-pod").inc()
             return 200, wire.preemption_result({})
-        choose: Chooser = choose_victims
+        # Gangs broken, then work lost (extender.scheduler.gangvictims), from the pods' view.
+        choose: Chooser = functools.partial(
+            choose_gang_victims, costs=eviction_costs(self.pods.raw_pods(), time.time())
+        )
         if opted_in(args.pod):
             # The shared queues' partial preemption (cornucopia): from the lower queues, the GPUs
             # worth least.

@@ -39,18 +39,18 @@ def may_evict(holder: Holder, req: PodRequest) -> bool:
     )
 
 
-def _classes(alloc: Allocation, by_uuid: dict[GpuUuid, Device]) -> list[DeviceClass]:
+def classes_of(alloc: Allocation, by_uuid: dict[GpuUuid, Device]) -> list[DeviceClass]:
     return [by_uuid[u].cls for u in alloc.devices if u in by_uuid]
 
 
-def _borrower_rank(alloc: Allocation, by_uuid: dict[GpuUuid, Device], req: PodRequest) -> int:
-    classes = _classes(alloc, by_uuid)
+def borrower_rank(alloc: Allocation, by_uuid: dict[GpuUuid, Device], req: PodRequest) -> int:
+    classes = classes_of(alloc, by_uuid)
     if any(own_tag(c, req) for c in classes):
         return 0  # borrowing the preemptor's own lent devices
     return 1 if any(c.owner is not None for c in classes) else 2
 
 
-def _candidates(
+def eviction_candidates(
     devices: Sequence[Device],
     allocations: Iterable[Allocation],
     req: PodRequest,
@@ -68,11 +68,11 @@ def _candidates(
     helpful = [
         a
         for a in allocations
-        if may_evict(a.holder, req) and any(helps(c) for c in _classes(a, by_uuid))
+        if may_evict(a.holder, req) and any(helps(c) for c in classes_of(a, by_uuid))
     ]
     helpful.sort(
         key=lambda a: (
-            _borrower_rank(a, by_uuid, req),
+            borrower_rank(a, by_uuid, req),
             a.holder.pod_priority,
             -len(a.devices),
             a.holder.key,
@@ -92,8 +92,8 @@ def choose_victims(
     verdicts: dict[DeviceClass, Verdict] = {}  # verdict() is pure in the class, for this pod
     if plan_node(base, req, verdicts).fits:
         return ()
-    by_uuid, candidates = _candidates(devices, allocations, req, verdicts)
-    classes = [_classes(a, by_uuid) for a in candidates]
+    by_uuid, candidates = eviction_candidates(devices, allocations, req, verdicts)
+    classes = [classes_of(a, by_uuid) for a in candidates]
     chosen: list[int] = []  # of the candidates, by position
     counts = Counter(base)  # free once the chosen are gone, kept as they are added
     for i, held in enumerate(classes):
@@ -168,7 +168,7 @@ def victims_cost(
     them (borrowers of the preemptor's own lent devices first), their number, their priority."""
     by_uuid = {d.uuid: d for d in devices}
     chosen = {h.pod_uid for h in victims}
-    ranks = [_borrower_rank(a, by_uuid, req) for a in allocations if a.holder.pod_uid in chosen]
+    ranks = [borrower_rank(a, by_uuid, req) for a in allocations if a.holder.pod_uid in chosen]
     return (max(ranks, default=0), len(victims), sum(h.pod_priority for h in victims))
 
 
