@@ -783,7 +783,10 @@ class Runner:
             self._resume_etcd()
         self.observer.stop()
         self.heartbeats.stop()
-        self._stack.close()
+        try:
+            self._stack.close()  # the cluster goes down next: a failure here only says so
+        except Exception as e:
+            log(f"undoing the setup failed (the cluster goes down anyway): {e!r}")
         self.processes.stop_restarted()
 
 
