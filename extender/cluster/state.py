@@ -97,8 +97,12 @@ class NodeState:
     ledger: dict[PodUid, Allocation] = field(default_factory=dict)
     ledger_version: str = ""
     # derived, refreshed by _refresh()
-    # ... and its live part: allocations of pods not known to be gone. A deleted pod's devices
-    # are free for placement at once; the reaper removes its entry from the stored ledger.
+    # Devices held in memory for gang pods not yet bound (extender.scheduler.gangplacement):
+    # not in the stored ledger, but taken for every other pod's placement all the same.
+    reserved: dict[PodUid, Allocation] = field(default_factory=dict)
+    # ... and its live part: allocations of pods not known to be gone, with the reservations of
+    # pods the ledger does not hold yet. A deleted pod's devices are free for placement at
+    # once; the reaper removes its entry from the stored ledger.
     allocations: dict[PodUid, Allocation] = field(default_factory=dict)
     free: Mapping[DeviceClass, int] = field(default_factory=dict)
     free_total: int = 0  # free healthy devices
@@ -115,6 +119,8 @@ class NodeState:
 
     def _refresh(self, gone: set[PodUid]) -> None:
         self.allocations = {u: a for u, a in self.ledger.items() if u not in gone}
+        for u, a in self.reserved.items():
+            self.allocations.setdefault(u, a)
         held: set[GpuUuid] = {u for a in self.allocations.values() for u in a.devices}
         by_uuid = {d.uuid: d.cls for d in self.devices}
         self.held_classes = {
@@ -220,6 +226,8 @@ class ClusterState:
         # Where each pod's allocations are: one node, unless a stale one is left on another
         # (a bind that failed half-way, then a bind elsewhere) until the reaper releases it.
         self._ledger_of: dict[PodUid, set[NodeName]] = {}
+        # Gang pods' reservations: where, and until when (monotonic seconds).
+        self._reserved: dict[PodUid, tuple[NodeName, float]] = {}
 
     @property
     def gone(self) -> set[PodUid]:
@@ -227,6 +235,7 @@ class ClusterState:
 
     def pod_gone(self, uid: PodUid) -> None:
         """A pod was deleted or finished: its devices are free from now on."""
+        self.unreserve(uid)
         nodes = self._ledger_of.get(uid)
         if not nodes or uid in self._gone:
             return
@@ -298,10 +307,48 @@ class ClusterState:
             return
         state.devices, state.cache, state.has_inventory = (), NodeCache(), False
         state.reclaiming = frozenset()
+        for uid in list(state.reserved):  # held on devices that are gone
+            self._reserved.pop(uid, None)
+        state.reserved.clear()
         self._index_lent(node, ())
         self._changed(state)
         if not state.ledger and not state.ledger_version:
             del self._nodes[node]
+
+    # --- reservations (gang pods placed, not yet bound: extender.scheduler.gangplacement) ---
+    def reserve(self, node: NodeName, allocation: Allocation, until: float) -> None:
+        """Hold these devices for the pod until it is bound, gone, or ``until`` (monotonic
+        seconds) passes; any earlier reservation of the pod is dropped."""
+        uid = allocation.holder.pod_uid
+        self.unreserve(uid)
+        state = self._node(node)
+        state.reserved[uid] = allocation
+        self._reserved[uid] = (node, until)
+        self._changed(state)
+
+    def unreserve(self, uid: PodUid) -> None:
+        found = self._reserved.pop(uid, None)
+        if found is None:
+            return
+        state = self._nodes.get(found[0])
+        if state is not None and state.reserved.pop(uid, None) is not None:
+            self._changed(state)
+
+    def reservation(self, uid: PodUid) -> tuple[NodeName, Allocation] | None:
+        """Where the pod's devices are held for it, and which."""
+        found = self._reserved.get(uid)
+        if found is None:
+            return None
+        state = self._nodes.get(found[0])
+        held = state.reserved.get(uid) if state is not None else None
+        return (found[0], held) if held is not None else None
+
+    def expire_reservations(self, now: float) -> int:
+        """Drop the reservations whose time has passed (monotonic ``now``); how many."""
+        old = [uid for uid, (_, until) in self._reserved.items() if until <= now]
+        for uid in old:
+            self.unreserve(uid)
+        return len(old)
 
     # --- ledger ---
     def set_ledger(self, node: NodeName, allocations: tuple[Allocation, ...], version: str) -> None:

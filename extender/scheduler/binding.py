@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping, Set
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from common import contract
 from common.errors import Conflict, NotFound, TideleaseError
-from common.model import Allocation, NodeName, PodRequest, PodUid
+from common.model import Allocation, GpuUuid, NodeName, PodRequest, PodUid
 from common.waiting import wait_event
 from extender.cluster.state import ClusterState
 from extender.cluster.store import Store
@@ -160,17 +161,24 @@ class Binder:
                     raise BindRefused(f"node {node} has no GPU inventory")
                 if state.silent:
                     raise BindRefused(f"node {node}: agent silent, its GPUs are not offered")
-                existing = state.allocations.get(req.uid)
-                if existing is not None:
-                    return existing, True
-                held = [u for a in state.allocations.values() for u in a.devices]
-                plan, chosen = pick_devices(state.devices, held, req)
-                if not plan.fits:
-                    raise BindRefused(plan.reason)
-                allocation = Allocation(
-                    req.holder(), tuple(d.uuid for d in chosen), self._clock().isoformat()
-                )
-                allocations = (*state.allocations.values(), allocation)
+                if req.uid in state.allocations and req.uid in state.ledger:
+                    return state.ledger[req.uid], True
+                taken = [
+                    u for a in state.allocations.values() if a.holder.pod_uid != req.uid
+                    for u in a.devices
+                ]  # fmt: skip
+                devices = self._held(req, node, taken)
+                if devices is None:
+                    plan, chosen = pick_devices(state.devices, taken, req)
+                    if not plan.fits:
+                        raise BindRefused(plan.reason)
+                    devices = tuple(d.uuid for d in chosen)
+                allocation = Allocation(req.holder(), devices, self._clock().isoformat())
+                # the stored entries of live pods (not other pods' reservations), and this one
+                stored = [
+                    a for u, a in state.allocations.items() if u in state.ledger and u != req.uid
+                ]
+                allocations = (*stored, allocation)
                 try:
                     version = await self._store.write_ledger(
                         node, allocations, state.ledger_version
@@ -186,8 +194,24 @@ class Binder:
                     await self._refresh_ledger(node)
                     continue
                 self._cluster.set_ledger(node, allocations, version)
+                self._cluster.unreserve(req.uid)  # in the ledger now
                 return allocation, False
         raise BindRefused(f"ledger of node {node} kept changing; giving up for now")
+
+    def _held(
+        self, req: PodRequest, node: NodeName, taken: list[GpuUuid]
+    ) -> tuple[GpuUuid, ...] | None:
+        """The devices held for a gang pod on this node (extender.scheduler.gangplacement),
+        while none of them is taken; None: pick afresh (a hold on another node is dropped:
+        kube-scheduler placed the pod elsewhere)."""
+        held = self._cluster.reservation(req.uid)
+        if held is None:
+            return None
+        where, allocation = held
+        if where != node or set(allocation.devices) & set(taken):
+            self._cluster.unreserve(req.uid)
+            return None
+        return allocation.devices
 
     async def release(self, node: NodeName, uids: set[PodUid], reason: str) -> int:
         """Remove the pods' allocations from the node's ledger; the number removed."""
@@ -246,7 +270,9 @@ class Binder:
         return BindResult(node_name, allocation.devices, reused)
 
     async def reap_once(self) -> int:
-        """Release every stale allocation in the view; the number released."""
+        """Release every stale allocation in the view; the number released. Gang pods'
+        reservations past their time are dropped too (in memory only)."""
+        self._cluster.expire_reservations(time.monotonic())
         now = self._clock()
         released = 0
         for state in list(self._cluster):

@@ -34,6 +34,7 @@ from extender.scheduler import wire
 from extender.scheduler.admitting import placed_request
 from extender.scheduler.binding import Binder, BindRefused
 from extender.scheduler.filtering import filter_nodes
+from extender.scheduler.gangplacement import hold_for_gang
 from extender.scheduler.gangvictims import choose_gang_victims, eviction_costs
 from extender.scheduler.metrics import ExtenderMetrics
 from extender.scheduler.partialpreemption import choose_preemption
@@ -128,6 +129,15 @@ class ExtenderApp:
             self.metrics.decisions.labels("filter", "invalid-pod").inc()
             return 200, wire.filter_error(f"tidelease: {e}")
         decision = filter_nodes(self.cluster, req, args.node_names)
+        if req.gang is not None:
+            decision = hold_for_gang(
+                self.cluster,
+                req,
+                decision,
+                self.settings.weights,
+                now=time.monotonic(),
+                ttl_s=self.settings.gang_reserve_ttl_s,
+            )
         reasons = Counter((*decision.failed.values(), *decision.unresolvable.values()))
         reasons["fits"] = len(decision.passed)
         for reason, n in reasons.items():

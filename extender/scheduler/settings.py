@@ -60,6 +60,9 @@ class ExtenderSettings:
     bind_attempts: int = 8
     # An allocation whose pod was never bound is released after this long.
     reserve_ttl_s: float = 120.0
+    # Devices held in memory for a gang's pod between its filter and its bind (the members wait
+    # for each other at Permit: upstream's gang waits up to five minutes).
+    gang_reserve_ttl_s: float = 300.0
     # An allocation whose pod is not (yet) in the cache is kept this long (watch lag).
     missing_grace_s: float = 30.0
     reap_interval_s: float = 10.0
@@ -165,6 +168,7 @@ class ExtenderSettings:
             problems.append("bind_attempts must be at least 1")
         for name in (
             "reserve_ttl_s",
+            "gang_reserve_ttl_s",
             "missing_grace_s",
             "reap_interval_s",
             "agent_timeout_s",
@@ -222,6 +226,7 @@ _FIELD_TYPES: dict[str, type] = {
     "online_priority_class": str,
     "bind_attempts": int,
     "reserve_ttl_s": float,
+    "gang_reserve_ttl_s": float,
     "missing_grace_s": float,
     "reap_interval_s": float,
     "stale_after_s": float,
