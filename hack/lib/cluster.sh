@@ -546,6 +546,7 @@ tl::cluster::_start_scheduler() {
     --authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics \
     --secure-port="${port}" \
     --cert-dir="${dir}" \
+    --feature-gates=GenericWorkload=true,GangScheduling=true \
     --v="${TL_CLUSTER_SCHEDULER_VERBOSITY}" \
     >"${log}" 2>&1 &
   TL_CLUSTER__LAST_PID=$!
@@ -741,7 +742,9 @@ tl::cluster::start() {
   tl::cluster::record_pid TL_CLUSTER_ETCD_PID "${TL_CP_ETCD_PID}"
   # MutatingAdmissionPolicy (beta, off by default in this release): the chart's optional policy
   # that gates class-declaring GPU pods for the queues controller (docs/planner.md).
-  TL_CP_APISERVER_EXTRA_ARGS="${TL_CP_APISERVER_EXTRA_ARGS:-} --feature-gates=MutatingAdmissionPolicy=true --runtime-config=admissionregistration.k8s.io/v1beta1=true"
+  # The Workload API (alpha): gangs placed whole by kube-scheduler's gang scheduling
+  # (docs/gangs.md), as the chart's scheduling.gangScheduling asks of the API server.
+  TL_CP_APISERVER_EXTRA_ARGS="${TL_CP_APISERVER_EXTRA_ARGS:-} --feature-gates=MutatingAdmissionPolicy=true,GenericWorkload=true --runtime-config=admissionregistration.k8s.io/v1beta1=true,scheduling.k8s.io/v1alpha1=true"
   tl::cp::start_apiserver
   tl::cluster::record_pid TL_CLUSTER_APISERVER_PID "${TL_CP_APISERVER_PID}"
   tl::cp::wait_ready

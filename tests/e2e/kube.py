@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from common import contract
+from common.gangs import WORKLOAD_API
 
 T = TypeVar("T")
 
@@ -58,6 +59,7 @@ _KINDS: dict[str, tuple[str, str, bool]] = {
         False,
     ),
     "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings", True),
+    "Workload": (f"/apis/{WORKLOAD_API}", "workloads", True),
     "MutatingAdmissionPolicy": (
         "/apis/admissionregistration.k8s.io/v1beta1",
         "mutatingadmissionpolicies",
