@@ -101,6 +101,25 @@ def test_own_scheduler_mode_keeps_the_verbs_on_loopback_beside_a_kube_scheduler(
     ]
 
 
+def test_gang_scheduling_turns_on_the_own_schedulers_gates_and_its_read_of_workloads() -> None:
+    def gates_and_rules(objs: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
+        scheduler = containers(find(objs, "Deployment", "tidelease-extender"))["kube-scheduler"]
+        role = find(objs, "ClusterRole", "tidelease-scheduler")
+        gates = [a for a in scheduler["command"] if a.startswith("--feature-gates")]
+        return gates, [r for r in role["rules"] if "scheduling.k8s.io" in r["apiGroups"]]
+
+    assert gates_and_rules(render()) == ([], [])  # off by default
+    gates, rules = gates_and_rules(render("scheduling.gangScheduling=true"))
+    assert gates == ["--feature-gates=GenericWorkload=true,GangScheduling=true"]
+    assert rules == [
+        {
+            "apiGroups": ["scheduling.k8s.io"],
+            "resources": ["workloads"],
+            "verbs": ["get", "list", "watch"],
+        }
+    ]
+
+
 def test_cluster_scheduler_mode_serves_the_verbs_through_the_service() -> None:
     objs = render("scheduling.mode=clusterScheduler")
     pod = find(objs, "Deployment", "tidelease-extender")
