@@ -41,7 +41,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from common.model import Device, GpuUuid, Holder, JobKey
+from common.model import Device, GpuUuid, Holder, JobKey, PodUid
 from extender.rightofreturn.lease import (
     RECLAIM_OVERDUE,
     GpuLease,
@@ -216,16 +216,24 @@ def _on_loan(dev: Device, owner: JobKey) -> bool:
 
 def choose_groups(groups: Sequence[LentGroup], count: int, view: View) -> list[LentGroup]:
     """The lent groups a scale-up by ``count`` replicas takes back: those whose devices are all
-    healthy and free first (nobody to evict), then those whose borrowers lose least by eviction
-    (``view.eviction_cost``), then those with the fewest borrowers."""
+    healthy and free first (nobody to evict), then those that break the fewest borrower gangs
+    (a gang goes whole: common.gangs), then those whose borrowers lose least by eviction
+    (``view.eviction_cost``), then those with the fewest borrowers, gangs' members counted."""
+    members: dict[str, dict[PodUid, Holder]] = {}
+    for h in view.holders.values():
+        if h.gang is not None:
+            members.setdefault(h.gang, {})[h.pod_uid] = h
 
-    def cost(g: LentGroup) -> tuple[int, tuple[int, int, float], int, int, str]:
+    def cost(g: LentGroup) -> tuple[int, int, tuple[int, int, float], int, int, str]:
         broken = sum(
             1 for u in g.devices if u not in view.devices or not view.devices[u].cls.healthy
         )
         victims = {view.holders[u].pod_uid: view.holders[u] for u in g.devices if u in view.holders}
+        gangs = {h.gang for h in victims.values() if h.gang is not None}
+        for gang in gangs:
+            victims.update(members[gang])
         loss = view.eviction_cost(list(victims.values())) if view.eviction_cost else (0, 0, 0.0)
-        return (broken, loss, len(victims), ordinal(g.replica), g.replica)
+        return (broken, len(gangs), loss, len(victims), ordinal(g.replica), g.replica)
 
     return sorted(groups, key=cost)[: max(0, count)]
 

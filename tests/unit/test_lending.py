@@ -438,6 +438,24 @@ def test_reclaim_takes_back_free_groups_first_and_keeps_the_rest_lent() -> None:
     assert relabel([g2], 2) == (g2,)
 
 
+def test_a_reclaim_takes_back_the_group_that_breaks_no_gang() -> None:
+    """One borrower on each group: g1's is a member of a gang whose other member borrows
+    elsewhere, g2's runs alone. Taking g2 back evicts one pod; g1, a gang of two."""
+    from extender.leasing.decisions import choose_groups
+
+    devs, view = world(lent_owner=True)
+    g1 = LentGroup("recsys-1", tuple(d.uuid for d in devs[4:8]))
+    g2 = LentGroup("recsys-2", tuple(d.uuid for d in devs[8:12]))
+    gang = "batch/pod-group/sweep"
+    member = replace(holder("member-0"), gang=gang)
+    mate = replace(holder("member-1"), gang=gang)
+    holders = {devs[4].uuid: member, devs[8].uuid: holder("alone"), devs[0].uuid: mate}
+    assert choose_groups([g1, g2], 1, replace(view, holders=holders)) == [g2]
+    # Without the gang, the first by ordinal (equal costs): g1.
+    plain = {devs[4].uuid: holder("member-0"), devs[8].uuid: holder("alone")}
+    assert choose_groups([g1, g2], 1, replace(view, holders=plain)) == [g1]
+
+
 async def test_an_unexpected_error_on_one_lease_is_logged_and_the_others_go_on(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
