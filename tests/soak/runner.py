@@ -435,7 +435,22 @@ class Runner:
                 self.kube.delete("Pod", b.name, b.namespace)
 
             what = f"finish {b.name}"
-            self.at(self.now() + b.lifetime_s, what, self._api(what, finish))
+            if not b.job_class:
+                self.at(self.now() + b.lifetime_s, what, self._api(what, finish))
+                return
+
+            # A job of the shared queues runs its time once the queues let it in: its lifetime
+            # counts from its binding (a pod the queues never release stays, for the checker).
+            def started() -> None:
+                pod = self.kube.get("Pod", b.name, b.namespace)
+                if pod is None or pod["metadata"]["uid"] != uid:
+                    return  # gone (its node deleted): nothing to finish
+                if pod["spec"].get("nodeName"):
+                    self.at(self.now() + b.lifetime_s, what, self._api(what, finish))
+                else:
+                    self.at(self.now() + 2.0, f"wait {b.name}", self._api(what, started))
+
+            self.at(self.now() + 2.0, f"wait {b.name}", self._api(what, started))
 
         return create
 

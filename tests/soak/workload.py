@@ -91,7 +91,7 @@ class Borrower:
     namespace: str
     name: str
     gpus: int
-    lifetime_s: float
+    lifetime_s: float  # from its creation; a queued one's from its binding
     real: bool = False  # on the real kubelet node
     job_class: str | None = None  # interactive or batch: through the shared queues
 
