@@ -690,7 +690,29 @@ def _gates(pod: Obj) -> list[str]:
     ]
 
 
-class PendingWhileFree(Checker):
+class _Waiting(Checker):
+    """A checker of pods that wait: each condition reported once it has lasted ``bound_s``;
+    room judged for GPUs of ``resource`` on nodes whose agent was heard within ``fresh_s``."""
+
+    def __init__(
+        self,
+        bound_s: float,
+        *,
+        resource: str = contract.DEFAULT_GPU_RESOURCE,
+        fresh_s: float = float("inf"),
+    ) -> None:
+        self.resource = resource
+        self.fresh_s = fresh_s
+        self._lasting = _Lasting(bound_s)
+
+    def _lasted(self, t: float, now: Mapping[str, str]) -> list[Violation]:
+        return [
+            self._v(t, key, f"{msg} (since t={since:.1f})")
+            for key, msg, since in self._lasting.update(t, now)
+        ]
+
+
+class PendingWhileFree(_Waiting):
     """(e) No GPU pod Pending beyond ``bound_s`` while devices it may use are free.
 
     Conservative, to flag only what placement should certainly have done: the pod is unbound,
@@ -707,17 +729,6 @@ class PendingWhileFree(Checker):
 
     name = "pending-while-free"
 
-    def __init__(
-        self,
-        bound_s: float,
-        *,
-        resource: str = contract.DEFAULT_GPU_RESOURCE,
-        fresh_s: float = float("inf"),
-    ) -> None:
-        self.resource = resource
-        self.fresh_s = fresh_s
-        self._lasting = _Lasting(bound_s)
-
     def observe(self, obs: Observation) -> list[Violation]:
         room = _Room(obs, self.fresh_s)
         now: dict[str, str] = {}
@@ -727,13 +738,10 @@ class PendingWhileFree(Checker):
             node = room.for_pod(pod, self.resource)
             if node:
                 now[object_key(pod)] = f"Pending while {node} has enough free GPUs for it"
-        return [
-            self._v(obs.t, key, f"{msg} (since t={since:.1f})")
-            for key, msg, since in self._lasting.update(obs.t, now)
-        ]
+        return self._lasted(obs.t, now)
 
 
-class QueuedReleased(Checker):
+class QueuedReleased(_Waiting):
     """(f) The shared queues release what they must, within ``bound_s``: a pod held by the
     queues' scheduling gate alone (``tidelease.io/queue``) that is interactive (the first queue
     is released whatever the room, cornucopia 4.2), or that is the only pod the queues hold
@@ -742,17 +750,6 @@ class QueuedReleased(Checker):
     released stops being judged here; :class:`PendingWhileFree` judges it from then on."""
 
     name = "queued-released"
-
-    def __init__(
-        self,
-        bound_s: float,
-        *,
-        resource: str = contract.DEFAULT_GPU_RESOURCE,
-        fresh_s: float = float("inf"),
-    ) -> None:
-        self.resource = resource
-        self.fresh_s = fresh_s
-        self._lasting = _Lasting(bound_s)
 
     def observe(self, obs: Observation) -> list[Violation]:
         held = [
@@ -774,10 +771,7 @@ class QueuedReleased(Checker):
                     now[object_key(pod)] = (
                         f"the only pod the queues hold, still gated while {node} has room for it"
                     )
-        return [
-            self._v(obs.t, key, f"{msg} (since t={since:.1f})")
-            for key, msg, since in self._lasting.update(obs.t, now)
-        ]
+        return self._lasted(obs.t, now)
 
 
 def slope_per_hour(points: Sequence[tuple[float, float]]) -> float:
