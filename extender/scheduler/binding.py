@@ -31,7 +31,7 @@ from common import contract
 from common.errors import Conflict, NotFound, TideleaseError
 from common.model import Allocation, GpuUuid, NodeName, PodRequest, PodUid
 from common.waiting import wait_event
-from extender.cluster.state import ClusterState
+from extender.cluster.state import ClusterState, NodeState
 from extender.cluster.store import Store
 from extender.cluster.watching import TERMINAL_PHASES, PodCache, PodStatus
 from extender.scheduler.admitting import placed_request
@@ -167,7 +167,7 @@ class Binder:
                     u for a in state.allocations.values() if a.holder.pod_uid != req.uid
                     for u in a.devices
                 ]  # fmt: skip
-                devices = self._held(req, node, taken)
+                devices = self._held(req, state, taken)
                 if devices is None:
                     plan, chosen = pick_devices(state.devices, taken, req)
                     if not plan.fits:
@@ -199,16 +199,18 @@ class Binder:
         raise BindRefused(f"ledger of node {node} kept changing; giving up for now")
 
     def _held(
-        self, req: PodRequest, node: NodeName, taken: list[GpuUuid]
+        self, req: PodRequest, state: NodeState, taken: list[GpuUuid]
     ) -> tuple[GpuUuid, ...] | None:
         """The devices held for a gang pod on this node (extender.scheduler.gangplacement),
-        while none of them is taken; None: pick afresh (a hold on another node is dropped:
-        kube-scheduler placed the pod elsewhere)."""
+        while each is healthy and none is taken; None: pick afresh (a hold on another node is
+        dropped: kube-scheduler placed the pod elsewhere)."""
         held = self._cluster.reservation(req.uid)
         if held is None:
             return None
         where, allocation = held
-        if where != node or set(allocation.devices) & set(taken):
+        healthy = {d.uuid for d in state.devices if d.cls.healthy}
+        devices = set(allocation.devices)
+        if where != state.node or devices & set(taken) or not devices <= healthy:
             self._cluster.unreserve(req.uid)
             return None
         return allocation.devices
