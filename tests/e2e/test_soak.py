@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,11 @@ SEED = 1
 def soak(tmp_path: Path, *extra: str) -> tuple[int, dict[str, Any], str]:
     """hack/soak.py for MINUTES of SEED (plus ``extra``): its exit code, report and output."""
     report = tmp_path / "report.json"
+    # The cluster's directory is short, whatever pytest's path (a real node's unix sockets live
+    # in it, at most 107 bytes a path), and pruned with the e2e clusters' (tests/e2e/conftest.py);
+    # linked from pytest's directory.
+    short = Path(tempfile.mkdtemp(prefix="tl-e2e-soak-", dir="/tmp"))
+    (tmp_path / "cluster").symlink_to(short)
     done = subprocess.run(
         [
             sys.executable,
@@ -41,7 +47,7 @@ def soak(tmp_path: Path, *extra: str) -> tuple[int, dict[str, Any], str]:
             "--seed",
             str(SEED),
             "--dir",
-            str(tmp_path / "cluster"),
+            str(short / "c"),
             "--json",
             str(report),
             *extra,
