@@ -59,14 +59,18 @@ def parse_time(value: object) -> float | None:
 
 def saved_at(pod: Mapping[str, Any]) -> float | None:
     """When the pod's work was last saved (epoch seconds): its ``checkpointed-at``, else its
-    start (``status.startTime``: nothing saved since); None for a pod not started."""
+    start (``status.startTime``: nothing saved since); None for a pod not started. A checkpoint
+    before the start counts as the start: what the pod author writes never makes the pod lose
+    more than it has run (a pod that claims a checkpoint of 1970 is no dearer a victim)."""
     meta = pod.get("metadata") or {}
     annotations = meta.get("annotations") or {}
+    start = parse_time((pod.get("status") or {}).get("startTime"))
+    at = None
     if isinstance(annotations, dict):
         at = parse_time(annotations.get(contract.ANN_CHECKPOINTED_AT))
-        if at is not None:
-            return at
-    return parse_time((pod.get("status") or {}).get("startTime"))
+    if at is None:
+        return start
+    return at if start is None else max(at, start)
 
 
 def work_lost_s(pod: Mapping[str, Any], now: float) -> float:

@@ -150,6 +150,10 @@ class NodeState:
             freeable_by.append(frozenset(freed.items()))
         self.freeable_by = tuple(freeable_by)
 
+    def taken_for(self, uid: PodUid) -> list[GpuUuid]:
+        """The devices other pods hold here (ledger and holds): what pod ``uid`` may not take."""
+        return [u for a in self.allocations.values() if a.holder.pod_uid != uid for u in a.devices]
+
     @property
     def offering(self) -> bool:
         """Whether this node's devices are offered at all."""

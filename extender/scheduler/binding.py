@@ -163,10 +163,7 @@ class Binder:
                     raise BindRefused(f"node {node}: agent silent, its GPUs are not offered")
                 if req.uid in state.allocations and req.uid in state.ledger:
                     return state.ledger[req.uid], True
-                taken = [
-                    u for a in state.allocations.values() if a.holder.pod_uid != req.uid
-                    for u in a.devices
-                ]  # fmt: skip
+                taken = state.taken_for(req.uid)
                 devices = self._held(req, state, taken)
                 if devices is None:
                     plan, chosen = pick_devices(state.devices, taken, req)

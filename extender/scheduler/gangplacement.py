@@ -62,9 +62,7 @@ def hold_for_gang(
         state = cluster.get(chosen)
         if state is None:
             return decision
-        taken = [
-            u for a in state.allocations.values() if a.holder.pod_uid != req.uid for u in a.devices
-        ]
+        taken = state.taken_for(req.uid)
         plan, devices = pick_devices(state.devices, taken, req)
         if not plan.fits:  # the filter said it fits: nothing changed in between (one loop)
             return decision

@@ -66,6 +66,10 @@ def test_work_lost_is_since_the_last_checkpoint_else_since_the_start() -> None:
     assert work_lost_s(saved, start + 3600) == 600
     assert work_lost_s(saved, start) == 0  # a checkpoint in our future: clocks differ
     assert work_lost_s(pod(), start) == 0  # not started: nothing to lose
+    # A tenant's claim of an old checkpoint buys no protection: no more lost than run.
+    old = pod(ANN_CHECKPOINTED_AT="1970-01-01T00:00:00Z")
+    old["status"] = {"startTime": "2026-11-29T00:00:00Z"}
+    assert work_lost_s(old, start + 3600) == 3600
     naive = pod(ANN_CHECKPOINTED_AT="2026-11-29T00:50:00")  # no offset: not a time
     naive["status"] = {"startTime": "2026-11-29T00:00:00Z"}
     assert work_lost_s(naive, start + 3600) == 3600
