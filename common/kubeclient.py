@@ -23,7 +23,14 @@ import yaml
 import yarl
 from kubernetes_asyncio import client, config
 
-from common.errors import Conflict, InvalidInput, NotFound, TooManyRequests, Unavailable
+from common.errors import (
+    Conflict,
+    InvalidInput,
+    NotFound,
+    NotPermitted,
+    TooManyRequests,
+    Unavailable,
+)
 from common.objects import resource_version
 
 log = logging.getLogger(__name__)
@@ -50,6 +57,8 @@ def api_error(status: int, what: str, body: bytes) -> Exception:
     except (ValueError, AttributeError):
         message = body[:200].decode(errors="replace")
     text = f"{what}: HTTP {status}: {message}"
+    if status == 403:
+        return NotPermitted(text)  # RBAC or admission: until an admin grants it
     if status == 404:
         return NotFound(text)
     if status == 409:

@@ -78,19 +78,27 @@ def pod_owner(pod: Mapping[str, Any]) -> JobKey | None:
 
 # A ReplicaSet a Deployment made: the Deployment's name, "-", the pod template's hash.
 _TEMPLATE_HASH = re.compile(r"[a-z0-9]{1,10}")
+# A StatefulSet a LeaderWorkerSet made for one group's workers: its name, "-", the group index.
+_GROUP = re.compile(r"0|[1-9][0-9]{0,8}")
 
 
 def belongs(controller: tuple[str, str] | None, kind: str, name: str) -> bool:
     """Whether a pod whose controlling owner reference is ``controller`` (kind, name) is a
     replica of the workload ``kind``/``name`` of its own namespace: the workload itself controls
     it (a StatefulSet, or any workload kind that makes its pods directly), or, for a
-    Deployment, one of the ReplicaSets it makes (``NAME-HASH``)."""
+    Deployment, one of the ReplicaSets it makes (``NAME-HASH``), or, for a LeaderWorkerSet,
+    one of the StatefulSets it makes (``NAME`` of the leaders, ``NAME-GROUP`` of a group's
+    workers)."""
     if controller is None:
         return False
     ref_kind, ref_name = controller
     if ref_kind == kind and ref_name == name:
         return True
     prefix = f"{name}-"
+    if kind == "LeaderWorkerSet" and ref_kind == "StatefulSet":
+        return ref_name == name or (
+            ref_name.startswith(prefix) and _GROUP.fullmatch(ref_name[len(prefix) :]) is not None
+        )
     return (
         kind == "Deployment"
         and ref_kind == "ReplicaSet"

@@ -50,7 +50,13 @@ from extender.rightofreturn.lease import (
     Notice,
     Trouble,
 )
-from extender.rightofreturn.replicas import incoming_replicas, names_replicas
+from extender.rightofreturn.replicas import (
+    in_groups,
+    incoming_replicas,
+    indexer,
+    member_name,
+    names_replicas,
+)
 from extender.rightofreturn.rules import (
     devices_to_tag,
     group_can_return,
@@ -252,7 +258,9 @@ def scale_up_groups(
     Elsewhere: :func:`choose_groups` picks ``target - have`` groups, any replica any group.
     """
     spec, groups = lease.spec, lease.status.groups
-    incoming = incoming_replicas(spec.workload.kind, spec.workload.name, have, target)
+    incoming = incoming_replicas(
+        spec.workload.kind, spec.workload.name, have, target, (g.replica for g in groups)
+    )
     if incoming is None:
         return groups, tuple(choose_groups(groups, target - have, view))
 
@@ -272,9 +280,13 @@ def scale_up_groups(
             spare = choose_groups(
                 [g for g in groups if g.replica not in names and whole(g)], len(groups), view
             )
-        if not spare:
+        # Of as many devices as the replica's own (a LeaderWorkerSet's leader and workers may
+        # differ): a pod takes back no group it could not use whole.
+        size = len(own.devices) if own is not None else None
+        sub = next((g for g in spare if size is None or len(g.devices) == size), None)
+        if sub is None:
             continue
-        sub = spare.pop(0)
+        spare.remove(sub)
         by_name[name] = LentGroup(name, sub.devices)
         if own is None:
             del by_name[sub.replica]
@@ -282,24 +294,38 @@ def scale_up_groups(
             by_name[sub.replica] = LentGroup(sub.replica, own.devices)
     # In their recorded order, a substitute's new name where the name it left was.
     order = [g.replica for g in groups if g.replica in by_name]
-    order += sorted(by_name.keys() - set(order), key=lambda n: (ordinal(n), n))
+    index = indexer(spec.workload.kind, spec.workload.name)
+    order += sorted(by_name.keys() - set(order), key=lambda n: (index(n), n))
     renamed = tuple(by_name[n] for n in order)
     if renamed == groups:  # nothing swapped: the status's own tuple, unchanged
         renamed = groups
     return renamed, tuple(g for g in renamed if g.replica in names)
 
 
-def relabel(groups: Sequence[LentGroup], replicas: int) -> tuple[LentGroup, ...]:
-    """Give the groups still lent the names of the replicas still down (ordinals from
-    ``replicas`` on): which replica lent which group no longer matters once one is back."""
-    ordered = sorted(groups, key=lambda g: (ordinal(g.replica), g.replica))
+def relabel(
+    groups: Sequence[LentGroup], replicas: int, kind: str = "StatefulSet", workload: str = ""
+) -> tuple[LentGroup, ...]:
+    """Give the groups still lent the names of the replicas still down (indices from
+    ``replicas`` on; a LeaderWorkerSet's group member keeps its place in the group): which
+    replica lent which group no longer matters once one is back."""
+    index = indexer(kind, workload)
+    ordered = sorted(groups, key=lambda g: (index(g.replica), g.replica))
     names = [g.replica for g in ordered]
-    taken = {n for n in names if ordinal(n) >= replicas}
-    free = (f"{_stem(names)}-{i}" for i in range(replicas, replicas + 10 * len(names) + 1))
-    spare = (n for n in free if n not in taken)
-    return tuple(
-        g if ordinal(g.replica) >= replicas else LentGroup(next(spare), g.devices) for g in ordered
-    )
+    taken = {n for n in names if index(n) >= replicas}
+    stem = workload if in_groups(kind) else _stem(names)
+    out = []
+    for g in ordered:
+        if index(g.replica) >= replicas:
+            out.append(g)
+            continue
+        free = (
+            member_name(kind, stem, g.replica, i)
+            for i in range(replicas, replicas + 10 * len(names) + 1)
+        )
+        name = next(n for n in free if n not in taken)
+        taken.add(name)
+        out.append(LentGroup(name, g.devices))
+    return tuple(out)
 
 
 def _stem(names: Sequence[str]) -> str:
@@ -355,7 +381,8 @@ def decide(
             ),
         )
     if target < replicas:
-        released = set(replicas_to_release([p.name for p in pods], target))
+        index = indexer(spec.workload.kind, spec.workload.name)
+        released = set(replicas_to_release([p.name for p in pods], target, index))
         have = {g.replica for g in status.groups}
         new = tuple(
             LentGroup(
@@ -365,7 +392,7 @@ def decide(
                     for d in devices_to_tag(view.devices[u] for u in p.devices if u in view.devices)
                 ),
             )
-            for p in sorted(pods, key=lambda p: (ordinal(p.name), p.name))
+            for p in sorted(pods, key=lambda p: (index(p.name), p.name))
             if p.name in released and p.name not in have
         )
         new = tuple(g for g in new if g.devices)
@@ -415,6 +442,17 @@ def decide(
     return Wait(now + RESYNC_S, STEADY)
 
 
+def _replicas_placed(pods: Sequence[OwnerPod], index: Callable[[str], int]) -> int:
+    """How many replicas are placed: every pod of theirs bound with its devices (a
+    StatefulSet's replica is one pod; a LeaderWorkerSet's, the pods of its group)."""
+    placed: dict[tuple[int, str], bool] = {}
+    for p in pods:
+        i = index(p.name)
+        key = (i, p.name) if i < 0 else (i, "")
+        placed[key] = placed.get(key, True) and bool(p.node and p.devices)
+    return sum(placed.values())
+
+
 def overdue(
     lease: GpuLease, pods: Sequence[OwnerPod], now: float, after_s: float
 ) -> Trouble | None:
@@ -461,8 +499,9 @@ def _reclaim(
         if replicas < target:
             return ScaleTo(target)
         placed = [p for p in pods if p.node and p.devices]
-        if len(placed) < target:
-            return Wait(now + POD_WAIT_S, f"{len(placed)} of {target} pods placed")
+        up = _replicas_placed(pods, indexer(spec.workload.kind, spec.workload.name))
+        if up < target:
+            return Wait(now + POD_WAIT_S, f"{up} of {target} replicas placed")
         held = {u for p in placed for u in p.devices}
         lent = set(status.lent)
         backfilled = 0  # standby devices held, but those already on loan to the owner
@@ -478,7 +517,7 @@ def _reclaim(
                 returned=status.returned + len(held & lent),
                 backfilled=status.backfilled + backfilled,
             ),
-            f"all {target} pods placed: {len(held & lent)} lent device(s) came back, "
+            f"all {target} replicas placed: {len(held & lent)} lent device(s) came back, "
             f"{backfilled} from standby",
         )
     held = {u for p in pods if p.node for u in p.devices}
@@ -512,7 +551,9 @@ def _reclaim(
         replace(
             status,
             phase="Steady",
-            groups=relabel([g for g in still if g.devices], target),
+            groups=relabel(
+                [g for g in still if g.devices], target, spec.workload.kind, spec.workload.name
+            ),
             reclaiming=(),
             reclaim_started=None,
             reclaim_deadline=None,

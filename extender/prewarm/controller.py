@@ -40,7 +40,7 @@ from typing import Any, Protocol
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from common import contract
-from common.errors import InvalidInput, NotFound, TideleaseError, Unavailable
+from common.errors import InvalidInput, NotFound, NotPermitted, TideleaseError, Unavailable
 from common.kubeclient import KubeClient
 from common.model import GpuUuid, Holder, NodeInventory
 from common.objects import parse_gpu_allocation, parse_gpu_node
@@ -325,6 +325,12 @@ class PrewarmController:
         except NotFound:
             self._templates.pop(lease.key, None)
             raise
+        except NotPermitted as e:
+            # A kind of the chart's extender.leaseWorkloads: its scale is granted, not the
+            # object itself, so its replicas are not prewarmed (docs/leasing.md).
+            if cached is None:
+                log.info("lease %s: no prewarming, its workload is not readable: %s", lease.key, e)
+            template = None
         except InvalidInput as e:
             log.error("lease %s: workload template unusable: %s", lease.key, e)
             template = None

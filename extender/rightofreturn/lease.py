@@ -8,6 +8,7 @@ replicas it is steering to, the devices lent, and an ongoing reclaim's deadline 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from itertools import chain
@@ -35,17 +36,23 @@ DEFAULT_GRACE_S = 45
 # notice with the extender's leasing_test_grace_s setting instead (docs/leasing.md).
 MIN_GRACE_S = 30
 MAX_GRACE_S = 600
+# A resource's plural name: a DNS label (the API server's own rule for a CRD's plural).
+_RESOURCE = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 @dataclass(frozen=True, slots=True)
 class Workload:
+    """What a lease scales, through its ``scale`` subresource: ``resource`` is the kind's plural
+    where it is not the kind in lower case with an "s" (``spec.workload.resource``)."""
+
     api_version: str
     kind: str
     name: str
+    resource: str = ""
 
     @property
     def plural(self) -> str:
-        return self.kind.lower() + "s"
+        return self.resource or self.kind.lower() + "s"
 
     def path(self, namespace: str) -> str:
         """The workload's API path in ``namespace`` (core group for ``v1``)."""
@@ -184,6 +191,10 @@ def parse_gpu_lease(obj: Mapping[str, Any]) -> GpuLease:
     wl = spec.get("workload") or {}
     if not all(isinstance(wl.get(k), str) and wl.get(k) for k in ("apiVersion", "kind", "name")):
         problems.append(f"{where}: spec.workload needs apiVersion, kind and name")
+    resource = wl.get("resource") or ""
+    if not isinstance(resource, str) or (resource and not _RESOURCE.fullmatch(resource)):
+        problems.append(f"{where}: spec.workload.resource must be a resource's plural name")
+        resource = ""
     per = _int(
         spec.get("gpusPerReplica"), f"{where}: spec.gpusPerReplica", problems, low=1, high=64
     )
@@ -223,7 +234,7 @@ def parse_gpu_lease(obj: Mapping[str, Any]) -> GpuLease:
         resource_version=resource_version(obj),
         spec=LeaseSpec(
             owner=job_key(ns, str(owner)),
-            workload=Workload(str(wl["apiVersion"]), str(wl["kind"]), str(wl["name"])),
+            workload=Workload(str(wl["apiVersion"]), str(wl["kind"]), str(wl["name"]), resource),
             gpus_per_replica=per,
             desired_gpus=desired,
             schedule=tuple(schedule),

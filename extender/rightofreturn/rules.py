@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
@@ -88,11 +88,22 @@ def ordinal(pod_name: str) -> int:
     return int(m.group(1)) if m else -1
 
 
-def replicas_to_release(pod_names: Iterable[str], target_replicas: int) -> list[str]:
-    """The pods a scale-down to ``target_replicas`` removes: the highest ordinals, as a
-    StatefulSet removes them (names without an ordinal sort first, by name)."""
-    names = sorted(pod_names, key=lambda n: (ordinal(n), n))
-    return names[max(0, target_replicas) :]
+def replicas_to_release(
+    pod_names: Iterable[str], target_replicas: int, index: Callable[[str], int] = ordinal
+) -> list[str]:
+    """The pods a scale-down to ``target_replicas`` removes: those of the highest replicas, as
+    a StatefulSet removes its highest ordinals (``index``: the replica a pod is part of, its
+    ordinal by default; a LeaderWorkerSet's group, whose pods go together). Names without an
+    index are each a replica of their own and sort first, by name."""
+    names = sorted(pod_names, key=lambda n: (index(n), n))
+
+    def unit(n: str) -> tuple[int, str]:
+        i = index(n)
+        return (i, n) if i < 0 else (i, "")
+
+    units = sorted({unit(n) for n in names})
+    released = set(units[max(0, target_replicas) :])
+    return [n for n in names if unit(n) in released]
 
 
 def devices_to_tag(released: Iterable[Device]) -> tuple[Device, ...]:

@@ -4,7 +4,9 @@
 :func:`extender.scheduler.victims.choose_victims` plus the queues' view of the jobs
 (:mod:`extender.queues.jobviews`), and returns victims the same way: pods whose eviction lets
 the preemptor fit, ``()`` when it fits already, ``None`` when eviction cannot help. The order in
-which GPUs are taken is :mod:`extender.queues.preemptionorder`'s.
+which GPUs are taken is :mod:`extender.queues.preemptionorder`'s, with one rule of tidelease's
+within a queue: a gang (common.gangs) is broken last, and its members here go together (those
+on other nodes are the gang's too: the gang is evicted whole, docs/gangs.md).
 """
 
 from __future__ import annotations
@@ -70,21 +72,34 @@ def plan_preemption(
             counts.update(classes(a))
         return plan_node(counts, req).fits
 
+    def together(a: Allocation, among: Sequence[Allocation]) -> list[Allocation]:
+        """What goes with ``a``: a non-elastic job's pods, a gang's members (common.gangs: a
+        gang is useful only whole), or ``a`` alone."""
+        job = job_of(a)
+        return [
+            b
+            for b in among
+            if b is a
+            or (not job.cls.elastic and job_of(b).key == job.key)
+            or (a.holder.gang is not None and b.holder.gang == a.holder.gang)
+        ]
+
     while candidates and not fits(chosen):
 
-        def key(a: Allocation) -> tuple[int, bool, float, int, str]:
+        def key(a: Allocation) -> tuple[int, bool, bool, float, int, str]:
+            # Within a queue, a gang is broken last (issue 36: as few gangs as possible).
             j = job_of(a)
-            return order_key(j, held[j.key], min(len(a.devices), held[j.key]), a.holder.key)
+            rest = order_key(j, held[j.key], min(len(a.devices), held[j.key]), a.holder.key)
+            return (rest[0], a.holder.gang is not None, *rest[1:])
 
         pick = min(candidates, key=key)
-        job = job_of(pick)
-        group = (
-            [a for a in candidates if job_of(a).key == job.key] if not job.cls.elastic else [pick]
-        )
+        group = together(pick, candidates)
         for a in group:
+            job = job_of(a)
             n = min(len(a.devices), held[job.key])
+            gang = f", gang {a.holder.gang}" if a.holder.gang is not None else ""
             reasons.append(
-                f"{a.holder.key}: job {job.key} (queue {int(job.queue)}, {job.cls.label}) "
+                f"{a.holder.key}: job {job.key} (queue {int(job.queue)}, {job.cls.label}{gang}) "
                 f"loses {len(a.devices)} GPU(s) at S={loss_factor(job, held[job.key], n):.3f}"
             )
             held[job.key] -= n
@@ -93,16 +108,15 @@ def plan_preemption(
     if not fits(chosen):
         return None
     # Spare victims not needed, the last chosen (most valuable) first; a non-elastic job's pods
-    # go together or not at all, so they are spared only as a whole.
+    # and a gang's members go together or not at all, so they are spared only as a whole.
     for a in reversed(chosen[:]):
         if a not in chosen:
             continue
-        job = job_of(a)
-        together = [b for b in chosen if job_of(b).key == job.key] if not job.cls.elastic else [a]
-        rest = [b for b in chosen if b not in together]
+        spared = together(a, chosen)
+        rest = [b for b in chosen if b not in spared]
         if fits(rest):
             chosen = rest
-            names = {b.holder.key for b in together}
+            names = {b.holder.key for b in spared}
             reasons = [r for r in reasons if r.split(":", 1)[0] not in names]
     return PreemptionDecision(tuple(a.holder for a in chosen), tuple(reasons))
 

@@ -288,7 +288,8 @@ tl::cluster::apply_manifests() {
 # tl::cluster::apply_grants - the chart's ServiceAccounts, their RBAC and the admission policies
 # keyed on their identities (agent-policy, controllers-policy, leases-policy), rendered as
 # `helm install` makes them for this cluster (clusterScheduler mode, DRA on, the optional
-# controllers the tests start on, every namespace a lease and orchestrator namespace) and applied
+# controllers the tests start on, every namespace a lease and orchestrator namespace, the test
+# group workload of tests/e2e/groupworkload.py a kind leases may scale) and applied
 # alone, the cluster-wide ones named with the suffix -local and all labelled instance "local"
 # (a release of the chart in the same cluster, as tests/e2e/test_helm_install.py installs in a
 # namespace of its own, keeps its names and finds only its own objects);
@@ -306,6 +307,8 @@ tl::cluster::apply_grants() {
   {
     tl::chart::render --set scheduling.mode=clusterScheduler --set dra.enabled=true \
       --set 'extender.leaseNamespaces={*}' --set 'orchestrator.namespaces={*}' \
+      --set 'extender.leaseWorkloads[0].apiGroup=workloads.tidelease.test' \
+      --set 'extender.leaseWorkloads[0].resource=leaderworkersets' \
       --set extender.controllers.hotRestartOperator=true --set extender.controllers.queues=true \
       --set agent.hotRestart.enabled=true \
       "${shown[@]}" | "${TL_PY}" -c '

@@ -25,6 +25,8 @@ from tests.kubeconfigs import write_kubeconfig
 pytestmark = pytest.mark.apiserver
 
 NS = "tidelease-rbac"
+# A workload kind an admin lists for leases (extender.leaseWorkloads).
+LWS_GROUP = "leaderworkerset.x-k8s.io"
 
 
 def pod_on(node: str, name: str, namespace: str, account: str = "default") -> dict[str, Any]:
@@ -53,6 +55,8 @@ def cluster(apiserver: ApiServer) -> Iterator[Kubectl]:
         "install", "tidelease", str(CHART), "--create-namespace", *kube,
         "--set", "orchestrator.namespaces={ml}", "--set", "extender.leaseNamespaces={ml}",
         "--set", "dra.enabled=true",
+        "--set", f"extender.leaseWorkloads[0].apiGroup={LWS_GROUP}",
+        "--set", "extender.leaseWorkloads[0].resource=leaderworkersets",
         timeout=180,
     )  # fmt: skip
     # The objects an attacker would go for, and a node with a pod for each agent token.
@@ -365,6 +369,14 @@ def test_the_controllers_scale_workloads_only_where_leases_may_live(cluster: Kub
     assert cluster.can(t, "patch", "statefulsets/scale", "ml")
     assert not cluster.can(t, "patch", "statefulsets/scale", "kube-system")
     assert not cluster.can(t, "patch", "deployments/scale", "default")
+    # A kind the admin listed (extender.leaseWorkloads): its scale only, only there.
+    lws = f"leaderworkersets.{LWS_GROUP}"
+    assert cluster.can(t, "patch", f"{lws}/scale", "ml")
+    assert cluster.can(t, "get", f"{lws}/scale", "ml")
+    assert not cluster.can(t, "patch", f"{lws}/scale", "kube-system")
+    assert not cluster.can(t, "patch", lws, "ml")
+    assert not cluster.can(t, "delete", lws, "ml")
+    assert not cluster.can(t, "patch", "jobsets.jobset.x-k8s.io/scale", "ml")
 
 
 async def test_metrics_readers_are_reviewed_with_the_extenders_own_token(

@@ -77,6 +77,7 @@ class ApiError(Exception):
     def __init__(self, method: str, path: str, status: int, body: str) -> None:
         super().__init__(f"{method} {path}: HTTP {status}: {body[:500]}")
         self.status = status
+        self.path = path
         # The Status object's message, whole (the body itself when it is not one).
         try:
             parsed = json.loads(body)

@@ -1,4 +1,5 @@
-"""An online job for the e2e leasing tests: a StatefulSet of 4-GPU replicas with its GpuLease
+"""An online job for the e2e leasing tests: a StatefulSet of 4-GPU replicas (or a Deployment,
+or a group workload shaped like LeaderWorkerSet: groups of two 2-GPU pods) with its GpuLease
 in a namespace of its own, on a node group of its own, and the steps of a lend and a reclaim,
 each waited for; every return checked per replica against the devices the replica's pod was
 bound to before (the API server's truth, never the controller's record)."""
@@ -10,11 +11,14 @@ from typing import Any
 
 from common import builders, contract
 from common.model import Priority, Tier
+from tests.e2e import groupworkload
+from tests.e2e.groupworkload import GroupController
 from tests.e2e.harness import BORROWER, ONLINE, Cluster, NodeGroup, devices_of, workload
 from tests.e2e.kube import wait_for
 
 GRACE_S = 2  # TL_CLUSTER_LEASING_GRACE_S's default
 REPLICA_GPUS = 4
+GROUP_SIZE = 2  # pods per replica of a group workload (groupworkload.KIND)
 
 
 def lent_devices(lease: dict[str, Any]) -> set[str]:
@@ -49,7 +53,27 @@ class Job:
             tier=Tier.HA,
             priority_class=ONLINE,
         )
-        kube.create(workload(kind, "recsys", namespace, template, replicas=replicas))
+        self.groups: GroupController | None = None
+        if kind == groupworkload.KIND:
+            # Groups of a leader and a worker, each half the replica's GPUs.
+            self.groups = GroupController(
+                kube,
+                namespace,
+                "recsys",
+                replicas,
+                GROUP_SIZE,
+                lambda name: group.pod(
+                    namespace,
+                    name,
+                    REPLICA_GPUS // GROUP_SIZE,
+                    priority=Priority.HIGH,
+                    owner="recsys",
+                    tier=Tier.HA,
+                    priority_class=ONLINE,
+                ),
+            )
+        else:
+            kube.create(workload(kind, "recsys", namespace, template, replicas=replicas))
         lease = builders.gpu_lease(
             "recsys",
             namespace,
@@ -58,6 +82,8 @@ class Job:
             grace_s=30,
         )
         lease["spec"]["workload"]["kind"] = kind
+        if self.groups is not None:
+            lease["spec"]["workload"]["apiVersion"] = groupworkload.API_VERSION
         kube.create(lease)
 
     def lease(self) -> dict[str, Any]:
@@ -147,7 +173,13 @@ class Job:
         )
 
     def replicas_placed(self, count: int) -> dict[str, list[str]]:
-        return self.wait_placed("recsys-", {f"recsys-{i}" for i in range(count)})
+        """The pods of the first ``count`` replicas (of a group workload: every member of
+        those groups), once they alone are placed."""
+        if self.groups is not None:
+            names = {n for g in range(count) for n in self.groups.members(g)}
+        else:
+            names = {f"recsys-{i}" for i in range(count)}
+        return self.wait_placed("recsys-", names)
 
     def lend_groups(self, keep: int) -> dict[str, list[str]]:
         """Scale down to ``keep`` replicas: the lent groups, by replica, once lent."""

@@ -8,7 +8,8 @@ An online job ``recsys`` (a StatefulSet of 4-GPU replicas) holds 16 GPUs; its Gp
 borrowers run on them, then the lease asks for 16 again: the borrowers get a notice, are evicted
 after the grace period, and the owner's new replicas land on the very devices it lent. With one
 lent device made unhealthy, the replica that held it gets standby devices of the same type and
-tier instead.
+tier instead. A CRD shaped like LeaderWorkerSet, whose replicas are groups of pods, lends whole
+groups and takes each pod of each group back to its own devices.
 
 Right of return per replica: a 3 x 4 GPU StatefulSet lends replicas 1 and 2 and takes them back
 twenty times, borrowers on exactly the lent devices each time; every time each replica is back
@@ -30,7 +31,7 @@ import pytest
 
 from common import builders
 from common.model import Priority
-from tests.e2e import leasingjob
+from tests.e2e import groupworkload, leasingjob
 from tests.e2e.harness import BORROWER, Cluster, NodeGroup, workload
 from tests.e2e.kube import get_text, wait_for
 from tests.e2e.leasingjob import GRACE_S, REPLICA_GPUS, Job, assert_stand_ins, standby_pools
@@ -223,6 +224,46 @@ def test_only_the_replica_whose_device_failed_falls_back_to_standby(small_job: J
     assert [(g["replica"], sorted(g["devices"])) for g in status["lent"]] == [
         ("recsys-3", groups["recsys-1"])
     ]
+
+
+def test_a_group_workload_takes_back_each_group_on_its_own_devices(
+    cluster: Cluster, group: NodeGroup, namespace: str
+) -> None:
+    """A GpuLease on a CRD shaped like LeaderWorkerSet (its scale subresource counts groups of
+    a leader and a worker, 2 GPUs each; the controllers may patch only its scale): 3 groups,
+    2 lent whole; each pod's lent devices recorded for that pod, borrowers on exactly those;
+    the reclaim brings every pod of every group back on exactly the UUIDs it held, compared
+    per pod against the pods' bound devices before the lend."""
+    groupworkload.ensure_crd(cluster.kube)
+    cluster.ensure_priority_class(BORROWER, 10)
+    group.add_node("n1", lambda name: builders.devices(name, 4))
+    group.add_node("n2", lambda name: builders.devices(name, 8))
+    group.wait_ready()
+    job = Job(cluster, group, namespace, replicas=3, kind=groupworkload.KIND)
+    assert job.groups is not None
+    try:
+        members = {g: job.groups.members(g) for g in range(3)}
+        before = {n: sorted(d) for n, d in job.replicas_placed(3).items()}
+        groups = job.lend_groups(keep=1)  # group 0's pods alone placed then
+        assert groups == {n: before[n] for n in members[1] + members[2]}, groups
+        lent = {u for d in groups.values() for u in d}
+        for i in range(4):
+            group.create_pod(
+                namespace,
+                f"borrow-{i}",
+                REPLICA_GPUS // 2,
+                priority=Priority.LOW,
+                priority_class=BORROWER,
+            )
+        borrowed = job.wait_placed("borrow-", {f"borrow-{i}" for i in range(4)})
+        assert {u for d in borrowed.values() for u in d} == lent, borrowed
+        status = job.reclaim(reclaims=1)
+        placed = job.replicas_placed(3)
+        assert {n: sorted(d) for n, d in placed.items()} == before
+        assert (status["returned"], status["backfilled"]) == (8, 0)
+        assert not job.placed("borrow-"), "the borrowers were not evicted"
+    finally:
+        job.groups.stop()
 
 
 def test_the_controllers_process_serves_every_controllers_metrics(cluster: Cluster) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from common import builders, contract
@@ -159,6 +161,28 @@ def test_choose_preemption_takes_the_pod_that_loses_least() -> None:
     decision = plan_preemption(devices, allocations, _preemptor(2), JOBS)  # type: ignore[arg-type]
     assert decision is not None
     assert "S=0.375" in decision.reasons[0]  # mean of S^3 and S^2 of the sub-linear job
+
+
+def test_partial_preemption_breaks_no_gang_while_a_lone_pod_will_do() -> None:
+    """sub-0 and sub-1 are one gang: the sub-linear job's GPU is worth least, but taking it
+    would halt the gang, so a linear pod goes; with the lone pods protected (none may be
+    taken), the gang goes whole, never one member."""
+    devices, allocations = _node()
+    gang = "default/pod-group/sub"
+    ganged = [
+        replace(a, holder=replace(a.holder, gang=gang)) if a.holder.owner == "default/sub" else a
+        for a in allocations
+    ]
+    victims = choose_preemption(devices, ganged, _preemptor(2), JOBS)  # type: ignore[arg-type]
+    assert [v.name for v in victims or ()] in (["lin-0"], ["lin-1"])
+    interactive = {
+        **JOBS,
+        JobKey("default/lin"): replace(JOBS[JobKey("default/lin")], queue=Queue.INTERACTIVE),
+    }
+    decision = plan_preemption(devices, ganged, _preemptor(2), interactive)  # type: ignore[arg-type]
+    assert decision is not None
+    assert sorted(v.name for v in decision.victims) == ["sub-0", "sub-1"]
+    assert all(f"gang {gang}" in r for r in decision.reasons)
 
 
 def test_choose_preemption_same_queue_cannot_preempt() -> None:
