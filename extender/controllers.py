@@ -1,9 +1,9 @@
 """The controllers' process, ``tidelease controllers``: leasing and reclaim, the hot-restart
-operator, the agents' AgentReady conditions, the shared queues' admission, prewarming, the
-live planner and the extender's certificate rotation (extender/certrotation), each
-leader-elected among the replicas on a Lease of its own. The extender's replicas serve the
-verbs only: a controller's step never waits in line with kube-scheduler's calls, nor they
-behind it.
+operator, the gang controller (a disrupted borrower gang goes whole), the agents' AgentReady
+conditions, the shared queues' admission, prewarming, the live planner and the extender's
+certificate rotation (extender/certrotation), each leader-elected among the replicas on a Lease
+of its own. The extender's replicas serve the verbs only: a controller's step never waits in
+line with kube-scheduler's calls, nor they behind it.
 
 The leasing controller always watches GpuLeases, and keeps a watched view of the cluster of its
 own (pods, GpuNodes, ledgers, agents' Leases; ResourceClaims too in DRA mode) only while a
@@ -73,6 +73,7 @@ class Enabled:
 
     leasing: bool = False
     hot_restart_operator: bool = False
+    gangs: bool = False
     agent_conditions: bool = False
     queues: QueueSettings | None = None
     prewarm: PrewarmSettings | None = None
@@ -86,6 +87,7 @@ class Enabled:
             for name, on in (
                 ("leasing", self.leasing),
                 ("hot-restart-operator", self.hot_restart_operator),
+                ("gangs", self.gangs),
                 ("agent-conditions", self.agent_conditions),
                 ("queues", self.queues is not None),
                 ("prewarm", self.prewarm is not None),
@@ -194,6 +196,8 @@ async def controllers(
         synced.set()
     if enabled.hot_restart_operator:
         tasks.append(asyncio.create_task(_hot_restart_operator(kube, registry, led), name="hr"))
+    if enabled.gangs:
+        tasks.append(asyncio.create_task(_gang_controller(kube, registry, led), name="gangs"))
     if enabled.agent_conditions:
         agents = AgentConditions(
             kube, namespace=settings.agent_namespace, timeout_s=settings.agent_timeout_s
@@ -320,6 +324,23 @@ async def _hot_restart_operator(kube: KubeClient, registry: CollectorRegistry, l
     await led(
         LEASE_NAME,
         lambda: run_hot_restart_operator(kube=kube, operator=operator, registry=registry),
+    )
+
+
+async def _gang_controller(kube: KubeClient, registry: CollectorRegistry, led: Led) -> None:
+    from extender.gangs.controller import (
+        LEASE_NAME,
+        GangMetrics,
+        KubeEvictions,
+        run_gang_controller,
+    )
+
+    metrics = GangMetrics(registry)
+    await led(
+        LEASE_NAME,
+        lambda: run_gang_controller(
+            kube=kube, evictions=KubeEvictions(kube), metrics=metrics, registry=registry
+        ),
     )
 
 

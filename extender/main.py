@@ -35,6 +35,8 @@ log = logging.getLogger("tidelease")
 CONTROLLERS = {
     "leasing_controller": "run the leasing controller (leader-elected among the replicas)",
     "hot_restart_operator": "run the hot-restart operator (leader-elected; docs/hot-restart.md)",
+    "gang_controller": "evict the rest of a borrower gang once one member is disrupted "
+    "(leader-elected; docs/gangs.md)",
     "queues_controller": "release GPU pods gated at admission in cornucopia's MLFQ order "
     "(leader-elected; docs/planner.md, Shared queues live)",
     "agent_conditions": "write each GpuNode's AgentReady condition from its agent's heartbeat "
@@ -136,6 +138,7 @@ def _controllers(args: argparse.Namespace) -> int:
     enabled = Enabled(
         leasing=settings.leasing_controller,
         hot_restart_operator=settings.hot_restart_operator,
+        gangs=settings.gang_controller,
         agent_conditions=settings.agent_conditions,
         queues=_queue_settings(settings) if settings.queues_controller else None,
         prewarm=_prewarm_settings(args) if settings.prewarm_controller else None,
@@ -146,6 +149,7 @@ def _controllers(args: argparse.Namespace) -> int:
     if not enabled.names():
         raise InvalidInput(
             "no controller enabled: give --leasing-controller, --hot-restart-operator, "
+            "--gang-controller, "
             "--agent-conditions, --queues-controller, --prewarm-controller, --planner or "
             "--certificates (or "
             "their settings keys)"

@@ -82,6 +82,7 @@ except ImportError:  # run with the project's environment (hack/lib/python.sh cr
     raise
 
 from common import builders  # noqa: E402 (the project's environment, as above)
+from common.tenancy import LABEL_ONLINE  # noqa: E402
 
 PLAIN = "tidelease-plain"
 NULL = "tidelease-null"
@@ -147,13 +148,19 @@ class Api:
 LEASES_NS = "bench-leases"
 
 
+def granted_namespace(name: str) -> dict[str, Any]:
+    """A namespace the admin granted online jobs (docs/tenancy.md): a fifth of the bench's pods
+    are high-priority, which the extender refuses elsewhere."""
+    return {"metadata": {"name": name, "labels": {LABEL_ONLINE: "true"}}}
+
+
 async def make_leases(api: Api, count: int) -> None:
     """``count`` GpuLeases, each of a StatefulSet of its own kept at 0 replicas (no schedule):
     the leasing and prewarm controllers watch the cluster for them and step them, but none
     lends or reclaims, so the phases schedule the same pods as without them."""
     if not count:
         return
-    await api.ok("POST", "/api/v1/namespaces", {"metadata": {"name": LEASES_NS}})
+    await api.ok("POST", "/api/v1/namespaces", granted_namespace(LEASES_NS))
     for i in range(count):
         name = f"online-{i:03d}"
         sts = builders.statefulset(name, LEASES_NS, replicas=0, image="registry.example/c")
@@ -467,7 +474,7 @@ async def run_phase(
 ) -> Phase:
     scheduler = PROFILES[name]
     namespace = f"bench-{name}-{round_}"
-    await api.ok("POST", "/api/v1/namespaces", {"metadata": {"name": namespace}})
+    await api.ok("POST", "/api/v1/namespaces", granted_namespace(namespace))
     bound_at: dict[str, float] = {}
     created_at: dict[str, float] = {}
     started = asyncio.Event()

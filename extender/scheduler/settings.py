@@ -79,6 +79,9 @@ class ExtenderSettings:
     # a settings key or its flag (extender.main.CONTROLLERS).
     leasing_controller: bool = False
     hot_restart_operator: bool = False
+    # `tidelease controllers --gang-controller`: a borrower gang whose member is disrupted
+    # is evicted whole (extender/gangs).
+    gang_controller: bool = False
     agent_conditions: bool = False
     queues_controller: bool = False
     # The shared queues (docs/planner.md "Shared queues live"): the starting thresholds that
@@ -235,6 +238,7 @@ _FIELD_TYPES: dict[str, type] = {
     "agent_namespace": str,
     "leasing_controller": bool,
     "hot_restart_operator": bool,
+    "gang_controller": bool,
     "agent_conditions": bool,
     "queues_controller": bool,
     "queue_demote_interactive_s": float,

@@ -46,7 +46,7 @@ TL_CLUSTER_GPU_TYPE="${TL_CLUSTER_GPU_TYPE:-H20}"
 # true: also run a second kube-scheduler, without extenders, for pods with this schedulerName
 # (hack/bench-scale.py compares the two).
 TL_CLUSTER_PLAIN_SCHEDULER="${TL_CLUSTER_PLAIN_SCHEDULER:-false}"
-TL_CLUSTER_CONTROLLER_FLAGS="${TL_CLUSTER_CONTROLLER_FLAGS:---leasing-controller --hot-restart-operator --prewarm-controller}"
+TL_CLUSTER_CONTROLLER_FLAGS="${TL_CLUSTER_CONTROLLER_FLAGS:---leasing-controller --hot-restart-operator --prewarm-controller --gang-controller}"
 TL_CLUSTER_PLAIN_SCHEDULER_NAME="${TL_CLUSTER_PLAIN_SCHEDULER_NAME:-tidelease-plain}"
 # kube-scheduler's client QPS/burst; empty keeps the configuration's (i.e. upstream's 50/100).
 TL_CLUSTER_SCHEDULER_QPS="${TL_CLUSTER_SCHEDULER_QPS:-}"

@@ -57,6 +57,7 @@ def cluster(apiserver: ApiServer) -> Iterator[Kubectl]:
         "--set", "dra.enabled=true",
         "--set", f"extender.leaseWorkloads[0].apiGroup={LWS_GROUP}",
         "--set", "extender.leaseWorkloads[0].resource=leaderworkersets",
+        "--set", "scheduling.gangScheduling=true",
         timeout=180,
     )  # fmt: skip
     # The objects an attacker would go for, and a node with a pod for each agent token.
@@ -167,7 +168,11 @@ def test_the_controllers_write_what_they_reconcile_and_cannot_bind(cluster: Kube
     ):
         assert cluster.can(t, verb, resource, ns), (verb, resource, ns)
     # Leases: its own leader Leases by name, no other (test_least_privilege.py tries them).
-    for name, allowed in (("tidelease-leasing-controller", "yes"), ("tidelease-agent-a", "no")):
+    for name, allowed in (
+        ("tidelease-leasing-controller", "yes"),
+        ("tidelease-gang-controller", "yes"),
+        ("tidelease-agent-a", "no"),
+    ):
         done = cluster.run("auth", "can-i", "update", f"leases/{name}", "-n", NS, token=t)
         assert done.stdout.strip() == allowed, (name, done.stdout, done.stderr)
 
@@ -359,6 +364,21 @@ def test_the_orchestrator_cannot_exec_or_write_outside_the_namespaces_that_opt_i
     ):
         done = cluster.run("auth", "can-i", "update", f"leases/{name}", "-n", NS, token=t)
         assert done.stdout.strip() == allowed, (name, done.stdout, done.stderr)
+
+
+def test_the_own_scheduler_reads_gangs_and_writes_none(cluster: Kubectl) -> None:
+    """With scheduling.gangScheduling, the kube-scheduler in the extender's pods (its
+    ServiceAccount's token) reads the Workload API's gangs, as kube-scheduler must, cluster-wide,
+    and may change none; no other component reads them."""
+    workloads = "workloads.scheduling.k8s.io"
+    t = token(cluster, "tidelease-extender")
+    for verb in ("get", "list", "watch"):
+        assert cluster.can(t, verb, workloads, "ml"), verb
+        assert cluster.can(t, verb, workloads, "kube-system"), verb
+    for verb in ("create", "update", "patch", "delete"):
+        assert not cluster.can(t, verb, workloads, "ml"), verb
+    for account in ("tidelease-controllers", "tidelease-agent", "tidelease-orchestrator"):
+        assert not cluster.can(token(cluster, account), "list", workloads, "ml"), account
 
 
 def test_the_controllers_scale_workloads_only_where_leases_may_live(cluster: Kubectl) -> None:

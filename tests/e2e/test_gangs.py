@@ -9,6 +9,9 @@ kube-scheduler run with its feature gates, as the chart's ``scheduling.gangSched
 * A 2-pod gang and a lone pod on one node, a high-priority pod needing four of its GPUs: the
   lone pod goes, the gang stays, though kube-scheduler alone would evict a gang member (the
   lone pod has the higher pod priority).
+* A gang member kube-scheduler preempts on one node takes its mate on another with it (the
+  gang controller), and nothing else.
+* The gang borrower of manifests/examples is what the API server takes (a dry run).
 
 The controllers run in the chart's default mode (the extender mode's leasing).
 """
@@ -17,15 +20,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from common import builders, contract
-from common.gangs import WORKLOAD_API
+from common.gangs import WORKLOAD_API, gang_of
 from common.model import Priority
 from tests.e2e.harness import BORROWER, ONLINE, Cluster, NodeGroup, devices_of
-from tests.e2e.kube import wait_for
+from tests.e2e.kube import path_of, wait_for
 from tests.e2e.leasingjob import Job, lent_devices
 
 pytestmark = pytest.mark.cluster
@@ -34,6 +39,7 @@ GPUS = 4
 # A class above tidelease-borrower and below the online one: kube-scheduler alone would keep
 # a pod of it and evict a borrower beside it.
 MIDDLE = "e2e-gang-middle"
+EXAMPLE = Path(__file__).resolve().parents[2] / "manifests/examples/gang-borrower.yaml"
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -164,3 +170,67 @@ def test_preemption_breaks_no_gang_where_a_lone_pod_will_do(
     assert now.get("lone") != before["lone"]  # the lone pod went
     for name in ("pair-0", "pair-1"):  # the gang stayed, whole
         assert now.get(name) == before[name], f"{name} was evicted"
+
+
+def test_a_gang_member_preempted_takes_its_mates_elsewhere_with_it(
+    cluster: Cluster, group: NodeGroup, namespace: str
+) -> None:
+    """A 2-pod gang, one member on n1 (four GPUs, nothing else there), one on n2; a
+    high-priority pod pinned to n1 makes kube-scheduler preempt the member there, the only
+    victim that frees them (it deletes the victims of that node only). The gang controller then
+    evicts the member on n2, with a Warning Event naming the one that went. A lone pod on n2
+    beside it stays."""
+    cluster.ensure_priority_class(BORROWER, 10)
+    n1 = group.add_node("n1", lambda name: builders.devices(name, 4))
+    n2 = group.add_node("n2", lambda name: builders.devices(name, 8))
+    group.wait_ready()
+    kube = cluster.kube
+    kube.create(workload(namespace, "pair", 2))
+    kube.create(member(group, namespace, "pair", 0, node=n1))
+    kube.create(member(group, namespace, "pair", 1, node=n2))
+    kube.create(
+        group.pod(namespace, "lone", GPUS, priority=Priority.LOW, priority_class=BORROWER, node=n2)
+    )
+    wait_for(
+        lambda: len(bound(cluster, namespace, "pair-")) == 2, what="the pair placed", timeout=60
+    )
+    cluster.wait_bound(namespace, "lone")
+    before = {n: p["metadata"]["uid"] for n, p in pods(cluster, namespace, "").items()}
+    kube.create(
+        group.pod(namespace, "online", GPUS, priority=Priority.HIGH, priority_class=ONLINE, node=n1)
+    )
+    cluster.wait_bound(namespace, "online", timeout=60)
+
+    def mates_gone() -> bool | None:
+        return not bound(cluster, namespace, "pair-") or None
+
+    wait_for(mates_gone, what="the member on n2 evicted with the one preempted", timeout=60)
+    assert pods(cluster, namespace, "lone")["lone"]["metadata"]["uid"] == before["lone"]
+    events = [
+        e
+        for e in kube.list("Event", namespace)
+        if e.get("reason") == "GangMemberEvicted"
+        and e["involvedObject"]["name"] == "pair-1"
+        and e["involvedObject"]["uid"] == before["pair-1"]
+    ]
+    assert events, "no GangMemberEvicted event on pair-1"
+    assert "pair-0 was disrupted (PreemptionByScheduler)" in events[0]["message"]
+
+
+def test_the_gang_borrower_example_is_what_the_api_server_takes(
+    cluster: Cluster, namespace: str
+) -> None:
+    """manifests/examples/gang-borrower.yaml, created with a server-side dry run: the Workload
+    API's own validation, and the Job's pods in the gang tidelease reads from them."""
+    docs = list(yaml.safe_load_all(EXAMPLE.read_text()))
+    assert [d["kind"] for d in docs] == ["Workload", "Job"]
+    for doc in docs:
+        doc["metadata"]["namespace"] = namespace
+        created = cluster.kube.request(
+            "POST", path_of(doc["kind"], namespace=namespace) + "?dryRun=All", doc
+        )
+        assert created["metadata"]["name"] == "sweep"
+    template = {**docs[1]["spec"]["template"], "metadata": {"namespace": namespace}}
+    assert gang_of(template) == f"{namespace}/workload/sweep/workers"
+    minimum = docs[0]["spec"]["podGroups"][0]["policy"]["gang"]["minCount"]
+    assert minimum == docs[1]["spec"]["parallelism"]

@@ -169,6 +169,23 @@ def _mutate(name: str) -> None:
             return verdict(cls, req)
 
         setattr(placement, "verdict", lower)  # noqa: B010 (a module's global)
+    elif name == "split-gangs":
+        import dataclasses
+
+        from extender.gangs import controller as gangs
+        from extender.leasing import decisions
+
+        plan_reclaim = decisions.plan_reclaim
+
+        def per_pod(owner: Any, reclaimed: Any, devices: Any, holders: Any, *rest: Any) -> Any:
+            alone = {u: dataclasses.replace(h, gang=None) for u, h in holders.items()}
+            return plan_reclaim(owner, reclaimed, devices, alone, *rest)
+
+        def nobody(*args: object, **kwargs: object) -> tuple[object, ...]:
+            return ()
+
+        setattr(decisions, "plan_reclaim", per_pod)  # noqa: B010 (a module's global)
+        setattr(gangs, "mates_to_evict", nobody)  # noqa: B010 (a module's global)
     elif name == "skip-release":
         from extender.queues import controller as queues
 

@@ -28,6 +28,8 @@ it has ended and comes back). The rules, and where they approximate:
   may run on has enough free plain devices for it (conservative: see the class).
 * :class:`QueuedReleased` — the shared queues release an interactive pod, and a pod they hold
   alone while it has room, within ``bound_s``.
+* :class:`GangWhole` — no borrower gang has some of its members holding devices and not the
+  others for ``bound_s`` (placed whole, evicted whole).
 * :class:`LeakTrend` — no process's RSS or open fds grow faster than a threshold per hour over
   the run (least-squares slope).
 
@@ -44,6 +46,7 @@ from typing import Any
 
 from common import contract
 from common.errors import InvalidInput
+from common.gangs import gang_of
 from common.model import Allocation, Device, GpuUuid, JobKey, NodeName, Priority
 from common.objects import object_key, parse_gpu_allocation, parse_gpu_node
 from common.podrequest import controller_of, parse_pod
@@ -723,7 +726,8 @@ class PendingWhileFree(_Waiting):
     has at least that many free devices of one GPU type: healthy, untagged, not standby, in no
     ledger and on no pod, of its type (if it names one) and at least its tier, on a node whose
     agent renewed its heartbeat within ``fresh_s`` (or has none). Both must hold in every
-    observation of ``bound_s``. Left out: other resources (CPU, memory), tenancy refusals (a
+    observation of ``bound_s``. Left out: a gang's members (each waits for the whole gang to
+    fit: :class:`GangWhole` judges gangs), other resources (CPU, memory), tenancy refusals (a
     high-priority pod in a namespace not granted online jobs waits by design: keep the run's
     pods legitimate), and tagged devices a borrower could take."""
 
@@ -733,8 +737,8 @@ class PendingWhileFree(_Waiting):
         room = _Room(obs, self.fresh_s)
         now: dict[str, str] = {}
         for pod in obs.pods:
-            if _gates(pod):
-                continue
+            if _gates(pod) or gang_of(pod) is not None:
+                continue  # held by the queues; a gang's member waits for the gang (gang-whole)
             node = room.for_pod(pod, self.resource)
             if node:
                 now[object_key(pod)] = f"Pending while {node} has enough free GPUs for it"
@@ -772,6 +776,54 @@ class QueuedReleased(_Waiting):
                         f"the only pod the queues hold, still gated while {node} has room for it"
                     )
         return self._lasted(obs.t, now)
+
+
+# The soak's label on a gang member: how many members its gang has (the runner makes them all).
+GANG_SIZE_LABEL = "soak.tidelease.test/gang-size"
+
+
+def _gang_size(pod: Obj) -> int:
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    value = labels.get(GANG_SIZE_LABEL) if isinstance(labels, dict) else None
+    return int(value) if isinstance(value, str) and value.isdigit() else 0
+
+
+class GangWhole(Checker):
+    """(g) A borrower gang runs whole or not at all: no gang of the Workload API
+    (``spec.workloadRef``, its size on :data:`GANG_SIZE_LABEL`) has some of its members holding
+    devices and not the others for ``bound_s``. A member holds devices when it is bound, not
+    being deleted and not finished (:func:`holds`); one that is gone holds none. So this sees
+    a gang placed in part (its members wait for each other at kube-scheduler's Permit, and
+    tidelease keeps them off each other's devices), and a gang left in part after an eviction
+    (a reclaim evicts a gang whole; the gang controller evicts the rest of one that
+    kube-scheduler preempted, or whose member's node was deleted)."""
+
+    name = "gang-whole"
+
+    def __init__(self, bound_s: float) -> None:
+        self._lasting = _Lasting(bound_s)
+        self._sizes: dict[str, int] = {}  # gang -> its size, as its members said
+
+    def observe(self, obs: Observation) -> list[Violation]:
+        holding: dict[str, set[str]] = {}
+        for pod in obs.pods:
+            gang = gang_of(pod)
+            size = _gang_size(pod)
+            if gang is None or not size:
+                continue
+            self._sizes.setdefault(gang, size)
+            if holds(pod) and not (pod.get("metadata") or {}).get("deletionTimestamp"):
+                holding.setdefault(gang, set()).add(object_key(pod))
+        now = {
+            gang: f"{len(members)} of its {self._sizes[gang]} members hold devices: "
+            + ", ".join(sorted(members))
+            for gang, members in holding.items()
+            if 0 < len(members) < self._sizes[gang]
+        }
+        return [
+            self._v(obs.t, key, f"{msg} (since t={since:.1f})")
+            for key, msg, since in self._lasting.update(obs.t, now)
+        ]
 
 
 def slope_per_hour(points: Sequence[tuple[float, float]]) -> float:

@@ -39,6 +39,11 @@ MUTATIONS = {
     "skip-release": Mutation(
         "queued-released", "the queues controller never releases a pod its gate holds"
     ),
+    "split-gangs": Mutation(
+        "gang-whole",
+        "a reclaim evicts only the gang members on the devices it takes back, and the gang "
+        "controller evicts nobody",
+    ),
     "leak": Mutation(
         "leak-trend", "the extender keeps 256 KiB of every filter request forever", minutes=12.0
     ),

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from common import builders, contract
+from common.gangs import WORKLOAD_API, WORKLOAD_REF
 from common.model import Health, Priority, Tier
 from extender.rightofreturn.lease import parse_gpu_lease
 from tests.background import read_state
@@ -47,7 +48,9 @@ from tests.e2e.kube import ApiError, path_of
 from tests.processes import Processes, Supervisor
 from tests.soak import heartbeats, replicas
 from tests.soak.invariants import (
+    GANG_SIZE_LABEL,
     Checker,
+    GangWhole,
     LeakTrend,
     LedgerMatchesPods,
     NoDoubleHold,
@@ -80,6 +83,11 @@ FAULT_MARGIN_S = 30.0  # a restart, an API server away, a paused etcd
 LEDGER_SETTLE_S = max(RESERVE_TTL_S, MISSING_GRACE_S) + REAP_INTERVAL_S + FAULT_MARGIN_S
 RECLAIM_BOUND_S = RECLAIM_OVERDUE_S + FAULT_MARGIN_S
 PENDING_BOUND_S = 60.0
+# A gang bound in part: kube-scheduler binds a gang's members within moments; once one is
+# evicted the rest follow within the gang controller's step, or after a node deleted with a
+# member on it, kube-controller-manager's pod GC (orphans every 20 s) and that step.
+GANG_BOUND_S = 60.0
+GANG_GROUP = "workers"  # the pod group of a gang's Workload
 LEAK_MIN_MINUTES = 10.0
 RSS_BYTES_PER_HOUR = 64 * 2**20
 FDS_PER_HOUR = 100.0
@@ -87,9 +95,11 @@ FDS_PER_HOUR = 100.0
 # The soak's cluster settings (environment of hack/cluster-up.sh; TIDELEASE_EXTENDER_* reach
 # the extender and the controllers).
 CLUSTER_ENV = {
-    # the chart's controllers with the shared queues (extender.controllers.queues=true)
+    # the chart's controllers with the shared queues (extender.controllers.queues=true) and
+    # the gang controller (scheduling.gangScheduling=true)
     "TL_CLUSTER_CONTROLLER_FLAGS": (
         "--leasing-controller --hot-restart-operator --prewarm-controller --queues-controller"
+        " --gang-controller"
     ),
     # the queues' thresholds compressed too: jobs move between queues within a run
     "TIDELEASE_EXTENDER_QUEUE_DEMOTE_INTERACTIVE_S": "20",
@@ -139,6 +149,7 @@ def checkers(minutes: float) -> list[Checker]:
         NoticeBeforeEviction(),
         PendingWhileFree(PENDING_BOUND_S, fresh_s=HEARTBEAT_FRESH_S),
         QueuedReleased(PENDING_BOUND_S, fresh_s=HEARTBEAT_FRESH_S),
+        GangWhole(GANG_BOUND_S),
     ]
     if minutes >= LEAK_MIN_MINUTES:
         out.append(
@@ -409,6 +420,23 @@ class Runner:
         for f in self.plan.faults:
             self.at(f.t, f"fault {f.kind}", self._fault(f))
 
+    def _gang_workload(self, b: Borrower) -> None:
+        """The Workload of ``b``'s gang (its pod group a gang of all its members), made by
+        whichever member comes first."""
+        body = {
+            "apiVersion": WORKLOAD_API,
+            "kind": "Workload",
+            "metadata": {"name": b.gang, "namespace": b.namespace},
+            "spec": {
+                "podGroups": [{"name": GANG_GROUP, "policy": {"gang": {"minCount": b.gang_size}}}]
+            },
+        }
+        try:
+            self.kube.create(body)
+        except ApiError as e:
+            if e.status != 409:
+                raise
+
     def _borrow(self, b: Borrower) -> Callable[[], None]:
         def create() -> None:
             pod = self._on_node(
@@ -417,6 +445,10 @@ class Runner:
             pod["spec"]["priorityClassName"] = BORROWER
             if b.job_class:
                 pod["metadata"].setdefault("annotations", {})[contract.ANN_JOB_CLASS] = b.job_class
+            if b.gang:
+                self._gang_workload(b)
+                pod["spec"][WORKLOAD_REF] = {"name": b.gang, "podGroup": GANG_GROUP}
+                pod["metadata"].setdefault("labels", {})[GANG_SIZE_LABEL] = str(b.gang_size)
             try:
                 made = self.kube.create(pod)
             except ApiError as e:

@@ -14,7 +14,8 @@ of a few namespaces arrive at random and finish after a random time. Faults
 Queued borrowers (interactive and batch pods of the shared queues, in a namespace of their own
 where the chart's gate policy holds them for the queues controller) are drawn from a generator
 of their own of the same seed, so that the rest of the history is what the seed named before
-they were added.
+they were added; so are borrower gangs (two or three pods of a Workload, placed and evicted
+whole: docs/gangs.md).
 
 With a real kubelet node (``real_node_gpus``), more is drawn from a second generator of the
 same seed, so that the rest of the history stays what the seed names without it: an online
@@ -94,6 +95,8 @@ class Borrower:
     lifetime_s: float  # from its creation; a queued one's from its binding
     real: bool = False  # on the real kubelet node
     job_class: str | None = None  # interactive or batch: through the shared queues
+    gang: str | None = None  # its gang's Workload (spec.workloadRef), members made together
+    gang_size: int = 0
 
 
 @dataclass(frozen=True)
@@ -136,11 +139,12 @@ class Plan:
 
     def describe(self) -> list[str]:
         queued = sum(1 for b in self.borrowers if b.job_class)
+        gangs = len({b.gang for b in self.borrowers if b.gang})
         lines = [
             f"seed {self.seed}, {self.duration_s / 60:.1f} min: {len(self.jobs)} online jobs, "
             f"{len(self.tides)} tides, {len(self.borrowers)} borrowers "
             f"({', '.join(self.borrower_namespaces)}; {queued} through the shared queues in "
-            f"{self.queued_namespace}), {len(self.faults)} faults"
+            f"{self.queued_namespace}; {gangs} gangs), {len(self.faults)} faults"
         ]
         for job in self.jobs:
             tides = [t for t in self.tides if t.job == job.name]
@@ -177,11 +181,17 @@ def _tides(rng: random.Random, job: OnlineJob, duration: float) -> list[Tide]:
 
 
 def plan(
-    seed: int, minutes: float, *, nodes: int = 6, real_node_gpus: int = 0, queues: bool = True
+    seed: int,
+    minutes: float,
+    *,
+    nodes: int = 6,
+    real_node_gpus: int = 0,
+    queues: bool = True,
+    gangs: bool = True,
 ) -> Plan:
     """The whole schedule of a run of ``minutes`` on ``nodes`` kwok GPU nodes (8 GPUs each)
     and, with ``real_node_gpus``, a real kubelet node of that many GPUs; ``queues``: with the
-    shared queues' borrowers."""
+    shared queues' borrowers; ``gangs``: with borrower gangs."""
     rng = random.Random(seed)
     duration = minutes * 60.0
 
@@ -258,6 +268,8 @@ def plan(
     queued_ns = "soak-queued"
     if queues:
         _queued(random.Random(f"{seed}-queues"), borrowers, duration, queued_ns)
+    if gangs:
+        _gangs(random.Random(f"{seed}-gangs"), borrowers, duration, borrower_ns)
     if real_node_gpus:
         _real_node(
             random.Random(f"{seed}-real"),
@@ -307,6 +319,30 @@ def _queued(rng: random.Random, borrowers: list[Borrower], duration: float, name
         )
         n += 1
         t += rng.expovariate(1 / 15.0)
+
+
+GANG_EVERY_S = 30.0  # a gang's arrival, on average
+
+
+def _gangs(
+    rng: random.Random, borrowers: list[Borrower], duration: float, namespaces: tuple[str, ...]
+) -> None:
+    """Borrower gangs, added to the list: one every 30 s or so, of two or three pods of one or
+    two GPUs each, made together and finished together."""
+    t, n = rng.uniform(10.0, 30.0), 0
+    while t < duration - 10.0:
+        size, gpus = rng.choice((2, 3)), rng.choice((1, 2))
+        namespace = rng.choice(namespaces)
+        lifetime = round(rng.uniform(20.0, 90.0), 1)
+        gang = f"gang-{n:04d}"
+        for i in range(size):
+            borrowers.append(
+                Borrower(
+                    round(t, 1), namespace, f"{gang}-{i}", gpus, lifetime, gang=gang, gang_size=size
+                )
+            )
+        n += 1
+        t += rng.expovariate(1 / GANG_EVERY_S)
 
 
 def _real_node(

@@ -34,6 +34,8 @@ LAYERS: dict[str, frozenset[str]] = {
         # the agents as the control plane sees them (AgentReady)
         "extender.agents": ("common",),
         "extender.hotrestart": ("common",),
+        # a borrower gang evicted whole once a member is disrupted
+        "extender.gangs": ("common",),
         # the TLS certificates of the extender and its scheduler, made and renewed in the cluster
         "extender.certrotation": ("common",),
         "extender.orchestration": ("common",),
@@ -82,6 +84,7 @@ LAYERS: dict[str, frozenset[str]] = {
             "extender.certrotation",
             "extender.cluster",
             "extender.ctl",
+            "extender.gangs",
             "extender.hotrestart",
             "extender.leasing",
             "extender.leasingsim",

@@ -15,8 +15,10 @@ from common.objects import gpu_allocation_object
 from common.podrequest import parse_pod
 from extender.rightofreturn.lease import LeaseStatus, LentGroup, Trouble, lease_conditions
 from tests.soak.invariants import (
+    GANG_SIZE_LABEL,
     Checker,
     Deletion,
+    GangWhole,
     LeakTrend,
     LedgerMatchesPods,
     NoDoubleHold,
@@ -460,6 +462,8 @@ def test_pending_clean() -> None:
     others = [bound("x", "n1", [0, 1]), bound("y", "n1", [2])]
     full = [ledger("n1", *others)]
     assert run(PendingWhileFree(10.0), *pending(waiting(), ledgers=full)) == []
+    # A gang's member waits for the gang (judged by gang-whole).
+    assert run(PendingWhileFree(10.0), *pending(member(waiting()))) == []
 
 
 def test_pending_catches_a_pod_waiting_beside_free_devices() -> None:
@@ -592,3 +596,48 @@ def test_all_checkers_pass_a_clean_reclaim() -> None:
         for o in history
     ]
     assert check_history(checkers, with_ledgers) == []
+
+
+# --- (g) a gang holds devices whole or not at all ---
+
+
+def member(pod: Obj, gang: str = "sweep", size: int = 2) -> Obj:
+    pod["spec"]["workloadRef"] = {"name": gang, "podGroup": "workers"}
+    pod["metadata"].setdefault("labels", {})[GANG_SIZE_LABEL] = str(size)
+    return pod
+
+
+def gang_history(*states: tuple[float, list[Obj]]) -> list[Observation]:
+    return [Observation(t, pods=pods) for t, pods in states]
+
+
+def test_gang_whole_clean_placed_together_and_gone_together() -> None:
+    a, b = member(bound("a", "n1", [0])), member(bound("b", "n2", [0]))
+    pa, pb = member(builders.pod("a", 1)), member(builders.pod("b", 1))
+    history = gang_history(
+        (0.0, [pa, pb]),  # both waiting
+        (30.0, [pa, pb]),
+        (31.0, [a, pb]),  # bound a moment apart
+        (32.0, [a, b]),
+        (90.0, [a, b]),
+        (91.0, [a]),  # one evicted, the other a moment later
+        (95.0, []),
+    )
+    assert run(GangWhole(10.0), *history) == []
+    # A pod in no gang, or of a gang without its size, is not judged.
+    assert run(GangWhole(10.0), *gang_history((0.0, [bound("c", "n1", [1])]), (20.0, []))) == []
+
+
+def test_gang_whole_catches_a_member_left_running_after_the_other_went() -> None:
+    a, b = member(bound("a", "n1", [0])), member(bound("b", "n2", [0]))
+    gone = dict(b, metadata={**b["metadata"], "deletionTimestamp": "2026-11-29T04:00:00Z"})
+    history = gang_history((0.0, [a, b]), (5.0, [a, gone]), (10.0, [a]), (16.0, [a]))
+    found = run(GangWhole(10.0), *history)
+    assert [(v.t, v.obj) for v in found] == [(16.0, "default/workload/sweep/workers")]
+    assert "1 of its 2 members hold devices: default/a" in found[0].message
+
+
+def test_gang_whole_catches_a_gang_placed_in_part() -> None:
+    a, pb = member(bound("a", "n1", [0])), member(builders.pod("b", 1))
+    found = run(GangWhole(10.0), *gang_history((0.0, [a, pb]), (11.0, [a, pb])))
+    assert len(found) == 1

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from tests.soak.workload import FAULT_KINDS, REAL_NODE_FAULT_KINDS, plan
+from tests.soak.workload import FAULT_KINDS, REAL_NODE_FAULT_KINDS, Borrower, plan
 
 
 @pytest.mark.parametrize(("seed", "minutes"), [(1, 4), (2, 4), (7, 60), (42, 15)])
@@ -85,4 +85,24 @@ def test_queued_borrowers_come_on_top_of_the_seeds_history(seed: int, minutes: f
     # The rest of the history is the seed's without them.
     plain = plan(seed, minutes, queues=False)
     assert [b for b in p.borrowers if not b.job_class] == list(plain.borrowers)
+    assert (p.jobs, p.tides, p.faults) == (plain.jobs, plain.tides, plain.faults)
+
+
+@pytest.mark.parametrize(("seed", "minutes"), [(1, 4), (7, 60)])
+def test_borrower_gangs_come_whole_on_top_of_the_seeds_history(seed: int, minutes: float) -> None:
+    """Borrower gangs: two or three pods each, made together, of one size and lifetime, in
+    one borrower namespace; drawn from a generator of their own."""
+    p = plan(seed, minutes)
+    gangs: dict[str, list[Borrower]] = {}
+    for b in p.borrowers:
+        if b.gang:
+            gangs.setdefault(b.gang, []).append(b)
+    assert len(gangs) >= minutes * 60 / 30 / 3  # one every 30 s on average, give or take
+    for gang, members in gangs.items():
+        assert len(members) == members[0].gang_size in (2, 3), gang
+        assert len({(b.t, b.namespace, b.gpus, b.lifetime_s) for b in members}) == 1, gang
+        assert members[0].namespace in p.borrower_namespaces
+        assert [b.name for b in members] == [f"{gang}-{i}" for i in range(len(members))]
+    plain = plan(seed, minutes, gangs=False)
+    assert [b for b in p.borrowers if not b.gang] == list(plain.borrowers)
     assert (p.jobs, p.tides, p.faults) == (plain.jobs, plain.tides, plain.faults)

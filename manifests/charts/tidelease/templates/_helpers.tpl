@@ -149,7 +149,7 @@ true
 ServiceAccount and RBAC exist, and so do the policies about that ServiceAccount. */}}
 {{- define "tidelease.controllersEnabled" -}}
 {{- $c := .Values.extender.controllers -}}
-{{- if and .Values.extender.enabled (or $c.leasing $c.hotRestartOperator $c.agentConditions $c.queues $c.prewarm $c.planner (include "tidelease.ownCertificates" .)) -}}
+{{- if and .Values.extender.enabled (or $c.leasing $c.hotRestartOperator $c.gangs .Values.scheduling.gangScheduling $c.agentConditions $c.queues $c.prewarm $c.planner (include "tidelease.ownCertificates" .)) -}}
 true
 {{- end -}}
 {{- end }}

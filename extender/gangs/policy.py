@@ -1,0 +1,110 @@
+"""When a borrower gang has lost a member, which of its other members to evict. Pure.
+
+A gang's pods are useful only together (common.gangs). tidelease's own reclaim evicts a gang
+whole (extender.rightofreturn.rules.plan_reclaim), but kube-scheduler's preemption deletes the
+victims of one node only (the extender's preempt verb chooses them to break as few gangs as it
+can, extender.scheduler.gangvictims), and a drain or the API's evictions take pods one by one.
+Without this rule the members elsewhere would keep their GPUs, producing nothing.
+
+A gang is **broken** when one of its members is deleted (or being deleted) carrying the
+condition ``DisruptionTarget`` (Kubernetes sets it on a pod it preempts, evicts through the
+Eviction API or removes from a tainted node; tidelease sets it on a reclaimed borrower): a
+disruption, not a member that finished or that its own controller replaced. The members that
+existed then (created before the disruption: a job's controller may start the gang again, and
+its new pods are a new attempt) and still hold a node (bound, not terminating, not finished)
+are evicted, low-priority pods only: a gang member that declares ``tidelease.io/priority:
+high`` is an online job's, never evicted by this rule. Members with a reclaim notice are left
+to the leasing controller, which evicts the whole gang at the notice's deadline. A gang is one of a namespace (its key
+starts with it), so a pod of another namespace is never a member, whatever it declares.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from common import contract
+from common.gangs import gang_of, parse_time
+
+DISRUPTION_TARGET = "DisruptionTarget"
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """One pod of a gang, as far as this rule needs it."""
+
+    namespace: str
+    name: str
+    uid: str
+    gang: str
+    node: str  # "" while unbound
+    created: float  # its creationTimestamp (epoch seconds; 0 unknown)
+    terminating: bool
+    finished: bool  # Succeeded or Failed
+    disrupted: str | None  # the DisruptionTarget reason, when its status is True
+    disrupted_at: float  # that condition's lastTransitionTime (0 unknown)
+    high: bool  # tidelease.io/priority: high
+    noticed: bool  # has a reclaim notice: the leasing controller evicts it at its deadline
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def member_of(pod: Mapping[str, Any]) -> Member | None:
+    """The pod as a gang member; None for a pod in no gang."""
+    gang = gang_of(pod)
+    if gang is None:
+        return None
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    disrupted, disrupted_at = None, 0.0
+    for c in status.get("conditions") or []:
+        if isinstance(c, dict) and c.get("type") == DISRUPTION_TARGET and c.get("status") == "True":
+            disrupted = str(c.get("reason") or "unknown")
+            disrupted_at = parse_time(c.get("lastTransitionTime")) or 0.0
+    annotations = meta.get("annotations") or {}
+    return Member(
+        namespace=str(meta.get("namespace") or "default"),
+        name=str(meta.get("name") or ""),
+        uid=str(meta.get("uid") or ""),
+        gang=gang,
+        node=str(spec.get("nodeName") or ""),
+        created=parse_time(meta.get("creationTimestamp")) or 0.0,
+        terminating=bool(meta.get("deletionTimestamp")),
+        finished=status.get("phase") in ("Succeeded", "Failed"),
+        disrupted=disrupted,
+        disrupted_at=disrupted_at,
+        high=isinstance(annotations, dict) and annotations.get(contract.ANN_PRIORITY) == "high",
+        noticed=isinstance(annotations, dict) and contract.ANN_RECLAIM_NOTICE in annotations,
+    )
+
+
+def breaks(member: Member, deleted: bool) -> bool:
+    """Whether this member's end breaks its gang: deleted or being deleted, disrupted."""
+    return member.disrupted is not None and (deleted or member.terminating)
+
+
+def mates_to_evict(members: Iterable[Member], cause: Member) -> tuple[Member, ...]:
+    """The members to evict once ``cause`` broke the gang: those created before its
+    disruption that still hold a node, low priority only, by name; not those with a reclaim
+    notice (a reclaim notices a gang whole and evicts it whole at the notice's deadline)."""
+    since = cause.disrupted_at or float("inf")
+    return tuple(
+        sorted(
+            (
+                m
+                for m in members
+                if m.uid != cause.uid
+                and m.node
+                and not m.terminating
+                and not m.finished
+                and not m.high
+                and not m.noticed
+                and m.created < since
+            ),
+            key=lambda m: m.name,
+        )
+    )

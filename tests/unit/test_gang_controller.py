@@ -1,0 +1,130 @@
+"""The gang controller's rule: once a member of a borrower gang is disrupted, the rest of the
+gang that existed then goes (extender.gangs)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from common import builders, contract
+from common.model import Priority
+from extender.gangs.controller import Gangs
+from extender.gangs.policy import breaks, member_of
+
+T0 = "2026-11-29T03:00:00Z"
+DISRUPTED = "2026-11-29T04:00:00Z"
+LATER = "2026-11-29T04:00:05Z"
+
+
+def pod(
+    name: str,
+    *,
+    namespace: str = "ml",
+    node: str = "n1",
+    group: str | None = "sweep",
+    created: str = T0,
+    priority: Priority = Priority.LOW,
+) -> dict[str, Any]:
+    obj = builders.pod(
+        name,
+        4,
+        namespace=namespace,
+        uid=f"{namespace}-{name}-{created}",
+        priority=priority,
+        node_name=node or None,
+    )
+    if group is not None:
+        obj["metadata"]["annotations"][contract.ANN_POD_GROUP] = group
+    obj["metadata"]["creationTimestamp"] = created
+    return obj
+
+
+def disrupted(obj: dict[str, Any], reason: str = "PreemptionByScheduler") -> dict[str, Any]:
+    out = {**obj, "metadata": {**obj["metadata"]}, "status": {**obj.get("status", {})}}
+    out["status"]["conditions"] = [
+        {
+            "type": "DisruptionTarget",
+            "status": "True",
+            "reason": reason,
+            "lastTransitionTime": DISRUPTED,
+        }
+    ]
+    return out
+
+
+def terminating(obj: dict[str, Any]) -> dict[str, Any]:
+    return {**obj, "metadata": {**obj["metadata"], "deletionTimestamp": DISRUPTED}}
+
+
+def names(gangs: Gangs, gang: str) -> list[str]:
+    return [m.name for m in gangs.to_evict(gang)]
+
+
+def test_a_disrupted_member_that_goes_takes_the_rest_of_its_gang() -> None:
+    gangs = Gangs()
+    a, b = pod("sweep-0"), pod("sweep-1", node="n2")
+    unbound = pod("sweep-2", node="")
+    online = pod("sweep-3", priority=Priority.HIGH)
+    done = pod("sweep-4")
+    done["status"]["phase"] = "Succeeded"
+    stranger = pod("sweep-1", namespace="other")  # same group name, another namespace
+    lone = pod("lone", group=None)
+    for p in (a, b, unbound, online, done, stranger, lone):
+        assert gangs.apply("ADDED", p) is None
+    gang = "ml/pod-group/sweep"
+    # Marked (kube-scheduler sets the condition first): not gone yet, nothing to do.
+    assert gangs.apply("MODIFIED", disrupted(a)) is None
+    # Deleted with it: the member on n2 goes, nobody else.
+    assert gangs.apply("DELETED", disrupted(a)) == gang
+    assert names(gangs, gang) == ["sweep-1"]
+    assert names(gangs, "other/pod-group/sweep") == []
+    # Once evicted (terminating), it is not evicted again.
+    assert gangs.apply("MODIFIED", terminating(disrupted(b, "EvictionByEvictionAPI"))) is None
+    assert names(gangs, gang) == []
+
+
+def test_a_gang_started_again_after_the_disruption_is_a_new_attempt() -> None:
+    gangs = Gangs()
+    a = pod("sweep-0")
+    gangs.apply("ADDED", a)
+    gangs.apply("DELETED", disrupted(a))
+    # The job's controller makes the gang again: its pods stay.
+    assert gangs.apply("ADDED", pod("sweep-0", created=LATER)) is None
+    assert gangs.apply("ADDED", pod("sweep-1", created=LATER, node="n2")) is None
+    assert names(gangs, "ml/pod-group/sweep") == []
+
+
+def test_members_with_a_reclaim_notice_are_left_to_the_reclaim() -> None:
+    """A reclaim notices a gang whole and evicts it at the deadline, one member after the
+    other: the first one gone does not make this rule evict the others first."""
+    gangs = Gangs()
+    a, b = pod("sweep-0"), pod("sweep-1", node="n2")
+    for p in (a, b):
+        p["metadata"]["annotations"][contract.ANN_RECLAIM_NOTICE] = DISRUPTED
+        gangs.apply("ADDED", p)
+    assert gangs.apply("DELETED", disrupted(a, "TideleaseReclaim")) is None
+    assert names(gangs, "ml/pod-group/sweep") == []
+
+
+def test_a_member_that_ends_without_a_disruption_breaks_nothing() -> None:
+    gangs = Gangs()
+    a, b = pod("sweep-0"), pod("sweep-1", node="n2")
+    gangs.apply("ADDED", a)
+    gangs.apply("ADDED", b)
+    assert gangs.apply("MODIFIED", terminating(a)) is None  # its own controller deleted it
+    assert gangs.apply("DELETED", a) is None
+    assert names(gangs, "ml/pod-group/sweep") == []
+    member = member_of(disrupted(b))
+    assert member is not None
+    assert not breaks(member, deleted=False)
+    assert breaks(member, deleted=True)
+
+
+def test_the_last_member_gone_forgets_the_gang() -> None:
+    gangs = Gangs()
+    a, b = pod("sweep-0"), pod("sweep-1", node="n2")
+    gangs.apply("ADDED", a)
+    gangs.apply("ADDED", b)
+    gangs.apply("DELETED", disrupted(a))
+    gangs.apply("DELETED", terminating(disrupted(b, "EvictionByEvictionAPI")))
+    assert gangs.members == {}
+    assert gangs.broken == {}
