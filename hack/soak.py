@@ -9,7 +9,8 @@ Starts hack/cluster-up.sh (foreground, following this process) in DIR (default: 
 directory, removed afterwards; a DIR given is kept, with every component's log) with --nodes
 kwok GPU nodes, then plays the seed's plan (tests/soak/workload.py): online jobs (StatefulSets
 and a Deployment, each with a GpuLease) lending and reclaiming every few minutes, borrowers of
-a few namespaces arriving and finishing at random, and faults at random moments: kill -9 of the
+a few namespaces arriving and finishing at random (single pods, pods of the shared queues,
+gangs), and faults at random moments: kill -9 of the
 controllers, of the extender and of kube-apiserver (each restarted as it ran), etcd paused for
 seconds, a kwok node deleted with its pods (made again a minute later). The cluster is
 observed every second and the invariants of tests/soak/invariants.py are checked throughout.

@@ -14,8 +14,9 @@ existed then (created before the disruption: a job's controller may start the ga
 its new pods are a new attempt) and still hold a node (bound, not terminating, not finished)
 are evicted, low-priority pods only: a gang member that declares ``tidelease.io/priority:
 high`` is an online job's, never evicted by this rule. Members with a reclaim notice are left
-to the leasing controller, which evicts the whole gang at the notice's deadline. A gang is one of a namespace (its key
-starts with it), so a pod of another namespace is never a member, whatever it declares.
+to the leasing controller, which evicts the whole gang at the notice's deadline. A gang is one
+of a namespace (its key starts with it), so a pod of another namespace is never a member,
+whatever it declares.
 """
 
 from __future__ import annotations

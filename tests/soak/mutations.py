@@ -43,6 +43,7 @@ MUTATIONS = {
         "gang-whole",
         "a reclaim evicts only the gang members on the devices it takes back, and the gang "
         "controller evicts nobody",
+        minutes=8.0,  # seed 1: three gangs left in part (t=214, 265, 393 s)
     ),
     "leak": Mutation(
         "leak-trend", "the extender keeps 256 KiB of every filter request forever", minutes=12.0

@@ -322,18 +322,21 @@ def _queued(rng: random.Random, borrowers: list[Borrower], duration: float, name
 
 
 GANG_EVERY_S = 30.0  # a gang's arrival, on average
+# A gang runs longer than a lone borrower (distributed training): a member evicted alone then
+# leaves the others running past the gang-whole checker's bound, not just to their end.
+GANG_LIFETIME_S = (90.0, 240.0)
 
 
 def _gangs(
     rng: random.Random, borrowers: list[Borrower], duration: float, namespaces: tuple[str, ...]
 ) -> None:
     """Borrower gangs, added to the list: one every 30 s or so, of two or three pods of one or
-    two GPUs each, made together and finished together."""
+    two GPUs each, made together and finished together, after 90 to 240 s."""
     t, n = rng.uniform(10.0, 30.0), 0
     while t < duration - 10.0:
         size, gpus = rng.choice((2, 3)), rng.choice((1, 2))
         namespace = rng.choice(namespaces)
-        lifetime = round(rng.uniform(20.0, 90.0), 1)
+        lifetime = round(rng.uniform(*GANG_LIFETIME_S), 1)
         gang = f"gang-{n:04d}"
         for i in range(size):
             borrowers.append(
