@@ -80,6 +80,7 @@ class Gangs:
     def __init__(self) -> None:
         self.members: dict[str, dict[str, Member]] = {}  # gang -> pod key -> member
         self.broken: dict[str, Member] = {}  # gang -> the member whose disruption broke it
+        self.present: dict[str, frozenset[str]] = {}  # gang -> its members' UIDs at the break
         self._gang_of: dict[str, str] = {}  # pod key -> its gang
 
     def apply(self, event: str, pod: dict[str, Any]) -> str | None:
@@ -93,6 +94,7 @@ class Gangs:
             if not group:
                 self.members.pop(old, None)
                 self.broken.pop(old, None)
+                self.present.pop(old, None)
         if member is None:
             return None
         deleted = event == "DELETED"
@@ -103,13 +105,19 @@ class Gangs:
             last = self.broken.get(member.gang)
             if last is None or member.disrupted_at >= last.disrupted_at:
                 self.broken[member.gang] = member
+                # The members the watch knows now existed at the break: a pod made again
+                # afterwards comes later in the watch.
+                self.present[member.gang] = frozenset(
+                    m.uid for m in self.members[member.gang].values()
+                )
         return member.gang if self.to_evict(member.gang) else None
 
     def to_evict(self, gang: str) -> tuple[Member, ...]:
         cause = self.broken.get(gang)
         if cause is None:
             return ()
-        return mates_to_evict(self.members.get(gang, {}).values(), cause)
+        members = self.members.get(gang, {}).values()
+        return mates_to_evict(members, cause, self.present.get(gang, frozenset()))
 
 
 async def run_gang_controller(

@@ -21,7 +21,7 @@ whatever it declares.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,10 +88,16 @@ def breaks(member: Member, deleted: bool) -> bool:
     return member.disrupted is not None and (deleted or member.terminating)
 
 
-def mates_to_evict(members: Iterable[Member], cause: Member) -> tuple[Member, ...]:
-    """The members to evict once ``cause`` broke the gang: those created before its
-    disruption that still hold a node, low priority only, by name; not those with a reclaim
-    notice (a reclaim notices a gang whole and evicts it whole at the notice's deadline)."""
+def mates_to_evict(
+    members: Iterable[Member], cause: Member, present: Collection[str] = ()
+) -> tuple[Member, ...]:
+    """The members to evict once ``cause`` broke the gang: those that existed then (their
+    UIDs in ``present``, the members known when the break was seen, or created in a second
+    before the disruption's) and still hold a node, low priority only, by name; not those with
+    a reclaim notice (a reclaim notices a gang whole and evicts it whole at the notice's
+    deadline). Timestamps have whole seconds: a member made in the second of the disruption is
+    one only if it was ``present`` (kube-scheduler may preempt a member within a second of its
+    creation; a gang started again within that second is not taken for the old one)."""
     since = cause.disrupted_at or float("inf")
     return tuple(
         sorted(
@@ -104,7 +110,7 @@ def mates_to_evict(members: Iterable[Member], cause: Member) -> tuple[Member, ..
                 and not m.finished
                 and not m.high
                 and not m.noticed
-                and m.created < since
+                and (m.uid in present or m.created < since)
             ),
             key=lambda m: m.name,
         )

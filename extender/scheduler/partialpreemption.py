@@ -5,8 +5,8 @@
 (:mod:`extender.queues.jobviews`), and returns victims the same way: pods whose eviction lets
 the preemptor fit, ``()`` when it fits already, ``None`` when eviction cannot help. The order in
 which GPUs are taken is :mod:`extender.queues.preemptionorder`'s, with one rule of tidelease's
-within a queue: a gang (common.gangs) is broken last, and its members here go together (those
-on other nodes are the gang's too: the gang is evicted whole, docs/gangs.md).
+within a queue: a gang (common.gangs) is broken last, and its members here go together (its
+members on other nodes follow through the gang controller, extender.gangs).
 """
 
 from __future__ import annotations

@@ -82,6 +82,22 @@ def test_a_disrupted_member_that_goes_takes_the_rest_of_its_gang() -> None:
     assert names(gangs, gang) == []
 
 
+def test_a_member_preempted_in_the_second_it_was_made_still_takes_its_mates() -> None:
+    """kube-scheduler may preempt a member within a second of the gang's creation (CI did):
+    the mate made in that same second was there at the break, so it goes; a pod of a new
+    attempt made in that second, seen after the break, stays."""
+    gangs = Gangs()
+    a, b = pod("sweep-0", created=DISRUPTED), pod("sweep-1", node="n2", created=DISRUPTED)
+    gangs.apply("ADDED", a)
+    gangs.apply("ADDED", b)
+    assert gangs.apply("DELETED", disrupted(a)) == "ml/pod-group/sweep"
+    assert names(gangs, "ml/pod-group/sweep") == ["sweep-1"]
+    again = pod("sweep-0", created=DISRUPTED)
+    again["metadata"]["uid"] = "attempt-2"
+    gangs.apply("ADDED", again)
+    assert names(gangs, "ml/pod-group/sweep") == ["sweep-1"]
+
+
 def test_a_gang_started_again_after_the_disruption_is_a_new_attempt() -> None:
     gangs = Gangs()
     a = pod("sweep-0")
