@@ -23,10 +23,11 @@ from typing import Any
 
 from aiohttp import hdrs, web
 
+from common import contract
 from common.delegatedauth import DelegatedAuth, metrics_response
 from common.errors import Conflict, InvalidInput, NotFound, NotPermitted, TideleaseError
 from common.logsetup import add_log_context, log_context
-from common.model import PodRequest
+from common.model import Holder, PodRequest
 from extender.cluster.state import ClusterState
 from extender.cluster.watching import PodCache
 from extender.queues.jobviews import held_by_job, job_views, opted_in, preemptor_queue
@@ -40,7 +41,7 @@ from extender.scheduler.metrics import ExtenderMetrics
 from extender.scheduler.partialpreemption import choose_preemption
 from extender.scheduler.scoring import prioritize_nodes
 from extender.scheduler.settings import ExtenderSettings
-from extender.scheduler.victims import Chooser, preempt_nodes
+from extender.scheduler.victims import Chooser, noticed_only, preempt_nodes
 
 log = logging.getLogger(__name__)
 
@@ -215,12 +216,23 @@ class ExtenderApp:
                 choose_preemption, jobs=jobs, preemptor=preemptor_queue(args.pod, jobs)
             )
             self.metrics.decisions.labels("preempt", "cornucopia").inc()
+        # No borrower of the preemptor's own lent devices goes without its reclaim notice.
+        choose = noticed_only(choose, self._noticed)
         answer = preempt_nodes(self.cluster, req, args.proposals, choose)
         self.metrics.decisions.labels("preempt", "nodes-kept").inc(len(answer))
         self.metrics.decisions.labels("preempt", "nodes-dropped").inc(
             len(args.proposals) - len(answer)
         )
         return 200, wire.preemption_result(answer)
+
+    def _noticed(self, holder: Holder) -> bool:
+        """Whether the pod ``holder`` names (that very pod) carries a reclaim notice."""
+        pod = self.pods.get(holder.namespace, holder.name)
+        if pod is None:
+            return False
+        meta = pod.get("metadata") or {}
+        annotations = meta.get("annotations") or {}
+        return meta.get("uid") == holder.pod_uid and contract.ANN_RECLAIM_NOTICE in annotations
 
     # --- aiohttp plumbing ---
     def _route(

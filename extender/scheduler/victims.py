@@ -175,6 +175,38 @@ def victims_cost(
 Chooser = Callable[[Sequence[Device], Sequence[Allocation], PodRequest], tuple[Holder, ...] | None]
 
 
+def noticed_only(choose: Chooser, noticed: Callable[[Holder], bool]) -> Chooser:
+    """``choose``, but no eviction on a node where its victims include a borrower of devices
+    that the preemptor's own job lent and that has no reclaim notice (``noticed``): a borrower
+    of lent devices goes only after its notice (docs/leasing.md). The leasing controller gives
+    the notice to every borrower of a group it takes back before it scales up; a borrower
+    without one holds a group the controller is not taking back (its view judged the group
+    unable to come back, say its node's agent silent, where the extender's view, a moment
+    behind, did not yet): the returning pod then waits, as the filter makes it wait for a group
+    still held, instead of evicting the borrower unwarned."""
+
+    def guarded(
+        devices: Sequence[Device], allocations: Sequence[Allocation], req: PodRequest
+    ) -> tuple[Holder, ...] | None:
+        victims = choose(devices, allocations, req)
+        if not victims or req.owner is None:
+            return victims
+        lent = {d.uuid for d in devices if d.cls.owner == req.owner and not d.cls.standby}
+        if not lent:
+            return victims
+        held = {a.holder.pod_uid: a.devices for a in allocations}
+        unwarned = (
+            v
+            for v in victims
+            if v.priority is Priority.LOW
+            and not lent.isdisjoint(held.get(v.pod_uid, ()))
+            and not noticed(v)
+        )
+        return None if next(unwarned, None) is not None else victims
+
+    return guarded
+
+
 def preempt_nodes(
     cluster: ClusterState,
     req: PodRequest,

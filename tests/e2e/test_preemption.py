@@ -68,7 +68,8 @@ def _reclaim(group: NodeGroup, namespace: str, gpus: int) -> str:
     workload's (docs/tenancy.md: nothing a pod declares makes it one). The workload is a stand-in
     that makes no pods of its own (a ConfigMap: the pod names it as its controller, and the
     garbage collector sees it exist); the leasing controller cannot scale it and leaves the
-    lease as it is, which is all the extender's preempt verb needs."""
+    lease as it is, which is all the extender's preempt verb needs, with the borrowers' notice
+    (``borrower-*``), which the controller would have given."""
     kube = group.cluster.kube
     holder = kube.create(
         {
@@ -87,6 +88,17 @@ def _reclaim(group: NodeGroup, namespace: str, gpus: int) -> str:
         namespace,
         subresource="status",
     )
+    # The borrowers' notice, as the leasing controller gives it before it scales up: the
+    # preempt verb evicts no borrower of the owner's lent devices without one.
+    deadline = (datetime.now(UTC) + timedelta(minutes=10)).isoformat()
+    for pod in kube.list("Pod", namespace):
+        if pod["metadata"]["name"].startswith("borrower-"):
+            kube.patch(
+                "Pod",
+                pod["metadata"]["name"],
+                {"metadata": {"annotations": {contract.ANN_RECLAIM_NOTICE: deadline}}},
+                namespace,
+            )
     pod = group.pod(
         namespace,
         "a-reclaim",
