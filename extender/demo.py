@@ -205,6 +205,18 @@ class Demo:
             "reclaim": {"groups": list(self.report.lent)},
         }
         self.store.put(lease)
+        # ... and gives the borrowers of the lent devices their notice (the preempt verb evicts
+        # none without one).
+        lent = {u for devs in self.report.lent.values() for u in devs}
+        for p in self.store.objects("Pod"):
+            annotations = (p.get("metadata") or {}).get("annotations") or {}
+            held = set((annotations.get(contract.ANN_DEVICES) or "").split(","))
+            if annotations.get(contract.ANN_PRIORITY) == "low" and held & lent:
+                noticed = copy.deepcopy(p)
+                noticed["metadata"]["annotations"][contract.ANN_RECLAIM_NOTICE] = (
+                    "2026-01-01T00:00:00Z"
+                )
+                self.store.put(noticed)
         await self.settle()
 
     async def run(self) -> DemoReport:
