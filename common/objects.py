@@ -268,3 +268,22 @@ def gpu_allocation_object(
         "metadata": meta,
         "spec": allocation_spec(allocations),
     }
+
+
+# The pod condition Kubernetes sets on the pods it disrupts (preemption, eviction, taints), and
+# tidelease on the borrowers it reclaims.
+DISRUPTION_TARGET = "DisruptionTarget"
+
+
+def eviction(namespace: str, name: str, uid: str, grace_s: int | None = None) -> dict[str, Any]:
+    """The Eviction (policy/v1) of that very pod (its UID a precondition), with ``grace_s``
+    seconds to stop (None: the pod's own grace)."""
+    options: dict[str, Any] = {"preconditions": {"uid": uid}}
+    if grace_s is not None:
+        options["gracePeriodSeconds"] = grace_s
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": name, "namespace": namespace},
+        "deleteOptions": options,
+    }

@@ -78,8 +78,10 @@ def pod_owner(pod: Mapping[str, Any]) -> JobKey | None:
 
 # A ReplicaSet a Deployment made: the Deployment's name, "-", the pod template's hash.
 _TEMPLATE_HASH = re.compile(r"[a-z0-9]{1,10}")
-# A StatefulSet a LeaderWorkerSet made for one group's workers: its name, "-", the group index.
-_GROUP = re.compile(r"0|[1-9][0-9]{0,8}")
+# A LeaderWorkerSet's group index (and worker index) in its pods' and StatefulSets' names: a
+# StatefulSet it made for one group's workers is its name, "-", the group index.
+GROUP_INDEX = "0|[1-9][0-9]{0,8}"
+_GROUP = re.compile(GROUP_INDEX)
 
 
 def belongs(controller: tuple[str, str] | None, kind: str, name: str) -> bool:

@@ -13,7 +13,6 @@ the watch.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -23,6 +22,7 @@ from prometheus_client import CollectorRegistry, Counter
 from common.errors import Conflict, NotFound
 from common.events import Involved, post_event
 from common.kubeclient import KubeClient
+from common.objects import eviction
 from common.reconcile import ReconcileLoop, Result, run_checked
 from common.watches import Watches, object_key
 from extender.gangs.policy import Member, breaks, mates_to_evict, member_of
@@ -44,12 +44,7 @@ class KubeEvictions:
 
     async def evict(self, member: Member, why: str) -> None:
         path = f"/api/v1/namespaces/{member.namespace}/pods/{member.name}/eviction"
-        body = {
-            "apiVersion": "policy/v1",
-            "kind": "Eviction",
-            "metadata": {"name": member.name, "namespace": member.namespace},
-            "deleteOptions": {"preconditions": {"uid": member.uid}},
-        }
+        body = eviction(member.namespace, member.name, member.uid)
         await self._kube.json("POST", path, body=body)
         await post_event(
             self._kube,
@@ -125,11 +120,9 @@ async def run_gang_controller(
     kube: KubeClient,
     evictions: Evictions,
     metrics: GangMetrics,
-    ready: asyncio.Event | None = None,
     registry: CollectorRegistry | None = None,
 ) -> None:
-    """Watch every pod; evict the rest of each broken gang, until cancelled or the watch ends.
-    ``ready`` is set once the pods are listed."""
+    """Watch every pod; evict the rest of each broken gang, until cancelled or the watch ends."""
     gangs = Gangs()
 
     async def reconcile(gang: str) -> Result:
@@ -166,6 +159,4 @@ async def run_gang_controller(
     async with Watches(kube, "gang-controller") as watches:
         watches.add("pods", "/api/v1/pods", on_pod)
         await watches.wait_synced()
-        if ready is not None:
-            ready.set()
         await run_checked(loop, watches.check)

@@ -27,8 +27,7 @@ from typing import Any
 
 from common import contract
 from common.gangs import gang_of, parse_time
-
-DISRUPTION_TARGET = "DisruptionTarget"
+from common.objects import DISRUPTION_TARGET
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,6 +51,7 @@ from extender.rightofreturn.lease import (
     Trouble,
 )
 from extender.rightofreturn.replicas import (
+    STATEFULSET,
     in_groups,
     incoming_replicas,
     indexer,
@@ -62,6 +63,7 @@ from extender.rightofreturn.rules import (
     group_can_return,
     ordinal,
     plan_reclaim,
+    replica_unit,
     replicas_for,
     replicas_to_release,
     target_gpus,
@@ -303,7 +305,7 @@ def scale_up_groups(
 
 
 def relabel(
-    groups: Sequence[LentGroup], replicas: int, kind: str = "StatefulSet", workload: str = ""
+    groups: Sequence[LentGroup], replicas: int, kind: str = STATEFULSET, workload: str = ""
 ) -> tuple[LentGroup, ...]:
     """Give the groups still lent the names of the replicas still down (indices from
     ``replicas`` on; a LeaderWorkerSet's group member keeps its place in the group): which
@@ -447,8 +449,7 @@ def _replicas_placed(pods: Sequence[OwnerPod], index: Callable[[str], int]) -> i
     StatefulSet's replica is one pod; a LeaderWorkerSet's, the pods of its group)."""
     placed: dict[tuple[int, str], bool] = {}
     for p in pods:
-        i = index(p.name)
-        key = (i, p.name) if i < 0 else (i, "")
+        key = replica_unit(p.name, index)
         placed[key] = placed.get(key, True) and bool(p.node and p.devices)
     return sum(placed.values())
 

@@ -23,6 +23,7 @@ from common.errors import Conflict, InvalidInput, NotFound, TooManyRequests
 from common.events import Involved, post_event
 from common.kubeclient import KubeClient
 from common.model import GpuUuid, Holder
+from common.objects import DISRUPTION_TARGET, eviction
 from common.timefmt import microtime, rfc3339
 from extender.leasing import claimpinning
 from extender.leasing.decisions import OwnerPod, TagChange
@@ -203,16 +204,10 @@ class KubeWorld:
         path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}"
         await self._mark_disrupted(pod, lease)
         # The notice was the time to checkpoint; now stop promptly.
-        options = {"preconditions": {"uid": pod.pod_uid}, "gracePeriodSeconds": EVICTION_GRACE_S}
-        eviction = {
-            "apiVersion": "policy/v1",
-            "kind": "Eviction",
-            "metadata": {"name": pod.name, "namespace": pod.namespace},
-            "deleteOptions": options,
-        }
+        body = eviction(pod.namespace, pod.name, pod.pod_uid, EVICTION_GRACE_S)
         with contextlib.suppress(NotFound, Conflict):
             try:
-                await self._post_eviction(f"{path}/eviction", eviction, pod)
+                await self._post_eviction(f"{path}/eviction", body, pod)
                 # The Eviction API writes its own reason over ours (EvictionByEvictionAPI):
                 # name the reclaim again while the pod terminates.
                 await self._mark_disrupted(pod, lease)
@@ -230,15 +225,15 @@ class KubeWorld:
                     warning=True,
                     component="tidelease-leasing",
                 )
-            await self._kube.json("DELETE", path, body=options)
+            await self._kube.json("DELETE", path, body=body["deleteOptions"])
 
-    async def _post_eviction(self, path: str, eviction: dict[str, Any], pod: Holder) -> None:
+    async def _post_eviction(self, path: str, body: dict[str, Any], pod: Holder) -> None:
         """POST the eviction; a throttled one (429 naming no disruption budget) again after a
         wait, up to EVICTION_TRIES in all; the last 429 raised."""
         delay = 1.0
         for attempt in range(1, EVICTION_TRIES + 1):
             try:
-                await self._kube.json("POST", path, body=eviction)
+                await self._kube.json("POST", path, body=body)
                 return
             except TooManyRequests as e:
                 if e.disruption_budget or attempt == EVICTION_TRIES:
@@ -346,7 +341,7 @@ def disruption_target(pod: Holder, lease: GpuLease, now: float) -> dict[str, Any
         "status": {
             "conditions": [
                 {
-                    "type": "DisruptionTarget",
+                    "type": DISRUPTION_TARGET,
                     "status": "True",
                     "reason": DISRUPTION_REASON,
                     "message": f"tidelease: the GPUs it borrowed are taken back by "

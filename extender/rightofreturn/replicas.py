@@ -22,12 +22,13 @@ import re
 from collections.abc import Callable, Iterable
 from functools import partial
 
+from common.tenancy import GROUP_INDEX
 from extender.rightofreturn.rules import ordinal
 
 STATEFULSET = "StatefulSet"
 LEADERWORKERSET = "LeaderWorkerSet"
 
-_GROUP_MEMBER = re.compile(r"(0|[1-9][0-9]{0,8})(-(?:0|[1-9][0-9]{0,8}))?")
+_GROUP_MEMBER = re.compile(f"({GROUP_INDEX})(-(?:{GROUP_INDEX}))?")
 
 
 def names_replicas(kind: str) -> bool:

@@ -96,14 +96,16 @@ def replicas_to_release(
     ordinal by default; a LeaderWorkerSet's group, whose pods go together). Names without an
     index are each a replica of their own and sort first, by name."""
     names = sorted(pod_names, key=lambda n: (index(n), n))
-
-    def unit(n: str) -> tuple[int, str]:
-        i = index(n)
-        return (i, n) if i < 0 else (i, "")
-
-    units = sorted({unit(n) for n in names})
+    units = sorted({replica_unit(n, index) for n in names})
     released = set(units[max(0, target_replicas) :])
-    return [n for n in names if unit(n) in released]
+    return [n for n in names if replica_unit(n, index) in released]
+
+
+def replica_unit(pod_name: str, index: Callable[[str], int] = ordinal) -> tuple[int, str]:
+    """The replica a pod is part of, as a key: its index, or for a name without one the name
+    itself (a replica of its own)."""
+    i = index(pod_name)
+    return (i, pod_name) if i < 0 else (i, "")
 
 
 def devices_to_tag(released: Iterable[Device]) -> tuple[Device, ...]:

@@ -98,6 +98,20 @@ def test_a_member_preempted_in_the_second_it_was_made_still_takes_its_mates() ->
     assert names(gangs, "ml/pod-group/sweep") == ["sweep-1"]
 
 
+def test_a_tenant_of_another_namespace_cannot_break_a_gang_by_naming_it() -> None:
+    """A tenant with the edit role in its own namespace names the same pod group (and the
+    same Workload) as ml's gang and has its pod disrupted: ml's members stay; its own gang is
+    its namespace's alone."""
+    gangs = Gangs()
+    a, b = pod("sweep-0"), pod("sweep-1", node="n2")
+    intruder = pod("sweep-0", namespace="other")
+    for p in (a, b, intruder):
+        gangs.apply("ADDED", p)
+    assert gangs.apply("DELETED", disrupted(intruder)) is None
+    assert names(gangs, "ml/pod-group/sweep") == []
+    assert gangs.broken.keys() == set()
+
+
 def test_a_gang_started_again_after_the_disruption_is_a_new_attempt() -> None:
     gangs = Gangs()
     a = pod("sweep-0")
