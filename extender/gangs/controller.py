@@ -7,13 +7,15 @@ It watches every pod and keeps the members of gangs only. Each gang is a key of 
 :class:`~common.reconcile.ReconcileLoop`, added when a member changes while the gang is broken;
 reconciling it evicts, through the Eviction API, every member the policy names (a
 PodDisruptionBudget that refuses is respected: the loop retries with backoff), and says so in an
-Event on each. A member already gone (NotFound) or replaced (Conflict: another UID) is left to
-the watch.
+Event on each; a member waiting for its reclaim notice's time has the gang reconciled again
+then (:class:`~common.reconcile.Requeue`). A member already gone (NotFound) or replaced
+(Conflict: another UID) is left to the watch.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -23,13 +25,14 @@ from common.errors import Conflict, NotFound
 from common.events import Involved, post_event
 from common.kubeclient import KubeClient
 from common.objects import eviction
-from common.reconcile import ReconcileLoop, Result, run_checked
+from common.reconcile import ReconcileLoop, Requeue, Result, run_checked
 from common.watches import Watches, object_key
-from extender.gangs.policy import Member, breaks, mates_to_evict, member_of
+from extender.gangs.policy import Member, breaks, mates_to_evict, member_of, next_notice
 
 log = logging.getLogger(__name__)
 
 LEASE_NAME = "tidelease-gang-controller"
+NOTICE_SLACK_S = 0.5  # a noticed member is evicted this long after its notice's time
 COMPONENT = "tidelease-gang-controller"
 
 
@@ -78,8 +81,9 @@ class Gangs:
         self.present: dict[str, frozenset[str]] = {}  # gang -> its members' UIDs at the break
         self._gang_of: dict[str, str] = {}  # pod key -> its gang
 
-    def apply(self, event: str, pod: dict[str, Any]) -> str | None:
-        """Take a watch event; the pod's gang when it has members to evict now."""
+    def apply(self, event: str, pod: dict[str, Any], now: float) -> str | None:
+        """Take a watch event; the pod's gang when it has members to evict, now or at their
+        notice's time."""
         key = object_key(pod)
         member = member_of(pod)
         old = self._gang_of.pop(key, None)
@@ -105,14 +109,23 @@ class Gangs:
                 self.present[member.gang] = frozenset(
                     m.uid for m in self.members[member.gang].values()
                 )
-        return member.gang if self.to_evict(member.gang) else None
+        pending = self.to_evict(member.gang, now) or self.next_notice(member.gang, now) is not None
+        return member.gang if pending else None
 
-    def to_evict(self, gang: str) -> tuple[Member, ...]:
+    def to_evict(self, gang: str, now: float) -> tuple[Member, ...]:
         cause = self.broken.get(gang)
         if cause is None:
             return ()
         members = self.members.get(gang, {}).values()
-        return mates_to_evict(members, cause, self.present.get(gang, frozenset()))
+        return mates_to_evict(members, cause, self.present.get(gang, frozenset()), now=now)
+
+    def next_notice(self, gang: str, now: float) -> float | None:
+        """When a member noticed by a reclaim is due, after ``now``, if any."""
+        cause = self.broken.get(gang)
+        if cause is None:
+            return None
+        members = self.members.get(gang, {}).values()
+        return next_notice(members, cause, self.present.get(gang, frozenset()), now=now)
 
 
 async def run_gang_controller(
@@ -129,7 +142,8 @@ async def run_gang_controller(
         cause = gangs.broken.get(gang)
         if cause is None:
             return None
-        for m in gangs.to_evict(gang):
+        now = time.time()
+        for m in gangs.to_evict(gang, now):
             why = (
                 f"gang {gang}: member {cause.name} was disrupted ({cause.disrupted}); "
                 "a gang runs whole or not at all"
@@ -147,12 +161,13 @@ async def run_gang_controller(
                 cause.key,
                 cause.disrupted,
             )
-        return None
+        due = gangs.next_notice(gang, now)
+        return None if due is None else Requeue(due - now + NOTICE_SLACK_S)
 
     loop = ReconcileLoop("gangs", reconcile, keys=lambda: list(gangs.members), registry=registry)
 
     def on_pod(event: str, obj: dict[str, Any]) -> None:
-        broken = gangs.apply(event, obj)
+        broken = gangs.apply(event, obj, time.time())
         if broken is not None:
             loop.add(broken)
 

@@ -13,8 +13,11 @@ disruption, not a member that finished or that its own controller replaced. The 
 existed then (created before the disruption: a job's controller may start the gang again, and
 its new pods are a new attempt) and still hold a node (bound, not terminating, not finished)
 are evicted, low-priority pods only: a gang member that declares ``tidelease.io/priority:
-high`` is an online job's, never evicted by this rule. Members with a reclaim notice are left
-to the leasing controller, which evicts the whole gang at the notice's deadline. A gang is one
+high`` is an online job's, never evicted by this rule. A member with a reclaim notice keeps its
+notice's time: it is evicted once that time has come, not before (a reclaim notices a gang
+whole and evicts it whole at that time, but a reclaim that ends sooner, its devices freed by
+kube-scheduler's preemption of one member, evicts no more, and the rest of the gang would keep
+its GPUs for nothing: the soak found one). A gang is one
 of a namespace (its key starts with it), so a pod of another namespace is never a member,
 whatever it declares.
 """
@@ -45,7 +48,8 @@ class Member:
     disrupted: str | None  # the DisruptionTarget reason, when its status is True
     disrupted_at: float  # that condition's lastTransitionTime (0 unknown)
     high: bool  # tidelease.io/priority: high
-    noticed: bool  # has a reclaim notice: the leasing controller evicts it at its deadline
+    # its reclaim notice's time (epoch seconds; 0.0 when the notice does not parse), or None
+    notice_at: float | None = None
 
     @property
     def key(self) -> str:
@@ -66,6 +70,7 @@ def member_of(pod: Mapping[str, Any]) -> Member | None:
             disrupted = str(c.get("reason") or "unknown")
             disrupted_at = parse_time(c.get("lastTransitionTime")) or 0.0
     annotations = meta.get("annotations") or {}
+    notice = annotations.get(contract.ANN_RECLAIM_NOTICE) if isinstance(annotations, dict) else None
     return Member(
         namespace=str(meta.get("namespace") or "default"),
         name=str(meta.get("name") or ""),
@@ -78,7 +83,7 @@ def member_of(pod: Mapping[str, Any]) -> Member | None:
         disrupted=disrupted,
         disrupted_at=disrupted_at,
         high=isinstance(annotations, dict) and annotations.get(contract.ANN_PRIORITY) == "high",
-        noticed=isinstance(annotations, dict) and contract.ANN_RECLAIM_NOTICE in annotations,
+        notice_at=None if notice is None else parse_time(notice) or 0.0,
     )
 
 
@@ -87,30 +92,48 @@ def breaks(member: Member, deleted: bool) -> bool:
     return member.disrupted is not None and (deleted or member.terminating)
 
 
-def mates_to_evict(
-    members: Iterable[Member], cause: Member, present: Collection[str] = ()
-) -> tuple[Member, ...]:
-    """The members to evict once ``cause`` broke the gang: those that existed then (their
-    UIDs in ``present``, the members known when the break was seen, or created in a second
-    before the disruption's) and still hold a node, low priority only, by name; not those with
-    a reclaim notice (a reclaim notices a gang whole and evicts it whole at the notice's
-    deadline). Timestamps have whole seconds: a member made in the second of the disruption is
-    one only if it was ``present`` (kube-scheduler may preempt a member within a second of its
-    creation; a gang started again within that second is not taken for the old one)."""
+def _mates(members: Iterable[Member], cause: Member, present: Collection[str]) -> list[Member]:
     since = cause.disrupted_at or float("inf")
-    return tuple(
-        sorted(
-            (
-                m
-                for m in members
-                if m.uid != cause.uid
-                and m.node
-                and not m.terminating
-                and not m.finished
-                and not m.high
-                and not m.noticed
-                and (m.uid in present or m.created < since)
-            ),
-            key=lambda m: m.name,
-        )
+    return sorted(
+        (
+            m
+            for m in members
+            if m.uid != cause.uid
+            and m.node
+            and not m.terminating
+            and not m.finished
+            and not m.high
+            and (m.uid in present or m.created < since)
+        ),
+        key=lambda m: m.name,
     )
+
+
+def mates_to_evict(
+    members: Iterable[Member], cause: Member, present: Collection[str] = (), *, now: float
+) -> tuple[Member, ...]:
+    """The members to evict at ``now`` once ``cause`` broke the gang: those that existed then
+    (their UIDs in ``present``, the members known when the break was seen, or created in a
+    second before the disruption's) and still hold a node, low priority only, by name; one with
+    a reclaim notice only once its notice's time has come (a reclaim notices a gang whole and
+    evicts it whole then, one member after the other: the first one gone does not make this
+    rule evict the others sooner). Timestamps have whole seconds: a member made in the second
+    of the disruption is one only if it was ``present`` (kube-scheduler may preempt a member
+    within a second of its creation; a gang started again within that second is not taken for
+    the old one)."""
+    return tuple(
+        m for m in _mates(members, cause, present) if m.notice_at is None or m.notice_at <= now
+    )
+
+
+def next_notice(
+    members: Iterable[Member], cause: Member, present: Collection[str] = (), *, now: float
+) -> float | None:
+    """The earliest notice time after ``now`` of a member :func:`mates_to_evict` leaves until
+    then; None when there is none."""
+    waiting = [
+        m.notice_at
+        for m in _mates(members, cause, present)
+        if m.notice_at is not None and m.notice_at > now
+    ]
+    return min(waiting, default=None)
