@@ -19,9 +19,13 @@
 # agent started here runs as that ServiceAccount (the chart's tidelease-agent), with a token bound
 # to this Node as the kubelet's tokens for the DaemonSet's pods are (minted with KUBECONFIG's
 # credentials, which it otherwise uses): the chart's grants and own-node policy apply to it.
+# With -C MIB (and an agent started here), the agent keeps its peer cache (docs/peer-cache.md)
+# on a tmpfs of MIB MiB of this node's own (DIR/cache, in the node's mount namespace: a disk
+# that a test can fill), pulls with a token of the agent's account for the cache's audience,
+# bound to this Node, and serves the cache on 127.0.0.1 (DIR/realnode.env: TL_REALNODE_CACHE_*).
 #
-# usage: hack/realnode.sh -D DIR -k KUBECONFIG -n NAME [-g GPUS [-a | -d [-t TIERS]] [-s NS/ACCOUNT]]
-#                         [-c KUBELET_CLIENT_CA] [-L LOGS]
+# usage: hack/realnode.sh -D DIR -k KUBECONFIG -n NAME [-g GPUS [-a | -d [-t TIERS]] [-s NS/ACCOUNT]
+#                         [-C CACHE_MIB]] [-c KUBELET_CLIENT_CA] [-L LOGS]
 #
 # Runs in the foreground until SIGINT/SIGTERM or until TL_REALNODE_PARENT_PID exits; then it
 # deletes the node's pods, stops the agent, the kubelet and containerd, and removes everything
@@ -43,11 +47,11 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 source "${TL_HACK}/lib/containerd.sh"
 source "${TL_HACK}/lib/python.sh"
 
-usage() { sed -n '2,39p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,43p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 DIR="" KUBECONFIG_PATH="" NAME="" GPUS=0 CLIENT_CA="" LOGS="" AGENT_IN_POD=false DRA=false TIERS=""
-AGENT_ACCOUNT=""
-while getopts ":D:k:n:g:c:L:adt:s:h" opt; do
+AGENT_ACCOUNT="" CACHE_MIB=""
+while getopts ":D:k:n:g:c:L:adt:s:C:h" opt; do
   case "${opt}" in
     D) DIR="$(realpath -m -- "${OPTARG}")" ;;
     k) KUBECONFIG_PATH="$(realpath -- "${OPTARG}")" ;;
@@ -59,6 +63,7 @@ while getopts ":D:k:n:g:c:L:adt:s:h" opt; do
     d) DRA=true ;;
     t) TIERS="${OPTARG}" ;;
     s) AGENT_ACCOUNT="${OPTARG}" ;;
+    C) CACHE_MIB="${OPTARG}" ;;
     h) usage; exit 0 ;;
     *) usage >&2; exit 2 ;;
   esac
@@ -66,6 +71,10 @@ done
 [[ -n "${DIR}" && -n "${KUBECONFIG_PATH}" && -n "${NAME}" ]] || { usage >&2; exit 2; }
 [[ "${GPUS}" =~ ^[0-9]+$ ]] || tl::die "-g wants a number of GPUs"
 [[ "${NAME}" =~ ^[a-z0-9]([-a-z0-9]*[a-z0-9])?$ ]] || tl::die "-n ${NAME}: not a node name"
+if [[ -n "${CACHE_MIB}" ]]; then
+  [[ "${CACHE_MIB}" =~ ^[1-9][0-9]*$ ]] || tl::die "-C wants a size in MiB"
+  ((GPUS > 0)) && [[ "${AGENT_IN_POD}" != true ]] || tl::die "-C goes with an agent started here (-g, not -a)"
+fi
 MODE=extender
 if [[ "${DRA}" == true ]]; then
   MODE=dra
@@ -301,6 +310,26 @@ PY
   tl::log "GpuNode ${NAME}: availability history for tiers ${TIERS}"
 }
 
+# start_cache NS/ACCOUNT - -C: the agent's cache disk (a tmpfs of CACHE_MIB MiB at DIR/cache, this
+# namespace's), the account's token for the peers (audience tidelease-peer-cache, bound to this
+# Node, as a pod-bound one names its node), and the agent's cache flags in CACHE_FLAGS: half
+# the disk as its bound, 4 MiB kept free, served on a free port of 127.0.0.1.
+CACHE_FLAGS=() CACHE_PORT=""
+start_cache() {
+  local account="${1#*/}" namespace="${1%%/*}"
+  mkdir -p "${DIR}/cache"
+  mount -t tmpfs -o "size=${CACHE_MIB}m,mode=0700" tmpfs "${DIR}/cache"
+  (umask 077 && kubectl create token "${account}" -n "${namespace}" --duration=48h \
+    --audience tidelease-peer-cache --bound-object-kind Node --bound-object-name "${NAME}" \
+    >"${DIR}/peer-token") || tl::die "minting ${1}'s peer-cache token bound to node ${NAME}"
+  CACHE_PORT="$(tl::free_port)"
+  CACHE_FLAGS=(--namespace "${namespace}" --cache-peer-account "${account}"
+    --cache-dir "${DIR}/cache" --cache-port "${CACHE_PORT}"
+    --cache-advertise "http://127.0.0.1:${CACHE_PORT}" --cache-token-file "${DIR}/peer-token"
+    --cache-max-bytes "$((CACHE_MIB / 2))Mi" --cache-reserve-bytes 4Mi)
+  tl::log "the agent's cache: a ${CACHE_MIB} MiB tmpfs at ${DIR}/cache, served on port ${CACHE_PORT}"
+}
+
 wait_for "node ${NAME} Ready" node_ready
 
 GATEWAY="${TL_CTRD_SUBNET%.0/24}.1"
@@ -329,6 +358,10 @@ elif ((GPUS > 0)); then
     agent_kubeconfig="${DIR}/agent.kubeconfig"
     tl::account_kubeconfig "${KUBECONFIG_PATH}" "${agent_kubeconfig}" "${AGENT_ACCOUNT}" "${NAME}" ||
       tl::die "minting a token of ${AGENT_ACCOUNT} bound to node ${NAME}"
+  fi
+  if [[ -n "${CACHE_MIB}" ]]; then
+    start_cache "${AGENT_ACCOUNT:-tidelease-system/tidelease-agent}"
+    agent_flags+=("${CACHE_FLAGS[@]}")
   fi
   "${TL_VENV}/bin/tidelease" agent --node "${NAME}" --kubeconfig "${agent_kubeconfig}" \
     --backend fake --fake-gpus "${GPUS}" --cycle 1 --quiet-period 3 \
@@ -361,6 +394,9 @@ TL_REALNODE_LOGS=${LOGS}
 TL_REALNODE_PID=$$
 TL_REALNODE_KUBELET_PID=${KUBELET_PID}
 TL_REALNODE_AGENT_PID=${AGENT_PID}
+TL_REALNODE_CACHE_DIR=${CACHE_MIB:+${DIR}/cache}
+TL_REALNODE_CACHE_PORT=${CACHE_PORT}
+TL_REALNODE_CACHE_TOKEN=${CACHE_MIB:+${DIR}/peer-token}
 EOF
 mv "${DIR}/realnode.env.tmp" "${DIR}/realnode.env"
 tl::log "real node ${NAME} ready"

@@ -22,7 +22,9 @@ memory and fd slopes of the extenders and the controllers. Exit 1 on any violati
 the harness itself failed (a fault it could not do, a cluster that did not start).
 
 ``--real-node`` adds a real kubelet node (hack/realnode.sh: containerd, the kubelet and the
-tidelease agent with 8 fake GPUs) with an online job, borrowers and agent kills of its own
+tidelease agent with 8 fake GPUs, its peer cache on a 64 MiB disk of its own) with an online job
+that writes a checkpoint at each scale-down and prewarms it from a peer (tests/soak/peercache.py)
+before each scale-up, borrowers, agent kills and a full cache disk of its own
 (tests/soak/workload.py); its pods run for real.
 
 ``--mutate NAME`` runs the cluster's tidelease processes with a deliberate bug
@@ -56,7 +58,7 @@ from tests.background import read_state  # noqa: E402 (the project's environment
 from tests.e2e.harness import Cluster  # noqa: E402
 from tests.soak.mutations import ENV as MUTATION_ENV  # noqa: E402
 from tests.soak.mutations import MUTATIONS  # noqa: E402
-from tests.soak.runner import CLUSTER_ENV, Runner, log, write_json  # noqa: E402
+from tests.soak.runner import CACHE_DISK_MIB, CLUSTER_ENV, Runner, log, write_json  # noqa: E402
 from tests.soak.workload import plan  # noqa: E402
 
 START_TIMEOUT_S = 600
@@ -80,6 +82,8 @@ def main() -> int:
     args = p.parse_args()
     if args.minutes < 1:
         p.error("--minutes: at least 1")
+    if args.mutate and MUTATIONS[args.mutate].real_node and not args.real_node:
+        p.error(f"--mutate {args.mutate}: a mutation of the real node's agent needs --real-node")
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
     real_gpus = REAL_NODE_GPUS if args.real_node else 0
     the_plan = plan(seed, args.minutes, nodes=args.nodes, real_node_gpus=real_gpus)
@@ -108,6 +112,8 @@ def main() -> int:
         "TL_CLUSTER_KEEP_DIR": "true" if keep else "false",
         "TL_CLUSTER_REAL_NODE": "true" if args.real_node else "false",
         "TL_CLUSTER_REAL_NODE_GPUS": str(REAL_NODE_GPUS),
+        # its agent's peer cache on a disk of its own, which disk-full fills
+        "TL_CLUSTER_REAL_NODE_CACHE_MIB": str(CACHE_DISK_MIB) if args.real_node else "",
         "TL_CLUSTER_REAL_DRA_NODE": "false",
     }
     if args.mutate:

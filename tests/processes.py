@@ -32,6 +32,10 @@ class ProcessSpec:
     argv: tuple[str, ...]
     env: dict[str, str]
     cwd: str
+    # The mount namespace it runs in when not this process's: /proc/<pid>/ns/mnt of a process
+    # that holds it (hack/realnode.sh's agent runs in its node's namespace, with the node's
+    # mounts; started again there, with nsenter). Empty: this process's namespace.
+    mount_ns: str = ""
 
     @classmethod
     def of(cls, pid: int) -> ProcessSpec:
@@ -47,7 +51,7 @@ class ProcessSpec:
             key, sep, value = item.decode(errors="replace").partition("=")
             if sep:
                 env[key] = value
-        return cls(argv, env, os.readlink(proc / "cwd"))
+        return cls(argv, env, os.readlink(proc / "cwd"), _held_mount_ns(pid))
 
     def flag(self, name: str) -> str:
         """The value of ``--name V`` or ``--name=V``; "" when absent."""
@@ -73,7 +77,30 @@ class ProcessSpec:
                     break
             else:
                 argv += [name, value]
-        return ProcessSpec(tuple(argv), dict(self.env), self.cwd)
+        return ProcessSpec(tuple(argv), dict(self.env), self.cwd, self.mount_ns)
+
+    def command(self) -> tuple[str, ...]:
+        """What to run: the command line, in its mount namespace."""
+        if not self.mount_ns:
+            return self.argv
+        return ("nsenter", f"--mount={self.mount_ns}", "--", *self.argv)
+
+
+def _held_mount_ns(pid: int) -> str:
+    """``/proc/<parent>/ns/mnt`` when ``pid`` runs in a mount namespace other than this
+    process's and its parent (which lives on when ``pid`` is killed) holds the same one; empty
+    when ``pid`` shares ours."""
+    try:
+        theirs = os.readlink(f"/proc/{pid}/ns/mnt")
+        if theirs == os.readlink("/proc/self/ns/mnt"):
+            return ""
+        parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        held = f"/proc/{parent}/ns/mnt"
+        if os.readlink(held) == theirs:
+            return held
+    except (OSError, ValueError, IndexError):
+        return ""
+    raise RuntimeError(f"process {pid} runs in a mount namespace ({theirs}) nobody else holds")
 
 
 def _argv(proc: Path) -> tuple[str, ...]:
@@ -199,7 +226,7 @@ class Processes:
         log = self.log_of(role)
         with log.open("wb") as out:
             child = _spawner.popen(
-                args=spec.argv,
+                args=spec.command(),
                 env=spec.env,
                 cwd=spec.cwd,
                 stdout=out,

@@ -79,6 +79,9 @@ TL_CLUSTER_LEASING_DRA="${TL_CLUSTER_LEASING_DRA:-false}"
 TL_CLUSTER_REAL_NODE="${TL_CLUSTER_REAL_NODE:-false}"
 TL_CLUSTER_REAL_NODE_NAME="${TL_CLUSTER_REAL_NODE_NAME:-real-0}"
 TL_CLUSTER_REAL_NODE_GPUS="${TL_CLUSTER_REAL_NODE_GPUS:-8}"
+# A size in MiB: the real node's agent keeps a peer cache on a tmpfs of that size of the node's
+# own (hack/realnode.sh -C; the soak fills it). Empty: no cache.
+TL_CLUSTER_REAL_NODE_CACHE_MIB="${TL_CLUSTER_REAL_NODE_CACHE_MIB:-}"
 # true: also join a second real node in DRA mode (hack/realnode.sh -d: containerd 2.x, built by
 # hack/build-binaries.sh, with CDI; the agent publishes a ResourceSlice and serves the kubelet's
 # DRA plugin, no device plugin), named TL_CLUSTER_REAL_DRA_NODE_NAME, with one fake GPU per tier
@@ -643,7 +646,8 @@ tl::cluster::start_real_nodes() {
   local dra_dir="${TL_CLUSTER_DIR}/realdra" dra_log="${TL_CLUSTER_DIR}/logs/realdra.log" gpus
   if [[ "${TL_CLUSTER_REAL_NODE}" == true ]]; then
     tl::cluster::_launch_real_node TL_CLUSTER_REAL_NODE_PID "${TL_CLUSTER_REAL_NODE_NAME}" \
-      "${dir}" "${log}" -g "${TL_CLUSTER_REAL_NODE_GPUS}" -L "${TL_CLUSTER_DIR}/logs/realnode"
+      "${dir}" "${log}" -g "${TL_CLUSTER_REAL_NODE_GPUS}" -L "${TL_CLUSTER_DIR}/logs/realnode" \
+      ${TL_CLUSTER_REAL_NODE_CACHE_MIB:+-C "${TL_CLUSTER_REAL_NODE_CACHE_MIB}"}
     TL_CLUSTER_REAL_NODE_PID="${TL_CLUSTER__LAST_PID}"
   fi
   if [[ "${TL_CLUSTER_REAL_DRA_NODE}" == true ]]; then

@@ -9,6 +9,7 @@ on another test's nodes, and tests can run in any order.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import ssl
 import subprocess
@@ -23,7 +24,7 @@ from common.keyfile import key_file
 from common.model import Device, Priority
 from common.queuerelease import release_proof
 from tests.e2e.kube import ApiError, Kube, get_text, post_json, wait_for
-from tests.processes import Processes, ProcessSpec
+from tests.processes import Processes
 
 GROUP_LABEL = "e2e.tidelease.io/group"
 GPU = contract.DEFAULT_GPU_RESOURCE
@@ -174,7 +175,7 @@ class Cluster:
         procs.stop("controllers")
         pid = procs.start(
             "controllers",
-            ProcessSpec(spec.argv, {**spec.env, "TIDELEASE_EXTENDER_DRA": want}, spec.cwd),
+            dataclasses.replace(spec, env={**spec.env, "TIDELEASE_EXTENDER_DRA": want}),
         )
         try:
             self.wait_controllers_leading()

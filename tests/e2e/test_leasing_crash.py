@@ -17,6 +17,7 @@ The controllers run in the chart's default mode (the extender mode's leasing).
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,7 +30,7 @@ from tests.e2e import leasingjob
 from tests.e2e.harness import Cluster, NodeGroup, devices_of
 from tests.e2e.kube import get_text, wait_for
 from tests.e2e.leasingjob import Job
-from tests.processes import ProcessSpec, Supervisor
+from tests.processes import Supervisor
 
 pytestmark = pytest.mark.cluster
 
@@ -60,7 +61,7 @@ def arm(cluster: Cluster, role: str, point: str) -> None:
     path = ":".join(filter(None, [str(HOOKS), spec.env.get("PYTHONPATH", "")]))
     hooked = {**spec.env, "PYTHONPATH": path, "TIDELEASE_TEST_CRASH_AT": point}
     procs.stop(role)
-    procs.start(role, ProcessSpec(spec.argv, hooked, spec.cwd))
+    procs.start(role, dataclasses.replace(spec, env=hooked))
     procs.specs[role] = spec
     if role == "controllers":
         cluster.wait_controllers_leading()

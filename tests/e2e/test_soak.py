@@ -4,7 +4,8 @@ Compressed tides (online jobs lending and reclaiming), borrowers arriving and fi
 through the shared queues), the real kubelet node where the e2e cluster has one, two
 scheduling replicas, and one fault of each kind (tests/soak/workload.py: processes killed and
 restarted, a replica lost, etcd paused, a kwok node deleted with its pods, the extenders'
-network slowed and dropping replies, a device Unhealthy), with the invariants of
+network slowed and dropping replies, a device Unhealthy; on the real node its agent killed and
+its cache disk full), with the invariants of
 tests/soak/invariants.py checked over the whole history, the pods watched. The long soak is a
 command of its own: hack/soak.py --minutes 60.
 """
@@ -67,8 +68,9 @@ REAL_NODE = os.environ.get("TIDELEASE_E2E_REAL_NODE", "true") == "true"
 
 
 def test_a_short_soak_keeps_every_invariant(tmp_path: Path) -> None:
-    """With the real kubelet node (its online job, its borrowers, its agent killed) where the
-    e2e cluster has one, and borrowers through the shared queues."""
+    """With the real kubelet node (its online job prewarming its checkpoints from a peer, its
+    borrowers, its agent killed, its cache disk full) where the e2e cluster has one, and
+    borrowers through the shared queues."""
     code, result, output = soak(tmp_path, *(["--real-node"] if REAL_NODE else []))
     assert code == 0, output
     assert result["violations"] == [], output
@@ -77,6 +79,8 @@ def test_a_short_soak_keeps_every_invariant(tmp_path: Path) -> None:
     assert result["reclaims"] >= 1, output
     assert result["reclaims_judged"] >= 1, output
     assert result["queued"] >= 1, output
+    if REAL_NODE:  # its job's checkpoints prewarmed from the peer, at least one after the full disk
+        assert any(v.startswith("Done") for v in result["prewarm"].values()), output
     print(output)
 
 

@@ -1,8 +1,8 @@
 """Hooks for the tidelease processes a test or the soak runs, patched in at start: Python
-imports ``sitecustomize`` from PYTHONPATH before anything else. Only the ``tidelease extender``
-and ``tidelease controllers`` processes are touched, and only when an environment variable
-asks; anything else this directory is on the path of (a helper script, a Python without
-tidelease's packages) is left alone.
+imports ``sitecustomize`` from PYTHONPATH before anything else. Only the ``tidelease extender``,
+``tidelease controllers`` and (for :data:`AGENT_MUTATIONS`) ``tidelease agent`` processes are
+touched, and only when an environment variable asks; anything else this directory is on the
+path of (a helper script, a Python without tidelease's packages) is left alone.
 
 * ``TIDELEASE_SOAK_MUTATION=NAME``: a deliberate bug (tests/soak/mutations.py), for the soak's
   checkers to report; ``swap-in-cycle-2`` (the leasing controller records the second lend's
@@ -186,6 +186,23 @@ def _mutate(name: str) -> None:
 
         setattr(decisions, "plan_reclaim", per_pod)  # noqa: B010 (a module's global)
         setattr(gangs, "mates_to_evict", nobody)  # noqa: B010 (a module's global)
+    elif name == "sticky-full":
+        from pathlib import Path
+
+        from nodeagent.cache import cachestore
+
+        measured = cachestore.free_bytes
+        full_once: list[bool] = []
+
+        def stale(path: Path) -> int:
+            if full_once:
+                return 0
+            free = measured(path)
+            if free < 1 << 20:  # the disk seen full once is taken as full from then on
+                full_once.append(True)
+            return free
+
+        setattr(cachestore, "free_bytes", stale)  # noqa: B010 (a module's global)
     elif name == "skip-release":
         from extender.queues import controller as queues
 
@@ -198,9 +215,13 @@ def _mutate(name: str) -> None:
     print(f"tidelease soak mutation {name!r} in pid {os.getpid()}", file=sys.stderr, flush=True)
 
 
-_ours = any(a in ("extender", "controllers") for a in sys.argv[1:4])
-if _ours and os.path.basename(sys.argv[0]) == "tidelease":
-    if os.environ.get("TIDELEASE_SOAK_MUTATION"):
-        _mutate(os.environ["TIDELEASE_SOAK_MUTATION"])
-    if os.environ.get("TIDELEASE_TEST_CRASH_AT"):
+# The mutations of the node agent's code; every other one is the extenders' and controllers'.
+AGENT_MUTATIONS = frozenset({"sticky-full"})
+
+_role = next((a for a in sys.argv[1:4] if a in ("extender", "controllers", "agent")), None)
+if _role is not None and os.path.basename(sys.argv[0]) == "tidelease":
+    _name = os.environ.get("TIDELEASE_SOAK_MUTATION", "")
+    if _name and (_name in AGENT_MUTATIONS) == (_role == "agent"):
+        _mutate(_name)
+    if os.environ.get("TIDELEASE_TEST_CRASH_AT") and _role != "agent":
         _crash(os.environ["TIDELEASE_TEST_CRASH_AT"])

@@ -30,6 +30,10 @@ it has ended and comes back). The rules, and where they approximate:
   alone while it has room, within ``bound_s``.
 * :class:`GangWhole` — no borrower gang has some of its members holding devices and not the
   others for ``bound_s`` (placed whole, evicted whole).
+* :class:`PrewarmRecovers` — a node's cache takes what prewarm asks once its disk has room
+  again: no prewarm item fails for want of space ``settle_s`` after the node's cache disk was
+  last full (the runner's disk-full fault, :attr:`Observation.full_disks`), and none stays
+  Pending beyond ``bound_s`` after it was due.
 * :class:`LeakTrend` — no process's RSS or open fds grow faster than a threshold per hour over
   the run (least-squares slope).
 
@@ -50,6 +54,7 @@ from common.gangs import gang_of
 from common.model import Allocation, Device, GpuUuid, JobKey, NodeName, Priority
 from common.objects import object_key, parse_gpu_allocation, parse_gpu_node
 from common.podrequest import controller_of, parse_pod
+from common.prewarmwire import ItemStatus, parse_directives, parse_items
 from common.tenancy import belongs, pod_owner
 from extender.queues.fitting import constraints, eligible, node_facts
 from extender.rightofreturn.lease import GpuLease, parse_gpu_lease
@@ -105,6 +110,8 @@ class Observation:
     # GpuLease states a watch saw since the previous observation, oldest first (a reclaim of a
     # fraction of a second begins and ends between two lists)
     lease_history: Sequence[Obj] = ()
+    # nodes whose cache disk another writer has filled now (the soak's disk-full fault)
+    full_disks: frozenset[str] = frozenset()
 
     @cached_property
     def devices(self) -> dict[GpuUuid, Device]:
@@ -824,6 +831,82 @@ class GangWhole(Checker):
             self._v(obs.t, key, f"{msg} (since t={since:.1f})")
             for key, msg, since in self._lasting.update(obs.t, now)
         ]
+
+
+# The start of every "no space" error of the node's cache (nodeagent.cache.cachestore.NoSpace),
+# as a prewarm item's reason quotes it.
+NO_SPACE = "no space for "
+
+
+class PrewarmRecovers(Checker):
+    """(h) A node's cache recovers when its disk does. From each GpuNode's prewarm directives
+    (``spec.prewarm``) and its agent's report on each item (``status.prewarm``): no item
+    reports a failure for want of space (a failed attempt, or the item Failed, with the cache's
+    :data:`NO_SPACE` error) ``settle_s`` or more after the node's cache disk was last full, or
+    on a node whose disk was never full; and no item of a directive still there stays Pending
+    beyond ``bound_s`` after it was due (the directive's ``notBefore``, or when the directive
+    was first seen if that is later). So a cache that keeps failing after
+    the disk has room again (a stale free-space figure, a partial pull never dropped) is seen,
+    as is a fetch that hangs."""
+
+    name = "prewarm-recovers"
+
+    def __init__(self, bound_s: float, settle_s: float) -> None:
+        self.bound_s, self.settle_s = bound_s, settle_s
+        self._full_at: dict[str, float] = {}  # node -> the last observation its disk was full
+        self._told: set[tuple[str, str, str, str]] = set()  # node, lease, item, reason
+        # node, lease, item, notBefore -> when (wall) the directive was first seen: an item is
+        # due from its notBefore or from then, whichever is later
+        self._seen: dict[tuple[str, str, str, float], float] = {}
+        self._stuck: set[tuple[str, str, str, float]] = set()
+
+    def observe(self, obs: Observation) -> list[Violation]:
+        for node in obs.full_disks:
+            self._full_at[node] = obs.t
+        out: list[Violation] = []
+        for gpn in obs.gpu_nodes:
+            node = str((gpn.get("metadata") or {}).get("name", ""))
+            directives = {
+                (d.lease, name): d.not_before
+                for d in parse_directives((gpn.get("spec") or {}).get("prewarm"))
+                for name in (*d.images, *d.checkpoints)
+            }
+            for item in parse_items((gpn.get("status") or {}).get("prewarm")):
+                out += self._judge(obs, node, item, directives.get((item.lease, item.name)))
+        return out
+
+    def _judge(
+        self, obs: Observation, node: str, item: ItemStatus, not_before: float | None
+    ) -> list[Violation]:
+        what = f"{item.kind} {item.name} for lease {item.lease}"
+        if NO_SPACE in item.reason:
+            full = self._full_at.get(node)
+            key = (node, item.lease, item.name, item.reason)
+            if (full is None or obs.t - full >= self.settle_s) and key not in self._told:
+                self._told.add(key)
+                since = "never full" if full is None else f"last full at t={full:.1f}"
+                return [
+                    self._v(
+                        obs.t,
+                        f"/{node}",
+                        f"prewarm of {what} failed for want of space while the node's cache "
+                        f"disk had room ({since}): {item.reason}",
+                    )
+                ]
+        if item.state == "Pending" and not_before is not None and obs.wall:
+            key_stuck = (node, item.lease, item.name, not_before)
+            due = max(not_before, self._seen.setdefault(key_stuck, obs.wall))
+            if obs.wall - due > self.bound_s and key_stuck not in self._stuck:
+                self._stuck.add(key_stuck)
+                return [
+                    self._v(
+                        obs.t,
+                        f"/{node}",
+                        f"prewarm of {what} still Pending {obs.wall - due:.0f} s after it was "
+                        f"due ({item.reason or 'no reason'})",
+                    )
+                ]
+        return []
 
 
 def slope_per_hour(points: Sequence[tuple[float, float]]) -> float:

@@ -223,8 +223,11 @@ class Observer:
             return None
         return out
 
-    def observe(self, t: float, processes: Mapping[str, int]) -> Observation | None:
-        """The observation at ``t``; ``processes``: name -> pid to sample."""
+    def observe(
+        self, t: float, processes: Mapping[str, int], *, full_disks: frozenset[str] = frozenset()
+    ) -> Observation | None:
+        """The observation at ``t``; ``processes``: name -> pid to sample; ``full_disks``: the
+        nodes whose cache disk the runner has filled now."""
         listed = self.lists()
         if listed is None:
             return None
@@ -295,4 +298,5 @@ class Observer:
             heartbeats=heartbeats,
             wall=wall,
             lease_history=tuple(self.lease_watch.take()) if self.lease_watch else (),
+            full_disks=full_disks,
         )

@@ -25,7 +25,7 @@ import yaml
 
 from tests.e2e.forwarding import Forwarder, forwarding
 from tests.ports import free_port
-from tests.processes import Processes, ProcessSpec
+from tests.processes import Processes
 
 REPLICAS = 2
 LEASE_S, RENEW_S, RETRY_S = 6, 4, 1  # the kube-schedulers' leader election (chart: 15, 10, 2)
@@ -117,9 +117,7 @@ def take_over(
             certs.mkdir(exist_ok=True)
             processes.start(
                 scheduler(i),
-                ProcessSpec(sched.argv, sched.env, sched.cwd).with_flags(
-                    config=str(mine), secure_port=secure, cert_dir=str(certs)
-                ),
+                sched.with_flags(config=str(mine), secure_port=secure, cert_dir=str(certs)),
             )
             metrics[i] = f"https://127.0.0.1:{secure}/metrics"
         yield Replicas(processes, proxy, metrics)

@@ -40,6 +40,7 @@ from typing import Any
 from common import builders, contract
 from common.gangs import WORKLOAD_API, WORKLOAD_REF
 from common.model import Health, Priority, Tier
+from common.prewarmwire import parse_items
 from extender.rightofreturn.lease import parse_gpu_lease
 from tests.background import read_state
 from tests.e2e import queuesrig
@@ -57,6 +58,7 @@ from tests.soak.invariants import (
     NoticeBeforeEviction,
     Observation,
     PendingWhileFree,
+    PrewarmRecovers,
     ProcessSample,
     QueuedReleased,
     ReclaimEnds,
@@ -64,6 +66,7 @@ from tests.soak.invariants import (
     slope_per_hour,
 )
 from tests.soak.observing import Observer
+from tests.soak.peercache import PeerCache
 from tests.soak.workload import Borrower, Fault, OnlineJob, Plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,6 +91,14 @@ PENDING_BOUND_S = 60.0
 # member on it, kube-controller-manager's pod GC (orphans every 20 s) and that step.
 GANG_BOUND_S = 60.0
 GANG_GROUP = "workers"  # the pod group of a gang's Workload
+# A prewarm item's fetch: retried twice, 15 s apart (nodeagent.prewarm), a checkpoint pulled in
+# seconds, plus a fault's margin; and how soon after the cache disk had room again the agent
+# reports no more failures for want of space (a failed attempt is reported within a second or
+# two, the API server away a few more).
+PREWARM_BOUND_S = 120.0
+PREWARM_SETTLE_S = 30.0
+CACHE_DISK_MIB = 64  # the real node's cache disk (hack/realnode.sh -C)
+FILLER = ".soak-disk-full"  # the other writer's file on it
 LEAK_MIN_MINUTES = 10.0
 RSS_BYTES_PER_HOUR = 64 * 2**20
 FDS_PER_HOUR = 100.0
@@ -150,6 +161,7 @@ def checkers(minutes: float) -> list[Checker]:
         PendingWhileFree(PENDING_BOUND_S, fresh_s=HEARTBEAT_FRESH_S),
         QueuedReleased(PENDING_BOUND_S, fresh_s=HEARTBEAT_FRESH_S),
         GangWhole(GANG_BOUND_S),
+        PrewarmRecovers(PREWARM_BOUND_S, settle_s=PREWARM_SETTLE_S),
     ]
     if minutes >= LEAK_MIN_MINUTES:
         out.append(
@@ -201,6 +213,9 @@ class Report:
     # would: what they last said.
     exits: list[str] = field(default_factory=list)
     schedule: list[str] = field(default_factory=list)
+    # The real node's prewarm of its online job's checkpoints: each item's last report (the
+    # item's lease and name -> its state and reason).
+    prewarm: dict[str, str] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -222,6 +237,7 @@ class Report:
             "queued": self.queued,
             "errors": self.errors,
             "exits": self.exits,
+            "prewarm": self.prewarm,
         }
 
     def lines(self) -> list[str]:
@@ -241,6 +257,13 @@ class Report:
                 f"{p['rss_mib_last']:.1f} MiB ({p['rss_mib_per_h']:+.1f} MiB/h), fds "
                 f"{p['fds_last']:.0f} ({p['fds_per_h']:+.1f}/h)"
             )
+        if self.prewarm:
+            states = [v.split(":", 1)[0] for v in self.prewarm.values()]
+            out.append(
+                "prewarm on the real node: "
+                + ", ".join(f"{s} {states.count(s)}" for s in sorted(set(states)))
+            )
+            out += [f"  {k}: {v}" for k, v in sorted(self.prewarm.items())]
         out.append(f"exits (restarted as a kubelet would): {len(self.exits)}")
         out += [f"  {e}" for e in self.exits]
         if self.errors:
@@ -262,9 +285,18 @@ class Runner:
         self.facts = facts
         pids = {r: int(facts[k]) for r, k in ROLES.items()}
         self.real = RealNode.from_state(facts)
+        # The real node's cache disk (in the node's mount namespace), filled by disk-full.
+        self.cache_disk: Path | None = None
+        self.node_ns = ""
         if self.real is not None:  # its agent: hack/realnode.sh's process, struck by agent-kill
             node_env = read_state(cluster.dir / "realnode" / "realnode.env")
             pids[AGENT_REAL] = int(node_env["TL_REALNODE_AGENT_PID"])
+            if node_env.get("TL_REALNODE_CACHE_DIR"):
+                self.cache_disk = Path(node_env["TL_REALNODE_CACHE_DIR"])
+                self.node_ns = f"/proc/{node_env['TL_REALNODE_PID']}/ns/mnt"
+        self.peer: PeerCache | None = None  # the real node's peer (with its cache disk)
+        self._steps = 0  # checkpoints the real node's online job has "written"
+        self._full: set[str] = set()  # nodes whose cache disk is full now
         self.processes = Processes(cluster.dir, pids)
         self.observer = Observer(
             self.kube,
@@ -327,6 +359,8 @@ class Runner:
         # until the queues controller (one of the controllers here) releases them.
         self.kube.create(builders.namespace(self.plan.queued_namespace, online=False))
         self._stack.enter_context(queuesrig.gate(self.cluster, self.plan.queued_namespace))
+        if self.real is not None and self.cache_disk is not None:
+            self.peer = self._start_peer()
         for job in self.plan.jobs:
             pod = self._on_node(
                 template(
@@ -340,9 +374,14 @@ class Runner:
                 ),
                 job.real,
             )
-            self.kube.create(
-                workload(job.kind, job.name, job.namespace, pod, replicas=job.replicas)
-            )
+            made = workload(job.kind, job.name, job.namespace, pod, replicas=job.replicas)
+            if job.real and self.peer is not None:
+                # It "trains": each scale-down writes a checkpoint, which the node prewarms
+                # before the next scale-up. OnDelete: a new one in the template rolls no pod.
+                annotations = made["spec"]["template"]["metadata"].setdefault("annotations", {})
+                annotations[contract.ANN_CHECKPOINT] = self.peer.checkpoint(job.name, 0)
+                made["spec"]["updateStrategy"] = {"type": "OnDelete"}
+            self.kube.create(made)
             lease = builders.gpu_lease(
                 job.name,
                 job.namespace,
@@ -366,6 +405,56 @@ class Runner:
                 return
             time.sleep(1)
         raise RuntimeError(f"the online jobs' {want} pods were not all placed in 180 s")
+
+    def _start_peer(self) -> PeerCache:
+        """The real node's peer, published as the first kwok node's that no fault deletes."""
+        deleted = {f.node for f in self.plan.faults if f.kind == "node-delete"}
+        nodes = int(self.facts["TL_CLUSTER_NODES"])
+        index = next((i for i in range(nodes) if i not in deleted), 0)
+        work = self.cluster.dir / "soak-peer"
+        work.mkdir(exist_ok=True)
+        peer = PeerCache(
+            work,
+            self.cluster.kubeconfig,
+            self.kube,
+            node=f"{self.prefix}-{index}",
+            namespace=self.namespace,
+        )
+        peer.start()
+        self._stack.callback(peer.stop)
+        log(f"the real node's peer cache on {peer.url}, published as {peer.node}'s")
+        return peer
+
+    def _daily(self, t0_wall: float) -> None:
+        """The real node's job's tides as its GpuLease's daily schedule (HH:MM, UTC) from the
+        run's start ``t0_wall`` (on a whole minute): its scale-ups are known ahead, as a daily
+        tide's are, and the prewarm controller has its node fetch the new checkpoint before
+        each. A last entry after the run keeps the job whole until the first."""
+        for job in (j for j in self.plan.jobs if j.real):
+            tides = [x for x in self.plan.tides if x.job == job.name]
+            end = max([x.t for x in tides], default=0.0) + 60.0
+            entries = [(x.t, x.desired_gpus) for x in tides] + [(end, job.full)]
+            schedule = [
+                {"at": time.strftime("%H:%M", time.gmtime(t0_wall + t)), "gpus": gpus}
+                for t, gpus in entries
+            ]
+            self.kube.patch(
+                contract.KIND_GPU_LEASE, job.name, {"spec": {"schedule": schedule}}, job.namespace
+            )
+            log(
+                f"{job.namespace}/{job.name}: daily schedule "
+                + ", ".join(f"{e['at']}->{e['gpus']}" for e in schedule)
+            )
+
+    def _new_checkpoint(self, job: OnlineJob) -> None:
+        """``job`` wrote a checkpoint: into the peer, and named in its pod template."""
+        assert self.peer is not None
+        self._steps += 1
+        ref = self.peer.checkpoint(job.name, self._steps)
+        annotations = {contract.ANN_CHECKPOINT: ref}
+        patch = {"spec": {"template": {"metadata": {"annotations": annotations}}}}
+        self.kube.patch(job.kind, job.name, patch, job.namespace)
+        log(f"t={self.now():.1f} {job.namespace}/{job.name} checkpoint {ref.split('@')[0]}")
 
     def _on_node(self, pod: dict[str, Any], real: bool) -> dict[str, Any]:
         """``pod`` as it is for the kwok nodes, or (``real``) moved to the real node: its taint
@@ -403,6 +492,14 @@ class Runner:
     def schedule(self) -> None:
         for tide in self.plan.tides:
             job = self._job_lease[tide.job]
+            if job.real and self.peer is not None:  # its lease's own schedule (_daily)
+                if tide.desired_gpus < job.full:
+
+                    def train(job: OnlineJob = job) -> None:
+                        self._new_checkpoint(job)
+
+                    self.at(tide.t, f"checkpoint of {job.name}", self._api("checkpoint", train))
+                continue
 
             def patch(job: OnlineJob = job, gpus: int = tide.desired_gpus) -> None:
                 self.kube.patch(
@@ -526,8 +623,42 @@ class Runner:
                 self._done(f, t, f"etcd stopped for {f.duration_s:.1f} s")
             elif f.kind == "node-delete":
                 self._node_delete(f, t)
+            elif f.kind == "disk-full":
+                self._disk_full(f, t)
 
         return strike
+
+    def _in_node(self, *argv: str) -> subprocess.CompletedProcess[str]:
+        """``argv`` run in the real node's mount namespace (where its cache disk is)."""
+        return subprocess.run(
+            ["nsenter", f"--mount={self.node_ns}", "--", *argv],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+
+    def _disk_full(self, f: Fault, t: float) -> None:
+        """Another writer fills the real node's cache disk, and frees it ``f.duration_s``
+        later."""
+        assert self.real is not None
+        if self.cache_disk is None:
+            raise RuntimeError("disk-full: the real node has no cache disk (realnode.sh -C)")
+        node, filler = self.real.name, str(self.cache_disk / FILLER)
+        # dd stops at ENOSPC (exit 1): the disk is then full.
+        self._in_node("dd", "if=/dev/zero", f"of={filler}", "bs=1M")
+        statfs = self._in_node("stat", "-f", "-c", "%a %S", str(self.cache_disk)).stdout.split()
+        free = int(statfs[0]) * int(statfs[1])
+        self._full.add(node)
+
+        def free_it() -> None:
+            done = self._in_node("rm", "-f", filler)
+            if done.returncode != 0:
+                raise RuntimeError(f"disk-full: removing {filler}: {done.stderr.strip()}")
+            self._full.discard(node)
+            log(f"t={self.now():.1f} {node}'s cache disk has room again")
+
+        self.at(t + f.duration_s, f"{node} cache disk freed", free_it)
+        self._done(f, t, f"{node}'s cache disk full ({free} bytes left) for {f.duration_s:.0f} s")
 
     def _replica_kill(self, f: Fault, t: float, again: Callable[[], None]) -> None:
         """The leading replica's kube-scheduler and extender killed (its pod lost), started
@@ -713,13 +844,14 @@ class Runner:
             f"{role}#{self.processes.generation[role]}": self.processes.pids[role]
             for role in SAMPLED
         }
-        obs = self.observer.observe(t, processes)
+        obs = self.observer.observe(t, processes, full_disks=frozenset(self._full))
         if obs is None:
             return
         self.report.observations += 1
         for name, s in obs.processes.items():
             self._samples.setdefault(name, []).append((t, s))
         self._phases(obs)
+        self._prewarm(obs)
         for c in self.checkers:
             for v in c.observe(obs):
                 self._violation(v)
@@ -727,6 +859,20 @@ class Runner:
     def _violation(self, v: Violation) -> None:
         self.report.violations.append(str(v))
         log(f"VIOLATION {v}")
+
+    def _prewarm(self, obs: Observation) -> None:
+        """The real node's prewarm items, as its agent last reported them."""
+        if self.real is None:
+            return
+        for gpn in obs.gpu_nodes:
+            if (gpn.get("metadata") or {}).get("name") != self.real.name:
+                continue
+            for item in parse_items((gpn.get("status") or {}).get("prewarm")):
+                if item.kind == "checkpoint":
+                    key, now = f"{item.lease} {item.name}", f"{item.state}: {item.reason}"
+                    if self.report.prewarm.get(key) != now:
+                        log(f"t={obs.t:.1f} prewarm {key} on {self.real.name}: {now}")
+                    self.report.prewarm[key] = now
 
     def _phases(self, obs: Observation) -> None:
         """Reclaims and lends, from the leases' status: a reclaim is counted by the lease's
@@ -781,7 +927,13 @@ class Runner:
         self.heartbeats.start()
         self.setup()
         self.observer.start()
-        self._t0 = time.monotonic()
+        if self.peer is not None:  # the run starts on a whole minute: the real job's schedule
+            wall = time.time()
+            time.sleep(60.0 - wall % 60.0)
+            self._t0 = time.monotonic()
+            self._daily(wall + 60.0 - wall % 60.0)
+        else:
+            self._t0 = time.monotonic()
         self.schedule()
         next_obs = 0.0
         try:

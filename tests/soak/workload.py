@@ -25,6 +25,7 @@ GPU each, every 20 s or so), and :data:`REAL_NODE_FAULT_KINDS`.
 
 from __future__ import annotations
 
+import itertools
 import random
 from dataclasses import dataclass
 
@@ -62,7 +63,11 @@ FAULT_KINDS = (
 # With a real node:
 #   agent-kill:       kill -9 of the real node's tidelease agent (its device plugin and its
 #                     heartbeat), started again as it ran, as its DaemonSet pod's kubelet would
-REAL_NODE_FAULT_KINDS = ("agent-kill",)
+#   disk-full:        the real node's cache disk (the agent's tmpfs) filled by another writer
+#                     for ``duration_s``, from a few seconds before a scale-down of the real
+#                     node's online job (whose new checkpoint the node then fetches for the
+#                     scale-up that follows)
+REAL_NODE_FAULT_KINDS = ("agent-kill", "disk-full")
 
 
 @dataclass(frozen=True)
@@ -363,7 +368,7 @@ def _real_node(
     replicas of a quarter of its GPUs each, its tides, borrowers of one GPU, agent kills."""
     job = OnlineJob("online-real", online_namespace, "StatefulSet", 2, max(1, gpus // 4), True)
     jobs.append(job)
-    tides += _tides(rng, job, duration)
+    tides += _scheduled_tides(rng, job, duration)
     t, n = rng.uniform(5.0, 20.0), 0
     while t < duration - 10.0:
         lifetime = round(rng.uniform(15.0, 90.0), 1)
@@ -376,3 +381,34 @@ def _real_node(
     start, end = 25.0, max(40.0, duration - 35.0)
     for _ in range(max(1, round(duration / 600.0))):  # one every ten minutes
         faults.append(Fault(round(rng.uniform(start, end), 1), "agent-kill"))
+    _disk_full(rng, job, tides, faults, duration)
+
+
+def _scheduled_tides(rng: random.Random, job: OnlineJob, duration: float) -> list[Tide]:
+    """``job``'s tides on whole minutes of the run, a minute or two each: the real node's job
+    follows a daily schedule of its GpuLease (``spec.schedule``, HH:MM), so that its scale-ups
+    are known ahead and its node prewarms for them (the runner starts the run on a minute)."""
+    out: list[Tide] = []
+    minute, low = 1, True
+    while minute * 60.0 < duration - 20.0:
+        desired = rng.randint(1, job.replicas - 1) * job.gpus_per_replica if low else job.full
+        out.append(Tide(minute * 60.0, job.name, desired))
+        low = not low
+        minute += rng.choice((1, 2))
+    return out
+
+
+def _disk_full(
+    rng: random.Random, job: OnlineJob, tides: list[Tide], faults: list[Fault], duration: float
+) -> None:
+    """The real node's disk-full faults: one every ten minutes (at least one), each for a
+    scale-up of ``job`` that follows a scale-down, from a few seconds before that scale-down
+    for 30-60 s. At the scale-down the job writes a new checkpoint, and the next schedule entry
+    is the scale-up: the prewarm controller has the node fetch the checkpoint then (a cold
+    node's prelaunch window is longer than the tide), into the full disk; the agent tries again
+    15 and 30 s later."""
+    mine = sorted((x for x in tides if x.job == job.name), key=lambda x: x.t)
+    downs = [a for a, b in itertools.pairwise(mine) if b.desired_gpus > a.desired_gpus]
+    for down in rng.sample(downs, min(len(downs), max(1, round(duration / 600.0)))):
+        lasting = round(rng.uniform(30.0, 60.0), 1)
+        faults.append(Fault(round(down.t - rng.uniform(1.0, 5.0), 1), "disk-full", lasting))

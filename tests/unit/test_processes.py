@@ -55,3 +55,69 @@ def test_a_process_that_exits_on_its_own_is_started_again_and_reported(tmp_path:
         processes.stop_restarted()
         if first.poll() is None:
             first.kill()
+
+
+def test_a_process_of_another_mount_namespace_is_started_again_in_it(tmp_path: Path) -> None:
+    """hack/realnode.sh's agent runs in its node's mount namespace (the node's mounts: its
+    cache disk): killed and started again, it runs there again (nsenter into the namespace its
+    parent holds), as a pod's container comes back on its node. Needs root, as the real node
+    does."""
+    (tmp_path / "logs").mkdir()
+    mark = tmp_path / "mark"
+    mark.mkdir()
+    # A holder in a namespace of its own, with a tmpfs on ``mark`` there only, and its child.
+    holder = subprocess.Popen(
+        [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "--",
+            "sh",
+            "-c",
+            # the child, then the holder goes on as ``sleep 301`` (as realnode.sh outlives its
+            # agent)
+            f"mount -t tmpfs tmpfs {mark} && touch {mark}/inside && "
+            "{ sleep 300 & } && exec sleep 301",
+        ],
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        _wait(lambda: bool(_children(holder.pid)))
+        (child,) = _children(holder.pid)
+        processes = Processes(tmp_path, {"child": child})
+        spec = processes.specs["child"]
+        assert spec.mount_ns == f"/proc/{holder.pid}/ns/mnt"
+        assert spec.command()[:3] == ("nsenter", f"--mount=/proc/{holder.pid}/ns/mnt", "--")
+        assert not (mark / "inside").exists()  # not in ours
+        processes.kill("child")
+        again = processes.start("child")
+        _wait(
+            lambda: (
+                os.readlink(f"/proc/{again}/ns/mnt") == os.readlink(f"/proc/{holder.pid}/ns/mnt")
+            )
+        )
+        # Ours has no such namespace: started again as it ran.
+        mine = subprocess.Popen(["sleep", "300"], stdin=subprocess.DEVNULL)
+        assert Processes(tmp_path, {"mine": mine.pid}).specs["mine"].mount_ns == ""
+        mine.kill()
+        mine.wait()
+        processes.stop_restarted()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def _children(pid: int) -> list[int]:
+    """The live children of ``pid`` (from /proc)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(stat[1]) == pid and stat[0] not in ("Z", "X"):
+            out.append(int(entry.name))
+    return out

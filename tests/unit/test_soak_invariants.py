@@ -13,6 +13,7 @@ from common import builders, contract
 from common.model import Allocation, NodeName, Priority, Tier
 from common.objects import gpu_allocation_object
 from common.podrequest import parse_pod
+from common.prewarmwire import Directive, ItemStatus
 from extender.rightofreturn.lease import LeaseStatus, LentGroup, Trouble, lease_conditions
 from tests.soak.invariants import (
     GANG_SIZE_LABEL,
@@ -25,6 +26,7 @@ from tests.soak.invariants import (
     NoticeBeforeEviction,
     Observation,
     PendingWhileFree,
+    PrewarmRecovers,
     ProcessSample,
     QueuedReleased,
     ReclaimEnds,
@@ -641,3 +643,87 @@ def test_gang_whole_catches_a_gang_placed_in_part() -> None:
     a, pb = member(bound("a", "n1", [0])), member(builders.pod("b", 1))
     found = run(GangWhole(10.0), *gang_history((0.0, [a, pb]), (11.0, [a, pb])))
     assert len(found) == 1
+
+
+# --- prewarm-recovers ---
+
+NO_ROOM = (
+    "no space for checkpoints/job.step-2: needs 8388608 bytes, 0 free on /cache's filesystem, "
+    "4194304 kept in reserve (evicting what the cache may evict would not make room)"
+)
+
+
+def prewarming(name: str, state: str, reason: str, *, not_before: float = 1000.0) -> Obj:
+    """GpuNode ``name`` asked to prewarm a checkpoint from ``not_before`` (epoch seconds), its
+    agent reporting the item ``state`` for ``reason``."""
+    directive = Directive(
+        lease="online/job",
+        role="Lent",
+        images=(),
+        checkpoints=("job.step-2",),
+        not_before=not_before,
+        deadline=not_before + 5,
+        window_s=5.0,
+    )
+    item = ItemStatus("online/job", "checkpoint", "job.step-2", state, reason)  # type: ignore[arg-type]
+    return {
+        "metadata": {"name": name},
+        "spec": {"prewarm": [directive.to_json()]},
+        "status": {"prewarm": {"items": [item.to_json()]}},
+    }
+
+
+def test_prewarm_recovers_excuses_no_space_while_the_disk_is_full_and_a_settle_after() -> None:
+    c = PrewarmRecovers(bound_s=120.0, settle_s=30.0)
+    full = frozenset({"real-0"})
+    pending = prewarming("real-0", "Pending", "fetching")
+    failing = prewarming("real-0", "Pending", f"attempt 1 failed: {NO_ROOM}; retrying in 15 s")
+    failed = prewarming("real-0", "Failed", NO_ROOM)
+    history = [
+        Observation(t=1.0, gpu_nodes=[pending], wall=1001.0, full_disks=full),
+        Observation(t=2.0, gpu_nodes=[failing], wall=1002.0, full_disks=full),
+        Observation(t=20.0, gpu_nodes=[failing], wall=1020.0),  # the disk freed at t=3
+        Observation(t=31.0, gpu_nodes=[failed], wall=1031.0),  # the last attempt: 28 s after
+    ]
+    assert check_history([c], history) == []
+
+
+def test_prewarm_recovers_sees_a_cache_that_stays_full_after_the_disk_has_room() -> None:
+    """The ``sticky-full`` mutation's history: the disk had room again at t=3, and at the next
+    scale-up, minutes later, the agent still fails for want of space."""
+    c = PrewarmRecovers(bound_s=120.0, settle_s=30.0)
+    full = frozenset({"real-0"})
+    history = [
+        Observation(t=2.0, gpu_nodes=[prewarming("real-0", "Failed", NO_ROOM)], full_disks=full),
+        Observation(t=200.0, gpu_nodes=[prewarming("real-0", "Failed", NO_ROOM)]),
+    ]
+    found = check_history([c], history)
+    assert [(v.checker, v.obj) for v in found] == [("prewarm-recovers", "/real-0")]
+    assert "last full at t=2.0" in found[0].message
+    # A node whose disk was never full may not fail for want of space at all; once per reason.
+    c = PrewarmRecovers(bound_s=120.0, settle_s=30.0)
+    never = [Observation(t=t, gpu_nodes=[prewarming("kwok-0", "Failed", NO_ROOM)]) for t in (1, 2)]
+    found = check_history([c], never)
+    assert len(found) == 1
+    assert "never full" in found[0].message
+    # Other failures (a peer away) are not this checker's.
+    c = PrewarmRecovers(bound_s=120.0, settle_s=30.0)
+    other = prewarming("kwok-0", "Failed", "no peer holds checkpoints/job.step-2")
+    assert check_history([c], [Observation(t=1.0, gpu_nodes=[other])]) == []
+
+
+def test_prewarm_recovers_sees_an_item_pending_past_its_bound() -> None:
+    c = PrewarmRecovers(bound_s=120.0, settle_s=30.0)
+    stuck = prewarming("real-0", "Pending", "fetching", not_before=1000.0)
+    done = prewarming("real-0", "Done", "pulled", not_before=1000.0)
+    ok = [Observation(t=1.0, gpu_nodes=[stuck], wall=1119.0), Observation(t=2, gpu_nodes=[done])]
+    assert check_history([c], ok) == []
+    # A directive first seen after its notBefore is due from then.
+    c = PrewarmRecovers(bound_s=120.0, settle_s=30.0)
+    seen_late = [Observation(t=1.0, gpu_nodes=[stuck], wall=w) for w in (1500.0, 1600.0)]
+    assert check_history([c], seen_late) == []
+    c = PrewarmRecovers(bound_s=120.0, settle_s=30.0)
+    late = [Observation(t=float(i), gpu_nodes=[stuck], wall=1000.0 + 60 * i) for i in (0, 1, 2, 3)]
+    found = check_history([c], late)
+    assert len(found) == 1
+    assert "still Pending 180 s after it was due" in found[0].message

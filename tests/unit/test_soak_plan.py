@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import ast
 import itertools
+from pathlib import Path
 
 import pytest
 
+from tests.soak.mutations import MUTATIONS
 from tests.soak.workload import FAULT_KINDS, REAL_NODE_FAULT_KINDS, Borrower, plan
 
 
@@ -64,6 +67,19 @@ def test_a_real_node_adds_its_share_and_leaves_the_rest_of_the_seeds_history(
     assert {b.namespace for b in ours} <= set(base.borrower_namespaces)
     kills = [f for f in real.faults if f.kind == "agent-kill"]
     assert len(kills) == max(1, round(minutes / 10))
+    # Its tides on whole minutes (its lease's daily schedule), and the full cache disk from a
+    # few seconds before a scale-down (a new checkpoint to prewarm for the scale-up that
+    # follows), one every ten minutes.
+    mine = [t for t in real.tides if t.job == job.name]
+    assert all(t.t % 60 == 0 for t in mine)
+    fulls = [f for f in real.faults if f.kind == "disk-full"]
+    assert len(fulls) == max(1, round(minutes / 10))
+    for f in fulls:
+        down, up = [t for t in mine if t.t > f.t][:2]
+        assert down.desired_gpus < job.full
+        assert up.desired_gpus == job.full
+        assert 1.0 <= down.t - f.t <= 5.0 + 0.1
+        assert 30.0 <= f.duration_s <= 60.0
     for field in (real.tides, real.borrowers, real.faults):
         assert [x.t for x in field] == sorted(x.t for x in field)
 
@@ -106,3 +122,20 @@ def test_borrower_gangs_come_whole_on_top_of_the_seeds_history(seed: int, minute
     plain = plan(seed, minutes, gangs=False)
     assert [b for b in p.borrowers if not b.gang] == list(plain.borrowers)
     assert (p.jobs, p.tides, p.faults) == (plain.jobs, plain.tides, plain.faults)
+
+
+def test_the_mutations_of_the_agent_are_the_ones_its_hook_patches_into_the_agent() -> None:
+    """tests/hooks/sitecustomize.py patches AGENT_MUTATIONS into ``tidelease agent`` and the
+    others into the extenders and controllers; hack/soak.py asks --real-node for the former."""
+    source = Path(__file__).resolve().parents[1] / "hooks" / "sitecustomize.py"
+    tree = ast.parse(source.read_text())
+    (value,) = [
+        node.value
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "AGENT_MUTATIONS" for t in node.targets)
+    ]
+    assert isinstance(value, ast.Call)
+    agent = ast.literal_eval(value.args[0])
+    assert agent == {name for name, m in MUTATIONS.items() if m.real_node}
+    assert agent  # sticky-full
