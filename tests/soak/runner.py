@@ -50,6 +50,7 @@ from tests.processes import Processes, Supervisor
 from tests.soak import heartbeats, replicas
 from tests.soak.invariants import (
     GANG_SIZE_LABEL,
+    NO_SPACE,
     Checker,
     GangWhole,
     LeakTrend,
@@ -216,6 +217,7 @@ class Report:
     # The real node's prewarm of its online job's checkpoints: each item's last report (the
     # item's lease and name -> its state and reason).
     prewarm: dict[str, str] = field(default_factory=dict)
+    prewarm_no_space: int = 0  # fetch attempts it reported failed for want of space
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -238,6 +240,7 @@ class Report:
             "errors": self.errors,
             "exits": self.exits,
             "prewarm": self.prewarm,
+            "prewarm_no_space": self.prewarm_no_space,
         }
 
     def lines(self) -> list[str]:
@@ -262,6 +265,7 @@ class Report:
             out.append(
                 "prewarm on the real node: "
                 + ", ".join(f"{s} {states.count(s)}" for s in sorted(set(states)))
+                + f"; {self.prewarm_no_space} fetch attempt(s) failed for want of space"
             )
             out += [f"  {k}: {v}" for k, v in sorted(self.prewarm.items())]
         out.append(f"exits (restarted as a kubelet would): {len(self.exits)}")
@@ -872,6 +876,7 @@ class Runner:
                     key, now = f"{item.lease} {item.name}", f"{item.state}: {item.reason}"
                     if self.report.prewarm.get(key) != now:
                         log(f"t={obs.t:.1f} prewarm {key} on {self.real.name}: {now}")
+                        self.report.prewarm_no_space += NO_SPACE in item.reason
                     self.report.prewarm[key] = now
 
     def _phases(self, obs: Observation) -> None:
