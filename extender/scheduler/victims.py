@@ -214,7 +214,7 @@ def preempt_nodes(
     choose: Chooser = choose_victims,
 ) -> dict[str, Proposal]:
     """The one candidate node where eviction costs least, with our victims there; ``{}`` when
-    eviction cannot help anywhere.
+    eviction cannot help anywhere, or is not needed (no node is returned without victims).
 
     Only one node is proposed: kube-scheduler picks among the nodes an extender returns by its
     own criteria, which know nothing of lent devices, and would evict elsewhere than the
@@ -242,7 +242,12 @@ def preempt_nodes(
             victims = choose(state.devices, allocations, replace(req, reclaim=False))
         if victims is None:
             victims = choose(state.devices, allocations, req)
-        if victims is None:
+        if not victims:
+            # None: eviction cannot help here. Empty: the pod fits our view of the node as it
+            # is (a pod kube-scheduler still counts is gone from the ledger, or is being
+            # deleted): nothing to evict, and kube-scheduler refuses a node an extender returns
+            # without victims ("expected at least one victim pod"), failing the whole
+            # preemption; it schedules the pod once its own view has caught up.
             continue
         uids = tuple(h.pod_uid for h in victims)
         pdb = proposal.pdb_violations if set(uids) <= set(proposal.victims) else 0

@@ -113,6 +113,18 @@ def test_preempt_nodes_drops_hopeless_nodes_and_keeps_pdb_counts() -> None:
     assert answer == {"good": Proposal(("uid-b1",), 1)}
 
 
+def test_a_node_that_needs_no_victims_is_not_returned() -> None:
+    """The pod fits the node as the ledger has it (a borrower kube-scheduler still counts is
+    gone from it): kube-scheduler fails the whole preemption when an extender returns a node
+    without victims (seen in the soak: "expected at least one victim pod on node real-0"), so
+    no such node is returned."""
+    state = cluster(builders.gpu_node("free"), builders.gpu_node("busy"))
+    allocate(state, "busy", [(holder("b1"), [U("busy", i) for i in range(8)])])
+    proposals = {"free": Proposal(("uid-gone",), 0), "busy": Proposal(("uid-b1",), 0)}
+    assert preempt_nodes(state, owner_pod(4), proposals) == {"busy": Proposal(("uid-b1",), 0)}
+    assert preempt_nodes(state, owner_pod(4), {"free": Proposal(("uid-gone",), 0)}) == {}
+
+
 def test_reclaim_preemption_agrees_with_the_filter_about_standby() -> None:
     """Standby free on the node, a borrower on the owner's lent devices: the filter sends
     kube-scheduler to preemption (borrowers before standby), so preempt must name the borrower
@@ -161,7 +173,8 @@ def test_a_deleted_pods_devices_are_free_at_once_and_never_victims() -> None:
     assert filter_nodes(state, req, ["n"]).passed == []
     state.pod_gone(PodUid("uid-gone"))
     assert filter_nodes(state, req, ["n"]).passed == ["n"]
-    assert preempt_nodes(state, req, {"n": Proposal(("uid-gone",))}) == {"n": Proposal((), 0)}
+    # Nothing to evict: no node (kube-scheduler refuses one without victims), never the gone pod.
+    assert preempt_nodes(state, req, {"n": Proposal(("uid-gone",))}) == {}
     node = state.get("n")
     assert node is not None
     assert list(node.ledger) == ["uid-gone"]  # still stored until the reaper writes
