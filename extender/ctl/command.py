@@ -47,8 +47,10 @@ def _options(parser: argparse.ArgumentParser, *, after: bool) -> None:
     )
     parser.add_argument(
         "--agent-namespace",
-        default=default(contract.DEFAULT_AGENT_NAMESPACE),
-        help="where the node agents keep their heartbeat Leases",
+        default=default(None),
+        help="where the node agents keep their heartbeat Leases (default: found from the "
+        f"agents' Leases, the namespace holding most of them; {contract.DEFAULT_AGENT_NAMESPACE} "
+        "when none can be listed)",
     )
     parser.add_argument(
         "--agent-timeout",

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from common import contract
-from common.errors import InvalidInput, NotFound, Unavailable
+from common.errors import InvalidInput, NotFound, TideleaseError, Unavailable
 from common.kubeclient import KubeClient
 from common.objects import parse_gpu_node
 from extender.cluster.kubestore import KubeStore
@@ -42,9 +42,40 @@ async def read(args: argparse.Namespace, colour: bool) -> str:
         args.gpu_resource = defaults.gpu_resource
     kube = await KubeClient.connect(args.kubeconfig)
     try:
+        if args.agent_namespace is None:
+            args.agent_namespace = await find_agent_namespace(kube)
         return await _answer(KubeStore(kube, args.agent_namespace), kube, args, colour, defaults)
     finally:
         await kube.close()
+
+
+async def find_agent_namespace(kube: KubeClient) -> str:
+    """Where the release's agents keep their heartbeat Leases, found rather than assumed: the
+    namespace holding most Leases labelled as the agents' (a chart installed in any namespace);
+    :data:`~common.contract.DEFAULT_AGENT_NAMESPACE` when there are none, or when the caller
+    may not list Leases across namespaces."""
+    selector = f"{contract.AGENT_LABEL_KEY}={contract.AGENT_LABEL_VALUE}"
+    try:
+        listed = await kube.json(
+            "GET", "/apis/coordination.k8s.io/v1/leases", query={"labelSelector": selector}
+        )
+    except TideleaseError:
+        return contract.DEFAULT_AGENT_NAMESPACE
+    return agent_namespace(listed.get("items") or [])
+
+
+def agent_namespace(leases: list[dict[str, Any]]) -> str:
+    """The namespace holding most of the agents' heartbeat ``leases`` (by name on a tie), or
+    the default without any."""
+    counts: dict[str, int] = {}
+    for lease in leases:
+        meta = lease.get("metadata") or {}
+        name, namespace = str(meta.get("name") or ""), meta.get("namespace")
+        if isinstance(namespace, str) and name.startswith(contract.AGENT_LEASE_PREFIX):
+            counts[namespace] = counts.get(namespace, 0) + 1
+    if not counts:
+        return contract.DEFAULT_AGENT_NAMESPACE
+    return min(counts, key=lambda ns: (-counts[ns], ns))
 
 
 def context_namespace(kubeconfig: Path | None) -> str:

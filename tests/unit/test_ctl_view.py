@@ -121,3 +121,23 @@ async def test_a_busy_api_server_is_asked_again(monkeypatch: pytest.MonkeyPatch)
     never = _Refusing(reading.Unavailable("GET ...: HTTP 503"))
     with pytest.raises(reading.Unavailable):
         await reading._list(never, "GpuNode")  # type: ignore[arg-type]
+
+
+def test_the_agents_namespace_is_found_from_their_leases() -> None:
+    """``kubectl tidelease`` looks for the agents' heartbeat Leases rather than assuming the
+    chart's default namespace: the namespace holding most of them, by name on a tie."""
+    from common import contract
+    from extender.ctl.reading import agent_namespace
+
+    def lease(namespace: str, name: str) -> dict[str, object]:
+        return {"metadata": {"namespace": namespace, "name": name}}
+
+    agents = [lease("gpu-ops", f"{contract.AGENT_LEASE_PREFIX}n{i}") for i in range(3)]
+    stray = [lease("other", f"{contract.AGENT_LEASE_PREFIX}n9"), lease("other", "unrelated")]
+    assert agent_namespace(agents + stray) == "gpu-ops"
+    assert agent_namespace([]) == contract.DEFAULT_AGENT_NAMESPACE
+    tie = [
+        lease("b", f"{contract.AGENT_LEASE_PREFIX}x"),
+        lease("a", f"{contract.AGENT_LEASE_PREFIX}y"),
+    ]
+    assert agent_namespace(tie) == "a"
