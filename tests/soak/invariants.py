@@ -880,7 +880,7 @@ class PrewarmRecovers(Checker):
     def __init__(self, bound_s: float, settle_s: float) -> None:
         self.bound_s, self.settle_s = bound_s, settle_s
         self._full_at: dict[str, float] = {}  # node -> the last observation its disk was full
-        self._told: set[tuple[str, str, str, str]] = set()  # node, lease, item, reason
+        self._told: set[tuple[str, str, str, str]] = set()  # node, lease, item, reason: judged
         # node, lease, item, notBefore -> when (wall) the directive was first seen: an item is
         # due from its notBefore or from then, whichever is later
         self._seen: dict[tuple[str, str, str, float], float] = {}
@@ -906,10 +906,14 @@ class PrewarmRecovers(Checker):
     ) -> list[Violation]:
         what = f"{item.kind} {item.name} for lease {item.lease}"
         if NO_SPACE in item.reason:
-            full = self._full_at.get(node)
+            # Judged once, when first seen: a report that stays up (a Failed item) is about the
+            # attempt that made it, not about the disk as it is later.
             key = (node, item.lease, item.name, item.reason)
-            if (full is None or obs.t - full >= self.settle_s) and key not in self._told:
-                self._told.add(key)
+            if key in self._told:
+                return []
+            self._told.add(key)
+            full = self._full_at.get(node)
+            if full is None or obs.t - full >= self.settle_s:
                 since = "never full" if full is None else f"last full at t={full:.1f}"
                 return [
                     self._v(

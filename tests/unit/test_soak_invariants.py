@@ -674,23 +674,25 @@ NO_ROOM = (
 )
 
 
-def prewarming(name: str, state: str, reason: str, *, not_before: float = 1000.0) -> Obj:
+def prewarming(
+    name: str, state: str, reason: str, *, not_before: float = 1000.0, item: str = "job.step-2"
+) -> Obj:
     """GpuNode ``name`` asked to prewarm a checkpoint from ``not_before`` (epoch seconds), its
     agent reporting the item ``state`` for ``reason``."""
     directive = Directive(
         lease="online/job",
         role="Lent",
         images=(),
-        checkpoints=("job.step-2",),
+        checkpoints=(item,),
         not_before=not_before,
         deadline=not_before + 5,
         window_s=5.0,
     )
-    item = ItemStatus("online/job", "checkpoint", "job.step-2", state, reason)  # type: ignore[arg-type]
+    status = ItemStatus("online/job", "checkpoint", item, state, reason)  # type: ignore[arg-type]
     return {
         "metadata": {"name": name},
         "spec": {"prewarm": [directive.to_json()]},
-        "status": {"prewarm": {"items": [item.to_json()]}},
+        "status": {"prewarm": {"items": [status.to_json()]}},
     }
 
 
@@ -705,6 +707,9 @@ def test_prewarm_recovers_excuses_no_space_while_the_disk_is_full_and_a_settle_a
         Observation(t=2.0, gpu_nodes=[failing], wall=1002.0, full_disks=full),
         Observation(t=20.0, gpu_nodes=[failing], wall=1020.0),  # the disk freed at t=3
         Observation(t=31.0, gpu_nodes=[failed], wall=1031.0),  # the last attempt: 28 s after
+        # The Failed report stays up: it is about that attempt, not the disk as it is now (the
+        # first hour of seed 7 reported it again 30 s after the disk had room).
+        Observation(t=90.0, gpu_nodes=[failed], wall=1090.0),
     ]
     assert check_history([c], history) == []
 
@@ -716,7 +721,9 @@ def test_prewarm_recovers_sees_a_cache_that_stays_full_after_the_disk_has_room()
     full = frozenset({"real-0"})
     history = [
         Observation(t=2.0, gpu_nodes=[prewarming("real-0", "Failed", NO_ROOM)], full_disks=full),
-        Observation(t=200.0, gpu_nodes=[prewarming("real-0", "Failed", NO_ROOM)]),
+        Observation(
+            t=200.0, gpu_nodes=[prewarming("real-0", "Failed", NO_ROOM, item="job.step-3")]
+        ),
     ]
     found = check_history([c], history)
     assert [(v.checker, v.obj) for v in found] == [("prewarm-recovers", "/real-0")]
