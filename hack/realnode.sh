@@ -22,7 +22,8 @@
 # With -C MIB (and an agent started here), the agent keeps its peer cache (docs/peer-cache.md)
 # on a tmpfs of MIB MiB of this node's own (DIR/cache, in the node's mount namespace: a disk
 # that a test can fill), pulls with a token of the agent's account for the cache's audience,
-# bound to this Node, and serves the cache on 127.0.0.1 (DIR/realnode.env: TL_REALNODE_CACHE_*).
+# bound to this Node, and serves the cache on a free port advertised as 127.0.0.1's
+# (DIR/realnode.env: TL_REALNODE_CACHE_*).
 #
 # usage: hack/realnode.sh -D DIR -k KUBECONFIG -n NAME [-g GPUS [-a | -d [-t TIERS]] [-s NS/ACCOUNT]
 #                         [-C CACHE_MIB]] [-c KUBELET_CLIENT_CA] [-L LOGS]
@@ -47,7 +48,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 source "${TL_HACK}/lib/containerd.sh"
 source "${TL_HACK}/lib/python.sh"
 
-usage() { sed -n '2,43p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,44p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 DIR="" KUBECONFIG_PATH="" NAME="" GPUS=0 CLIENT_CA="" LOGS="" AGENT_IN_POD=false DRA=false TIERS=""
 AGENT_ACCOUNT="" CACHE_MIB=""
@@ -313,7 +314,8 @@ PY
 # start_cache NS/ACCOUNT - -C: the agent's cache disk (a tmpfs of CACHE_MIB MiB at DIR/cache, this
 # namespace's), the account's token for the peers (audience tidelease-peer-cache, bound to this
 # Node, as a pod-bound one names its node), and the agent's cache flags in CACHE_FLAGS: half
-# the disk as its bound, 4 MiB kept free, served on a free port of 127.0.0.1.
+# the disk as its bound, 4 MiB kept free, served on a free port (the agent's server listens on
+# every address and checks every caller), advertised as 127.0.0.1's.
 CACHE_FLAGS=() CACHE_PORT=""
 start_cache() {
   local account="${1#*/}" namespace="${1%%/*}"
