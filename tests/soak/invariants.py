@@ -589,10 +589,13 @@ class NoticeBeforeEviction(Checker):
     observation or the previous) by a job other than its own, must have carried its reclaim
     notice; unless its node was lost, it had finished before (Succeeded or Failed at the
     previous observation: its last state may say Failed only because the kubelet ends deleted
-    pods so), or kube-scheduler preempted it (condition ``DisruptionTarget``, reason
-    ``PreemptionByScheduler``) while none of those owners was reclaiming (a preemption by a
-    higher pod priority is no reclaim). Deletions the harness makes itself (its faults, its
-    clean-up) are not for this checker: leave them out of :attr:`Observation.deletions`."""
+    pods so), or, while none of those owners was reclaiming, kube-scheduler preempted it
+    (condition ``DisruptionTarget``, reason ``PreemptionByScheduler``: a preemption by a higher
+    pod priority is no reclaim) or it was a gang member evicted (``DisruptionTarget``) as the
+    gang controller evicts the rest of a gang one of whose members went (no reclaim either; the
+    soak's hour found one on another job's lent devices). Deletions the harness makes itself
+    (its faults, its clean-up) are not for this checker: leave them out of
+    :attr:`Observation.deletions`."""
 
     name = "notice-before-eviction"
 
@@ -624,7 +627,11 @@ class NoticeBeforeEviction(Checker):
             mine = pod_owner(pod)
             devices = [u for u in pod_devices(pod) if before.get(u) not in (None, mine)]
             owners = {before[u] for u in devices}
-            if not owners or (_preempted(pod) and not owners & was_reclaiming):
+            if not owners:
+                continue
+            if not owners & was_reclaiming and (
+                _preempted(pod) or (gang_of(pod) is not None and _disrupted(pod))
+            ):
                 continue
             out.append(
                 self._v(
@@ -638,10 +645,16 @@ class NoticeBeforeEviction(Checker):
 
 
 def _preempted(pod: Obj) -> bool:
+    return _disrupted(pod, "PreemptionByScheduler")
+
+
+def _disrupted(pod: Obj, reason: str | None = None) -> bool:
+    """Whether the pod carries ``DisruptionTarget`` (for ``reason``, if given)."""
     return any(
         isinstance(c, dict)
         and c.get("type") == "DisruptionTarget"
-        and c.get("reason") == "PreemptionByScheduler"
+        and c.get("status", "True") == "True"
+        and (reason is None or c.get("reason") == reason)
         for c in (pod.get("status") or {}).get("conditions") or []
     )
 

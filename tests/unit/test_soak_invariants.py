@@ -429,6 +429,23 @@ def test_notice_scheduler_preemption_is_no_reclaim_unless_the_owner_reclaims() -
     assert len(run(NoticeBeforeEviction(), *deleted(pod, status=RECLAIMING))) == 1
 
 
+def test_notice_a_gang_broken_is_no_reclaim_unless_the_owner_reclaims() -> None:
+    """The gang controller evicts the rest of a gang one of whose members went: a member on
+    another job's lent devices goes without a notice, and that is no reclaim (the soak's hour:
+    gang-0057-0 on online-1's lent devices, its mate preempted elsewhere); while the lender
+    reclaims, a member evicted without its notice is still one. A borrower alone evicted so
+    is not exempt."""
+    pod = member(borrower([2, 3]))
+    pod["status"]["conditions"] = [
+        {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}
+    ]
+    assert run(NoticeBeforeEviction(), *deleted(pod)) == []
+    assert len(run(NoticeBeforeEviction(), *deleted(pod, status=RECLAIMING))) == 1
+    alone = borrower([2, 3])
+    alone["status"]["conditions"] = pod["status"]["conditions"]
+    assert len(run(NoticeBeforeEviction(), *deleted(alone))) == 1
+
+
 # --- (e) no pod Pending beyond a bound while devices it may use are free ---
 
 
