@@ -593,7 +593,10 @@ class NoticeBeforeEviction(Checker):
     (condition ``DisruptionTarget``, reason ``PreemptionByScheduler``: a preemption by a higher
     pod priority is no reclaim) or it was a gang member evicted (``DisruptionTarget``) as the
     gang controller evicts the rest of a gang one of whose members went (no reclaim either; the
-    soak's hour found one on another job's lent devices). Deletions the harness makes itself
+    soak's hour found one on another job's lent devices); and a gang member evicted within
+    :data:`GANG_LOSS_S` of a mate lost with its node, whatever its lenders do (the gang broke
+    for the node; the hour found two evicted so in the very second their lender began to
+    reclaim). Deletions the harness makes itself
     (its faults, its clean-up) are not for this checker: leave them out of
     :attr:`Observation.deletions`."""
 
@@ -603,6 +606,7 @@ class NoticeBeforeEviction(Checker):
         self._lent: dict[GpuUuid, JobKey] = {}
         self._reclaiming: set[JobKey] = set()
         self._finished: set[str] = set()  # pods finished at the previous observation
+        self._lost: dict[str, float] = {}  # gang -> when a member of it was lost with its node
 
     def observe(self, obs: Observation) -> list[Violation]:
         lent: dict[GpuUuid, JobKey] = {
@@ -615,6 +619,10 @@ class NoticeBeforeEviction(Checker):
         finished = self._finished
         self._lent, self._reclaiming = lent, reclaiming
         self._finished = {_uid(p) for p in obs.pods if _phase(p) in TERMINAL_PHASES}
+        for gone in obs.deletions:
+            gang = gang_of(gone.pod)
+            if gang is not None and (gone.node_gone or _disrupted(gone.pod, "DeletionByPodGC")):
+                self._lost[gang] = obs.t
         out = []
         for gone in obs.deletions:
             pod = gone.pod
@@ -629,9 +637,13 @@ class NoticeBeforeEviction(Checker):
             owners = {before[u] for u in devices}
             if not owners:
                 continue
+            gang = gang_of(pod)
             if not owners & was_reclaiming and (
-                _preempted(pod) or (gang_of(pod) is not None and _disrupted(pod))
+                _preempted(pod) or (gang is not None and _disrupted(pod))
             ):
+                continue
+            lost = self._lost.get(gang) if gang is not None else None
+            if lost is not None and obs.t - lost <= GANG_LOSS_S and _disrupted(pod):
                 continue
             out.append(
                 self._v(
@@ -642,6 +654,11 @@ class NoticeBeforeEviction(Checker):
                 )
             )
         return out
+
+
+# How soon after a gang member is lost with its node the rest of the gang is evicted (the gang
+# controller acts within a second or two of the lost member's deletion).
+GANG_LOSS_S = 60.0
 
 
 def _preempted(pod: Obj) -> bool:

@@ -446,6 +446,26 @@ def test_notice_a_gang_broken_is_no_reclaim_unless_the_owner_reclaims() -> None:
     assert len(run(NoticeBeforeEviction(), *deleted(alone))) == 1
 
 
+def test_notice_a_gang_that_lost_a_member_with_its_node_is_no_reclaim() -> None:
+    """A member lost with its node (pod GC deletes it) breaks the gang; the gang controller
+    evicts the rest at once, whatever their lenders do (the hour: two members evicted in the
+    second their lender began to reclaim). A mate evicted without that loss still counts."""
+    lost = member(bound("g-0", "n2", [0, 1], namespace="tenant", priority=Priority.LOW))
+    lost["status"]["conditions"] = [
+        {"type": "DisruptionTarget", "status": "True", "reason": "DeletionByPodGC"}
+    ]
+    mate = member(borrower([2, 3]))
+    mate["status"]["conditions"] = [
+        {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}
+    ]
+    history = deleted(mate, status=RECLAIMING)
+    history[1] = dataclasses.replace(
+        history[1], deletions=[Deletion.of(lost), *history[1].deletions]
+    )
+    assert run(NoticeBeforeEviction(), *history) == []
+    assert len(run(NoticeBeforeEviction(), *deleted(mate, status=RECLAIMING))) == 1
+
+
 # --- (e) no pod Pending beyond a bound while devices it may use are free ---
 
 
