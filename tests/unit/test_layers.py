@@ -59,6 +59,8 @@ LAYERS: dict[str, frozenset[str]] = {
             "extender.scheduler",
         ),
         "extender.planner": ("common", "extender.rightofreturn", "extender.leasing"),
+        # Kueue's admission check: lent capacity judged by the scheduler's own per-node rule
+        "extender.kueue": ("common", "extender.scheduler"),
         # what lending with right of return yields on a cluster (tidelease simulate)
         "extender.leasingsim": (
             "common",
