@@ -680,13 +680,7 @@ class _Room:
     """What the pending checkers judge room by, from one observation: the Ready nodes, and per
     node its free plain devices (healthy, untagged, not standby, in no ledger and on no pod) on
     nodes whose agent renewed its heartbeat within ``fresh_s`` (or has none: the extender's
-    rule), less what gangs being assembled may hold unseen: a gang's members wait at
-    kube-scheduler's Permit until all have a place, each holding its node's GPUs there (and in
-    the extender's gang holds) with no trace in the API server, for as long as the gang takes
-    to assemble (up to kube-scheduler's five minutes). So every node's room is judged less the
-    GPUs of every unbound member of a gang that has any (:attr:`assembling`): conservative, as
-    the checkers are (the soak found a gang's waiting member on the only two free GPUs of a
-    node, and a pod Pending beside them)."""
+    rule)."""
 
     def __init__(self, obs: Observation, fresh_s: float) -> None:
         taken = {u for p in obs.holding for u in pod_devices(p)}
@@ -699,25 +693,6 @@ class _Room:
             if d.cls.healthy and d.cls.owner is None and not d.cls.standby and u not in taken:
                 self.free.setdefault(d.node, []).append(d)
         self.ready = [node_facts(n) for n in obs.nodes if _ready(n)]
-        self._pods = obs.pods
-        self._assembling: dict[str, int] = {}  # resource -> GPUs of unbound gang members
-
-    def assembling(self, resource: str) -> int:
-        """The GPUs (of ``resource``) of every unbound, pending member of a gang."""
-        if resource not in self._assembling:
-            total = 0
-            for p in self._pods:
-                meta = p.get("metadata") or {}
-                if gang_of(p) is None or _node_of(p) or meta.get("deletionTimestamp"):
-                    continue
-                if _phase(p) != "Pending":
-                    continue
-                try:
-                    total += parse_pod(p, resource=resource).gpus
-                except InvalidInput:
-                    continue
-            self._assembling[resource] = total
-        return self._assembling[resource]
 
     def for_pod(self, pod: Obj, resource: str) -> str:
         """A Ready node with room for this unbound GPU pod, "" for none (or a pod these
@@ -737,13 +712,12 @@ class _Room:
         if req.gpus <= 0:
             return ""
         c = constraints(spec)
-        need = req.gpus + self.assembling(resource)
         for node in self.ready:
             fit: dict[str, int] = {}
             for d in self.free.get(node.name, ()):
                 if d.tier >= req.min_tier and req.gpu_type in (None, d.gpu_type):
                     fit[d.gpu_type] = fit.get(d.gpu_type, 0) + 1
-            if max(fit.values(), default=0) >= need and eligible(c, node):
+            if max(fit.values(), default=0) >= req.gpus and eligible(c, node):
                 return node.name
         return ""
 

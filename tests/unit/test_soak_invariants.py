@@ -511,27 +511,6 @@ def test_pending_catches_a_pod_waiting_beside_free_devices() -> None:
     assert "n1 has enough free GPUs" in found[0].message
 
 
-def test_pending_leaves_room_for_a_gang_that_assembles() -> None:
-    """A gang's members wait at kube-scheduler's Permit, holding GPUs nothing in the API server
-    shows: while one is unbound, each node's room is judged less its GPUs (4 free on n1, a
-    3-GPU member waiting, perhaps there, a 2-GPU pod beside: not judged; once the gang is
-    placed elsewhere, judged)."""
-    gang = [member(builders.pod("g-0", 3, uid="g0"))]
-    assembling = [Observation(t, pods=[waiting(), *gang], **free_n1()) for t in (0.0, 5.0, 11.0)]
-    assert run(PendingWhileFree(10.0), *assembling) == []
-    placed = [member(bound("g-0", "n2", [0, 1, 2]))]
-    done = [Observation(t, pods=[waiting(), *placed], **free_n1()) for t in (12.0, 17.0, 23.0)]
-    found = run(PendingWhileFree(10.0), *done)
-    assert [v.obj for v in found] == ["default/wait"]
-
-
-def free_n1() -> dict[str, Any]:
-    return {
-        "gpu_nodes": [builders.gpu_node("n1", builders.devices("n1", 4))],
-        "nodes": [node("n1")],
-    }
-
-
 def test_pending_counts_only_an_unbroken_run() -> None:
     busy = [ledger("n1", bound("x", "n1", [0, 1, 2]))]
     free = pending(waiting(), (0.0,)) + pending(waiting(), (5.0,), ledgers=busy)
