@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -116,16 +117,20 @@ class Gangs:
         cause = self.broken.get(gang)
         if cause is None:
             return ()
-        members = self.members.get(gang, {}).values()
-        return mates_to_evict(members, cause, self.present.get(gang, frozenset()), now=now)
+        return mates_to_evict(self._members(gang), cause, self._present(gang), now=now)
 
     def next_notice(self, gang: str, now: float) -> float | None:
         """When a member noticed by a reclaim is due, after ``now``, if any."""
         cause = self.broken.get(gang)
         if cause is None:
             return None
-        members = self.members.get(gang, {}).values()
-        return next_notice(members, cause, self.present.get(gang, frozenset()), now=now)
+        return next_notice(self._members(gang), cause, self._present(gang), now=now)
+
+    def _members(self, gang: str) -> Iterable[Member]:
+        return self.members.get(gang, {}).values()
+
+    def _present(self, gang: str) -> frozenset[str]:
+        return self.present.get(gang, frozenset())
 
 
 async def run_gang_controller(
