@@ -49,11 +49,32 @@ async def read(args: argparse.Namespace, colour: bool) -> str:
         await kube.close()
 
 
+# The chart's ClusterRoleBinding of the agents' ServiceAccount (templates/agent-rbac.yaml):
+# cluster-scoped, so only an admin (or the chart) makes it; its subject names the release's
+# namespace.
+AGENT_BINDING = "tidelease-agent"
+
+
 async def find_agent_namespace(kube: KubeClient) -> str:
-    """Where the release's agents keep their heartbeat Leases, found rather than assumed: the
-    namespace holding most Leases labelled as the agents' (a chart installed in any namespace);
-    :data:`~common.contract.DEFAULT_AGENT_NAMESPACE` when there are none, or when the caller
-    may not list Leases across namespaces."""
+    """Where the release's agents keep their heartbeat Leases, found rather than assumed (a
+    chart installed in any namespace). First the namespace of the agents' ServiceAccount in
+    the chart's ClusterRoleBinding, which no tenant can write; for a caller who may not read
+    it, the namespace holding most Leases labelled as the agents'; else
+    :data:`~common.contract.DEFAULT_AGENT_NAMESPACE`."""
+    try:
+        binding = await kube.json(
+            "GET", f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{AGENT_BINDING}"
+        )
+    except TideleaseError:
+        binding = {}
+    for subject in binding.get("subjects") or []:
+        if (
+            isinstance(subject, dict)
+            and subject.get("kind") == "ServiceAccount"
+            and subject.get("name") == AGENT_BINDING
+            and isinstance(subject.get("namespace"), str)
+        ):
+            return str(subject["namespace"])
     selector = f"{contract.AGENT_LABEL_KEY}={contract.AGENT_LABEL_VALUE}"
     try:
         listed = await kube.json(

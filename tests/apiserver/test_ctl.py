@@ -333,3 +333,74 @@ def test_a_user_who_may_not_read_gets_one_clear_line(populated: ApiServer, tmp_p
     (line,) = done.stderr.splitlines()
     assert line.startswith("kubectl tidelease: not allowed to list GpuNode objects: ")
     assert "forbidden" in line
+
+
+def test_the_agents_namespace_comes_from_the_chart_not_from_planted_leases(
+    apiserver: ApiServer,
+) -> None:
+    """``kubectl tidelease`` without ``--agent-namespace`` reads the namespace of the agents'
+    ServiceAccount from the chart's ClusterRoleBinding (cluster-scoped: a tenant cannot write
+    one), so Leases dressed as the agents' in a tenant's namespace, more of them than the real
+    ones, do not send an admin's view there. Only a caller who may not read the binding falls
+    back to counting Leases."""
+    from extender.ctl.reading import AGENT_BINDING, find_agent_namespace
+
+    rbac = "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings"
+    planted_ns, release_ns = "ctl-planted", "ctl-release"
+
+    async def scenario() -> tuple[str, str]:
+        kube = await KubeClient.connect(apiserver.kubeconfig)
+        saved: dict[str, Any] | None = None
+        try:
+            with contextlib.suppress(NotFound):
+                saved = await kube.json("GET", f"{rbac}/{AGENT_BINDING}")
+                await kube.json("DELETE", f"{rbac}/{AGENT_BINDING}")
+            for ns in (planted_ns, release_ns):
+                with contextlib.suppress(Conflict):
+                    await kube.json("POST", "/api/v1/namespaces", body={"metadata": {"name": ns}})
+            for i in range(5):
+                lease = agent_lease(f"planted-{i}", time.time())
+                lease["metadata"]["namespace"] = planted_ns
+                with contextlib.suppress(Conflict):
+                    await kube.json(
+                        "POST",
+                        f"/apis/coordination.k8s.io/v1/namespaces/{planted_ns}/leases",
+                        body=lease,
+                    )
+            without_binding = await find_agent_namespace(kube)
+            await kube.json(
+                "POST",
+                rbac,
+                body={
+                    "metadata": {"name": AGENT_BINDING},
+                    "roleRef": {
+                        "apiGroup": "rbac.authorization.k8s.io",
+                        "kind": "ClusterRole",
+                        "name": AGENT_BINDING,
+                    },
+                    "subjects": [
+                        {"kind": "ServiceAccount", "name": AGENT_BINDING, "namespace": release_ns}
+                    ],
+                },
+            )
+            return without_binding, await find_agent_namespace(kube)
+        finally:
+            with contextlib.suppress(NotFound):
+                await kube.json("DELETE", f"{rbac}/{AGENT_BINDING}")
+            if saved is not None:
+                restored = {k: saved[k] for k in ("metadata", "roleRef", "subjects") if k in saved}
+                restored["metadata"] = {
+                    "name": AGENT_BINDING,
+                    **{
+                        k: v for k, v in saved["metadata"].items() if k in ("labels", "annotations")
+                    },
+                }
+                await kube.json("POST", rbac, body=restored)
+            for ns in (planted_ns, release_ns):
+                with contextlib.suppress(NotFound):
+                    await kube.json("DELETE", f"/api/v1/namespaces/{ns}")
+            await kube.close()
+
+    without_binding, with_binding = asyncio.run(scenario())
+    assert without_binding == planted_ns  # the fallback counts Leases: the planted ones win
+    assert with_binding == release_ns  # the chart's binding wins over any Lease
