@@ -76,6 +76,7 @@ RULES: tuple[Rule, ...] = (
     Choice(contract.ANN_RECLAIM, ("true", "false")),
     Choice(contract.ANN_JOB_CLASS, ("interactive", "batch"), loose=True),
     Choice(contract.ANN_ELASTIC, ("true", "false"), loose=True),
+    Choice(contract.ANN_LENT_ONLY, ("true", "false")),
     Pattern(
         contract.ANN_THROUGHPUT,
         f"{_NUMBER}(,{_NUMBER})*",

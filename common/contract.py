@@ -18,6 +18,9 @@ ANN_GPU_TYPE: Final = f"{PREFIX}/gpu-type"  # e.g. NVIDIA-H100-80GB (default: an
 ANN_RECLAIM: Final = f"{PREFIX}/reclaim"  # "true" when the pod takes back lent devices
 ANN_CHECKPOINT: Final = f"{PREFIX}/checkpoint"  # checkpoint id the pod loads at start
 ANN_JOB_CLASS: Final = f"{PREFIX}/job-class"  # interactive | batch (default batch); planner
+# "true": a borrower that takes lent GPUs only (never untagged ones); a restriction, it grants
+# nothing. Kueue's admission check writes it on the pods of the workloads it admits.
+ANN_LENT_ONLY: Final = f"{PREFIX}/lent-only"
 ANN_ELASTIC: Final = f"{PREFIX}/elastic"  # "false": fixed GPU count, preempted whole
 ANN_THROUGHPUT: Final = f"{PREFIX}/throughput"  # samples/s at 1, 2, ... GPUs: "100,190,270"
 

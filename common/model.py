@@ -133,6 +133,9 @@ class PodRequest:
     # what ties it to a GpuLease's workload.
     controller: tuple[str, str] | None = None
     priority_class: str = ""  # spec.priorityClassName
+    # tidelease.io/lent-only: a borrower that takes devices lent by online jobs only (Kueue's
+    # workloads admitted against lent capacity, extender.kueue); a restriction, no privilege.
+    lent_only: bool = False
     # The pod's gang (common.gangs.gang_of), None when it runs alone: a gang's pods are placed
     # together or not at all, and evicted together.
     gang: str | None = None

@@ -157,6 +157,7 @@ def parse_pod(pod: object, *, resource: str = contract.DEFAULT_GPU_RESOURCE) -> 
         controller=controller_of(meta),
         priority_class=priority_class,
         gang=gang_of(pod),
+        lent_only=annotations.get(contract.ANN_LENT_ONLY) == "true",
     )
 
 

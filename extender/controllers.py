@@ -1,5 +1,6 @@
 """The controllers' process, ``tidelease controllers``: leasing and reclaim, the hot-restart
-operator, the gang controller (a disrupted borrower gang goes whole), the agents' AgentReady
+operator, the gang controller (a disrupted borrower gang goes whole), Kueue's admission check
+of lent GPUs (extender/kueue: it reads the leasing controller's view), the agents' AgentReady
 conditions, the shared queues' admission, prewarming, the live planner and the extender's
 certificate rotation (extender/certrotation), each leader-elected among the replicas on a Lease
 of its own. The extender's replicas serve the verbs only: a controller's step never waits in
@@ -34,6 +35,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from common.delegatedauth import DelegatedAuth, metrics_response
+from common.errors import InvalidInput
 from common.httpserving import PROBE_LIMITS, listen, probe_runner
 from common.keyfile import make_key_secret
 from common.leaderelection import LeaderElector
@@ -74,6 +76,7 @@ class Enabled:
     leasing: bool = False
     hot_restart_operator: bool = False
     gangs: bool = False
+    kueue: bool = False
     agent_conditions: bool = False
     queues: QueueSettings | None = None
     prewarm: PrewarmSettings | None = None
@@ -88,6 +91,7 @@ class Enabled:
                 ("leasing", self.leasing),
                 ("hot-restart-operator", self.hot_restart_operator),
                 ("gangs", self.gangs),
+                ("kueue-admission-check", self.kueue),
                 ("agent-conditions", self.agent_conditions),
                 ("queues", self.queues is not None),
                 ("prewarm", self.prewarm is not None),
@@ -198,6 +202,14 @@ async def controllers(
         tasks.append(asyncio.create_task(_hot_restart_operator(kube, registry, led), name="hr"))
     if enabled.gangs:
         tasks.append(asyncio.create_task(_gang_controller(kube, registry, led), name="gangs"))
+    if enabled.kueue:
+        if view is None:
+            raise InvalidInput(
+                "the Kueue admission check reads what is lent from the leasing controller's "
+                "view: run it with the leasing controller (--leasing-controller)"
+            )
+        work = _kueue_check(kube, view, settings.gpu_resource, registry, led)
+        tasks.append(asyncio.create_task(work, name="kueue"))
     if enabled.agent_conditions:
         agents = AgentConditions(
             kube, namespace=settings.agent_namespace, timeout_s=settings.agent_timeout_s
@@ -340,6 +352,20 @@ async def _gang_controller(kube: KubeClient, registry: CollectorRegistry, led: L
         LEASE_NAME,
         lambda: run_gang_controller(
             kube=kube, evictions=KubeEvictions(kube), metrics=metrics, registry=registry
+        ),
+    )
+
+
+async def _kueue_check(
+    kube: KubeClient, view: DemandView, resource: str, registry: CollectorRegistry, led: Led
+) -> None:
+    from extender.kueue.controller import LEASE_NAME, KueueMetrics, run_kueue_check
+
+    metrics = KueueMetrics(registry)
+    await led(
+        LEASE_NAME,
+        lambda: run_kueue_check(
+            kube=kube, view=view, metrics=metrics, resource=resource, registry=registry
         ),
     )
 

@@ -37,6 +37,9 @@ CONTROLLERS = {
     "hot_restart_operator": "run the hot-restart operator (leader-elected; docs/hot-restart.md)",
     "gang_controller": "evict the rest of a borrower gang once one member is disrupted "
     "(leader-elected; docs/gangs.md)",
+    "kueue_admission_check": "run tidelease's Kueue admission check: Kueue workloads are "
+    "admitted against lent GPUs and requeued at reclaim (leader-elected; with "
+    "--leasing-controller; docs/kueue.md)",
     "queues_controller": "release GPU pods gated at admission in cornucopia's MLFQ order "
     "(leader-elected; docs/planner.md, Shared queues live)",
     "agent_conditions": "write each GpuNode's AgentReady condition from its agent's heartbeat "
@@ -139,6 +142,7 @@ def _controllers(args: argparse.Namespace) -> int:
         leasing=settings.leasing_controller,
         hot_restart_operator=settings.hot_restart_operator,
         gangs=settings.gang_controller,
+        kueue=settings.kueue_admission_check,
         agent_conditions=settings.agent_conditions,
         queues=_queue_settings(settings) if settings.queues_controller else None,
         prewarm=_prewarm_settings(args) if settings.prewarm_controller else None,
@@ -149,7 +153,7 @@ def _controllers(args: argparse.Namespace) -> int:
     if not enabled.names():
         raise InvalidInput(
             "no controller enabled: give --leasing-controller, --hot-restart-operator, "
-            "--gang-controller, "
+            "--gang-controller, --kueue-admission-check, "
             "--agent-conditions, --queues-controller, --prewarm-controller, --planner or "
             "--certificates (or "
             "their settings keys)"

@@ -28,6 +28,7 @@ skipping those already there.
 Components: ${ALL_COMPONENTS[*]}
 Versions:   KUBE_VERSION=${KUBE_VERSION} ETCD_VERSION=${ETCD_VERSION} KWOK_VERSION=${KWOK_VERSION}
             HELM_VERSION=${HELM_VERSION} PROMETHEUS_VERSION=${PROMETHEUS_VERSION} (promtool)
+            KUEUE_VERSION=${KUEUE_VERSION} (kueue, the controller manager)
             TL_CONTAINERD_VERSION=${TL_CONTAINERD_VERSION} (${TL_CTRD2_COMPONENTS[*]})
 
 Options:
@@ -84,6 +85,7 @@ gomod_of() {
       printf '%s %s\n' "${GOMOD_DIR}/containerd" "github.com/containerd/containerd/v2/cmd/$1"
       ;;
     etcd) printf '%s %s\n' "${GOMOD_DIR}/etcd" "go.etcd.io/etcd/server/v3" ;;
+    kueue) printf '%s %s\n' "${GOMOD_DIR}/kueue" "sigs.k8s.io/kueue/cmd/kueue" ;;
     kwok) printf '%s %s\n' "${GOMOD_DIR}/kwok" "sigs.k8s.io/kwok/cmd/kwok" ;;
     helm) printf '%s %s\n' "${GOMOD_DIR}/helm" "helm.sh/helm/v3/cmd/helm" ;;
     promtool)
@@ -121,6 +123,7 @@ ldflags_of() {
       flags+=("-X github.com/containerd/containerd/v2/version.Version=${version}")
       ;;
     kwok) flags+=("-X sigs.k8s.io/kwok/pkg/consts.Version=${version}") ;;
+    kueue) flags+=("-X sigs.k8s.io/kueue/pkg/version.GitVersion=${version}") ;;
     promtool)
       # As Prometheus's .promu.yml does (it also stamps the branch and revision, unknown here).
       flags+=("-X github.com/prometheus/common/version.Version=$(prometheus_release "${version}")")
@@ -181,6 +184,7 @@ build() {
     kwok) module=sigs.k8s.io/kwok ;;
     helm) module=helm.sh/helm/v3 ;;
     promtool) module=github.com/prometheus/prometheus ;;
+    kueue) module=sigs.k8s.io/kueue ;;
     containerd | containerd-shim-runc-v2 | ctr) module=github.com/containerd/containerd/v2 ;;
     *) module=k8s.io/kubernetes ;;
   esac
@@ -204,9 +208,16 @@ build() {
   wait "${BUILD_PID}"
   BUILD_PID=""
   chmod 0755 "${tmp}"
-  # shellcheck disable=SC2046 # version_args is meant to split
-  if ! out="$("${tmp}" $(version_args "${name}") 2>&1)"; then
-    tl::die "${name}: '${name} $(version_args "${name}")' fails: ${out}"
+  if [[ "${name}" == kueue ]]; then
+    # Kueue's command has no version flag; its build information names the module it was built
+    # from ("dep sigs.k8s.io/kueue v0.17.0 ...").
+    out="$("${GO}" version -m "${tmp}" | grep -F "${module} ")" ||
+      tl::die "${name}: its build information does not name ${module}"
+  else
+    # shellcheck disable=SC2046 # version_args is meant to split
+    if ! out="$("${tmp}" $(version_args "${name}") 2>&1)"; then
+      tl::die "${name}: '${name} $(version_args "${name}")' fails: ${out}"
+    fi
   fi
   reported="$(reported_version "${name}" "${version}")"
   [[ "${out}" == *"${reported}"* ]] ||

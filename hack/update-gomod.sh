@@ -22,10 +22,10 @@ usage() {
   cat <<EOF
 Usage: $(basename "$0") [-h] [module...]
 
-Rewrites ${GOMOD_DIR#"${TL_ROOT}/"}/{etcd,kubernetes,kwok,helm,promtool}/go.mod (default: all;
+Rewrites ${GOMOD_DIR#"${TL_ROOT}/"}/{etcd,kubernetes,kwok,helm,promtool,kueue}/go.mod (default: all;
 or only the modules named) for
 KUBE_VERSION=${KUBE_VERSION} ETCD_VERSION=${ETCD_VERSION} KWOK_VERSION=${KWOK_VERSION}
-HELM_VERSION=${HELM_VERSION} PROMETHEUS_VERSION=${PROMETHEUS_VERSION}
+HELM_VERSION=${HELM_VERSION} PROMETHEUS_VERSION=${PROMETHEUS_VERSION} KUEUE_VERSION=${KUEUE_VERSION}
 and runs 'go mod tidy' in each (needs the Go module proxy).
 EOF
 }
@@ -137,7 +137,7 @@ main() {
     esac
   done
   shift $((OPTIND - 1))
-  local -a wanted=(etcd kubernetes kwok helm promtool)
+  local -a wanted=(etcd kubernetes kwok helm promtool kueue)
   local name
   if [[ $# -gt 0 ]]; then
     for name in "$@"; do
@@ -164,6 +164,7 @@ main() {
         write_wrapper promtool "Prometheus's promtool" github.com/prometheus/prometheus \
           PROMETHEUS_VERSION 1.26.0 github.com/prometheus/prometheus/cmd/promtool
         ;;
+      kueue) write_wrapper kueue Kueue sigs.k8s.io/kueue KUEUE_VERSION 1.25.0 sigs.k8s.io/kueue/cmd/kueue ;;
     esac
   done
 }

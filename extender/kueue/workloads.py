@@ -1,15 +1,11 @@
-"""Kueue's Workload objects as tidelease's admission check reads them, and what the check says of
-each. Pure.
+"""Kueue's Workload objects as tidelease's admission check reads them. Pure.
 
 A Workload (``kueue.x-k8s.io``, :data:`API_VERSION`: the one place the version is named) has pod
 sets (``spec.podSets[]``: a name, a count and a pod template), Kueue's conditions
 (``QuotaReserved``, ``Admitted``, ``Evicted``, ``Finished``) and the state of each admission
 check on it (``status.admissionChecks[]``: name, state ``Pending``/``Ready``/``Retry``/
-``Rejected``, message). tidelease's check, for the ClusterQueue of borrowed GPUs, is judged by
-:func:`judge`: a workload whose quota Kueue has reserved is Ready once the lent GPUs can hold
-all its pods (:mod:`extender.kueue.capacity`), Pending until then; one evicted or finished is
-left alone (Kueue resets the checks itself: writing Retry to an evicted workload can deadlock
-its requeue, KEP-3258).
+``Rejected``, message). What tidelease's check says of each is decided in
+:mod:`extender.kueue.admission`.
 
 Each pod set's template is read as a pod of the workload's namespace by the extender's own
 parser (:func:`common.podrequest.parse_pod`), so GPUs, type and tier mean here what they mean
@@ -19,13 +15,14 @@ at placement: a borrower's annotations, its ``nvidia.com/gpu`` limit.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from common import contract
 from common.errors import InvalidInput
 from common.podrequest import parse_pod
-from extender.kueue.capacity import Capacity, PodSetNeed, Verdict, fit
+from common.timefmt import epoch
+from extender.kueue.capacity import PodSetNeed
 
 GROUP = "kueue.x-k8s.io"
 API_VERSION = f"{GROUP}/v1beta2"
@@ -45,6 +42,9 @@ class Workload:
     evicted: bool
     finished: bool
     checks: Mapping[str, CheckState]  # admission check name -> its state on this workload
+    messages: Mapping[str, str] = field(default_factory=dict)  # check name -> its message
+    owner_uid: str = ""  # its controlling owner's UID (the Job): what its pods are owned by
+    created: float = 0.0  # metadata.creationTimestamp, epoch seconds: the order of judging
 
     @property
     def key(self) -> str:
@@ -104,12 +104,18 @@ def parse_workload(
             continue
         needs.append(PodSetNeed(str(set_name), count, request))
     checks: dict[str, CheckState] = {}
+    messages: dict[str, str] = {}
     for c in status.get("admissionChecks") or []:
         if isinstance(c, dict) and isinstance(c.get("name"), str) and c.get("state") in STATES:
             checks[c["name"]] = c["state"]
+            messages[c["name"]] = str(c.get("message") or "")
     if problems:
         raise InvalidInput([f"Workload {namespace}/{name}: {p}" for p in problems])
     conditions = status.get("conditions")
+    owner_uid = ""
+    for ref in meta.get("ownerReferences") or []:
+        if isinstance(ref, dict) and ref.get("controller") is True:
+            owner_uid = str(ref.get("uid") or "")
     return Workload(
         namespace=namespace,
         name=name,
@@ -120,32 +126,7 @@ def parse_workload(
         evicted=_true(conditions, "Evicted"),
         finished=_true(conditions, "Finished"),
         checks=checks,
+        messages=messages,
+        owner_uid=owner_uid,
+        created=epoch(meta.get("creationTimestamp")) or 0.0,
     )
-
-
-@dataclass(frozen=True, slots=True)
-class Judgement:
-    """What tidelease's check says of one workload now: a state to write (None: leave the
-    check as it is) and the capacity verdict behind it."""
-
-    state: CheckState | None
-    message: str
-    verdict: Verdict | None = None
-
-
-def judge(workload: Workload, check: str, capacity: Capacity) -> Judgement:
-    """tidelease's check ``check`` on ``workload``, given the lent capacity left for it (lent
-    and not kept for workloads judged Ready before it)."""
-    mine = workload.checks.get(check)
-    if mine is None:
-        return Judgement(None, f"the workload does not carry the check {check}")
-    if workload.finished or workload.evicted:
-        return Judgement(None, "finished or evicted: Kueue resets the checks")
-    if not workload.quota_reserved:
-        return Judgement(None, "no quota reserved yet: Kueue has not chosen it")
-    if mine in ("Ready", "Rejected", "Retry"):
-        return Judgement(None, f"already {mine}")
-    verdict = fit(workload.key, workload.needs, capacity)
-    if verdict.fits:
-        return Judgement("Ready", f"tidelease: {verdict.reason}", verdict)
-    return Judgement("Pending", f"tidelease: waiting for lent GPUs: {verdict.reason}", verdict)

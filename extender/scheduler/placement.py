@@ -43,6 +43,7 @@ class Verdict(enum.Enum):
     TAGGED_REPLICA = "lent by another replica of the job, which takes them back"
     STANDBY_RESERVED = "reserved for reclaims (standby pool)"
     BEING_RECLAIMED = "being taken back by the job that lent them (its reclaim is under way)"
+    NOT_LENT = "not lent by an online job (the pod takes lent GPUs only: tidelease.io/lent-only)"
 
 
 def verdict(cls: DeviceClass, req: PodRequest) -> Verdict:
@@ -56,8 +57,8 @@ def verdict(cls: DeviceClass, req: PodRequest) -> Verdict:
         return Verdict.BELOW_TIER
     if cls.standby:  # FETCHSTANDBY: reclaims only, type and tier already matched
         return Verdict.STANDBY if req.reclaim else Verdict.STANDBY_RESERVED
-    if cls.owner is None:  # line 8: untagged devices are open to all
-        return Verdict.USABLE
+    if cls.owner is None:  # line 8: untagged devices are open to all ...
+        return Verdict.NOT_LENT if req.lent_only else Verdict.USABLE  # ... who take them
     if req.priority is Priority.LOW:  # line 10: borrowers may use tagged devices ...
         if cls.owner in req.reclaiming_owners:  # ... but not while their owner takes them back
             return Verdict.BEING_RECLAIMED
@@ -98,6 +99,7 @@ def placement_shape(req: PodRequest) -> tuple[object, ...]:
         req.lent_group,
         req.lent_groups,
         req.reclaiming_owners,
+        req.lent_only,
     )
 
 

@@ -82,6 +82,9 @@ class ExtenderSettings:
     # `tidelease controllers --gang-controller`: a borrower gang whose member is disrupted
     # is evicted whole (extender/gangs).
     gang_controller: bool = False
+    # `tidelease controllers --kueue-admission-check`: lent GPUs as capacity Kueue admits into
+    # (extender/kueue; needs the leasing controller's view, so the leasing controller too).
+    kueue_admission_check: bool = False
     agent_conditions: bool = False
     queues_controller: bool = False
     # The shared queues (docs/planner.md "Shared queues live"): the starting thresholds that
@@ -239,6 +242,7 @@ _FIELD_TYPES: dict[str, type] = {
     "leasing_controller": bool,
     "hot_restart_operator": bool,
     "gang_controller": bool,
+    "kueue_admission_check": bool,
     "agent_conditions": bool,
     "queues_controller": bool,
     "queue_demote_interactive_s": float,

@@ -313,6 +313,7 @@ tl::cluster::apply_grants() {
       --set 'extender.leaseWorkloads[0].apiGroup=workloads.tidelease.test' \
       --set 'extender.leaseWorkloads[0].resource=leaderworkersets' \
       --set extender.controllers.hotRestartOperator=true --set extender.controllers.queues=true \
+      --set extender.controllers.kueue=true \
       --set agent.hotRestart.enabled=true \
       "${shown[@]}" | "${TL_PY}" -c '
 import sys

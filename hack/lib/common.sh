@@ -35,10 +35,14 @@ HELM_VERSION="${HELM_VERSION:-v3.22.0}"
 # in the test command. Prometheus 3.x publishes its Go module as v0.3MM.P for release 3.MM.P;
 # this is the module version (v0.316.0 is Prometheus 3.16.0, which promtool reports).
 PROMETHEUS_VERSION="${PROMETHEUS_VERSION:-v0.316.0}"
+# Kueue's controller manager (cmd/kueue) and its CRDs, for the Kueue integration's tests (issue 37):
+# started by the cluster scripts only when a test asks for it (TL_CLUSTER_KUEUE=true).
+KUEUE_VERSION="${KUEUE_VERSION:-v0.17.0}"
 
 # Components that hack/build-binaries.sh knows, in build priority order.
 TL_COMPONENTS=(
   etcd kube-apiserver kubectl kube-scheduler kube-controller-manager kubelet kwok helm promtool
+  kueue
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -79,6 +83,7 @@ tl::component_version() {
     kwok) printf '%s\n' "${KWOK_VERSION}" ;;
     helm) printf '%s\n' "${HELM_VERSION}" ;;
     promtool) printf '%s\n' "${PROMETHEUS_VERSION}" ;;
+    kueue) printf '%s\n' "${KUEUE_VERSION}" ;;
     kube-apiserver | kubectl | kube-scheduler | kube-controller-manager | kubelet)
       printf '%s\n' "${KUBE_VERSION}"
       ;;

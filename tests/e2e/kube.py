@@ -60,6 +60,13 @@ _KINDS: dict[str, tuple[str, str, bool]] = {
     ),
     "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings", True),
     "Workload": (f"/apis/{WORKLOAD_API}", "workloads", True),
+    # Kueue's (tests/e2e/test_kueue.py); its Workload is "KueueWorkload" here, beside the
+    # Workload API's.
+    "KueueWorkload": ("/apis/kueue.x-k8s.io/v1beta2", "workloads", True),
+    "ClusterQueue": ("/apis/kueue.x-k8s.io/v1beta2", "clusterqueues", False),
+    "LocalQueue": ("/apis/kueue.x-k8s.io/v1beta2", "localqueues", True),
+    "ResourceFlavor": ("/apis/kueue.x-k8s.io/v1beta2", "resourceflavors", False),
+    "AdmissionCheck": ("/apis/kueue.x-k8s.io/v1beta2", "admissionchecks", False),
     "MutatingAdmissionPolicy": (
         "/apis/admissionregistration.k8s.io/v1beta1",
         "mutatingadmissionpolicies",

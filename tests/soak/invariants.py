@@ -680,9 +680,17 @@ class _Room:
     """What the pending checkers judge room by, from one observation: the Ready nodes, and per
     node its free plain devices (healthy, untagged, not standby, in no ledger and on no pod) on
     nodes whose agent renewed its heartbeat within ``fresh_s`` (or has none: the extender's
-    rule)."""
+    rule), less the GPUs of unbound pods kube-scheduler has nominated for the node
+    (``status.nominatedNodeName``): a gang member waiting at Permit for its mates holds its
+    node's GPUs in kube-scheduler's cache without a ledger entry, and says where by its
+    nomination; so does a preemptor waiting for its victims to go."""
 
-    def __init__(self, obs: Observation, fresh_s: float) -> None:
+    def __init__(self, obs: Observation, fresh_s: float, resource: str) -> None:
+        self.nominated: dict[str, int] = {}  # node -> GPUs of unbound pods nominated for it
+        for pod in obs.pods:
+            node = _nominated(pod)
+            if node and not _node_of(pod) and _phase(pod) == "Pending":
+                self.nominated[node] = self.nominated.get(node, 0) + _gpus(pod, resource)
         taken = {u for p in obs.holding for u in pod_devices(p)}
         taken.update(u for a in obs.allocations.values() for e in a for u in e.devices)
         silent = obs.silent(fresh_s)
@@ -712,14 +720,28 @@ class _Room:
         if req.gpus <= 0:
             return ""
         c = constraints(spec)
+        own = _nominated(pod)
         for node in self.ready:
             fit: dict[str, int] = {}
             for d in self.free.get(node.name, ()):
                 if d.tier >= req.min_tier and req.gpu_type in (None, d.gpu_type):
                     fit[d.gpu_type] = fit.get(d.gpu_type, 0) + 1
-            if max(fit.values(), default=0) >= req.gpus and eligible(c, node):
+            # Held by others' nominations, whatever their type and tier (conservative).
+            held = self.nominated.get(node.name, 0) - (req.gpus if own == node.name else 0)
+            if max(fit.values(), default=0) - held >= req.gpus and eligible(c, node):
                 return node.name
         return ""
+
+
+def _nominated(pod: Obj) -> str:
+    return str((pod.get("status") or {}).get("nominatedNodeName") or "")
+
+
+def _gpus(pod: Obj, resource: str) -> int:
+    try:
+        return parse_pod(pod, resource=resource).gpus
+    except InvalidInput:
+        return 0
 
 
 def _gates(pod: Obj) -> list[str]:
@@ -771,7 +793,7 @@ class PendingWhileFree(_Waiting):
     name = "pending-while-free"
 
     def observe(self, obs: Observation) -> list[Violation]:
-        room = _Room(obs, self.fresh_s)
+        room = _Room(obs, self.fresh_s, self.resource)
         now: dict[str, str] = {}
         for pod in obs.pods:
             if _gates(pod) or gang_of(pod) is not None:
@@ -805,7 +827,7 @@ class QueuedReleased(_Waiting):
             if _annotations(pod).get(contract.ANN_JOB_CLASS) == "interactive":
                 now[object_key(pod)] = "an interactive pod still held by the queues' gate"
             elif len(held) == 1:
-                room = room or _Room(obs, self.fresh_s)
+                room = room or _Room(obs, self.fresh_s, self.resource)
                 # for_pod judges an unbound pod as if ungated: the room it would have
                 node = room.for_pod(pod, self.resource)
                 if node:

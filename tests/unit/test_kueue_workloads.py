@@ -1,7 +1,5 @@
 """Kueue Workloads as tidelease's admission check reads them (extender.kueue.workloads): pod sets
-read by the extender's own pod parser, Kueue's conditions, and what the check says: Ready once
-the lent GPUs hold every pod, Pending until then, nothing for a workload Kueue has not chosen,
-has evicted or has finished."""
+read by the extender's own pod parser, Kueue's conditions, the checks' states, the owner."""
 
 from __future__ import annotations
 
@@ -11,11 +9,10 @@ import pytest
 
 from common import contract
 from common.errors import InvalidInput
-from common.model import DeviceClass, JobKey, NodeName, Tier
-from extender.kueue.workloads import API_VERSION, judge, parse_workload
+from common.model import Tier
+from extender.kueue.workloads import API_VERSION, parse_workload
 
 CHECK = "tidelease-lent-gpus"
-LENT = DeviceClass("H20", Tier.HA, True, JobKey("online/recsys"))
 
 
 def workload(
@@ -23,12 +20,24 @@ def workload(
     conditions: tuple[str, ...] = ("QuotaReserved",),
     state: str = "Pending",
     annotations: dict[str, str] | None = None,
+    name: str = "job-train-1a2b3",
+    created: str = "2026-11-30T04:00:00Z",
+    message: str = "",
 ) -> dict[str, Any]:
-    """A Workload of (name, count, GPUs per pod) pod sets, with these conditions True."""
+    """A Workload of (name, count, GPUs per pod) pod sets, with these conditions True, owned by
+    the Job whose UID is ``job-`` and its name."""
     return {
         "apiVersion": API_VERSION,
         "kind": "Workload",
-        "metadata": {"namespace": "ml", "name": "job-train-1a2b3", "uid": "w-1"},
+        "metadata": {
+            "namespace": "ml",
+            "name": name,
+            "uid": f"w-{name}",
+            "creationTimestamp": created,
+            "ownerReferences": [
+                {"kind": "Job", "name": name, "uid": f"job-{name}", "controller": True}
+            ],
+        },
         "spec": {
             "queueName": "borrowed",
             "podSets": [
@@ -53,7 +62,7 @@ def workload(
         },
         "status": {
             "conditions": [{"type": c, "status": "True"} for c in conditions],
-            "admissionChecks": [{"name": CHECK, "state": state, "message": ""}],
+            "admissionChecks": [{"name": CHECK, "state": state, "message": message}],
         },
     }
 
@@ -72,6 +81,8 @@ def test_pod_sets_are_read_as_the_extender_reads_pods() -> None:
     assert w.quota_reserved
     assert (w.admitted, w.evicted, w.finished) == (False, False, False)
     assert w.checks == {CHECK: "Pending"}
+    assert w.owner_uid == "job-job-train-1a2b3"
+    assert w.created == 1796011200.0
 
 
 def test_a_bad_workload_names_every_problem() -> None:
@@ -87,42 +98,3 @@ def test_a_bad_workload_names_every_problem() -> None:
     assert "spec.podSets[1].count" in text
     assert "spec.podSets[2].template" in text
     assert "spec.podSets[0].template" in text
-
-
-def test_ready_once_the_lent_gpus_hold_every_pod() -> None:
-    """The issue's example: 2 pods x 4 GPUs Pending while fewer than 8 are lent, Ready at 8."""
-    w = parse_workload(workload(("main", 2, 4)))
-    seven = {NodeName("n1"): {LENT: 4}, NodeName("n2"): {LENT: 3}}
-    pending = judge(w, CHECK, seven)
-    assert pending.state == "Pending"
-    assert "waiting for lent GPUs" in pending.message
-    eight = {NodeName("n1"): {LENT: 4}, NodeName("n2"): {LENT: 4}}
-    ready = judge(w, CHECK, eight)
-    assert ready.state == "Ready"
-    assert ready.verdict is not None
-    assert ready.verdict.reservation is not None
-    assert ready.verdict.reservation.gpus == 8
-
-
-@pytest.mark.parametrize(
-    ("conditions", "state", "why"),
-    [
-        ((), "Pending", "no quota reserved"),
-        (("QuotaReserved", "Evicted"), "Pending", "Kueue resets"),
-        (("QuotaReserved", "Finished"), "Pending", "Kueue resets"),
-        (("QuotaReserved", "Admitted"), "Ready", "already Ready"),
-    ],
-)
-def test_left_alone_when_kueue_has_not_chosen_it_or_is_done_with_it(
-    conditions: tuple[str, ...], state: str, why: str
-) -> None:
-    w = parse_workload(workload(("main", 1, 1), conditions=conditions, state=state))
-    lots = {NodeName("n1"): {LENT: 8}}
-    judged = judge(w, CHECK, lots)
-    assert judged.state is None
-    assert why in judged.message
-
-
-def test_a_workload_without_the_check_is_not_ours() -> None:
-    w = parse_workload(workload(("main", 1, 1)))
-    assert judge(w, "another-check", {NodeName("n1"): {LENT: 8}}).state is None

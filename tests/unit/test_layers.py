@@ -59,8 +59,9 @@ LAYERS: dict[str, frozenset[str]] = {
             "extender.scheduler",
         ),
         "extender.planner": ("common", "extender.rightofreturn", "extender.leasing"),
-        # Kueue's admission check: lent capacity judged by the scheduler's own per-node rule
-        "extender.kueue": ("common", "extender.scheduler"),
+        # Kueue's admission check: lent capacity judged by the scheduler's own per-node rule,
+        # read from the leasing controller's watched view of the cluster
+        "extender.kueue": ("common", "extender.scheduler", "extender.cluster"),
         # what lending with right of return yields on a cluster (tidelease simulate)
         "extender.leasingsim": (
             "common",
@@ -88,6 +89,7 @@ LAYERS: dict[str, frozenset[str]] = {
             "extender.ctl",
             "extender.gangs",
             "extender.hotrestart",
+            "extender.kueue",
             "extender.leasing",
             "extender.leasingsim",
             "extender.orchestration",

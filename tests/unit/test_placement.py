@@ -6,8 +6,10 @@ from collections import Counter
 
 import pytest
 
-from common import builders
+from common import builders, contract
+from common.errors import InvalidInput
 from common.model import DeviceClass, PodRequest, PodUid, Priority, Tier
+from common.podrequest import parse_pod
 from extender.scheduler.placement import Verdict, pick_devices, plan_node, verdict
 
 
@@ -221,3 +223,30 @@ def test_pick_reclaim_uses_own_then_standby() -> None:
     )
     _, chosen = pick_devices(devs, [], req(3, priority=Priority.HIGH, owner="a", reclaim=True))
     assert [d.index for d in chosen] == [0, 1, 2]
+
+
+def test_a_lent_only_borrower_takes_lent_devices_alone() -> None:
+    """tidelease.io/lent-only: the untagged devices a borrower would take first are refused,
+    with the reason, and the pod fits only as far as lent devices go."""
+    lent_only = PodRequest(namespace="default", name="p", uid=PodUid("u"), gpus=4, lent_only=True)
+    assert verdict(cls(), lent_only) is Verdict.NOT_LENT
+    assert verdict(cls(owner="a"), lent_only) is Verdict.USABLE
+    devs = _node(builders.devices("n", 4, owner="a"), builders.devices("n", 4, start=4))
+    _, chosen = pick_devices(devs, [], lent_only)
+    assert [d.index for d in chosen] == [0, 1, 2, 3]
+    plan = plan_node(Counter({cls(): 8, cls(owner="a"): 2}), lent_only)
+    assert not plan.fits
+    assert "not lent by an online job" in plan.reason
+
+
+def test_lent_only_is_read_from_its_annotation() -> None:
+    pod = {
+        "metadata": {"name": "p", "namespace": "t", "uid": "u"},
+        "spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": 1}}}]},
+    }
+    assert not parse_pod(pod).lent_only
+    pod["metadata"]["annotations"] = {contract.ANN_LENT_ONLY: "true"}  # type: ignore[index]
+    assert parse_pod(pod).lent_only
+    pod["metadata"]["annotations"] = {contract.ANN_LENT_ONLY: "yes"}  # type: ignore[index]
+    with pytest.raises(InvalidInput, match="lent-only"):
+        parse_pod(pod)

@@ -478,8 +478,9 @@ def pending(pod: Obj, times: tuple[float, ...] = (0.0, 5.0, 11.0), **kw: Any) ->
         "gpu_nodes": [builders.gpu_node("n1", builders.devices("n1", 4))],
         "nodes": [node("n1")],
     }
+    also = kw.pop("pods_also", None)
     obs.update(kw)
-    return [Observation(t, pods=[pod], **obs) for t in times]
+    return [Observation(t, pods=[pod, *([also] if also else [])], **obs) for t in times]
 
 
 def test_pending_clean() -> None:
@@ -526,6 +527,23 @@ def test_pending_leaves_out_a_node_whose_agent_is_silent() -> None:
     assert run(PendingWhileFree(10.0, fresh_s=5.0), *pending(waiting(), **beat(30.0))) == []
     found = run(PendingWhileFree(10.0, fresh_s=5.0), *pending(waiting(), **beat(2.0)))
     assert [v.obj for v in found] == ["default/wait"]
+
+
+def test_pending_leaves_room_a_nomination_holds() -> None:
+    """A gang member waiting at kube-scheduler's Permit holds its node's GPUs in the scheduler's
+    cache, with no ledger entry, and is nominated for the node: its GPUs are not room. (The
+    seed-7 hour met it: two members nominated for the node beside the pod judged.) The pod's
+    own nomination is room for itself."""
+    at_permit = member(builders.pod("mate", 3))  # n1 has 4: 1 left beside it
+    at_permit["spec"].pop("nodeName", None)
+    at_permit["status"] = {"phase": "Pending", "nominatedNodeName": "n1"}
+    both = pending(waiting(), pods_also=at_permit)
+    assert run(PendingWhileFree(10.0), *both) == []
+    elsewhere = {**at_permit, "status": {"phase": "Pending", "nominatedNodeName": "n9"}}
+    assert len(run(PendingWhileFree(10.0), *pending(waiting(), pods_also=elsewhere))) == 1
+    itself = waiting()
+    itself["status"] = {"phase": "Pending", "nominatedNodeName": "n1"}
+    assert len(run(PendingWhileFree(10.0), *pending(itself))) == 1
 
 
 # --- (f) the shared queues release what they must ---

@@ -1,0 +1,311 @@
+"""Kueue admitting into lent GPUs (issue 37, docs/kueue.md), with the real Kueue controller
+manager (built from its pinned module, hack/kueue-up.sh: its CRDs, its webhooks served with
+their certificates) and the real kube-scheduler calling the extender, and tidelease's
+controllers running the admission check (``--kueue-admission-check``).
+
+* A Job of 2 pods x 4 GPUs through a LocalQueue of the example's ClusterQueue is not admitted
+  while 4 GPUs are lent (its Workload's check says why, the Job stays suspended, no pod), is
+  admitted and runs on lent UUIDs once 8 are, and on reclaim is evicted (both pods, after their
+  notice) and requeued by Kueue (its Workload shows Kueue's Evicted and Requeued conditions, the
+  Job is suspended again, not failed); it is admitted again on the next lend.
+* A burst of 10 Jobs of mixed sizes: at every step, the GPUs of the Workloads Kueue has
+  admitted never exceed the GPUs lent; Jobs deleted one by one let the others in, until all
+  ten have been admitted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from common import builders, contract
+from common.model import Priority
+from common.timefmt import epoch
+from tests.background import running
+from tests.e2e.harness import BORROWER, Cluster, NodeGroup, devices_of, workload
+from tests.e2e.kube import wait_for
+from tests.e2e.leasingjob import Job, lent_devices
+
+pytestmark = pytest.mark.cluster
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "manifests/examples/kueue-lent-gpus.yaml"
+QUEUE = "borrowed"
+START_TIMEOUT_S = 900  # the first run builds the kueue binary (minutes on two cores)
+
+
+def example(kind: str) -> dict[str, Any]:
+    docs = [d for d in yaml.safe_load_all(EXAMPLE.read_text()) if d]
+    return next(d for d in docs if d["kind"] == kind)
+
+
+@pytest.fixture(scope="module")
+def kueue(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Kueue on the session's cluster, and the controllers with the admission check, for the
+    module; the example's AdmissionCheck, ResourceFlavor and ClusterQueue made once."""
+    base = tmp_path_factory.mktemp("kueue")
+    env = {**os.environ, "TL_KUEUE_PARENT_PID": str(os.getpid())}
+    with running(
+        [str(ROOT / "hack" / "kueue-up.sh"), str(cluster.kubeconfig), str(base)],
+        state=base / "kueue.env",
+        log=base / "kueue-up.log",
+        what="hack/kueue-up.sh",
+        start_timeout_s=START_TIMEOUT_S,
+        stop_timeout_s=60,
+        env=env,
+    ):
+        kube = cluster.kube
+        for kind in ("AdmissionCheck", "ResourceFlavor", "ClusterQueue"):
+            obj = example(kind)
+            if kube.get(kind, obj["metadata"]["name"]) is None:
+                kube.create(obj)
+        procs = cluster.processes
+        spec = procs.specs["controllers"]
+        procs.stop("controllers")
+        procs.start(
+            "controllers", dataclasses.replace(spec, argv=(*spec.argv, "--kueue-admission-check"))
+        )
+        try:
+            cluster.wait_controllers_leading()
+            wait_for(
+                lambda: active(cluster),
+                what="the AdmissionCheck Active and the ClusterQueue active",
+                timeout=60,
+            )
+            yield base
+        finally:
+            procs.stop("controllers")
+            procs.start("controllers", spec)
+            cluster.wait_controllers_leading()
+
+
+def active(cluster: Cluster) -> bool:
+    kube = cluster.kube
+    check = kube.get("AdmissionCheck", "tidelease-lent-gpus") or {}
+    queue = kube.get("ClusterQueue", "borrowed-gpus") or {}
+    return condition(check, "Active") == "True" and condition(queue, "Active") == "True"
+
+
+def condition(obj: dict[str, Any], kind: str) -> str:
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c.get("type") == kind:
+            return str(c.get("status"))
+    return ""
+
+
+def local_queue(cluster: Cluster, namespace: str) -> None:
+    queue = example("LocalQueue")
+    queue["metadata"]["namespace"] = namespace
+    cluster.kube.create(queue)
+
+
+def borrower_job(
+    group: NodeGroup, namespace: str, name: str, pods: int, gpus: int
+) -> dict[str, Any]:
+    """A Job of ``pods`` pods x ``gpus`` GPUs through the LocalQueue, kept to the group's
+    nodes (kwok runs its pods for ever)."""
+    pod = group.pod(namespace, name, gpus, priority=Priority.LOW, priority_class=BORROWER)
+    pod["spec"]["restartPolicy"] = "Never"
+    job = workload("Job", name, namespace, pod, parallelism=pods, completions=pods)
+    job["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": QUEUE}
+    return job
+
+
+def workload_of(cluster: Cluster, namespace: str, job: str) -> dict[str, Any] | None:
+    for w in cluster.kube.list("KueueWorkload", namespace):
+        refs = w["metadata"].get("ownerReferences") or []
+        if any(r.get("kind") == "Job" and r.get("name") == job for r in refs):
+            return w
+    return None
+
+
+def check_state(w: dict[str, Any]) -> tuple[str, str]:
+    for c in (w.get("status") or {}).get("admissionChecks") or []:
+        if c.get("name") == "tidelease-lent-gpus":
+            return str(c.get("state")), str(c.get("message") or "")
+    return "", ""
+
+
+def job_pods(cluster: Cluster, namespace: str, job: str) -> list[dict[str, Any]]:
+    return [
+        p
+        for p in cluster.kube.list("Pod", namespace, selector=f"job-name={job}")
+        if not p["metadata"].get("deletionTimestamp")
+        and p["status"].get("phase") not in ("Succeeded", "Failed")
+    ]
+
+
+def test_a_job_waits_for_lent_gpus_runs_on_them_and_is_requeued_at_reclaim(
+    cluster: Cluster, group: NodeGroup, namespace: str, kueue: Path
+) -> None:
+    cluster.ensure_priority_class(BORROWER, 10)
+    group.add_node("n1", lambda name: builders.devices(name, 8))
+    group.add_node("n2", lambda name: builders.devices(name, 8))
+    group.wait_ready()
+    online = Job(cluster, group, namespace, replicas=4)
+    online.replicas_placed(4)
+    local_queue(cluster, namespace)
+    kube = cluster.kube
+
+    # 4 lent: Kueue reserves quota, tidelease's check holds it back.
+    online.lend_groups(keep=3)
+    kube.create(borrower_job(group, namespace, "finetune", 2, 4))
+    w = wait_for(
+        lambda: (
+            lambda w: (
+                w if w and check_state(w)[0] == "Pending" and "lent" in check_state(w)[1] else None
+            )
+        )(workload_of(cluster, namespace, "finetune")),
+        what="the Workload waiting on tidelease's check",
+        timeout=60,
+    )
+    assert condition(w, "QuotaReserved") == "True", w["status"]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        w = workload_of(cluster, namespace, "finetune") or {}
+        assert condition(w, "Admitted") != "True", w.get("status")
+        job = kube.get("Job", "finetune", namespace) or {}
+        assert job["spec"].get("suspend") is True, job["spec"]
+        assert job_pods(cluster, namespace, "finetune") == []
+        time.sleep(0.5)
+
+    # 8 lent: admitted, both pods on lent devices, none shared.
+    lent = online.lend_groups(keep=2)
+    lent_uuids = {u for d in lent.values() for u in d}
+    assert len(lent_uuids) == 8
+
+    def placed() -> list[dict[str, Any]] | None:
+        pods = [p for p in job_pods(cluster, namespace, "finetune") if devices_of(p)]
+        return pods if len(pods) == 2 else None
+
+    pods = wait_for(placed, what="the Job admitted and both pods placed", timeout=90)
+    w = workload_of(cluster, namespace, "finetune") or {}
+    assert condition(w, "Admitted") == "True", w.get("status")
+    held = [u for p in pods for u in devices_of(p)]
+    assert len(held) == len(set(held)) == 8, held
+    assert set(held) == lent_uuids, (held, lent_uuids)
+    assert all(p["metadata"]["annotations"].get(contract.ANN_LENT_ONLY) == "true" for p in pods), (
+        "the check's podSetUpdates reach the pods"
+    )
+    uids = {p["metadata"]["uid"] for p in pods}
+
+    # The owner takes all 8 back: both pods get the notice; Kueue evicts and requeues.
+    seen: set[str] = set()
+    notices: dict[str, float] = {}
+    gone_at: dict[str, float] = {}
+
+    def evicted_and_requeued() -> bool:
+        now = time.time()
+        for p in cluster.kube.list("Pod", namespace, selector="job-name=finetune"):
+            uid = p["metadata"]["uid"]
+            notice = (p["metadata"].get("annotations") or {}).get(contract.ANN_RECLAIM_NOTICE)
+            if uid in uids and notice:
+                notices[uid] = epoch(notice) or 0.0
+        live = {p["metadata"]["uid"] for p in job_pods(cluster, namespace, "finetune")}
+        for uid in uids - live:
+            gone_at.setdefault(uid, now)
+        wl = workload_of(cluster, namespace, "finetune") or {}
+        for kind in ("Evicted", "Requeued"):
+            if condition(wl, kind):
+                seen.add(f"{kind}={condition(wl, kind)}")
+        return set(gone_at) == uids and "Evicted=True" in seen
+
+    online.set_desired(16)
+    wait_for(evicted_and_requeued, what="both pods evicted, the Workload evicted", timeout=90)
+    assert set(notices) == uids, f"both pods noticed: {notices}"
+    for uid in uids:
+        assert gone_at[uid] >= notices[uid] - 1.0, (uid, gone_at[uid], notices[uid])
+    w = wait_for(
+        lambda: (
+            lambda w: (
+                w
+                if condition(w, "Admitted") != "True"
+                and any(c.get("type") == "Requeued" for c in w["status"].get("conditions") or [])
+                else None
+            )
+        )(workload_of(cluster, namespace, "finetune") or {"status": {}}),
+        what="the Workload requeued by Kueue",
+        timeout=60,
+    )
+    evicted = next(c for c in w["status"]["conditions"] if c["type"] == "Evicted")
+    assert evicted["reason"] == "AdmissionCheck", evicted
+    job = kube.get("Job", "finetune", namespace) or {}
+    assert job["spec"].get("suspend") is True, job["spec"]
+    assert not any(
+        c.get("type") == "Failed" and c.get("status") == "True"
+        for c in (job.get("status") or {}).get("conditions") or []
+    ), job.get("status")
+    online.wait_steady("the reclaim done", lambda s: s.get("reclaims") == 1)
+
+    # The next lend: admitted again, on the newly lent devices.
+    lent = online.lend_groups(keep=2)
+    again = wait_for(placed, what="the Job admitted again and placed", timeout=120)
+    held = [u for p in again for u in devices_of(p)]
+    assert set(held) == {u for d in lent.values() for u in d}, held
+
+
+SIZES = [(1, 1), (1, 2), (2, 2), (1, 4), (2, 4), (1, 8), (3, 1), (2, 1), (1, 3), (2, 3)]
+
+
+def test_kueue_never_admits_more_borrowed_gpus_than_are_lent(
+    cluster: Cluster, group: NodeGroup, namespace: str, kueue: Path
+) -> None:
+    cluster.ensure_priority_class(BORROWER, 10)
+    group.add_node("n1", lambda name: builders.devices(name, 8))
+    group.add_node("n2", lambda name: builders.devices(name, 8))
+    group.wait_ready()
+    online = Job(cluster, group, namespace, replicas=4)
+    online.replicas_placed(4)
+    local_queue(cluster, namespace)
+    lent = online.lend_groups(keep=1)
+    lent_count = sum(len(d) for d in lent.values())
+    assert lent_count == 12
+    kube = cluster.kube
+    names = [f"burst-{i}" for i in range(len(SIZES))]
+    gpus = {n: p * g for n, (p, g) in zip(names, SIZES, strict=True)}
+    for n, (p, g) in zip(names, SIZES, strict=True):
+        kube.create(borrower_job(group, namespace, n, p, g))
+    ever: set[str] = set()
+    deleted: set[str] = set()
+    steps = 0
+    deadline = time.monotonic() + 300
+    while len(ever) < len(names):
+        assert time.monotonic() < deadline, f"admitted {sorted(ever)} of {names}"
+        admitted = {
+            job
+            for w in kube.list("KueueWorkload", namespace)
+            if condition(w, "Admitted") == "True"
+            for job in [next((r["name"] for r in w["metadata"]["ownerReferences"]), "")]
+            if job in gpus and job not in deleted
+        }
+        held = sum(gpus[j] for j in admitted)
+        assert held <= lent_count, f"admitted {sorted(admitted)}: {held} GPUs, {lent_count} lent"
+        lent_now = len(lent_devices(online.lease()))
+        assert held <= lent_now, f"{held} GPUs admitted, {lent_now} lent"
+        ever |= admitted
+        steps += 1
+        # Once the admitted ones are placed, the oldest finishes (its Job deleted): room for
+        # the next.
+        placed = {
+            j
+            for j in admitted
+            if len([p for p in job_pods(cluster, namespace, j) if devices_of(p)])
+            == SIZES[names.index(j)][0]
+        }
+        if placed and placed == admitted:
+            done = min(placed, key=names.index)
+            kube.request(
+                "DELETE",
+                f"/apis/batch/v1/namespaces/{namespace}/jobs/{done}",
+                {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"},
+            )
+            deleted.add(done)
+        time.sleep(0.2)
+    assert steps > 20, steps
