@@ -39,6 +39,7 @@ from common.errors import InvalidInput
 from common.httpserving import PROBE_LIMITS, listen, probe_runner
 from common.keyfile import make_key_secret
 from common.leaderelection import LeaderElector
+from common.model import JobKey
 from common.waiting import first_of
 from extender.agents.controller import LEADER_LEASE, AgentConditions
 from extender.cluster.store import Store
@@ -140,6 +141,7 @@ async def controllers(
     synced = asyncio.Event()
     last_reachable = [time.monotonic()]
     view: DemandView | None = None
+    leases: LeaseCache | None = None
 
     def led(lease: str, work: Callable[[], Coroutine[Any, Any, None]]) -> Coroutine[Any, Any, None]:
         return elect(lease).run(work) if elect is not None else work()
@@ -203,12 +205,12 @@ async def controllers(
     if enabled.gangs:
         tasks.append(asyncio.create_task(_gang_controller(kube, registry, led), name="gangs"))
     if enabled.kueue:
-        if view is None:
+        if view is None or leases is None:
             raise InvalidInput(
                 "the Kueue admission check reads what is lent from the leasing controller's "
                 "view: run it with the leasing controller (--leasing-controller)"
             )
-        work = _kueue_check(kube, view, settings.gpu_resource, registry, led)
+        work = _kueue_check(kube, view, leases, settings.gpu_resource, registry, led)
         tasks.append(asyncio.create_task(work, name="kueue"))
     if enabled.agent_conditions:
         agents = AgentConditions(
@@ -357,15 +359,31 @@ async def _gang_controller(kube: KubeClient, registry: CollectorRegistry, led: L
 
 
 async def _kueue_check(
-    kube: KubeClient, view: DemandView, resource: str, registry: CollectorRegistry, led: Led
+    kube: KubeClient,
+    view: DemandView,
+    leases: LeaseCache,
+    resource: str,
+    registry: CollectorRegistry,
+    led: Led,
 ) -> None:
     from extender.kueue.controller import LEASE_NAME, KueueMetrics, run_kueue_check
+    from extender.rightofreturn.lease import reclaim_of
 
     metrics = KueueMetrics(registry)
+
+    def reclaiming() -> frozenset[JobKey]:
+        found = (reclaim_of(lease) for lease in leases.raw.values())
+        return frozenset(r.owner for r in found if r is not None)
+
     await led(
         LEASE_NAME,
         lambda: run_kueue_check(
-            kube=kube, view=view, metrics=metrics, resource=resource, registry=registry
+            kube=kube,
+            view=view,
+            metrics=metrics,
+            resource=resource,
+            reclaiming=reclaiming,
+            registry=registry,
         ),
     )
 

@@ -21,7 +21,7 @@ cd "${TL_ROOT}"
 tl::py::ensure
 if [[ "${BUILD}" == true ]]; then
   "${TL_HACK}/build-binaries.sh" etcd kube-apiserver kubectl kube-scheduler kube-controller-manager kubelet kwok \
-    containerd containerd-shim-runc-v2 ctr
+    containerd containerd-shim-runc-v2 ctr kueue
 fi
 [[ "${TIDELEASE_E2E_REAL_NODE:-true}" != true ]] || tl::ctrd::ensure_packages
 exec "${TL_PY}" -m pytest -m cluster tests/e2e "$@"

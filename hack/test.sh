@@ -21,7 +21,7 @@ tl::py::ensure
 
 if [[ "${TIDELEASE_SKIP_BUILD:-}" != "1" ]]; then
   "${TL_HACK}/build-binaries.sh" etcd kube-apiserver kubectl kube-scheduler kube-controller-manager kubelet kwok \
-    helm promtool containerd containerd-shim-runc-v2 ctr
+    helm promtool containerd containerd-shim-runc-v2 ctr kueue
 fi
 tl::ctrd::ensure_packages
 

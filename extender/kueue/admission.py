@@ -96,7 +96,7 @@ def decide(
 ) -> Decisions:
     """Every write the check owes now. ``checks``: the names of the AdmissionChecks of
     tidelease's controller; ``capacity``: the lent GPUs free now, per node and class;
-    ``pods``: by the workload's owner UID."""
+    ``pods``: by the workload's owner, ``namespace/UID`` (:attr:`Workload.owner`)."""
     lost_before = lost_since or {}
     holders: list[tuple[Workload, str]] = []
     waiting: list[tuple[Workload, str]] = []
@@ -124,7 +124,7 @@ def decide(
 
     left: Capacity = capacity
     for w, name in holders:
-        mine = pods.get(w.owner_uid, PodsOf())
+        mine = pods.get(w.owner, PodsOf())
         if mine.notice_at is not None and mine.notice_at <= now:
             writes.append(
                 Decision(

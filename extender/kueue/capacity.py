@@ -20,10 +20,10 @@ tests/unit/test_kueue_capacity.py).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from common.model import DeviceClass, NodeName, PodRequest
+from common.model import DeviceClass, JobKey, NodeName, PodRequest
 from extender.scheduler.placement import plan_node
 
 Capacity = Mapping[NodeName, Mapping[DeviceClass, int]]  # node -> free devices per class
@@ -81,14 +81,21 @@ class Verdict:
         return self.reservation is not None
 
 
-def lent_capacity(free: Capacity) -> dict[NodeName, dict[DeviceClass, int]]:
-    """The lent part of each node's free devices: healthy, tagged by an owner, not standby."""
+def lent_capacity(
+    free: Capacity, reclaiming: Collection[JobKey] = ()
+) -> dict[NodeName, dict[DeviceClass, int]]:
+    """The lent part of each node's free devices: healthy, tagged by an owner, not standby, and
+    not of an owner taking its devices back now (``reclaiming``: no borrower may take those)."""
     out: dict[NodeName, dict[DeviceClass, int]] = {}
     for node, classes in free.items():
         lent = {
             c: n
             for c, n in classes.items()
-            if n > 0 and c.owner is not None and c.healthy and not c.standby
+            if n > 0
+            and c.owner is not None
+            and c.owner not in reclaiming
+            and c.healthy
+            and not c.standby
         }
         if lent:
             out[node] = lent

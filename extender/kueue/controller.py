@@ -4,6 +4,10 @@ own leader election (``tidelease controllers --kueue-admission-check``; the char
 with ``kueue.enabled``), beside the leasing controller, whose watched view of the cluster
 (pods, GpuNodes, ledgers) it reads: what is lent is what that view says is free and tagged.
 
+Lent GPUs of an online job whose GpuLease is reclaiming are no borrower's (the extender keeps
+borrowers off them): they do not count, so a workload Kueue requeues at dawn waits for the next
+lend rather than being let through onto GPUs on their way home.
+
 It watches Kueue's AdmissionChecks (those whose ``spec.controllerName`` is
 :data:`CONTROLLER_NAME` are its own: it marks each ``Active``, without which Kueue holds back
 their ClusterQueues) and Workloads, and reconciles them all as one key
@@ -22,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +35,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from common import contract
 from common.errors import InvalidInput, NotFound, Unavailable
 from common.kubeclient import KubeClient
+from common.model import JobKey
 from common.reconcile import ReconcileLoop, ReconcileSettings, Requeue, Result, run_checked
 from common.timefmt import epoch, rfc3339
 from common.watches import Watches, object_key
@@ -77,9 +82,10 @@ class KueueMetrics:
 
 
 def pods_by_owner(pods: list[dict[str, Any]]) -> dict[str, PodsOf]:
-    """What the GPU pods of each controlling owner (by UID) are doing: how many are placed and
-    running per Kueue pod set (unlabelled ones count for the set named ``main``), and the
-    earliest reclaim notice among them."""
+    """What the GPU pods of each controlling owner (``namespace/UID``: a pod of another
+    namespace naming the UID is not its) are doing: how many are placed and running per Kueue
+    pod set (unlabelled ones count for the set named ``main``), and the earliest reclaim notice
+    among them."""
     placed: dict[str, dict[str, int]] = {}
     notices: dict[str, float] = {}
     for pod in pods:
@@ -94,6 +100,7 @@ def pods_by_owner(pods: list[dict[str, Any]]) -> dict[str, PodsOf]:
         )
         if not owner or meta.get("deletionTimestamp"):
             continue
+        owner = f"{meta.get('namespace') or 'default'}/{owner}"
         if status.get("phase") in ("Succeeded", "Failed"):
             continue
         annotations = meta.get("annotations") or {}
@@ -140,10 +147,11 @@ class KueueCheck:
         metrics: KueueMetrics,
         *,
         resource: str = contract.DEFAULT_GPU_RESOURCE,
-        clock: Any = time.time,
+        reclaiming: Callable[[], Collection[JobKey]] = frozenset,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self._kube, self._view, self._metrics = kube, view, metrics
-        self._resource, self._clock = resource, clock
+        self._resource, self._clock, self._reclaiming = resource, clock, reclaiming
         self.checks: dict[str, dict[str, Any]] = {}  # AdmissionCheck name -> object
         self.workloads: dict[str, dict[str, Any]] = {}  # namespace/name -> Workload object
         self._lost_since: Mapping[str, float] = {}
@@ -190,7 +198,7 @@ class KueueCheck:
             if view is not None and view.active
             else {}
         )
-        capacity = lent_capacity(free)
+        capacity = lent_capacity(free, self._reclaiming())
         pods = pods_by_owner(view.pods.raw_pods()) if view is not None and view.active else {}
         decisions = decide(parsed, ours, capacity, pods, now=now, lost_since=self._lost_since)
         self._lost_since = decisions.lost_since
@@ -336,13 +344,14 @@ async def run_kueue_check(
     view: DemandView | None,
     metrics: KueueMetrics,
     resource: str = contract.DEFAULT_GPU_RESOURCE,
+    reclaiming: Callable[[], Collection[JobKey]] = frozenset,
     registry: CollectorRegistry | None = None,
 ) -> None:
     """Watch AdmissionChecks and Workloads and decide on them all, until cancelled or a watch
     ends. Waits, first, until the API server serves Kueue's API (Kueue installed after
     tidelease, or its CRDs upgraded)."""
     await wait_for_api(kube)
-    check = KueueCheck(kube, view, metrics, resource=resource)
+    check = KueueCheck(kube, view, metrics, resource=resource, reclaiming=reclaiming)
     loop = ReconcileLoop(
         "kueue",
         check.reconcile,

@@ -50,6 +50,13 @@ class Workload:
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
 
+    @property
+    def owner(self) -> str:
+        """``namespace/UID`` of its controlling owner: a pod is the workload's when it is in
+        the same namespace with that controller (an owner reference names no namespace, and a
+        pod of another namespace may name any UID)."""
+        return f"{self.namespace}/{self.owner_uid}"
+
 
 def _map(value: object) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}

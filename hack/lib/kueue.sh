@@ -35,7 +35,8 @@ TL_KUEUE_WEBHOOKS=(
 # tl::kueue::module_dir - the pinned Kueue module's source (downloaded by the Go toolchain).
 tl::kueue::module_dir() {
   local dir
-  dir="$(cd "${TL_HACK}/gomod/kueue" && GOFLAGS=-mod=mod go list -m -f '{{.Dir}}' sigs.k8s.io/kueue)"
+  dir="$(cd "${TMPDIR:-/tmp}" && GOFLAGS= go mod download -json "sigs.k8s.io/kueue@${KUEUE_VERSION}" |
+    sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p')"
   [[ -n "${dir}" && -d "${dir}/config/components/crd/bases" ]] ||
     tl::die "cannot find the source of sigs.k8s.io/kueue ${KUEUE_VERSION} (go mod download in hack/gomod/kueue)"
   printf '%s\n' "${dir}"
@@ -188,12 +189,13 @@ EOF
     ((SECONDS < deadline)) || tl::die "Kueue not ready after ${TL_KUEUE_READY_TIMEOUT}s; see ${dir}/kueue.log"
     sleep 0.5
   done
-  # Ready means its webhooks serve: a dry-run of a LocalQueue goes through them.
+  # Ready means its webhooks serve: a dry run of a ClusterQueue goes through its mutating and
+  # validating webhooks.
   until "${kubectl}" --kubeconfig "$2" create --dry-run=server -f - >/dev/null 2>&1 <<EOF; do
 apiVersion: kueue.x-k8s.io/v1beta2
-kind: LocalQueue
-metadata: {name: probe, namespace: default}
-spec: {clusterQueue: probe}
+kind: ClusterQueue
+metadata: {name: tidelease-probe}
+spec: {namespaceSelector: {}}
 EOF
     kill -0 "${TL_KUEUE_PID}" 2>/dev/null || tl::die "Kueue exited; see ${dir}/kueue.log"
     ((SECONDS < deadline)) || tl::die "Kueue's webhooks do not answer after ${TL_KUEUE_READY_TIMEOUT}s; see ${dir}/kueue.log"

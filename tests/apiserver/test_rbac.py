@@ -58,6 +58,7 @@ def cluster(apiserver: ApiServer) -> Iterator[Kubectl]:
         "--set", f"extender.leaseWorkloads[0].apiGroup={LWS_GROUP}",
         "--set", "extender.leaseWorkloads[0].resource=leaderworkersets",
         "--set", "scheduling.gangScheduling=true",
+        "--set", "extender.controllers.kueue=true",
         timeout=180,
     )  # fmt: skip
     # The objects an attacker would go for, and a node with a pod for each agent token.
@@ -171,6 +172,7 @@ def test_the_controllers_write_what_they_reconcile_and_cannot_bind(cluster: Kube
     for name, allowed in (
         ("tidelease-leasing-controller", "yes"),
         ("tidelease-gang-controller", "yes"),
+        ("tidelease-kueue-admission-check", "yes"),
         ("tidelease-agent-a", "no"),
     ):
         done = cluster.run("auth", "can-i", "update", f"leases/{name}", "-n", NS, token=t)
@@ -379,6 +381,33 @@ def test_the_own_scheduler_reads_gangs_and_writes_none(cluster: Kubectl) -> None
         assert not cluster.can(t, verb, workloads, "ml"), verb
     for account in ("tidelease-controllers", "tidelease-agent", "tidelease-orchestrator"):
         assert not cluster.can(token(cluster, account), "list", workloads, "ml"), account
+
+
+def test_the_kueue_check_reads_workloads_and_writes_only_their_status(cluster: Kubectl) -> None:
+    """With extender.controllers.kueue, the controllers read Kueue's Workloads and AdmissionChecks
+    and patch their status (the check's own entry, its Active condition), and can change nothing
+    else of Kueue's: no Workload's spec (activation, queue), no queue, no flavor; no other
+    component reads Workloads. Kueue's CRDs are not installed here: the review asks by name."""
+    t = token(cluster, "tidelease-controllers")
+    for resource in ("workloads.kueue.x-k8s.io", "admissionchecks.kueue.x-k8s.io"):
+        for verb in ("get", "list", "watch"):
+            assert cluster.can(t, verb, resource, "ml"), (verb, resource)
+        for verb in ("create", "update", "patch", "delete"):
+            assert not cluster.can(t, verb, resource, "ml"), (verb, resource)
+        assert cluster.can(t, "patch", f"{resource}/status", "ml"), resource
+        assert not cluster.can(t, "update", f"{resource}/status", "ml"), resource
+    for resource in (
+        "clusterqueues.kueue.x-k8s.io",
+        "localqueues.kueue.x-k8s.io",
+        "resourceflavors.kueue.x-k8s.io",
+        "cohorts.kueue.x-k8s.io",
+    ):
+        for verb in ("get", "create", "patch", "delete"):
+            assert not cluster.can(t, verb, resource, "ml"), (verb, resource)
+        assert not cluster.can(t, "patch", f"{resource}/status", "ml"), resource
+    for account in ("tidelease-extender", "tidelease-agent", "tidelease-orchestrator"):
+        other = token(cluster, account)
+        assert not cluster.can(other, "list", "workloads.kueue.x-k8s.io", "ml"), account
 
 
 def test_the_controllers_scale_workloads_only_where_leases_may_live(cluster: Kubectl) -> None:

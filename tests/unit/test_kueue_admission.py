@@ -57,7 +57,7 @@ def test_what_is_kept_for_a_holder_is_not_admitted_again() -> None:
     assert states(got) == {"b": "Pending"}
     # Once the holder's pods are placed, the ledger holds their GPUs: what is free is what is
     # left, and the holder keeps nothing more.
-    placed = {holder.owner_uid: PodsOf(placed={"main": 2})}
+    placed = {holder.owner: PodsOf(placed={"main": 2})}
     assert decide([newer, holder], CHECKS, {}, placed, now=NOW).writes[0].state == "Pending"
     assert decide([newer, holder], CHECKS, lent(4), placed, now=NOW).writes[0].state == "Ready"
 
@@ -70,7 +70,7 @@ def test_oldest_waiting_workload_first() -> None:
 
 def test_a_holder_is_sent_back_when_its_notice_has_run_out() -> None:
     holder = wl("a", ("main", 2, 4), state="Ready", conditions=("QuotaReserved", "Admitted"))
-    later = {holder.owner_uid: PodsOf(placed={"main": 2}, notice_at=NOW + 5)}
+    later = {holder.owner: PodsOf(placed={"main": 2}, notice_at=NOW + 5)}
     early = decide([holder], CHECKS, {}, later, now=NOW)
     assert early.writes == ()
     assert early.next_at == NOW + 5
@@ -160,9 +160,7 @@ def test_never_more_let_through_than_is_lent() -> None:
                 )
                 for i, (n, w) in enumerate(sorted(ws.items()))
             ]
-            pods = {
-                ws[n].owner_uid: PodsOf(placed={"main": ws[n].needs[0].count}) for n in placed_gpus
-            }
+            pods = {ws[n].owner: PodsOf(placed={"main": ws[n].needs[0].count}) for n in placed_gpus}
             got = decide(current, CHECKS, free, pods, now=NOW)
             new = {d.workload.name for d in got.writes if d.state == "Ready"}
             let_through += len(new)

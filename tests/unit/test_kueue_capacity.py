@@ -159,3 +159,12 @@ def test_the_answer_depends_on_nothing_but_its_inputs(seed: int) -> None:
     needs, capacity = random_case(random.Random(seed))
     shuffled = dict(reversed(list(capacity.items())))
     assert fit("ml/w", needs, capacity) == fit("ml/w", list(reversed(needs)), shuffled)
+
+
+def test_the_lent_gpus_of_an_owner_taking_them_back_are_not_lent_capacity() -> None:
+    """At dawn the owner's lease is reclaiming: its lent devices are on their way home (the
+    extender keeps borrowers off them), so a workload Kueue requeues waits for the next lend."""
+    mine, other = cls(Tier.HA), cls(Tier.HA, owner=JobKey("web/ranker"))
+    free = {NodeName("n1"): {mine: 4, other: 2}}
+    assert lent_capacity(free) == {NodeName("n1"): {mine: 4, other: 2}}
+    assert lent_capacity(free, {OWNER}) == {NodeName("n1"): {other: 2}}

@@ -1,0 +1,158 @@
+"""The Kueue admission check's I/O around its pure decision (extender.kueue.controller): pods
+counted per owner and namespace, the check's entry as applied (server-side apply of its own
+entry, the workload's UID as a precondition, the pods told to take lent GPUs only), an
+AdmissionCheck marked Active once, and an unreadable Workload rejected once."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from common import contract
+from common.model import DeviceClass, JobKey, NodeName, Tier
+from extender.kueue.controller import (
+    CONTROLLER_NAME,
+    FIELD_MANAGER,
+    KueueCheck,
+    KueueMetrics,
+    pods_by_owner,
+)
+from tests.unit.test_kueue_workloads import CHECK, workload
+
+LENT = DeviceClass("H20", Tier.HA, True, JobKey("online/recsys"))
+NOW = 1796011500.0
+
+
+def pod(
+    name: str, owner_uid: str, *, namespace: str = "ml", node: str = "", **ann: str
+) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "ownerReferences": [{"kind": "Job", "uid": owner_uid, "controller": True}],
+            "labels": {"kueue.x-k8s.io/podset": "main"},
+            "annotations": dict(ann),
+        },
+        "spec": {"nodeName": node} if node else {},
+        "status": {"phase": "Running" if node else "Pending"},
+    }
+
+
+def test_pods_are_counted_per_owner_in_their_own_namespace() -> None:
+    notice = {contract.ANN_RECLAIM_NOTICE: "2026-11-30T04:05:00.000000Z"}
+    got = pods_by_owner(
+        [
+            pod("a", "j1", node="n1"),
+            pod("b", "j1", node="n2", **notice),
+            pod("c", "j1"),  # not placed yet
+            pod("x", "j1", namespace="other", node="n1"),  # names the UID from elsewhere
+        ]
+    )
+    assert got["ml/j1"].placed == {"main": 2}
+    assert got["ml/j1"].notice_at == 1796011500.0
+    assert got["other/j1"].placed == {"main": 1}
+
+
+@dataclass
+class FakeKube:
+    calls: list[tuple[str, str, dict[str, Any], dict[str, str], str]] = field(default_factory=list)
+
+    async def json(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
+        self.calls.append(
+            (method, path, kw.get("body") or {}, kw.get("query") or {}, kw.get("content_type", ""))
+        )
+        return {}
+
+
+def view(free: dict[str, dict[DeviceClass, int]], pods: list[dict[str, Any]]) -> Any:
+    synced = asyncio.Event()
+    synced.set()
+    nodes = {NodeName(n): SimpleNamespace(free=f) for n, f in free.items()}
+    return SimpleNamespace(
+        active=True,
+        synced=synced,
+        cluster=SimpleNamespace(nodes=nodes),
+        pods=SimpleNamespace(raw_pods=lambda: pods),
+    )
+
+
+def checker(kube: FakeKube, free: dict[str, dict[DeviceClass, int]]) -> KueueCheck:
+    check = KueueCheck(
+        kube,  # type: ignore[arg-type]
+        view(free, []),
+        KueueMetrics(CollectorRegistry()),
+        clock=lambda: NOW,
+    )
+    check.on_check(
+        "ADDED",
+        {"metadata": {"name": CHECK, "generation": 1}, "spec": {"controllerName": CONTROLLER_NAME}},
+    )
+    check.on_check("ADDED", {"metadata": {"name": "other"}, "spec": {"controllerName": "x"}})
+    return check
+
+
+async def test_ready_is_applied_as_the_checks_own_entry() -> None:
+    kube = FakeKube()
+    check = checker(kube, {"n1": {LENT: 4}, "n2": {LENT: 4}})
+    check.on_workload("ADDED", workload(("main", 2, 4), name="train"))
+    await check.reconcile("all")
+    activate, write = kube.calls
+    assert activate[1] == f"/apis/kueue.x-k8s.io/v1beta2/admissionchecks/{CHECK}/status"
+    assert activate[2]["status"]["conditions"][0]["type"] == "Active"
+    method, path, body, query, content_type = write
+    assert (method, content_type) == ("PATCH", "application/apply-patch+yaml")
+    assert path == "/apis/kueue.x-k8s.io/v1beta2/namespaces/ml/workloads/train/status"
+    assert query == {"fieldManager": FIELD_MANAGER, "force": "true"}
+    assert body["metadata"]["uid"] == "w-train"
+    (entry,) = body["status"]["admissionChecks"]
+    assert (entry["name"], entry["state"]) == (CHECK, "Ready")
+    assert entry["podSetUpdates"] == [
+        {"name": "main", "annotations": {contract.ANN_LENT_ONLY: "true"}}
+    ]
+    # The check is Active now: marked once.
+    check.on_check(
+        "MODIFIED",
+        {
+            "metadata": {"name": CHECK},
+            "spec": {"controllerName": CONTROLLER_NAME},
+            "status": {"conditions": [{"type": "Active", "status": "True"}]},
+        },
+    )
+    kube.calls.clear()
+    ready = workload(("main", 2, 4), name="train", state="Ready")
+    check.on_workload("MODIFIED", ready)
+    await check.reconcile("all")
+    assert kube.calls == []
+
+
+async def test_a_template_that_says_lent_only_already_gets_no_update_of_it() -> None:
+    kube = FakeKube()
+    check = checker(kube, {"n1": {LENT: 8}})
+    check.on_workload(
+        "ADDED",
+        workload(("main", 1, 4), name="t", annotations={contract.ANN_LENT_ONLY: "true"}),
+    )
+    await check.reconcile("all")
+    entry = kube.calls[-1][2]["status"]["admissionChecks"][0]
+    assert entry["state"] == "Ready"
+    assert "podSetUpdates" not in entry
+
+
+async def test_an_unreadable_workload_is_rejected_once() -> None:
+    kube = FakeKube()
+    check = checker(kube, {"n1": {LENT: 8}})
+    bad = workload(("main", 1, 4), name="bad", annotations={contract.ANN_RELIABILITY: "best"})
+    check.on_workload("ADDED", bad)
+    await check.reconcile("all")
+    writes = [c for c in kube.calls if "/workloads/" in c[1]]
+    assert len(writes) == 1
+    entry = writes[0][2]["status"]["admissionChecks"][0]
+    assert entry["state"] == "Rejected"
+    assert "tidelease.io/reliability" in entry["message"]
+    await check.reconcile("all")
+    assert len([c for c in kube.calls if "/workloads/" in c[1]]) == 1
