@@ -211,7 +211,8 @@ build() {
   if [[ "${name}" == kueue ]]; then
     # Kueue's command has no version flag; its build information names the module it was built
     # from ("dep sigs.k8s.io/kueue v0.17.0 ...").
-    out="$("${GO}" version -m "${tmp}" | grep -F "${module} ")" ||
+    out="$("${GO}" version -m "${tmp}" | awk -v m="${module}" '$2 == m { print $1, $2, $3 }')"
+    [[ -n "${out}" ]] ||
       tl::die "${name}: its build information does not name ${module}"
   else
     # shellcheck disable=SC2046 # version_args is meant to split

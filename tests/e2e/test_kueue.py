@@ -142,9 +142,9 @@ def job_pods(cluster: Cluster, namespace: str, job: str) -> list[dict[str, Any]]
     ]
 
 
-def test_a_job_waits_for_lent_gpus_runs_on_them_and_is_requeued_at_reclaim(
-    cluster: Cluster, group: NodeGroup, namespace: str, kueue: Path
-) -> None:
+def online_job(cluster: Cluster, group: NodeGroup, namespace: str) -> Job:
+    """An online job of 4 x 4 GPUs filling two 8-GPU nodes of the group (nothing lent yet, no
+    free GPU beside it), and the LocalQueue of the namespace."""
     cluster.ensure_priority_class(BORROWER, 10)
     group.add_node("n1", lambda name: builders.devices(name, 8))
     group.add_node("n2", lambda name: builders.devices(name, 8))
@@ -152,6 +152,13 @@ def test_a_job_waits_for_lent_gpus_runs_on_them_and_is_requeued_at_reclaim(
     online = Job(cluster, group, namespace, replicas=4)
     online.replicas_placed(4)
     local_queue(cluster, namespace)
+    return online
+
+
+def test_a_job_waits_for_lent_gpus_runs_on_them_and_is_requeued_at_reclaim(
+    cluster: Cluster, group: NodeGroup, namespace: str, kueue: Path
+) -> None:
+    online = online_job(cluster, group, namespace)
     kube = cluster.kube
 
     # 4 lent: Kueue reserves quota, tidelease's check holds it back.
@@ -257,13 +264,7 @@ SIZES = [(1, 1), (1, 2), (2, 2), (1, 4), (2, 4), (1, 8), (3, 1), (2, 1), (1, 3),
 def test_kueue_never_admits_more_borrowed_gpus_than_are_lent(
     cluster: Cluster, group: NodeGroup, namespace: str, kueue: Path
 ) -> None:
-    cluster.ensure_priority_class(BORROWER, 10)
-    group.add_node("n1", lambda name: builders.devices(name, 8))
-    group.add_node("n2", lambda name: builders.devices(name, 8))
-    group.wait_ready()
-    online = Job(cluster, group, namespace, replicas=4)
-    online.replicas_placed(4)
-    local_queue(cluster, namespace)
+    online = online_job(cluster, group, namespace)
     lent = online.lend_groups(keep=1)
     lent_count = sum(len(d) for d in lent.values())
     assert lent_count == 12
