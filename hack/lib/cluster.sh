@@ -390,15 +390,51 @@ tl::cluster::start_controller_manager() {
   tl::log "started kube-controller-manager on ${TL_CLUSTER_KCM_URL} (pid ${TL_CLUSTER_KCM_PID})"
 }
 
+# TL_CLUSTER_KWOK_RUNS_FOREVER: the pod annotation that keeps kwok from completing a pod a Job
+# owns (its default pod stages mark such a pod Succeeded the moment it runs).
+TL_CLUSTER_KWOK_RUNS_FOREVER="tidelease.test/kwok-runs-forever"
+
+# tl::cluster::kwok_pod_stages - kwok's own default pod stages (the "fast" ones, read from the
+# pinned kwok module: ready, complete, delete), but a Job's pod annotated
+# TL_CLUSTER_KWOK_RUNS_FOREVER stays Running (tests/e2e/test_kueue.py: Kueue's Jobs must run
+# until they are evicted). Given in the configuration, they replace kwok's defaults.
+tl::cluster::kwok_pod_stages() {
+  local dir
+  dir="$(cd "${TMPDIR:-/tmp}" && GOFLAGS= go mod download -json "sigs.k8s.io/kwok@${KWOK_VERSION}" |
+    sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p')"
+  [[ -n "${dir}" && -d "${dir}/kustomize/stage/pod/fast" ]] ||
+    tl::die "cannot find kwok ${KWOK_VERSION}'s pod stages (go mod download sigs.k8s.io/kwok)"
+  "${TL_PY}" - "${dir}/kustomize/stage/pod/fast" "${TL_CLUSTER_KWOK_RUNS_FOREVER}" <<'EOF'
+import sys
+
+import yaml
+
+src, annotation = sys.argv[1:]
+docs = []
+for name in ("pod-ready", "pod-complete", "pod-delete"):
+    with open(f"{src}/{name}.yaml") as f:
+        stage = yaml.safe_load(f)
+    if name == "pod-complete":
+        stage["spec"]["selector"]["matchExpressions"].append(
+            {"key": f'.metadata.annotations["{annotation}"]', "operator": "DoesNotExist"}
+        )
+    docs.append(stage)
+print(yaml.safe_dump_all(docs, sort_keys=False, explicit_start=True), end="")
+EOF
+}
+
 # tl::cluster::start_kwok - kwok managing the nodes annotated kwok.x-k8s.io/node=fake, with its
-# default stages (nodes Ready, pods Running); no server port of its own.
+# default stages (nodes Ready, pods Running; tl::cluster::kwok_pod_stages); no server port of
+# its own.
 tl::cluster::start_kwok() {
-  local log="${TL_CLUSTER_DIR}/logs/kwok.log" config="${TL_CLUSTER_DIR}/kwok.yaml"
-  # An explicit (empty) configuration, so ~/.kwok/kwok.yaml of whoever runs this plays no part.
+  local log="${TL_CLUSTER_DIR}/logs/kwok.log" config="${TL_CLUSTER_DIR}/kwok.yaml" stages
+  stages="$(tl::cluster::kwok_pod_stages)" || tl::die "kwok's pod stages"
+  # An explicit configuration, so ~/.kwok/kwok.yaml of whoever runs this plays no part.
   cat >"${config}" <<EOF
 apiVersion: config.kwok.x-k8s.io/v1alpha1
 kind: KwokConfiguration
 options: {}
+${stages}
 EOF
   "$(tl::bin kwok)" \
     --config="${config}" \
