@@ -400,10 +400,7 @@ TL_CLUSTER_KWOK_RUNS_FOREVER="tidelease.test/kwok-runs-forever"
 # until they are evicted). Given in the configuration, they replace kwok's defaults.
 tl::cluster::kwok_pod_stages() {
   local dir
-  dir="$(cd "${TMPDIR:-/tmp}" && GOFLAGS= go mod download -json "sigs.k8s.io/kwok@${KWOK_VERSION}" |
-    sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p')"
-  [[ -n "${dir}" && -d "${dir}/kustomize/stage/pod/fast" ]] ||
-    tl::die "cannot find kwok ${KWOK_VERSION}'s pod stages (go mod download sigs.k8s.io/kwok)"
+  dir="$(tl::module_dir sigs.k8s.io/kwok "${KWOK_VERSION}" kustomize/stage/pod/fast)"
   "${TL_PY}" - "${dir}/kustomize/stage/pod/fast" "${TL_CLUSTER_KWOK_RUNS_FOREVER}" <<'EOF'
 import sys
 

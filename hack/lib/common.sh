@@ -188,6 +188,17 @@ tl::supervise() {
   done
 }
 
+# tl::module_dir MODULE VERSION SUBDIR - the directory of a Go module's source at VERSION (in the
+# module cache; downloaded from the proxy when missing), which must hold SUBDIR: the pinned
+# modules' own manifests (Kueue's CRDs, kwok's pod stages), read where they are, never copied.
+tl::module_dir() {
+  local dir
+  dir="$(cd "${TMPDIR:-/tmp}" && GOFLAGS= go mod download -json "$1@$2" |
+    sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p')"
+  [[ -n "${dir}" && -d "${dir}/$3" ]] || tl::die "cannot find $3 in $1 $2 (go mod download $1@$2)"
+  printf '%s\n' "${dir}"
+}
+
 # tl::now_s - seconds since the epoch with a fractional part (for timings).
 tl::now_s() {
   date +%s.%N

@@ -34,12 +34,7 @@ TL_KUEUE_WEBHOOKS=(
 
 # tl::kueue::module_dir - the pinned Kueue module's source (downloaded by the Go toolchain).
 tl::kueue::module_dir() {
-  local dir
-  dir="$(cd "${TMPDIR:-/tmp}" && GOFLAGS= go mod download -json "sigs.k8s.io/kueue@${KUEUE_VERSION}" |
-    sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p')"
-  [[ -n "${dir}" && -d "${dir}/config/components/crd/bases" ]] ||
-    tl::die "cannot find the source of sigs.k8s.io/kueue ${KUEUE_VERSION} (go mod download in hack/gomod/kueue)"
-  printf '%s\n' "${dir}"
+  tl::module_dir sigs.k8s.io/kueue "${KUEUE_VERSION}" config/components/crd/bases
 }
 
 # tl::kueue::certs DIR - DIR/certs/{ca.crt,ca.key,tls.crt,tls.key}: RSA keys in PKCS #1 (what
