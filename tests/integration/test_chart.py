@@ -65,6 +65,37 @@ def test_the_schema_refuses_bad_values(value: str, complaint: str) -> None:
     assert complaint in done.stderr, done.stderr
 
 
+def test_the_kueue_check_is_off_by_default_and_needs_the_leasing_controller() -> None:
+    def flag_and_rules(objs: list[dict[str, Any]]) -> tuple[bool, list[dict[str, Any]]]:
+        args = containers(find(objs, "Deployment", "tidelease-controllers"))["controllers"]["args"]
+        role = find(objs, "ClusterRole", "tidelease-controllers")
+        kueue = [r for r in role["rules"] if "kueue.x-k8s.io" in r["apiGroups"]]
+        return "--kueue-admission-check" in args, kueue
+
+    assert flag_and_rules(render()) == (False, [])
+    on, rules = flag_and_rules(render("extender.controllers.kueue=true"))
+    assert on
+    assert rules == [
+        {
+            "apiGroups": ["kueue.x-k8s.io"],
+            "resources": ["workloads", "admissionchecks"],
+            "verbs": ["get", "list", "watch"],
+        },
+        {
+            "apiGroups": ["kueue.x-k8s.io"],
+            "resources": ["workloads/status", "admissionchecks/status"],
+            "verbs": ["patch"],
+        },
+    ]
+    done = helm(
+        "template", "tidelease", str(CHART), "--kube-version", kube_version(),
+        "--set", "extender.controllers.kueue=true", "--set", "extender.controllers.leasing=false",
+        check=False,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "extender.controllers.kueue needs extender.controllers.leasing" in done.stderr
+
+
 def _scheduler_config(objs: list[dict[str, Any]]) -> dict[str, Any]:
     cm = find(objs, "ConfigMap", "tidelease-scheduler-config")
     cfg: dict[str, Any] = yaml.safe_load(cm["data"]["config.yaml"])
