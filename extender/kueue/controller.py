@@ -117,7 +117,7 @@ def pods_by_owner(pods: list[dict[str, Any]]) -> dict[str, PodsOf]:
     }
 
 
-def check_entry(decision: Decision, now: float, lent_only_set: frozenset[str]) -> dict[str, Any]:
+def check_entry(decision: Decision, now: float) -> dict[str, Any]:
     """The check's own entry of ``status.admissionChecks``, as applied."""
     entry: dict[str, Any] = {
         "name": decision.check,
@@ -130,7 +130,7 @@ def check_entry(decision: Decision, now: float, lent_only_set: frozenset[str]) -
             {"name": need.name, "annotations": {contract.ANN_LENT_ONLY: "true"}}
             for need in decision.workload.needs
             # Kueue refuses an update of a key the template already has.
-            if need.name not in lent_only_set
+            if need.name not in decision.workload.lent_only_set
         ]
         if updates:
             entry["podSetUpdates"] = updates[:8]
@@ -153,9 +153,12 @@ class KueueCheck:
         self._kube, self._view, self._metrics = kube, view, metrics
         self._resource, self._clock, self._reclaiming = resource, clock, reclaiming
         self.checks: dict[str, dict[str, Any]] = {}  # AdmissionCheck name -> object
-        self.workloads: dict[str, dict[str, Any]] = {}  # namespace/name -> Workload object
+        # Workloads parsed once per event (namespace/name -> Workload), and those tidelease
+        # cannot read (-> the object and its problems); the problems written, by key.
+        self.workloads: dict[str, Workload] = {}
+        self._unreadable: dict[str, tuple[dict[str, Any], str]] = {}
+        self._rejected: dict[str, str] = {}
         self._lost_since: Mapping[str, float] = {}
-        self._bad: dict[str, str] = {}  # workload key -> problems last logged
 
     def on_check(self, event: str, obj: dict[str, Any]) -> None:
         name = str((obj.get("metadata") or {}).get("name") or "")
@@ -166,11 +169,15 @@ class KueueCheck:
 
     def on_workload(self, event: str, obj: dict[str, Any]) -> None:
         key = object_key(obj)
+        self.workloads.pop(key, None)
+        self._unreadable.pop(key, None)
         if event == "DELETED":
-            self.workloads.pop(key, None)
-            self._bad.pop(key, None)
-        else:
-            self.workloads[key] = obj
+            self._rejected.pop(key, None)
+            return
+        try:
+            self.workloads[key] = parse_workload(obj, resource=self._resource)
+        except InvalidInput as e:
+            self._unreadable[key] = (obj, "; ".join(e.problems))
 
     def ours(self) -> frozenset[str]:
         return frozenset(
@@ -187,12 +194,8 @@ class KueueCheck:
         ours = self.ours()
         for name in sorted(ours):
             await self._activate(name, now)
-        parsed: list[Workload] = []
-        for key, obj in sorted(self.workloads.items()):
-            try:
-                parsed.append(parse_workload(obj, resource=self._resource))
-            except InvalidInput as e:
-                await self._reject(key, obj, ours, "; ".join(e.problems), now)
+        for key, (obj, problems) in sorted(self._unreadable.items()):
+            await self._reject(key, obj, ours, problems, now)
         free = (
             {node: st.free for node, st in view.cluster.nodes.items()}
             if view is not None and view.active
@@ -200,19 +203,14 @@ class KueueCheck:
         )
         capacity = lent_capacity(free, self._reclaiming())
         pods = pods_by_owner(view.pods.raw_pods()) if view is not None and view.active else {}
-        decisions = decide(parsed, ours, capacity, pods, now=now, lost_since=self._lost_since)
+        decisions = decide(
+            self.workloads.values(), ours, capacity, pods, now=now, lost_since=self._lost_since
+        )
         self._lost_since = decisions.lost_since
         self._metrics.lent.set(sum(sum(c.values()) for c in capacity.values()))
         self._metrics.kept.set(sum(r.gpus for r in decisions.reservations))
         for d in decisions.writes:
-            lent_only_set = frozenset(
-                str(ps.get("name") or "main")
-                for ps in (self.workloads.get(d.workload.key, {}).get("spec") or {}).get("podSets")
-                or []
-                if contract.ANN_LENT_ONLY
-                in (((ps.get("template") or {}).get("metadata") or {}).get("annotations") or {})
-            )
-            await self._write(d.workload, check_entry(d, now, lent_only_set))
+            await self._write(d.workload, check_entry(d, now))
             self._metrics.decisions.labels(d.state).inc()
             log.info(
                 "kueue: workload %s: check %s %s: %s",
@@ -255,9 +253,9 @@ class KueueCheck:
         self, key: str, obj: dict[str, Any], ours: frozenset[str], problems: str, now: float
     ) -> None:
         """A workload whose pods tidelease cannot read: Rejected (Kueue deactivates it), once."""
-        if self._bad.get(key) == problems:
+        if self._rejected.get(key) == problems:
             return
-        self._bad[key] = problems
+        self._rejected[key] = problems
         meta = obj.get("metadata") or {}
         status = obj.get("status") or {}
         for entry in status.get("admissionChecks") or []:

@@ -45,6 +45,9 @@ class Workload:
     messages: Mapping[str, str] = field(default_factory=dict)  # check name -> its message
     owner_uid: str = ""  # its controlling owner's UID (the Job): what its pods are owned by
     created: float = 0.0  # metadata.creationTimestamp, epoch seconds: the order of judging
+    # Pod sets whose template already carries tidelease.io/lent-only (Kueue refuses a
+    # podSetUpdate of a key the template has).
+    lent_only_set: frozenset[str] = frozenset()
 
     @property
     def key(self) -> str:
@@ -79,6 +82,7 @@ def parse_workload(
     if not namespace or not name:
         problems.append("Workload.metadata.namespace and name are required")
     needs: list[PodSetNeed] = []
+    lent_only_set: set[str] = set()
     pod_sets = spec.get("podSets")
     if not isinstance(pod_sets, list) or not pod_sets:
         problems.append("Workload.spec.podSets must be a non-empty list")
@@ -110,6 +114,8 @@ def parse_workload(
             problems += [f"{where}.template: {p}" for p in e.problems]
             continue
         needs.append(PodSetNeed(str(set_name), count, request))
+        if contract.ANN_LENT_ONLY in (pod["metadata"].get("annotations") or {}):
+            lent_only_set.add(str(set_name))
     checks: dict[str, CheckState] = {}
     messages: dict[str, str] = {}
     for c in status.get("admissionChecks") or []:
@@ -136,4 +142,5 @@ def parse_workload(
         messages=messages,
         owner_uid=owner_uid,
         created=epoch(meta.get("creationTimestamp")) or 0.0,
+        lent_only_set=frozenset(lent_only_set),
     )
