@@ -18,7 +18,7 @@ from common import contract
 from common.errors import TideleaseError
 from common.kubeclient import KubeClient
 from tests.apiserver.kubectl import Kubectl
-from tests.apiserver.test_rbac import NS, cluster, token
+from tests.apiserver.test_rbac import NS, cluster, deployment, token
 from tests.kubeconfigs import write_kubeconfig
 
 pytestmark = pytest.mark.apiserver
@@ -33,23 +33,6 @@ def pod(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
         "kind": "Pod",
         "metadata": {"name": name, "namespace": namespace},
         "spec": {"containers": [{"name": "c", "image": "local/app:v1"}], **spec},
-    }
-
-
-def deployment(name: str, namespace: str) -> dict[str, Any]:
-    labels = {"app": name}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {"containers": [{"name": "c", "image": "local/app:v1"}]},
-            },
-        },
     }
 
 

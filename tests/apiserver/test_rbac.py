@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -68,18 +70,21 @@ def cluster(apiserver: ApiServer) -> Iterator[Kubectl]:
         "spec": {"holderIdentity": "the-real-scheduler"},
     })  # fmt: skip
     c.apply(pod_on("sys-node", "victim", "kube-system"))
+    c.apply(deployment("policy-probe", "ml", replicas=0))
     for node in ("node-a", "node-b"):
         c.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
         c.apply(pod_on(node, f"agent-{node}", NS, "tidelease-agent"))
         c.apply(
             {"apiVersion": "tidelease.io/v1alpha1", "kind": "GpuNode", "metadata": {"name": node}}
         )
+    wait_policies_in_force(c)
     try:
         yield c
     finally:
         helm("uninstall", "tidelease", *kube, "--wait", check=False, timeout=180)
         for kind, name, ns in (
             ("pod", "victim", "kube-system"),
+            ("deployment", "policy-probe", "ml"),
             ("lease", "kube-scheduler", "kube-system"),
             ("gpunode", "node-a", ""),
             ("gpunode", "node-b", ""),
@@ -90,6 +95,74 @@ def cluster(apiserver: ApiServer) -> Iterator[Kubectl]:
                 "delete", kind, name, *(["-n", ns] if ns else []), "--ignore-not-found",
                 "--wait=false", *(["--grace-period=0", "--force"] if kind == "pod" else []),
             )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class PolicyProbe:
+    """A write its token's holder may make under RBAC but one of the chart's admission policies
+    refuses (a server-side dry run: nothing is stored), and the words of that refusal."""
+
+    account: str
+    args: tuple[str, ...]
+    words: str
+    pod: str | None = None
+    stdin: str | None = None
+
+
+POLICY_PROBES = {
+    "tidelease-controllers-pods": PolicyProbe("tidelease-controllers", (
+        "patch", "pod", "victim", "-n", "kube-system", "--type=merge", "-p",
+        '{"metadata":{"annotations":{"tidelease.io/reclaim-notice":"2000-01-01T00:00:00Z"}}}',
+    ), "do not touch pods in the namespace kube-system"),
+    "tidelease-controllers-workloads": PolicyProbe("tidelease-controllers", (
+        "patch", "deployment", "policy-probe", "-n", "ml", "--type=merge", "-p",
+        '{"metadata":{"labels":{"probe":"1"}}}',
+    ), "change a workload only by its scale subresource"),
+    "tidelease-own-leases": PolicyProbe("tidelease-controllers", ("create", "-f", "-"),
+        "writes only its own leader-election Leases", stdin=json.dumps({
+            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": "not-a-tidelease-lease", "namespace": NS},
+        })),
+    "tidelease-agent-own-node": PolicyProbe("tidelease-agent", (
+        "patch", "gpunode", "node-b", "--subresource=status", "--type=merge", "-p",
+        '{"status":{"devices":[]}}',
+    ), "only its own node", pod="agent-node-a"),
+}  # fmt: skip
+
+
+def wait_policies_in_force(c: Kubectl, timeout: float = 60.0) -> None:
+    """Until each policy of POLICY_PROBES refuses its probe. The API server loads every policy
+    and binding on its own in the background after `helm install` returns, so one in force says
+    nothing of the others (a CI run saw a kube-system pod patched by the controllers' token in
+    the first test after the install)."""
+    tokens: dict[tuple[str, str | None], str] = {}
+    for name, probe in POLICY_PROBES.items():
+        key = (probe.account, probe.pod)
+        t = tokens.setdefault(key, token(c, probe.account, probe.pod))
+        deadline = time.monotonic() + timeout
+        while True:
+            done = c.run(*probe.args, "--dry-run=server", token=t, stdin=probe.stdin)
+            if done.returncode != 0 and probe.words in done.stderr:
+                break
+            assert time.monotonic() < deadline, f"{name} not in force: {done.stdout}{done.stderr}"
+            time.sleep(0.5)
+
+
+def deployment(name: str, namespace: str, replicas: int = 1) -> dict[str, Any]:
+    labels = {"app": name}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"containers": [{"name": "c", "image": "local/app:v1"}]},
+            },
+        },
+    }
 
 
 def token(c: Kubectl, account: str, pod: str | None = None) -> str:
