@@ -98,6 +98,10 @@ DEFAULT_AGENT_NAMESPACE: Final = "tidelease-system"
 
 # --- resources ---
 DEFAULT_GPU_RESOURCE: Final = "nvidia.com/gpu"
+# Kueue (docs/kueue.md): the controllerName of tidelease's AdmissionChecks, and the check's
+# name the example and the chart use (extender.controllers.kueueChecks).
+KUEUE_CONTROLLER_NAME: Final = f"{PREFIX}/lent-gpus"
+KUEUE_CHECK: Final = "tidelease-lent-gpus"
 
 # --- Kubernetes' own annotations tidelease writes (a pod author may write them too) ---
 # A ReplicaSet scaling down removes the pods of lowest cost first. The leasing controller sets it

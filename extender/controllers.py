@@ -210,7 +210,9 @@ async def controllers(
                 "the Kueue admission check reads what is lent from the leasing controller's "
                 "view: run it with the leasing controller (--leasing-controller)"
             )
-        work = _kueue_check(kube, view, leases, settings.gpu_resource, registry, led)
+        work = _kueue_check(
+            kube, view, leases, settings.gpu_resource, settings.kueue_checks, registry, led
+        )
         tasks.append(asyncio.create_task(work, name="kueue"))
     if enabled.agent_conditions:
         agents = AgentConditions(
@@ -363,6 +365,7 @@ async def _kueue_check(
     view: DemandView,
     leases: LeaseCache,
     resource: str,
+    names: tuple[str, ...],
     registry: CollectorRegistry,
     led: Led,
 ) -> None:
@@ -382,6 +385,7 @@ async def _kueue_check(
             view=view,
             metrics=metrics,
             resource=resource,
+            names=frozenset(names),
             reclaiming=reclaiming,
             registry=registry,
         ),

@@ -47,12 +47,13 @@ from extender.kueue.workloads import API_VERSION, PLURAL, Workload, parse_worklo
 log = logging.getLogger(__name__)
 
 LEASE_NAME = "tidelease-kueue-admission-check"
-CONTROLLER_NAME = "tidelease.io/lent-gpus"  # an AdmissionCheck's spec.controllerName
+CONTROLLER_NAME = contract.KUEUE_CONTROLLER_NAME  # an AdmissionCheck's spec.controllerName
 FIELD_MANAGER = "tidelease-kueue-admission-check"
 PODSET_LABEL = "kueue.x-k8s.io/podset"  # Kueue's label of a pod's pod set
 RESYNC_S = 2.0
 API_POLL_S = 10.0
 KEY = "all"
+DEFAULT_CHECKS = (contract.KUEUE_CHECK,)  # the AdmissionChecks it decides for, by name
 
 
 @dataclass
@@ -147,11 +148,13 @@ class KueueCheck:
         metrics: KueueMetrics,
         *,
         resource: str = contract.DEFAULT_GPU_RESOURCE,
+        names: Collection[str] = DEFAULT_CHECKS,
         reclaiming: Callable[[], Collection[JobKey]] = frozenset,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._kube, self._view, self._metrics = kube, view, metrics
         self._resource, self._clock, self._reclaiming = resource, clock, reclaiming
+        self._names = frozenset(names)
         self.checks: dict[str, dict[str, Any]] = {}  # AdmissionCheck name -> object
         # Workloads parsed once per event (namespace/name -> Workload), and those tidelease
         # cannot read (-> the object and its problems); the problems written, by key.
@@ -179,12 +182,18 @@ class KueueCheck:
         except InvalidInput as e:
             self._unreadable[key] = (obj, "; ".join(e.problems))
 
-    def ours(self) -> frozenset[str]:
+    def named_ours(self) -> frozenset[str]:
+        """The AdmissionChecks that name this controller (``spec.controllerName``)."""
         return frozenset(
             name
             for name, ac in self.checks.items()
             if (ac.get("spec") or {}).get("controllerName") == CONTROLLER_NAME
         )
+
+    def ours(self) -> frozenset[str]:
+        """The AdmissionChecks this controller decides for: those naming it, of the names it
+        was given (the only entries of a Workload's status the chart's policy lets it write)."""
+        return self.named_ours() & self._names
 
     async def reconcile(self, _key: str) -> Result:
         view = self._view
@@ -192,8 +201,8 @@ class KueueCheck:
             return Requeue(0.5)  # the view's first list: what is lent is not known yet
         now = self._clock()
         ours = self.ours()
-        for name in sorted(ours):
-            await self._activate(name, now)
+        for name in sorted(self.named_ours()):
+            await self._activate(name, now, name in ours)
         for key, (obj, problems) in sorted(self._unreadable.items()):
             await self._reject(key, obj, ours, problems, now)
         free = (
@@ -279,13 +288,21 @@ class KueueCheck:
                 log.warning("kueue: workload %s rejected: %s", key, problems)
                 return
 
-    async def _activate(self, name: str, now: float) -> None:
-        """Mark an AdmissionCheck of ours Active (once: Kueue holds back its ClusterQueues
-        until then)."""
+    async def _activate(self, name: str, now: float, active: bool) -> None:
+        """Mark an AdmissionCheck naming this controller Active (once: Kueue holds back its
+        ClusterQueues until then), or, one not among its names, not Active, with why."""
         ac = self.checks.get(name) or {}
+        want = "True" if active else "False"
         for c in (ac.get("status") or {}).get("conditions") or []:
-            if isinstance(c, dict) and c.get("type") == "Active" and c.get("status") == "True":
+            if isinstance(c, dict) and c.get("type") == "Active" and c.get("status") == want:
                 return
+        message = (
+            "tidelease's controllers run the check of lent GPUs"
+            if active
+            else f"tidelease decides only for the AdmissionChecks named in its settings "
+            f"(kueue_checks; the chart's extender.controllers.kueueChecks: "
+            f"{', '.join(sorted(self._names)) or 'none'}), not {name}"
+        )
         body = {
             "apiVersion": API_VERSION,
             "kind": "AdmissionCheck",
@@ -294,9 +311,9 @@ class KueueCheck:
                 "conditions": [
                     {
                         "type": "Active",
-                        "status": "True",
-                        "reason": "Active",
-                        "message": "tidelease's controllers run the check of lent GPUs",
+                        "status": want,
+                        "reason": "Active" if active else "NotListed",
+                        "message": message,
                         "lastTransitionTime": rfc3339(now),
                         "observedGeneration": (ac.get("metadata") or {}).get("generation") or 0,
                     }
@@ -313,7 +330,10 @@ class KueueCheck:
             )
         except NotFound:
             return
-        log.info("kueue: admission check %s is Active", name, extra={"object": name})
+        if active:
+            log.info("kueue: admission check %s is Active", name, extra={"object": name})
+        else:
+            log.warning("kueue: admission check %s: %s", name, message, extra={"object": name})
 
 
 async def wait_for_api(kube: KubeClient, poll_s: float = API_POLL_S) -> None:
@@ -342,6 +362,7 @@ async def run_kueue_check(
     view: DemandView | None,
     metrics: KueueMetrics,
     resource: str = contract.DEFAULT_GPU_RESOURCE,
+    names: Collection[str] = DEFAULT_CHECKS,
     reclaiming: Callable[[], Collection[JobKey]] = frozenset,
     registry: CollectorRegistry | None = None,
 ) -> None:
@@ -349,7 +370,7 @@ async def run_kueue_check(
     ends. Waits, first, until the API server serves Kueue's API (Kueue installed after
     tidelease, or its CRDs upgraded)."""
     await wait_for_api(kube)
-    check = KueueCheck(kube, view, metrics, resource=resource, reclaiming=reclaiming)
+    check = KueueCheck(kube, view, metrics, resource=resource, names=names, reclaiming=reclaiming)
     loop = ReconcileLoop(
         "kueue",
         check.reconcile,

@@ -85,6 +85,11 @@ class ExtenderSettings:
     # `tidelease controllers --kueue-admission-check`: lent GPUs as capacity Kueue admits into
     # (extender/kueue; needs the leasing controller's view, so the leasing controller too).
     kueue_admission_check: bool = False
+    # The AdmissionChecks (by name) the Kueue check decides for: of those naming its
+    # controllerName, the others are marked not Active. The chart's admission policy lets the
+    # controllers' token write only these checks' entries of a Workload's status
+    # (extender.controllers.kueueChecks).
+    kueue_checks: tuple[str, ...] = (contract.KUEUE_CHECK,)
     agent_conditions: bool = False
     queues_controller: bool = False
     # The shared queues (docs/planner.md "Shared queues live"): the starting thresholds that
@@ -243,6 +248,7 @@ _FIELD_TYPES: dict[str, type] = {
     "hot_restart_operator": bool,
     "gang_controller": bool,
     "kueue_admission_check": bool,
+    "kueue_checks": tuple,
     "agent_conditions": bool,
     "queues_controller": bool,
     "queue_demote_interactive_s": float,

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ from common.model import Priority
 from common.timefmt import epoch
 from tests.background import running
 from tests.e2e.harness import BORROWER, Cluster, NodeGroup, devices_of, workload
-from tests.e2e.kube import wait_for
+from tests.e2e.kube import ApiError, path_of, wait_for
 from tests.e2e.leasingjob import Job, lent_devices
 
 pytestmark = pytest.mark.cluster
@@ -365,3 +366,91 @@ def test_kueue_never_admits_more_borrowed_gpus_than_are_lent(
             deleted.add(done)
         time.sleep(0.2)
     assert steps > 20, steps
+
+
+CONTROLLERS = "system:serviceaccount:tidelease-system:tidelease-controllers"  # hack/lib/cluster.sh
+MERGE = "application/merge-patch+json"
+POLICY = ROOT / "manifests/charts/tidelease/templates/controllers-policy.yaml"
+
+
+def refused(call: Callable[[], object], words: str) -> str:
+    with pytest.raises(ApiError) as e:
+        call()
+    assert e.value.status in (403, 422), e.value
+    assert words in e.value.message, e.value.message
+    return e.value.message
+
+
+def test_the_controllers_token_writes_only_its_own_checks(
+    cluster: Cluster, group: NodeGroup, namespace: str, kueue: Path
+) -> None:
+    """The chart's tidelease-controllers-kueue policy, with the controllers' own identity (the
+    grants hack/lib/cluster.sh applies, as the chart renders them): of a Workload's status only
+    the entry of its own check; of AdmissionChecks only those naming its controllerName. What it
+    writes as the check (the tests above) passes the same policy."""
+    kube = cluster.kube
+    me = kube.as_user(CONTROLLERS)
+    kube.create({
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "AdmissionCheck",
+        "metadata": {"name": "someone-elses"}, "spec": {"controllerName": "example.com/other"},
+    })  # fmt: skip
+    try:
+        path = path_of("AdmissionCheck", "someone-elses") + "/status"
+        active = {"status": {"conditions": [{
+            "type": "Active", "status": "True", "reason": "Active", "message": "forged",
+            "lastTransitionTime": "2026-11-30T00:00:00Z",
+        }]}}  # fmt: skip
+        refused(
+            lambda: me.request("PATCH", path, active, content_type=MERGE),
+            "mark only the AdmissionChecks of controllerName tidelease.io/lent-gpus",
+        )
+    finally:
+        kube.delete("AdmissionCheck", "someone-elses")
+
+    # A Workload of a Job waiting in the queue (nothing lent: Pending on the check).
+    local_queue(cluster, namespace)
+    job = borrower_job(group, namespace, "forger", 1, 4)
+    kube.create(job)
+    w = wait_for(
+        lambda: (lambda w: w if w and check_state(w)[0] == "Pending" else None)(
+            workload_of(cluster, namespace, "forger")
+        ),
+        what="the Workload waiting on tidelease's check",
+        timeout=60,
+    )
+    path = path_of("KueueWorkload", w["metadata"]["name"], namespace) + "/status"
+    entry = {"state": "Ready", "message": "forged", "lastTransitionTime": "2026-11-30T00:00:00Z"}
+    for patch, words in (
+        # another check's entry: Ready, as if that check had passed
+        ({"status": {"admissionChecks": [{"name": "someone-elses", **entry}]}},
+         "write only the admission checks tidelease-lent-gpus"),
+        # quota held, as if Kueue had admitted it; a condition of Kueue's
+        ({"status": {"requeueState": {"count": 7}}}, "only in its admission checks"),
+        ({"status": {"conditions": [{
+            "type": "Admitted", "status": "True", "reason": "Admitted", "message": "forged",
+            "lastTransitionTime": "2026-11-30T00:00:00Z",
+        }]}}, "only in its admission checks"),
+    ):  # fmt: skip
+        refused(lambda p=patch: me.request("PATCH", path, p, content_type=MERGE), words)  # type: ignore[misc]
+    stored = workload_of(cluster, namespace, "forger") or {}
+    assert condition(stored, "Admitted") != "True", stored["status"]
+    assert [c["name"] for c in stored["status"]["admissionChecks"]] == [CHECK]
+    kube.delete("Job", "forger", namespace)
+
+
+def test_the_policy_names_every_field_of_kueues_workload_status(
+    cluster: Cluster, kueue: Path
+) -> None:
+    """The policy keeps every field of a Workload's status but admissionChecks as it was, by
+    name: the names are those of the pinned Kueue's CRD (a Kueue upgrade that adds a field fails
+    here until the policy names it)."""
+    crd = cluster.kube.request(
+        "GET",
+        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/workloads.kueue.x-k8s.io",
+    )
+    (v1beta2,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1beta2"]
+    fields = set(v1beta2["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"])
+    text = POLICY.read_text()
+    policy = text[text.index("name: tidelease-controllers-kueue") :]
+    named = set(re.findall(r"object\.status\.\?(\w+) == oldObject\.status\.\?\1", policy))
+    assert named == fields - {"admissionChecks"}, sorted(named ^ (fields - {"admissionChecks"}))

@@ -96,6 +96,28 @@ def test_the_kueue_check_is_off_by_default_and_needs_the_leasing_controller() ->
     assert "extender.controllers.kueue needs extender.controllers.leasing" in done.stderr
 
 
+def test_the_kueue_check_writes_only_the_checks_the_admin_names() -> None:
+    """extender.controllers.kueueChecks: the controllers' setting kueue_checks, and the names
+    the admission policy lets the controllers' token write (tests/e2e/test_kueue.py tries it)."""
+
+    def names(objs: list[dict[str, Any]]) -> tuple[list[str], str]:
+        settings = yaml.safe_load(
+            find(objs, "ConfigMap", "tidelease-extender-settings")["data"]["settings.yaml"]
+        )
+        policy = find(objs, "ValidatingAdmissionPolicy", "tidelease-controllers-kueue")
+        checks = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}["checks"]
+        return settings["kueue_checks"], checks
+
+    off = render()
+    assert not [o for o in off if o["metadata"]["name"] == "tidelease-controllers-kueue"]
+    assert names(render("extender.controllers.kueue=true")) == (
+        ["tidelease-lent-gpus"], '["tidelease-lent-gpus"]',
+    )  # fmt: skip
+    assert names(
+        render("extender.controllers.kueue=true", "extender.controllers.kueueChecks={a,b.c}")
+    ) == (["a", "b.c"], '["a","b.c"]')
+
+
 def _scheduler_config(objs: list[dict[str, Any]]) -> dict[str, Any]:
     cm = find(objs, "ConfigMap", "tidelease-scheduler-config")
     cfg: dict[str, Any] = yaml.safe_load(cm["data"]["config.yaml"])

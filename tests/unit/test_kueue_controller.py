@@ -156,3 +156,27 @@ async def test_an_unreadable_workload_is_rejected_once() -> None:
     assert "tidelease.io/reliability" in entry["message"]
     await check.reconcile("all")
     assert len([c for c in kube.calls if "/workloads/" in c[1]]) == 1
+
+
+async def test_a_check_naming_it_but_not_among_its_names_is_marked_not_active() -> None:
+    """An AdmissionCheck naming tidelease's controllerName that the admin did not list
+    (kueue_checks): not Active, with why, once; its entries of Workloads are never written
+    (the chart's policy would refuse them)."""
+    kube = FakeKube()
+    check = checker(kube, {"n1": {LENT: 8}})
+    stray = {"metadata": {"name": "stray"}, "spec": {"controllerName": CONTROLLER_NAME}}
+    check.on_check("ADDED", stray)
+    check.on_workload("ADDED", workload(("main", 1, 4), name="t", check="stray"))
+    await check.reconcile("all")
+    paths = {c[1]: c[2] for c in kube.calls}
+    marked = paths["/apis/kueue.x-k8s.io/v1beta2/admissionchecks/stray/status"]
+    (condition,) = marked["status"]["conditions"]
+    assert (condition["type"], condition["status"], condition["reason"]) == (
+        "Active", "False", "NotListed",
+    )  # fmt: skip
+    assert CHECK in condition["message"]
+    assert not any("/workloads/" in p for p in paths)
+    kube.calls.clear()
+    check.on_check("MODIFIED", {**stray, "status": {"conditions": [condition]}})
+    await check.reconcile("all")
+    assert not any("stray" in c[1] for c in kube.calls)

@@ -23,6 +23,7 @@ def workload(
     name: str = "job-train-1a2b3",
     created: str = "2026-11-30T04:00:00Z",
     message: str = "",
+    check: str = CHECK,
 ) -> dict[str, Any]:
     """A Workload of (name, count, GPUs per pod) pod sets, with these conditions True, owned by
     the Job whose UID is ``job-`` and its name."""
@@ -62,7 +63,7 @@ def workload(
         },
         "status": {
             "conditions": [{"type": c, "status": "True"} for c in conditions],
-            "admissionChecks": [{"name": CHECK, "state": state, "message": message}],
+            "admissionChecks": [{"name": check, "state": state, "message": message}],
         },
     }
 
