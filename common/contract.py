@@ -102,6 +102,9 @@ DEFAULT_GPU_RESOURCE: Final = "nvidia.com/gpu"
 # name the example and the chart use (extender.controllers.kueueChecks).
 KUEUE_CONTROLLER_NAME: Final = f"{PREFIX}/lent-gpus"
 KUEUE_CHECK: Final = "tidelease-lent-gpus"
+# On a GpuNode, by the Kueue check: its lent devices kept for admitted workloads not placed yet
+# (common/keptmarks.py).
+ANN_KEPT_FOR_KUEUE: Final = f"{PREFIX}/kept-for-kueue"
 
 # --- Kubernetes' own annotations tidelease writes (a pod author may write them too) ---
 # A ReplicaSet scaling down removes the pods of lowest cost first. The leasing controller sets it

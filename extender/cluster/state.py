@@ -26,6 +26,7 @@ from common import contract
 from common.deviceattributes import reclaiming
 from common.errors import InvalidInput
 from common.heartbeat import heartbeat
+from common.keptmarks import NO_MARK, KeptMark, decode
 from common.model import (
     Allocation,
     Device,
@@ -93,6 +94,10 @@ class NodeState:
     # Devices the GpuNode's tags mark ``reclaiming`` (DRA mode: the leasing controller's marks,
     # read back from the API server so that a restarted controller knows what stands).
     reclaiming: frozenset[GpuUuid] = frozenset()
+    # Lent devices the Kueue check keeps for admitted workloads not placed yet (the GpuNode's
+    # annotation, common/keptmarks.py): other borrowers do not get them. Not in ``free``'s
+    # accounting: placement and binding bar them per request (KeptMark.barred).
+    kept: KeptMark = NO_MARK
     # The node's ledger as stored (what a compare-and-swap write starts from) ...
     ledger: dict[PodUid, Allocation] = field(default_factory=dict)
     ledger_version: str = ""
@@ -153,6 +158,21 @@ class NodeState:
     def taken_for(self, uid: PodUid) -> list[GpuUuid]:
         """The devices other pods hold here (ledger and holds): what pod ``uid`` may not take."""
         return [u for a in self.allocations.values() if a.holder.pod_uid != uid for u in a.devices]
+
+    def unavailable_to(self, req: PodRequest, now: float) -> list[GpuUuid]:
+        """What ``req`` may not take here: the devices other pods hold, and the free ones kept
+        for a Kueue workload of another owner (:meth:`KeptMark.barred`)."""
+        taken = self.taken_for(req.uid)
+        barred = self.kept.barred(req, now)
+        return [*taken, *barred.difference(taken)] if barred else taken
+
+    def barred_for(self, req: PodRequest, now: float) -> Counter[DeviceClass]:
+        """The classes of the free devices here kept for another owner's Kueue workload."""
+        barred = self.kept.barred(req, now)
+        if not barred:
+            return Counter()
+        held = {u for a in self.allocations.values() for u in a.devices}
+        return Counter(d.cls for d in self.devices if d.uuid in barred and d.uuid not in held)
 
     @property
     def offering(self) -> bool:
@@ -383,6 +403,7 @@ class ClusterState:
         try:
             self.set_inventory(parse_gpu_node(obj))
             self._node(name).reclaiming = frozenset(GpuUuid(u) for u in reclaiming(obj))
+            self._node(name).kept = _kept_mark(name, obj)
         except InvalidInput as e:
             # A bad object must not take the node's devices with it silently: offer none.
             log.error("ignoring invalid GpuNode %s: %s", name, e)
@@ -588,6 +609,21 @@ class _Reclaim:
     name: str
     groups: frozenset[str] = frozenset()  # the lent groups (by replica) being taken back
     overdue: bool = False  # Degraded ReclaimOverdue: its pods no longer wait for their groups
+
+
+def _kept_mark(node: NodeName, obj: Mapping[str, Any]) -> KeptMark:
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    try:
+        return decode(annotations.get(contract.ANN_KEPT_FOR_KUEUE))
+    except ValueError as e:
+        log.warning(
+            "GpuNode %s: annotation %s ignored (nothing kept): %s",
+            node,
+            contract.ANN_KEPT_FOR_KUEUE,
+            e,
+            extra={"object": node},
+        )
+        return NO_MARK
 
 
 def _older(version: str, than: str) -> bool:

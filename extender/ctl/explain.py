@@ -64,9 +64,11 @@ def explain_pod(
     resource: str,
     gpu_nodes: Iterable[str] = (),
     online_class: str = DEFAULT_ONLINE_PRIORITY_CLASS,
+    now: float | None = None,
 ) -> Explanation:
     """``gpu_nodes``: the GpuNodes listed, with those the view dropped (one that does not parse
-    offers nothing: kube-scheduler still asks about it, and the filter says why)."""
+    offers nothing: kube-scheduler still asks about it, and the filter says why). ``now``:
+    the time kept marks are judged at (:func:`filter_nodes`)."""
     meta = pod.get("metadata") or {}
     key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
     bound_to = str((pod.get("spec") or {}).get("nodeName") or "") or None
@@ -82,7 +84,7 @@ def explain_pod(
             key, request, invalid=f"the pod asks for no {resource}: tidelease does not place it"
         )
     names = sorted({*gpu_nodes, *(str(state.node) for state in cluster)})
-    decision = filter_nodes(cluster, req, names)
+    decision = filter_nodes(cluster, req, names, now=now)
     scores = dict(prioritize_nodes(cluster, req, decision.passed, weights))
     fitting = sorted(decision.passed, key=lambda n: (-scores[n], n))
     nodes = [NodeVerdict(n, FITS, scores[n], "") for n in fitting]

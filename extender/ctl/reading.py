@@ -173,7 +173,9 @@ async def _answer(
         except NotFound as e:
             raise NotFound(f"pod {namespace}/{args.pod} not found") from e
         names = [str((n.get("metadata") or {}).get("name", "")) for n in listed["GpuNode"]]
-        explanation = explain_pod(cluster, pod, defaults.weights, args.gpu_resource, names)
+        explanation = explain_pod(
+            cluster, pod, defaults.weights, args.gpu_resource, names, now=time.time()
+        )
         return out(explanation, render.explain(explanation, colour))
 
     problems: dict[str, str] = {}

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from common.model import DeviceClass, JobKey, NodeName, PodRequest
+from common.model import Device, DeviceClass, GpuUuid, JobKey, NodeName, PodRequest
 from extender.scheduler.placement import plan_node
 
 Capacity = Mapping[NodeName, Mapping[DeviceClass, int]]  # node -> free devices per class
@@ -153,3 +153,28 @@ def fit(workload: str, needs: Sequence[PodSetNeed], capacity: Capacity) -> Verdi
         placed.append(PodPlacement(name, node, take))
     reservation = Reservation(workload, tuple(placed))
     return Verdict(reservation, f"{reservation.gpus} lent GPU(s) kept for its {len(pods)} pod(s)")
+
+
+def kept_devices(
+    reservations: Iterable[tuple[str, Reservation]],
+    free: Mapping[NodeName, Sequence[Device]],
+    before: Mapping[NodeName, Mapping[GpuUuid, str]] | None = None,
+) -> dict[NodeName, dict[GpuUuid, str]]:
+    """The devices to mark kept (common/keptmarks.py) for each ``(owner key, reservation)``:
+    per node, as many free devices of each class as the reservation takes there. ``free``: the
+    free devices of each node; ``before``: the marks now, so that an owner keeps the devices it
+    was given while they stay free (then by UUID). A reservation is of what is free, so each
+    class has enough; a device is never given twice."""
+    before = before or {}
+    out: dict[NodeName, dict[GpuUuid, str]] = {}
+    for owner, r in reservations:
+        for node, take in r.by_node().items():
+            marked = out.setdefault(node, {})
+            was = before.get(node, {})
+            for cls, n in take.items():
+                pool = [d.uuid for d in free.get(node, ()) if d.cls == cls and d.uuid not in marked]
+                # its own first, then unmarked ones, another owner's last
+                pool.sort(key=lambda u: (0 if was.get(u) == owner else 2 if u in was else 1, u))
+                for uuid in pool[:n]:
+                    marked[uuid] = owner
+    return {node: marks for node, marks in out.items() if marks}

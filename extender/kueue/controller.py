@@ -34,14 +34,15 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from common import contract
 from common.errors import InvalidInput, NotFound, Unavailable
+from common.keptmarks import NO_MARK, KeptMark, encode
 from common.kubeclient import KubeClient
-from common.model import JobKey
+from common.model import Device, JobKey, NodeName
 from common.reconcile import ReconcileLoop, ReconcileSettings, Requeue, Result, run_checked
 from common.timefmt import epoch, rfc3339
 from common.watches import Watches, object_key
 from extender.cluster.watching import DemandView
 from extender.kueue.admission import Decision, PodsOf, decide
-from extender.kueue.capacity import lent_capacity
+from extender.kueue.capacity import Reservation, kept_devices, lent_capacity
 from extender.kueue.workloads import API_VERSION, PLURAL, Workload, parse_workload
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,8 @@ PODSET_LABEL = "kueue.x-k8s.io/podset"  # Kueue's label of a pod's pod set
 RESYNC_S = 2.0
 API_POLL_S = 10.0
 KEY = "all"
+KEEP_FOR_S = 60.0  # a kept mark lapses this long after it was written, unless renewed
+_GPU_NODES = f"/apis/{contract.API_VERSION}/{contract.PLURAL_GPU_NODE}"
 DEFAULT_CHECKS = (contract.KUEUE_CHECK,)  # the AdmissionChecks it decides for, by name
 
 
@@ -162,6 +165,7 @@ class KueueCheck:
         self._unreadable: dict[str, tuple[dict[str, Any], str]] = {}
         self._rejected: dict[str, str] = {}
         self._lost_since: Mapping[str, float] = {}
+        self._written: dict[NodeName, tuple[KeptMark, float]] = {}  # mark, when written
 
     def on_check(self, event: str, obj: dict[str, Any]) -> None:
         name = str((obj.get("metadata") or {}).get("name") or "")
@@ -218,6 +222,8 @@ class KueueCheck:
         self._lost_since = decisions.lost_since
         self._metrics.lent.set(sum(sum(c.values()) for c in capacity.values()))
         self._metrics.kept.set(sum(r.gpus for r in decisions.reservations))
+        if view is not None and view.active:
+            await self._keep(decisions.reservations, view, now)
         for d in decisions.writes:
             await self._write(d.workload, check_entry(d, now))
             self._metrics.decisions.labels(d.state).inc()
@@ -232,6 +238,56 @@ class KueueCheck:
         if decisions.next_at is not None:
             return Requeue(max(0.0, decisions.next_at - now) + 0.1)
         return None
+
+    async def _keep(
+        self, reservations: Collection[Reservation], view: DemandView, now: float
+    ) -> None:
+        """Mark on each GpuNode the lent devices kept for the workloads let through and not
+        placed yet (common/keptmarks.py), so that the extender gives them to no other
+        borrower; renewed before they lapse, removed once nothing is kept there."""
+        owners = {key: w.kept_key for key, w in self.workloads.items()}
+        pairs = [(o, r) for r in reservations if (o := owners.get(r.workload)) is not None]
+        nodes = view.cluster.nodes
+        current: dict[NodeName, KeptMark] = {}
+        for node, state in nodes.items():
+            written = self._written.get(node)
+            # What was written a moment ago, until the watch brings it back.
+            mark = written[0] if written is not None and now - written[1] < 5.0 else state.kept
+            if mark.devices:
+                current[node] = mark
+        free: dict[NodeName, list[Device]] = {}
+        for r in reservations:
+            for node in {p.node for p in r.pods if p.gpus}:
+                at = nodes.get(node)
+                if at is not None and node not in free:
+                    held = {u for a in at.allocations.values() for u in a.devices}
+                    free[node] = [d for d in at.devices if d.uuid not in held]
+        want = kept_devices(pairs, free, {n: m.devices for n, m in current.items()})
+        for node in sorted(want.keys() | current.keys()):
+            devices = want.get(node, {})
+            mark = current.get(node, NO_MARK)
+            if devices == dict(mark.devices) and (not devices or mark.until - now > KEEP_FOR_S / 2):
+                continue
+            new = KeptMark(devices, now + KEEP_FOR_S) if devices else NO_MARK
+            value = encode(new.devices, new.until) if devices else None
+            try:
+                await self._kube.json(
+                    "PATCH",
+                    f"{_GPU_NODES}/{node}",
+                    body={"metadata": {"annotations": {contract.ANN_KEPT_FOR_KUEUE: value}}},
+                    content_type="application/merge-patch+json",
+                )
+            except NotFound:
+                continue
+            self._written[node] = (new, now)
+            if dict(mark.devices) != devices:
+                log.info(
+                    "kueue: GpuNode %s: %d lent GPU(s) kept for %s",
+                    node,
+                    len(devices),
+                    ", ".join(sorted(set(devices.values()))) or "no workload",
+                    extra={"object": node},
+                )
 
     async def _write(self, workload: Workload, entry: dict[str, Any]) -> None:
         body = {

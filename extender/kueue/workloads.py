@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from common import contract
 from common.errors import InvalidInput
+from common.keptmarks import kept_key
 from common.podrequest import parse_pod
 from common.timefmt import epoch
 from extender.kueue.capacity import PodSetNeed
@@ -44,6 +45,7 @@ class Workload:
     checks: Mapping[str, CheckState]  # admission check name -> its state on this workload
     messages: Mapping[str, str] = field(default_factory=dict)  # check name -> its message
     owner_uid: str = ""  # its controlling owner's UID (the Job): what its pods are owned by
+    owner_ref: tuple[str, str] = ("", "")  # and that owner's (kind, name)
     created: float = 0.0  # metadata.creationTimestamp, epoch seconds: the order of judging
     # Pod sets whose template already carries tidelease.io/lent-only (Kueue refuses a
     # podSetUpdate of a key the template has).
@@ -59,6 +61,13 @@ class Workload:
         the same namespace with that controller (an owner reference names no namespace, and a
         pod of another namespace may name any UID)."""
         return f"{self.namespace}/{self.owner_uid}"
+
+    @property
+    def kept_key(self) -> str | None:
+        """Whose pods the lent GPUs kept for it are (common/keptmarks.py): its controlling
+        owner's, by kind and name in its namespace; None without one."""
+        kind, name = self.owner_ref
+        return kept_key(self.namespace, kind, name) if kind and name else None
 
 
 def _map(value: object) -> dict[str, Any]:
@@ -125,10 +134,11 @@ def parse_workload(
     if problems:
         raise InvalidInput([f"Workload {namespace}/{name}: {p}" for p in problems])
     conditions = status.get("conditions")
-    owner_uid = ""
+    owner_uid, owner_ref = "", ("", "")
     for ref in meta.get("ownerReferences") or []:
         if isinstance(ref, dict) and ref.get("controller") is True:
             owner_uid = str(ref.get("uid") or "")
+            owner_ref = (str(ref.get("kind") or ""), str(ref.get("name") or ""))
     return Workload(
         namespace=namespace,
         name=name,
@@ -141,6 +151,7 @@ def parse_workload(
         checks=checks,
         messages=messages,
         owner_uid=owner_uid,
+        owner_ref=owner_ref,
         created=epoch(meta.get("creationTimestamp")) or 0.0,
         lent_only_set=frozenset(lent_only_set),
     )

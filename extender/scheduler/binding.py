@@ -163,7 +163,7 @@ class Binder:
                     raise BindRefused(f"node {node}: agent silent, its GPUs are not offered")
                 if req.uid in state.allocations and req.uid in state.ledger:
                     return state.ledger[req.uid], True
-                taken = state.taken_for(req.uid)
+                taken = state.unavailable_to(req, self._clock().timestamp())
                 devices = self._held(req, state, taken)
                 if devices is None:
                     plan, chosen = pick_devices(state.devices, taken, req)

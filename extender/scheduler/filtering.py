@@ -35,6 +35,10 @@ AGENT_SILENT = "tidelease: node agent silent for too long; its GPUs are not offe
 NO_INVENTORY = (
     "tidelease: node has no GPU inventory (no GpuNode object; is the node agent running?)"
 )
+KEPT_FOR_KUEUE = (
+    "lent GPUs here are kept for a Kueue workload admitted against them until its pods are "
+    "placed (docs/kueue.md)"
+)
 LENT_ELSEWHERE = "tidelease: the owner's own lent GPUs are free on another node (right of return)"
 STANDBY_KEPT = (
     "tidelease: standby GPUs are kept for reclaims that the owner's lent or free GPUs cannot meet"
@@ -74,12 +78,16 @@ class _Judge:
         )
         self.verdicts: dict[DeviceClass, Verdict] = {}
 
-    def __call__(self, state: NodeState, holds_devices: bool) -> Judged:
+    def __call__(
+        self, state: NodeState, holds_devices: bool, barred: Mapping[DeviceClass, int] | None = None
+    ) -> Judged:
         """The plan on this node, and whether evicting lower-priority pods would make it fit.
-        ``holds_devices``: the pod holds devices on this node (it never evicts itself)."""
+        ``holds_devices``: the pod holds devices on this node (it never evicts itself);
+        ``barred``: free devices here it may not take (kept for a Kueue workload of another
+        owner, common/keptmarks.py)."""
         req = self.req
-        if holds_devices:
-            return self._holding(state)
+        if holds_devices or barred:
+            return self._apart(state, holds_devices, barred or {})
         free_key = state.free_key
         plan = self.plans.get(free_key)
         if plan is None:
@@ -94,20 +102,27 @@ class _Judge:
             judged = self.judged[key] = (plan, helps)
         return judged
 
-    def _holding(self, state: NodeState) -> Judged:
-        """A node where the pod already holds devices: a bind of it that wrote the ledger and
-        did not finish (the extender killed between the two, or the Binding refused). Those
-        devices are the pod's: it is judged on the free ones and its own (the bind takes its
-        allocation again, :meth:`extender.scheduler.binding.Binder.bind`), never on the free
-        ones alone, which would leave it unschedulable beside its own reservation until the
-        reaper drops it, with nothing to make kube-scheduler try it again. Not remembered:
-        the answer is this pod's."""
+    def _apart(
+        self, state: NodeState, holds_devices: bool, barred: Mapping[DeviceClass, int]
+    ) -> Judged:
+        """A node judged for this pod alone. Where it already holds devices (a bind of it
+        that wrote the ledger and did not finish: the extender killed between the two, or the
+        Binding refused), those are its: it is judged on the free ones and its own (the bind
+        takes its allocation again, :meth:`extender.scheduler.binding.Binder.bind`), never on
+        the free ones alone, which would leave it unschedulable beside its own reservation
+        until the reaper drops it, with nothing to make kube-scheduler try it again. Free
+        devices ``barred`` to it are not counted. Not remembered: the answer is this pod's."""
         req = self.req
         free = Counter(state.free)
-        free.update(state.held_classes.get(req.uid, ()))
+        if holds_devices:
+            free.update(state.held_classes.get(req.uid, ()))
+        free.subtract(barred)
+        free = +free  # counts of zero and below dropped
         plan = plan_node(free, req, self.verdicts)
         if plan.fits:
             return (plan, False)
+        if barred:
+            plan = replace(plan, reason=f"{plan.reason}; {KEPT_FOR_KUEUE}")
         more = freeable(state.allocations.values(), state.held_classes, req)
         return (plan, bool(more) and resolvable_counts(free, more, req, self.verdicts))
 
@@ -118,7 +133,12 @@ def _shape(req: PodRequest) -> tuple[object, ...]:
 
 
 def _evaluate(
-    cluster: ClusterState, names: Iterable[str], req: PodRequest, *, keep_plans: bool
+    cluster: ClusterState,
+    names: Iterable[str],
+    req: PodRequest,
+    *,
+    keep_plans: bool,
+    now: float | None = None,
 ) -> tuple[FilterDecision, dict[str, NodePlan], dict[str, str]]:
     """The decision over the nodes that offer devices; with ``keep_plans`` the plan per such
     node; the reason for each node that offers none (left out of the decision)."""
@@ -139,8 +159,9 @@ def _evaluate(
             missing[name] = AGENT_SILENT
             continue
         judged: Judged | None
-        if uid in state.allocations:  # the pod's own devices: not a shared answer
-            judged = judge(state, True)
+        barred = state.barred_for(req, now) if now is not None and state.kept.devices else None
+        if uid in state.allocations or barred:  # the pod's own devices or bars: its answer
+            judged = judge(state, uid in state.allocations, barred)
         else:
             judged = memo.get(state.decision_key)
             if judged is None:
@@ -157,15 +178,22 @@ def _evaluate(
     return decision, plans, missing
 
 
-def filter_nodes(cluster: ClusterState, req: PodRequest, names: Iterable[str]) -> FilterDecision:
+def filter_nodes(
+    cluster: ClusterState, req: PodRequest, names: Iterable[str], *, now: float | None = None
+) -> FilterDecision:
+    """Which of ``names`` can host the pod. ``now``: the time (epoch seconds) the GpuNodes'
+    kept marks are judged at (common/keptmarks.py); None: marks are not looked at (the
+    simulator, which runs no Kueue)."""
     if req.gpus == 0:
         return FilterDecision(passed=list(names))
     if req.reclaim:
         names = list(names)  # evaluated twice
-    decision, plans, missing = _evaluate(cluster, names, req, keep_plans=req.reclaim)
+    decision, plans, missing = _evaluate(cluster, names, req, keep_plans=req.reclaim, now=now)
     if req.reclaim:
         plain = replace(req, reclaim=False)
-        without_standby, strict_plans, _ = _evaluate(cluster, names, plain, keep_plans=True)
+        without_standby, strict_plans, _ = _evaluate(
+            cluster, names, plain, keep_plans=True, now=now
+        )
         own = own_resolvable(cluster, without_standby.failed, plain)
         if without_standby.passed or own:
             # The owner's pod fits without the standby pool, or will after evicting the

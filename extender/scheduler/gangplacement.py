@@ -22,6 +22,7 @@ Only gang pods (common.gangs) are answered so; every other pod is placed as befo
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 
 from common.model import Allocation, NodeName, PodRequest
@@ -62,7 +63,7 @@ def hold_for_gang(
         state = cluster.get(chosen)
         if state is None:
             return decision
-        taken = state.taken_for(req.uid)
+        taken = state.unavailable_to(req, time.time())
         plan, devices = pick_devices(state.devices, taken, req)
         if not plan.fits:  # the filter said it fits: nothing changed in between (one loop)
             return decision

@@ -129,7 +129,7 @@ class ExtenderApp:
         except InvalidInput as e:
             self.metrics.decisions.labels("filter", "invalid-pod").inc()
             return 200, wire.filter_error(f"tidelease: {e}")
-        decision = filter_nodes(self.cluster, req, args.node_names)
+        decision = filter_nodes(self.cluster, req, args.node_names, now=time.time())
         if req.gang is not None:
             decision = hold_for_gang(
                 self.cluster,

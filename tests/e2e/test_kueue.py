@@ -28,6 +28,7 @@ import pytest
 import yaml
 
 from common import builders, contract
+from common.keptmarks import decode
 from common.model import Priority
 from common.timefmt import epoch
 from tests.background import running
@@ -454,3 +455,82 @@ def test_the_policy_names_every_field_of_kueues_workload_status(
     policy = text[text.index("name: tidelease-controllers-kueue") :]
     named = set(re.findall(r"object\.status\.\?(\w+) == oldObject\.status\.\?\1", policy))
     assert named == fields - {"admissionChecks"}, sorted(named ^ (fields - {"admissionChecks"}))
+
+
+def test_lent_gpus_kept_for_an_admitted_job_go_to_no_other_borrower(
+    cluster: Cluster, group: NodeGroup, namespace: str, kueue: Path
+) -> None:
+    """Between Kueue's admission and the placement of the Job's pods (held here by a
+    scheduling gate of the tenant's own), the 8 lent GPUs counted for it are marked on their
+    GpuNodes for its Job; a borrower of another tenant that does not go through Kueue is kept
+    off them with the filter's reason; once the gate is lifted the Job's pods take exactly those
+    GPUs and the marks are removed."""
+    online = online_job(cluster, group, namespace)
+    kube = cluster.kube
+    lent = online.lend_groups(keep=2)
+    lent_uuids = {u for d in lent.values() for u in d}
+    assert len(lent_uuids) == 8
+    job = borrower_job(group, namespace, "held", 2, 4)
+    job["spec"]["template"]["spec"]["schedulingGates"] = [{"name": "tidelease.test/hold"}]
+    kube.create(job)
+
+    def marks() -> dict[str, str]:
+        out: dict[str, str] = {}
+        for node in group.nodes:
+            obj = kube.get("GpuNode", node) or {}
+            value = (obj["metadata"].get("annotations") or {}).get(contract.ANN_KEPT_FOR_KUEUE)
+            out.update(decode(value).devices)
+        return out
+
+    def gated() -> list[dict[str, Any]] | None:
+        pods = job_pods(cluster, namespace, "held")
+        return pods if len(pods) == 2 and marks() else None
+
+    pods = wait_for(
+        gated,
+        what="the Job admitted, its pods gated, the lent GPUs marked",
+        timeout=90,
+        describe=lambda: story(cluster, namespace, "held"),
+    )
+    assert all(not p["spec"].get("nodeName") for p in pods)
+    kept = marks()
+    assert set(kept) == lent_uuids, (kept, lent_uuids)
+    assert set(kept.values()) == {f"{namespace}/Job/held"}
+
+    # Another tenant's borrower, not through Kueue: kept off the kept GPUs (none else is free).
+    other = cluster.namespace("kept-other", online=False)
+    sneak = group.pod(other, "sneak", 4, priority=Priority.LOW, priority_class=BORROWER)
+    kube.create(sneak)
+
+    def refused() -> str | None:
+        for e in kube.list("Event", other):
+            if e.get("reason") == "FailedScheduling" and "kept for a Kueue workload" in str(
+                e.get("message")
+            ):
+                return str(e["message"])
+        return None
+
+    wait_for(refused, what="the borrower refused the kept GPUs", timeout=60)
+    assert not (kube.get("Pod", "sneak", other) or {})["spec"].get("nodeName")
+
+    # The gate lifted: the Job's pods on exactly the kept GPUs; the marks gone.
+    for p in pods:
+        kube.patch("Pod", p["metadata"]["name"], {"spec": {"schedulingGates": None}}, namespace)
+
+    def placed() -> list[dict[str, Any]] | None:
+        got = [p for p in job_pods(cluster, namespace, "held") if devices_of(p)]
+        return got if len(got) == 2 else None
+
+    pods = wait_for(
+        placed,
+        what="the Job's pods placed",
+        timeout=90,
+        describe=lambda: story(cluster, namespace, "held"),
+    )
+    held = [u for p in pods for u in devices_of(p)]
+    assert sorted(held) == sorted(lent_uuids), held
+    wait_for(lambda: not marks(), what="the kept marks removed", timeout=30)
+    sneaked = kube.get("Pod", "sneak", other) or {}
+    assert not sneaked["spec"].get("nodeName"), "no lent GPU was left for it"
+    kube.delete("Pod", "sneak", other)
+    kube.delete("Namespace", other)

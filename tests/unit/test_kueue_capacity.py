@@ -10,8 +10,26 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
-from common.model import DeviceClass, JobKey, NodeName, PodRequest, PodUid, Priority, Tier
-from extender.kueue.capacity import PodSetNeed, Reservation, fit, lent_capacity, less
+from common.model import (
+    Device,
+    DeviceClass,
+    GpuUuid,
+    JobKey,
+    NodeName,
+    PodRequest,
+    PodUid,
+    Priority,
+    Tier,
+)
+from extender.kueue.capacity import (
+    PodPlacement,
+    PodSetNeed,
+    Reservation,
+    fit,
+    kept_devices,
+    lent_capacity,
+    less,
+)
 
 H20 = "H20"
 OWNER = JobKey("online/recsys")
@@ -168,3 +186,20 @@ def test_the_lent_gpus_of_an_owner_taking_them_back_are_not_lent_capacity() -> N
     free = {NodeName("n1"): {mine: 4, other: 2}}
     assert lent_capacity(free) == {NodeName("n1"): {mine: 4, other: 2}}
     assert lent_capacity(free, {OWNER}) == {NodeName("n1"): {other: 2}}
+
+
+def test_kept_devices_are_the_reservations_classes_never_given_twice_and_stay_put() -> None:
+    ha = DeviceClass(H20, Tier.HA, True, OWNER)
+    la = DeviceClass(H20, Tier.LA, True, OWNER)
+    n = NodeName("n")
+    free = {n: [Device(n, i, GpuUuid(f"g{i}"), ha if i < 4 else la) for i in range(8)]}
+    a = Reservation("ml/a", (PodPlacement("main", n, ((ha, 2), (la, 1))),))
+    b = Reservation("ml/b", (PodPlacement("main", n, ((ha, 2),)),))
+    got = kept_devices([("ml/Job/a", a), ("ml/Job/b", b)], free)
+    assert got == {n: {"g0": "ml/Job/a", "g1": "ml/Job/a", "g4": "ml/Job/a",
+                       "g2": "ml/Job/b", "g3": "ml/Job/b"}}  # fmt: skip
+    # b was given g0 and g1 before: it keeps them, a takes the others of the class
+    before = {n: {GpuUuid("g0"): "ml/Job/b", GpuUuid("g1"): "ml/Job/b"}}
+    again = kept_devices([("ml/Job/a", a), ("ml/Job/b", b)], free, before)
+    assert {u for u, o in again[n].items() if o == "ml/Job/b"} == {"g0", "g1"}
+    assert {u for u, o in again[n].items() if o == "ml/Job/a"} == {"g2", "g3", "g4"}

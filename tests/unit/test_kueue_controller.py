@@ -6,6 +6,7 @@ AdmissionCheck marked Active once, and an unreadable Workload rejected once."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -13,7 +14,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from common import contract
-from common.model import DeviceClass, JobKey, NodeName, Tier
+from common.keptmarks import NO_MARK, KeptMark, decode
+from common.model import Device, DeviceClass, GpuUuid, JobKey, NodeName, Tier
 from extender.kueue.controller import (
     CONTROLLER_NAME,
     FIELD_MANAGER,
@@ -69,10 +71,24 @@ class FakeKube:
         return {}
 
 
-def view(free: dict[str, dict[DeviceClass, int]], pods: list[dict[str, Any]]) -> Any:
+def node(name: str, free: dict[DeviceClass, int], kept: KeptMark = NO_MARK) -> Any:
+    """A node of the leasing controller's view: its free devices (UUIDs ``<node>-<i>``), no
+    pod holding any, and the kept mark its GpuNode carries."""
+    devices = [
+        Device(NodeName(name), i, GpuUuid(f"{name}-{i}"), cls)
+        for i, cls in enumerate(c for c, n in free.items() for _ in range(n))
+    ]
+    return SimpleNamespace(free=free, devices=devices, allocations={}, kept=kept)
+
+
+def view(
+    free: dict[str, dict[DeviceClass, int]],
+    pods: list[dict[str, Any]],
+    kept: dict[str, KeptMark] | None = None,
+) -> Any:
     synced = asyncio.Event()
     synced.set()
-    nodes = {NodeName(n): SimpleNamespace(free=f) for n, f in free.items()}
+    nodes = {NodeName(n): node(n, f, (kept or {}).get(n, NO_MARK)) for n, f in free.items()}
     return SimpleNamespace(
         active=True,
         synced=synced,
@@ -81,12 +97,17 @@ def view(free: dict[str, dict[DeviceClass, int]], pods: list[dict[str, Any]]) ->
     )
 
 
-def checker(kube: FakeKube, free: dict[str, dict[DeviceClass, int]]) -> KueueCheck:
+def checker(
+    kube: FakeKube,
+    free: dict[str, dict[DeviceClass, int]],
+    kept: dict[str, KeptMark] | None = None,
+    clock: Callable[[], float] = lambda: NOW,
+) -> KueueCheck:
     check = KueueCheck(
         kube,  # type: ignore[arg-type]
-        view(free, []),
+        view(free, [], kept),
         KueueMetrics(CollectorRegistry()),
-        clock=lambda: NOW,
+        clock=clock,
     )
     check.on_check(
         "ADDED",
@@ -101,7 +122,10 @@ async def test_ready_is_applied_as_the_checks_own_entry() -> None:
     check = checker(kube, {"n1": {LENT: 4}, "n2": {LENT: 4}})
     check.on_workload("ADDED", workload(("main", 2, 4), name="train"))
     await check.reconcile("all")
-    activate, write = kube.calls
+    activate, *keeps, write = kube.calls  # the kept marks before the Ready
+    assert [k[1] for k in keeps] == [
+        "/apis/tidelease.io/v1alpha1/gpunodes/n1", "/apis/tidelease.io/v1alpha1/gpunodes/n2",
+    ]  # fmt: skip
     assert activate[1] == f"/apis/kueue.x-k8s.io/v1beta2/admissionchecks/{CHECK}/status"
     assert activate[2]["status"]["conditions"][0]["type"] == "Active"
     method, path, body, query, content_type = write
@@ -180,3 +204,54 @@ async def test_a_check_naming_it_but_not_among_its_names_is_marked_not_active() 
     check.on_check("MODIFIED", {**stray, "status": {"conditions": [condition]}})
     await check.reconcile("all")
     assert not any("stray" in c[1] for c in kube.calls)
+
+
+def mark_of(call: tuple[str, str, dict[str, Any], dict[str, str], str]) -> KeptMark:
+    assert call[4] == "application/merge-patch+json"
+    return decode(call[2]["metadata"]["annotations"][contract.ANN_KEPT_FOR_KUEUE])
+
+
+async def test_the_lent_gpus_kept_for_a_workload_are_marked_renewed_and_unmarked() -> None:
+    """Let through: its 8 lent GPUs marked on their GpuNodes for its Job (the owner key its
+    pods will carry), until a minute from now; renewed past half of that; once its pods are
+    placed (the view's pods), the marks are removed."""
+    kube = FakeKube()
+    now = [NOW]
+    check = checker(kube, {"n1": {LENT: 4}, "n2": {LENT: 6}}, clock=lambda: now[0])
+    check.on_workload("ADDED", workload(("main", 2, 4), name="train"))
+    await check.reconcile("all")
+    marks = {c[1].rsplit("/", 1)[1]: mark_of(c) for c in kube.calls if "/gpunodes/" in c[1]}
+    assert {n: sorted(m.devices) for n, m in marks.items()} == {
+        "n1": [f"n1-{i}" for i in range(4)], "n2": [f"n2-{i}" for i in range(4)],
+    }  # fmt: skip
+    assert {o for m in marks.values() for o in m.devices.values()} == {"ml/Job/train"}
+    assert {m.until for m in marks.values()} == {NOW + 60}
+
+    # The watch brings the marks back; 40 s on, they are renewed (the same devices).
+    nodes = check._view.cluster.nodes  # type: ignore[union-attr]
+    for n, m in marks.items():
+        nodes[NodeName(n)].kept = m
+    check.on_workload("MODIFIED", workload(("main", 2, 4), name="train", state="Ready"))
+    kube.calls.clear()
+    now[0] = NOW + 10
+    await check.reconcile("all")
+    assert [c for c in kube.calls if "/gpunodes/" in c[1]] == []
+    now[0] = NOW + 40
+    await check.reconcile("all")
+    renewed = {c[1].rsplit("/", 1)[1]: mark_of(c) for c in kube.calls if "/gpunodes/" in c[1]}
+    assert {n: m.devices for n, m in renewed.items()} == {n: m.devices for n, m in marks.items()}
+    assert {m.until for m in renewed.values()} == {NOW + 100}
+
+    # Its pods placed: nothing kept any more, the marks removed.
+    for n, m in renewed.items():
+        nodes[NodeName(n)].kept = m
+    check._view.pods = SimpleNamespace(  # type: ignore[union-attr]
+        raw_pods=lambda: [pod("a", "job-train", node="n1"), pod("b", "job-train", node="n2")]
+    )
+    kube.calls.clear()
+    now[0] = NOW + 50
+    await check.reconcile("all")
+    gone = [c for c in kube.calls if "/gpunodes/" in c[1]]
+    assert [c[2]["metadata"]["annotations"][contract.ANN_KEPT_FOR_KUEUE] for c in gone] == [
+        None, None,
+    ]  # fmt: skip
