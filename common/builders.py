@@ -163,16 +163,35 @@ def statefulset(
 ) -> dict[str, Any]:
     """A StatefulSet of ``replicas`` pods labelled ``app: <name>``, one container each;
     ``annotations`` go on its pod template."""
+    obj = deployment(
+        name, namespace, replicas=replicas, image=image, container=container,
+        annotations=annotations,
+    )  # fmt: skip
+    obj["kind"] = "StatefulSet"
+    obj["spec"]["serviceName"] = name
+    return obj
+
+
+def deployment(
+    name: str,
+    namespace: str,
+    *,
+    replicas: int,
+    image: str = "i:v1",
+    container: str = "c",
+    annotations: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """A Deployment of ``replicas`` pods labelled ``app: <name>``, one container each;
+    ``annotations`` go on its pod template."""
     template_meta: dict[str, Any] = {"labels": {"app": name}}
     if annotations is not None:
         template_meta["annotations"] = dict(annotations)
     return {
         "apiVersion": "apps/v1",
-        "kind": "StatefulSet",
+        "kind": "Deployment",
         "metadata": {"name": name, "namespace": namespace},
         "spec": {
             "replicas": replicas,
-            "serviceName": name,
             "selector": {"matchLabels": {"app": name}},
             "template": {
                 "metadata": template_meta,

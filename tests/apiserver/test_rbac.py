@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from common import builders
 from common.delegatedauth import DelegatedAuth
 from common.kubeclient import KubeClient
 from tests.apiserver.conftest import ApiServer
@@ -149,20 +150,7 @@ def wait_policies_in_force(c: Kubectl, timeout: float = 60.0) -> None:
 
 
 def deployment(name: str, namespace: str, replicas: int = 1) -> dict[str, Any]:
-    labels = {"app": name}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {"containers": [{"name": "c", "image": "local/app:v1"}]},
-            },
-        },
-    }
+    return builders.deployment(name, namespace, replicas=replicas, image="local/app:v1")
 
 
 def token(c: Kubectl, account: str, pod: str | None = None) -> str:

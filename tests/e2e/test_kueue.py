@@ -170,6 +170,21 @@ def job_pods(cluster: Cluster, namespace: str, job: str) -> list[dict[str, Any]]
     ]
 
 
+def wait_placed(
+    cluster: Cluster, namespace: str, job: str, count: int, what: str, timeout: float = 90
+) -> list[dict[str, Any]]:
+    """Until ``count`` pods of the Job hold devices; those pods."""
+
+    def placed() -> list[dict[str, Any]] | None:
+        pods = [p for p in job_pods(cluster, namespace, job) if devices_of(p)]
+        return pods if len(pods) == count else None
+
+    found: list[dict[str, Any]] = wait_for(
+        placed, what=what, timeout=timeout, describe=lambda: story(cluster, namespace, job)
+    )
+    return found
+
+
 def online_job(cluster: Cluster, group: NodeGroup, namespace: str) -> Job:
     """An online job of 4 x 4 GPUs filling two 8-GPU nodes of the group (nothing lent yet, no
     free GPU beside it), and the LocalQueue of the namespace."""
@@ -216,16 +231,7 @@ def test_a_job_waits_for_lent_gpus_runs_on_them_and_is_requeued_at_reclaim(
     lent_uuids = {u for d in lent.values() for u in d}
     assert len(lent_uuids) == 8
 
-    def placed() -> list[dict[str, Any]] | None:
-        pods = [p for p in job_pods(cluster, namespace, "finetune") if devices_of(p)]
-        return pods if len(pods) == 2 else None
-
-    pods = wait_for(
-        placed,
-        what="the Job admitted and both pods placed",
-        timeout=90,
-        describe=lambda: story(cluster, namespace, "finetune"),
-    )
+    pods = wait_placed(cluster, namespace, "finetune", 2, "the Job admitted and both pods placed")
     w = workload_of(cluster, namespace, "finetune") or {}
     assert condition(w, "Admitted") == "True", w.get("status")
     held = [u for p in pods for u in devices_of(p)]
@@ -310,7 +316,9 @@ def test_a_job_waits_for_lent_gpus_runs_on_them_and_is_requeued_at_reclaim(
 
     # The next lend: admitted again, on the newly lent devices.
     lent = online.lend_groups(keep=2)
-    again = wait_for(placed, what="the Job admitted again and placed", timeout=120)
+    again = wait_placed(
+        cluster, namespace, "finetune", 2, "the Job admitted again and placed", timeout=120
+    )
     held = [u for p in again for u in devices_of(p)]
     assert set(held) == {u for d in lent.values() for u in d}, held
 
@@ -517,16 +525,7 @@ def test_lent_gpus_kept_for_an_admitted_job_go_to_no_other_borrower(
     for p in pods:
         kube.patch("Pod", p["metadata"]["name"], {"spec": {"schedulingGates": None}}, namespace)
 
-    def placed() -> list[dict[str, Any]] | None:
-        got = [p for p in job_pods(cluster, namespace, "held") if devices_of(p)]
-        return got if len(got) == 2 else None
-
-    pods = wait_for(
-        placed,
-        what="the Job's pods placed",
-        timeout=90,
-        describe=lambda: story(cluster, namespace, "held"),
-    )
+    pods = wait_placed(cluster, namespace, "held", 2, "the Job's pods placed")
     held = [u for p in pods for u in devices_of(p)]
     assert sorted(held) == sorted(lent_uuids), held
     wait_for(lambda: not marks(), what="the kept marks removed", timeout=30)
