@@ -261,6 +261,8 @@ def stack(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
                 "extender.resources.requests.cpu=100m",
                 f"agent.hotRestart.criSocket={node.containerd_socket}",
                 f"agent.cache.hostPath={state.parent / 'cache'}",
+                # One node: the extender's replicas may share it (the chart keeps them apart).
+                "extender.antiAffinity=preferred",
                 *(f"agent.{v}" for v in on_node),
                 *(f"extender.{v}" for v in on_node),
                 *(f"orchestrator.{v}" for v in on_node),

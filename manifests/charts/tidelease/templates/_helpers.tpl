@@ -153,3 +153,76 @@ ServiceAccount and RBAC exist, and so do the policies about that ServiceAccount.
 true
 {{- end -}}
 {{- end }}
+
+{{/*
+Where a component's pods go (docs/install.md, "Scheduling tidelease's own pods"): its
+nodeSelector, tolerations and affinity; a replicated component (extender, controllers,
+orchestrator) without an affinity of the admin's gets anti-affinity of its replicas on
+kubernetes.io/hostname (antiAffinity: required, preferred or none) and, with spreadZones, a
+topology spread over zones. Args: ctx, values (the component's), component, replicated.
+*/}}
+{{- define "tidelease.placement" -}}
+{{- $v := .values -}}
+{{- $selector := include "tidelease.selector" (dict "ctx" .ctx "component" .component) | fromYaml -}}
+{{- with $v.nodeSelector }}
+nodeSelector: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $v.tolerations }}
+tolerations: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- if $v.affinity }}
+affinity: {{- toYaml $v.affinity | nindent 2 }}
+{{- else if and .replicated (eq (default "none" $v.antiAffinity) "required") }}
+affinity:
+  podAntiAffinity:
+    requiredDuringSchedulingIgnoredDuringExecution:
+      - topologyKey: kubernetes.io/hostname
+        labelSelector:
+          matchLabels: {{- toYaml $selector | nindent 12 }}
+{{- else if and .replicated (eq (default "none" $v.antiAffinity) "preferred") }}
+affinity:
+  podAntiAffinity:
+    preferredDuringSchedulingIgnoredDuringExecution:
+      - weight: 100
+        podAffinityTerm:
+          topologyKey: kubernetes.io/hostname
+          labelSelector:
+            matchLabels: {{- toYaml $selector | nindent 14 }}
+{{- end }}
+{{- if and .replicated $v.spreadZones }}
+topologySpreadConstraints:
+  - maxSkew: 1
+    topologyKey: topology.kubernetes.io/zone
+    whenUnsatisfiable: ScheduleAnyway
+    labelSelector:
+      matchLabels: {{- toYaml $selector | nindent 8 }}
+{{- end }}
+{{- end -}}
+
+{{/* A component's pod labels and annotations of the admin's: the chart's podLabels and
+podAnnotations, then the component's own (which win); never the selector's two labels.
+Args: ctx, values, which. */}}
+{{- define "tidelease.podExtras" -}}
+{{- $all := merge (deepCopy (get .values .which | default dict)) (get .ctx.Values .which | default dict) -}}
+{{- $all = omit $all "app.kubernetes.io/name" "app.kubernetes.io/instance" -}}
+{{- with $all }}{{ toYaml . }}{{ end -}}
+{{- end -}}
+
+{{/* A PodDisruptionBudget for a replicated component: one replica out at a time (a node drain
+never takes both extenders, through which every GPU pod is scheduled). Args: ctx, component,
+replicas, enabled. */}}
+{{- define "tidelease.pdb" -}}
+{{- if and .enabled (gt (int .replicas) 1) }}
+---
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata:
+  name: tidelease-{{ .component }}
+  namespace: {{ .ctx.Release.Namespace }}
+  labels: {{- include "tidelease.labels" (dict "ctx" .ctx "component" .component) | nindent 4 }}
+spec:
+  maxUnavailable: 1
+  selector:
+    matchLabels: {{- include "tidelease.selector" (dict "ctx" .ctx "component" .component) | nindent 6 }}
+{{- end }}
+{{- end -}}
