@@ -344,3 +344,50 @@ async def test_the_extender_serves_the_cluster_metrics(server: Server) -> None:
     assert 'tidelease_cluster_gpus_standby{gpu_type="H20",health="healthy",tier="HA"} 8.0' in text
     assert 'tidelease_cluster_node_unhealthy_gpus{node="node-c"} 4.0' in text
     assert 'tidelease_cluster_nodes{agent="no_heartbeat"} 5.0' in text
+
+
+def test_every_metrics_endpoint_has_a_service_and_optionally_a_service_monitor() -> None:
+    """The extender's, controllers' and orchestrator's /metrics each behind a Service whose
+    port reaches a port of the selected pods; with monitoring.serviceMonitor a ServiceMonitor
+    selecting each Service's port, scraped with the Prometheus' token, and the ClusterRole
+    binding that lets that token in when the admin names the Prometheus' ServiceAccount."""
+    objs = render()
+    for component in ("extender", "controllers", "orchestrator"):
+        service = find(objs, "Service", f"tidelease-{component}")
+        deployment = find(objs, "Deployment", f"tidelease-{component}")
+        assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+        (port,) = [p for p in service["spec"]["ports"] if p["name"] == "metrics"]
+        ports = {
+            p["name"]
+            for c in deployment["spec"]["template"]["spec"]["containers"]
+            for p in c.get("ports") or []
+        }
+        assert port["targetPort"] in ports, (component, port, ports)
+    assert not [o for o in objs if o["kind"] == "ServiceMonitor"]
+    on = render(
+        "monitoring.serviceMonitor.enabled=true",
+        "monitoring.serviceMonitor.labels.release=kube-prometheus-stack",
+        "monitoring.serviceMonitor.prometheusServiceAccount.name=prometheus",
+        "monitoring.serviceMonitor.prometheusServiceAccount.namespace=monitoring",
+    )
+    monitors = {o["metadata"]["name"]: o for o in on if o["kind"] == "ServiceMonitor"}
+    assert set(monitors) == {
+        "tidelease-extender",
+        "tidelease-controllers",
+        "tidelease-orchestrator",
+    }
+    for name, monitor in monitors.items():
+        service = find(on, "Service", name)
+        assert (
+            monitor["spec"]["selector"]["matchLabels"].items()
+            <= service["metadata"]["labels"].items()
+        )
+        assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+        (endpoint,) = monitor["spec"]["endpoints"]
+        assert (endpoint["port"], endpoint["path"]) == ("metrics", "/metrics")
+        assert endpoint["bearerTokenFile"].endswith("serviceaccount/token")
+    binding = find(on, "ClusterRoleBinding", "tidelease-metrics-reader")
+    assert binding["roleRef"]["name"] == "tidelease-metrics-reader"
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "prometheus", "namespace": "monitoring"}
+    ]
