@@ -797,3 +797,33 @@ def test_dra_mode_has_the_leasing_controller_pin_claims() -> None:
     default = render()
     assert "dra" not in settings(default)
     assert not [k for k in granted(default) if k[0] == "resource.k8s.io"]
+
+
+def test_dra_only_mode_keeps_the_controllers_without_the_extender() -> None:
+    """dra.enabled with extender.enabled=false: kube-scheduler's own DRA places the claims, so
+    no extender, no scheduler of tidelease's and no scheduler configuration; the controllers
+    still run (the leasing controller lends and pins returning claims) with their settings,
+    RBAC, admission policies and network policy. Without DRA, extender.enabled=false leaves no
+    controllers (nothing would place what they lend)."""
+    objs = render("dra.enabled=true", "extender.enabled=false")
+    names = {(o["kind"], o["metadata"]["name"]) for o in objs}
+    assert ("Deployment", "tidelease-extender") not in names
+    assert not [n for k, n in names if k == "ConfigMap" and n == "tidelease-scheduler-config"]
+    args = containers(find(objs, "Deployment", "tidelease-controllers"))["controllers"]["args"]
+    assert "--leasing-controller" in args
+    settings = yaml.safe_load(
+        find(objs, "ConfigMap", "tidelease-extender-settings")["data"]["settings.yaml"]
+    )
+    assert settings["dra"] is True
+    for kind, name in (("ClusterRole", "tidelease-controllers"),
+                       ("ValidatingAdmissionPolicy", "tidelease-controllers-pods"),
+                       ("NetworkPolicy", "tidelease-controllers"),
+                       ("DaemonSet", "tidelease-agent")):  # fmt: skip
+        assert (kind, name) in names, (kind, name)
+    plain = {(o["kind"], o["metadata"]["name"]) for o in render("extender.enabled=false")}
+    assert ("Deployment", "tidelease-controllers") not in plain
+    done = helm(
+        "lint", "--strict", str(CHART), "--kube-version", kube_version(),
+        "--set", "dra.enabled=true", "--set", "extender.enabled=false",
+    )  # fmt: skip
+    assert "0 chart(s) failed" in done.stdout, done.stdout

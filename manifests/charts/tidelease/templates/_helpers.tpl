@@ -146,10 +146,13 @@ true
 {{- end -}}
 
 {{- /* "true" when `tidelease controllers` runs anything (controllers.yaml): its Deployment,
-ServiceAccount and RBAC exist, and so do the policies about that ServiceAccount. */}}
+ServiceAccount and RBAC exist, and so do the policies about that ServiceAccount. With the
+extender, or without it in DRA mode (dra.enabled, extender.enabled=false: kube-scheduler's own
+DRA places the claims, the leasing controller still lends and pins returning claims). */}}
 {{- define "tidelease.controllersEnabled" -}}
 {{- $c := .Values.extender.controllers -}}
-{{- if and .Values.extender.enabled (or $c.leasing $c.hotRestartOperator $c.gangs .Values.scheduling.gangScheduling $c.agentConditions $c.queues $c.prewarm $c.planner (include "tidelease.ownCertificates" .)) -}}
+{{- $dra := dig "enabled" false (.Values.dra | default dict) -}}
+{{- if and (or .Values.extender.enabled $dra) (or $c.leasing $c.hotRestartOperator $c.gangs .Values.scheduling.gangScheduling $c.agentConditions $c.queues $c.prewarm $c.planner (include "tidelease.ownCertificates" .)) -}}
 true
 {{- end -}}
 {{- end }}
