@@ -10,8 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import yaml
 
-from tests.chart import find, render
+from tests.chart import CHART, containers, find, helm, render
 
 REPLICATED = ("extender", "controllers", "orchestrator")
 WORKLOADS = (("Deployment", "extender"), ("Deployment", "controllers"),
@@ -113,3 +114,27 @@ def test_the_admins_labels_annotations_and_environment_reach_the_pods(
     assert {"note": "all", "only": "me"}.items() <= meta["annotations"].items()
     first = workload["spec"]["template"]["spec"]["containers"][0]
     assert {"name": "HTTPS_PROXY", "value": "http://proxy:3128"} in first["env"]
+
+
+def test_the_own_schedulers_image_follows_the_cluster_or_is_refused_outside_the_skew() -> None:
+    def image(kube: str, *values: str) -> str:
+        out = helm(
+            "template", "tidelease", str(CHART), "--kube-version", kube,
+            *(a for v in values for a in ("--set", v)), "--show-only",
+            "templates/extender-deployment.yaml", check=False,
+        )  # fmt: skip
+        if out.returncode != 0:
+            return out.stderr
+        (deployment,) = [
+            d for d in yaml.safe_load_all(out.stdout) if d and d["kind"] == "Deployment"
+        ]
+        return str(containers(deployment)["kube-scheduler"]["image"])
+
+    assert image("1.35.4") == "registry.k8s.io/kube-scheduler:v1.35.4"
+    assert image("1.34.2+k3s1") == "registry.k8s.io/kube-scheduler:v1.34.2"
+    tag = "scheduling.kubeScheduler.image.tag"
+    assert image("1.35.0", f"{tag}=v1.34.9").endswith(":v1.34.9")  # one minor older: allowed
+    assert image("1.35.0", f"{tag}=locally-built").endswith(":locally-built")  # not a version
+    for kube, want in (("1.34.2", "v1.35.4"), ("1.36.1", "v1.34.0")):
+        refused = image(kube, f"{tag}={want}")
+        assert f"{tag} {want} is outside Kubernetes' version skew" in refused, refused

@@ -229,3 +229,25 @@ spec:
     matchLabels: {{- include "tidelease.selector" (dict "ctx" .ctx "component" .component) | nindent 6 }}
 {{- end }}
 {{- end -}}
+
+{{/*
+The kube-scheduler image tag of ownScheduler mode: scheduling.kubeScheduler.image.tag, else the
+cluster's version (what `helm install` reads from the API server, less a distribution's suffix:
+v1.34.2+k3s1 -> v1.34.2). A version tag is held to Kubernetes' skew policy (kube-scheduler never
+newer than the API server, at most one minor older): anything else fails the install with why.
+*/}}
+{{- define "tidelease.kubeSchedulerTag" -}}
+{{- $cluster := regexReplaceAll "[-+].*$" .Capabilities.KubeVersion.Version "" -}}
+{{- $tag := .Values.scheduling.kubeScheduler.image.tag | default $cluster -}}
+{{- $m := regexFind "^v?[0-9]+[.][0-9]+" $tag -}}
+{{- if $m -}}
+{{- $want := split "." (trimPrefix "v" $m) -}}
+{{- $minor := int $want._1 -}}
+{{- $clusterMinor := regexFind "[0-9]+" .Capabilities.KubeVersion.Minor | int -}}
+{{- $clusterMajor := regexFind "[0-9]+" .Capabilities.KubeVersion.Major | int -}}
+{{- if or (ne (int $want._0) $clusterMajor) (gt $minor $clusterMinor) (lt $minor (sub $clusterMinor 1)) -}}
+{{- fail (printf "scheduling.kubeScheduler.image.tag %s is outside Kubernetes' version skew for this cluster (%s): kube-scheduler may be the API server's minor version or one older; leave the tag empty to follow the cluster" $tag .Capabilities.KubeVersion.Version) -}}
+{{- end -}}
+{{- end -}}
+{{- $tag -}}
+{{- end -}}
