@@ -38,6 +38,10 @@ PROMETHEUS_VERSION="${PROMETHEUS_VERSION:-v0.316.0}"
 # Kueue's controller manager (cmd/kueue) and its CRDs, for the Kueue integration's tests (issue 37):
 # started by the cluster scripts only when a test asks for it (TL_CLUSTER_KUEUE=true).
 KUEUE_VERSION="${KUEUE_VERSION:-v0.17.0}"
+# The NVIDIA GPU Operator's source (its Helm chart, deployments/gpu-operator), for the test of
+# the recipe beside it (docs/gpu-operator.md): rendered, never run (its components need GPUs).
+# The module has no release tags the Go proxy serves: a commit of its main branch.
+GPU_OPERATOR_VERSION="${GPU_OPERATOR_VERSION:-v0.0.0-20250917190837-d73a0086a6ba}"
 
 # Components that hack/build-binaries.sh knows, in build priority order.
 TL_COMPONENTS=(

@@ -41,8 +41,25 @@ def get(apiserver: ApiServer, kind: str, name: str) -> dict[str, Any]:
     return obj
 
 
+def nvidia_runtime_class(apiserver: ApiServer) -> None:
+    """The RuntimeClass the NVIDIA container toolkit (or the GPU Operator) makes, stood in."""
+    Kubectl(apiserver).apply({
+        "apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+        "metadata": {"name": "nvidia"}, "handler": "nvidia",
+    })  # fmt: skip
+
+
 def test_install_upgrade_uninstall(apiserver: ApiServer) -> None:
     kubeconfig = ("--kubeconfig", str(apiserver.kubeconfig), "--namespace", NAMESPACE)
+    # Without the agent's RuntimeClass the install stops with why, not with refused agent pods.
+    kubectl(apiserver, "delete", "runtimeclass", "nvidia", "--ignore-not-found")
+    done = helm(
+        "install", RELEASE, str(CHART), "--create-namespace", *kubeconfig, "--dry-run=server",
+        check=False, timeout=180,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "agent.runtimeClassName nvidia: the cluster has no such RuntimeClass" in done.stderr
+    nvidia_runtime_class(apiserver)
     helm("install", RELEASE, str(CHART), "--create-namespace", *kubeconfig, timeout=180)
     installed = ours(apiserver)
     for thing in (
@@ -98,6 +115,7 @@ def test_cluster_scheduler_certificates_are_made_in_the_cluster_not_by_helm(
     (extender/certrotation: tests/apiserver/test_certificate_swap.py, tests/unit)."""
     kubeconfig = ("--kubeconfig", str(apiserver.kubeconfig), "--namespace", NAMESPACE)
     mode = ("--set", "scheduling.mode=clusterScheduler")
+    nvidia_runtime_class(apiserver)
     helm("install", RELEASE, str(CHART), "--create-namespace", *kubeconfig, *mode, timeout=180)
     try:
         manifest = helm("get", "manifest", RELEASE, *kubeconfig).stdout

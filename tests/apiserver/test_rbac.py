@@ -22,6 +22,7 @@ from common.delegatedauth import DelegatedAuth
 from common.kubeclient import KubeClient
 from tests.apiserver.conftest import ApiServer
 from tests.apiserver.kubectl import Kubectl
+from tests.apiserver.test_manifests_apply import nvidia_runtime_class
 from tests.chart import CHART, helm
 from tests.kubeconfigs import write_kubeconfig
 
@@ -54,6 +55,7 @@ def cluster(apiserver: ApiServer) -> Iterator[Kubectl]:
     # no namespace controller to finish a deletion.
     if c.kubectl("get", "namespace", "-o", "name").find("namespace/ml\n") < 0:
         c.kubectl("create", "namespace", "ml")
+    nvidia_runtime_class(apiserver)  # the agent's, as the GPU Operator makes it
     helm(
         "install", "tidelease", str(CHART), "--create-namespace", *kube,
         "--set", "orchestrator.namespaces={ml}", "--set", "extender.leaseNamespaces={ml}",
