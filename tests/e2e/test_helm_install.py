@@ -252,7 +252,6 @@ def stack(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
                 "agent.backend=fake",
                 f"agent.fakeGpus={GPUS}",
                 f"agent.hostDeviceRoot={facts['TL_REALNODE_FAKEDEV']}",
-                "agent.runtimeClassName=",
                 # On as before it was opt-in: the install with the CRI socket mounted.
                 "agent.hotRestart.enabled=true",
                 "extender.controllers.hotRestartOperator=true",
@@ -267,8 +266,14 @@ def stack(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
                 *(f"extender.{v}" for v in on_node),
                 *(f"orchestrator.{v}" for v in on_node),
             ]
-            # As GPU feature discovery labels a GPU node (the agent DaemonSet's default selector).
+            # As GPU feature discovery labels a GPU node (the agent DaemonSet's default selector),
+            # and the RuntimeClass the GPU Operator's toolkit makes (docs/gpu-operator.md), here
+            # on the node's runc: the agent runs with the chart's default agent.runtimeClassName.
             cluster.kubectl("label", "node", NODE, "nvidia.com/gpu.present=true")
+            cluster.kubectl("apply", "-f", "-", input=json.dumps({
+                "apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+                "metadata": {"name": "nvidia"}, "handler": "runc",
+            }))  # fmt: skip
             workloads = cluster.namespace("helm-e2e")
             stack = Stack(cluster, node, node.containerd_socket, values, tidelease, workloads)
             for image in (tidelease, scheduler):
@@ -298,7 +303,12 @@ def test_the_stack_installs_and_places_a_gpu_pod_on_the_devices_it_chose(stack: 
         assert pod is not None
         assert [c["name"] for c in pod["spec"]["containers"]] == ["extender", "kube-scheduler"]
         assert pod["spec"]["nodeName"] == NODE
-    # The agent pod published the node's fake GPUs and registered its device plugin.
+    # The agent pod, with the GPU Operator's RuntimeClass (stood in), published the node's fake
+    # GPUs and registered its device plugin.
+    (agent,) = stack.cluster.kube.list(
+        "Pod", NAMESPACE, selector="app.kubernetes.io/name=tidelease-agent"
+    )
+    assert agent["spec"]["runtimeClassName"] == "nvidia"
     wait_for(
         lambda: (
             len(stack.cluster.gpu_node_uuids(NODE)) == GPUS
