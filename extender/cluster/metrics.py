@@ -8,7 +8,10 @@ placement uses at that moment, with no second bookkeeping to drift from them.
 
 Labels are bounded: GPU type, tier, health or priority for the counts; the node name only in the
 two families that list the nodes with a problem (a silent agent, devices not healthy), which are
-exported for those nodes alone.
+exported for those nodes alone. One family, off unless asked for (``gpu_info``), has a series per
+GPU: :data:`GPU_INFO`, labelled by the GPU's ``UUID`` as NVIDIA's DCGM exporter labels its own, so
+that the dashboards can read DCGM's figures by tidelease's tier and holder (a PromQL join on
+``UUID``); a cluster with DCGM exports a few dozen series per GPU already.
 """
 
 from __future__ import annotations
@@ -75,6 +78,17 @@ FAMILIES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
 
 AGENT_STATES = ("ready", "silent", "no_heartbeat")
 
+# The per-GPU family (value 1): ``holder`` online, borrower or none; ``lent`` and ``standby``
+# true or false. ``UUID`` as the DCGM exporter names it, so that a join needs no relabelling.
+GPU_INFO: tuple[str, str, tuple[str, ...]] = (
+    "tidelease_cluster_gpu_info",
+    "One series per GPU in the GpuNode inventories (value 1), for joining per-GPU metrics such "
+    "as the DCGM exporter's on UUID: its node, type, tier, health, who holds it (online, "
+    "borrower or none), whether it is lent (tagged with an online job) and whether standby.",
+    ("node", "UUID", "gpu_type", "tier", "health", "holder", "lent", "standby"),
+)
+HOLDERS = {"high": "online", "low": "borrower"}
+
 
 def _health(healthy: bool) -> str:
     return "healthy" if healthy else "unhealthy"
@@ -130,12 +144,13 @@ class ClusterCollector(Collector):
     and by whom) add the same counts, so a node's counts are made once per state and kept while
     some node is in it: a scrape of 5,000 nodes costs a few milliseconds of the event loop."""
 
-    def __init__(self, cluster: ClusterState) -> None:
+    def __init__(self, cluster: ClusterState, *, gpu_info: bool = False) -> None:
         self.cluster = cluster
+        self.gpu_info = gpu_info
         self._summaries: dict[int, _NodeSummary] = {}
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
-        for name, help_text, labels in FAMILIES:
+        for name, help_text, labels in (*FAMILIES, GPU_INFO) if self.gpu_info else FAMILIES:
             yield GaugeMetricFamily(name, help_text, labels=labels)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
@@ -188,10 +203,47 @@ class ClusterCollector(Collector):
             for key_labels, value in sorted(values.items()):
                 family.add_metric(list(key_labels), value)
             yield family
+        if self.gpu_info:
+            yield self._gpu_info()
+
+    def _gpu_info(self) -> GaugeMetricFamily:
+        name, help_text, labels = GPU_INFO
+        family = GaugeMetricFamily(name, help_text, labels=labels)
+        for state in self.cluster:
+            if not state.has_inventory:
+                continue
+            holder = {
+                u: HOLDERS.get(a.holder.priority.value, "none")
+                for a in state.allocations.values()
+                for u in a.devices
+            }
+            for d in state.devices:
+                cls = d.cls
+                family.add_metric(
+                    [
+                        state.node,
+                        d.uuid,
+                        cls.gpu_type,
+                        cls.tier.name,
+                        _health(cls.healthy),
+                        holder.get(d.uuid, "none"),
+                        _bool(cls.owner is not None),
+                        _bool(cls.standby),
+                    ],
+                    1,
+                )
+        return family
 
 
-def register(cluster: ClusterState, registry: CollectorRegistry) -> ClusterCollector:
-    """Export ``cluster`` on ``registry``; the collector (to unregister it)."""
-    collector = ClusterCollector(cluster)
+def _bool(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def register(
+    cluster: ClusterState, registry: CollectorRegistry, *, gpu_info: bool = False
+) -> ClusterCollector:
+    """Export ``cluster`` on ``registry`` (with a series per GPU when ``gpu_info``); the
+    collector (to unregister it)."""
+    collector = ClusterCollector(cluster, gpu_info=gpu_info)
     registry.register(collector)
     return collector

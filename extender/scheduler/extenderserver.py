@@ -53,7 +53,7 @@ def build_app(
     cluster = ClusterState()
     pods = PodCache(settings.gpu_resource)
     metrics = ExtenderMetrics(registry)
-    cluster_metrics.register(cluster, metrics.registry)
+    cluster_metrics.register(cluster, metrics.registry, gpu_info=settings.gpu_info_metric)
     binder = Binder(
         store=store, cluster=cluster, pods=pods, settings=settings, metrics=metrics, clock=clock
     )

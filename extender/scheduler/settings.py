@@ -48,6 +48,9 @@ class ExtenderSettings:
     # to get /metrics (SubjectAccessReview), as kube-scheduler's own metrics. Needs an API
     # server (not with snapshot). The chart turns it on.
     metrics_auth: bool = False
+    # A series per GPU on /metrics (tidelease_cluster_gpu_info, labelled by UUID as the DCGM
+    # exporter labels its own), for dashboards that join DCGM's figures with tidelease's.
+    gpu_info_metric: bool = False
     gpu_resource: str = contract.DEFAULT_GPU_RESOURCE
     # The schedulers whose pods bind accepts (a pod's spec.schedulerName): the chart sets the
     # one of its mode. A bind for any other pod is refused, whoever calls.
@@ -232,6 +235,7 @@ _FIELD_TYPES: dict[str, type] = {
     "client_names": tuple,
     "max_connections": int,
     "metrics_auth": bool,
+    "gpu_info_metric": bool,
     "gpu_resource": str,
     "scheduler_names": tuple,
     "online_priority_class": str,

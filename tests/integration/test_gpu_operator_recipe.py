@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from tests.chart import CHART, ROOT, find, helm, kube_version
+from tests.chart import CHART, ROOT, find, helm, kube_version, render
 
 RECIPE = ROOT / "manifests" / "examples" / "gpu-operator"
 
@@ -66,3 +66,19 @@ def test_tidelease_runs_its_agent_where_gfd_labels_with_the_operators_runtime_cl
     )  # fmt: skip
     spec = find(pool, "DaemonSet", "tidelease-agent")["spec"]["template"]["spec"]
     assert spec["nodeSelector"] == {"pool": "gpu"}
+
+
+def test_the_recipe_ships_the_dcgm_dashboard_with_the_series_it_joins() -> None:
+    objs = rendered(CHART, RECIPE / "tidelease-values.yaml")
+    settings = yaml.safe_load(
+        find(objs, "ConfigMap", "tidelease-extender-settings")["data"]["settings.yaml"]
+    )
+    assert settings["gpu_info_metric"] is True
+    dashboard = find(objs, "ConfigMap", "tidelease-dashboard-dcgm")
+    assert '"uid": "tidelease-dcgm"' in next(iter(dashboard["data"].values()))
+    # The operator's DCGM exporter is on: the dashboard has something to join.
+    operator = yaml.safe_load((RECIPE / "operator-values.yaml").read_text())
+    assert operator["dcgmExporter"]["enabled"] is True
+    # Without the recipe's values the chart exports no per-GPU series.
+    plain = find(render(), "ConfigMap", "tidelease-extender-settings")
+    assert "gpu_info_metric" not in yaml.safe_load(plain["data"]["settings.yaml"])

@@ -65,7 +65,10 @@ def _registries() -> list[CollectorRegistry]:
     """The registries of the processes: the extender's as serving builds it (its verbs'
     metrics and the cluster's, its certificates' ends), the controllers' (leasing, prewarm,
     planner, the certificate rotation and their reconcile loops) and the orchestrator's."""
-    extender = build_app(store=MemoryStore([]), settings=ExtenderSettings()).metrics.registry
+    # The per-GPU family too (monitoring.gpuInfo), which the DCGM dashboard joins on.
+    extender = build_app(
+        store=MemoryStore([]), settings=ExtenderSettings(gpu_info_metric=True)
+    ).metrics.registry
     # With HTTPS (clusterScheduler mode): when its certificates end.
     tls = SimpleNamespace(
         serving_not_after=1.0, client_ca_not_after=1.0, client_not_after=1.0, reloads=0
@@ -237,6 +240,93 @@ def test_the_dashboards_queries_parse_as_promql(tmp_path: Path) -> None:
     done = promtool("check", "rules", str(path))
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"SUCCESS: {len(rules)} rules found" in done.stdout
+
+
+# The DCGM dashboard (tidelease-dcgm.json) evaluated by promtool over synthetic series: what the
+# extender's two replicas export per GPU (tidelease_cluster_gpu_info, both alike) and what the
+# DCGM exporter exports for three of the four GPUs. Each panel's query and the samples it must
+# give, by the panel's title.
+DCGM_INFO = (
+    # UUID, node, tier, health, holder, lent
+    ("GPU-a0", "a", "HA", "healthy", "online", "false"),
+    ("GPU-a1", "a", "HA", "healthy", "borrower", "true"),
+    ("GPU-b0", "b", "LA", "healthy", "none", "true"),
+    ("GPU-b1", "b", "LA", "unhealthy", "none", "false"),  # no DCGM exporter reports it
+)
+DCGM_SERIES = {  # metric: {UUID: value}
+    "DCGM_FI_DEV_GPU_UTIL": {"GPU-a0": 90, "GPU-a1": 40, "GPU-b0": 0},
+    "DCGM_FI_DEV_FB_USED": {"GPU-a0": 70000, "GPU-a1": 30000, "GPU-b0": 0},
+    "DCGM_FI_DEV_POWER_USAGE": {"GPU-a0": 500, "GPU-a1": 300, "GPU-b0": 80},
+    "DCGM_FI_DEV_GPU_TEMP": {"GPU-a0": 71, "GPU-a1": 64, "GPU-b0": 40},
+    "DCGM_FI_DEV_XID_ERRORS": {"GPU-a0": 0, "GPU-a1": 79, "GPU-b0": 0},
+}
+DCGM_EXPECTED: dict[str, list[tuple[str, float]]] = {
+    "GPUs in both": [("{}", 3)],
+    "Not in DCGM": [("{}", 1)],
+    "Borrowed GPUs' utilisation": [("{}", 40)],
+    "XID on healthy GPUs": [("{}", 1)],
+    "GPU utilisation by holder": [
+        ('{holder="online"}', 90),
+        ('{holder="borrower"}', 40),
+        ('{holder="none"}', 0),
+    ],
+    "GPU utilisation by tier": [('{tier="HA"}', 65), ('{tier="LA"}', 0)],
+    "Lent GPUs: utilisation by holder": [('{holder="borrower"}', 40), ('{holder="none"}', 0)],
+    "Framebuffer used by holder": [
+        ('{holder="online"}', 70000),
+        ('{holder="borrower"}', 30000),
+        ('{holder="none"}', 0),
+    ],
+    "Power by holder": [
+        ('{holder="online"}', 500),
+        ('{holder="borrower"}', 300),
+        ('{holder="none"}', 80),
+    ],
+    "Hottest GPU by tier": [('{tier="HA"}', 71), ('{tier="LA"}', 40)],
+    "Last XID error by GPU": [('{UUID="GPU-a1", health="healthy", node="a", tier="HA"}', 79)],
+}
+
+
+def test_the_dcgm_dashboard_reads_dcgm_by_tideleases_view_of_each_gpu(tmp_path: Path) -> None:
+    model = dashboards()["tidelease-dcgm.json"]
+    queries = {p["title"]: p["targets"][0]["expr"] for p in model["panels"] if p.get("targets")}
+    assert set(queries) == set(DCGM_EXPECTED)
+    series = []
+    for instance in ("extender-0", "extender-1"):  # both replicas export every GPU
+        for uuid, node, tier, health, holder, lent in DCGM_INFO:
+            labels = (
+                f'node="{node}",UUID="{uuid}",gpu_type="H20",tier="{tier}",health="{health}",'
+                f'holder="{holder}",lent="{lent}",standby="false",instance="{instance}"'
+            )
+            series.append({"series": f"tidelease_cluster_gpu_info{{{labels}}}", "values": "1x5"})
+    for metric, values in DCGM_SERIES.items():
+        for i, (uuid, value) in enumerate(values.items()):
+            labels = f'gpu="{i}",UUID="{uuid}",Hostname="dcgm-{uuid[4]}",modelName="NVIDIA H20"'
+            series.append({"series": f"{metric}{{{labels}}}", "values": f"{value}x5"})
+    cases = []
+    for title, expected in DCGM_EXPECTED.items():
+        expr = queries[title]
+        for var, value in GRAFANA_VARIABLES.items():
+            expr = expr.replace(var, value)
+        cases.append(
+            {
+                "expr": expr,
+                "eval_time": "2m",
+                "exp_samples": [{"labels": labels, "value": v} for labels, v in expected],
+            }
+        )
+    path = tmp_path / "dcgm-test.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "evaluation_interval": "1m",
+                "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": cases}],
+            }
+        )
+    )
+    done = promtool("test", "rules", str(path))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS" in done.stdout
 
 
 def test_promtool_checks_the_rules() -> None:

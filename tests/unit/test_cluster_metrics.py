@@ -162,3 +162,67 @@ def test_nodes_in_one_state_count_once_each_and_a_change_shows_at_the_next_scrap
     assert unhealthy not in got
     held = (("gpu_type", "H20"), ("priority", "low"), ("tier", "HA"))
     assert got[("tidelease_cluster_gpus_held", held)] == 1
+
+
+def gpu_info(registry: CollectorRegistry) -> dict[str, dict[str, str]]:
+    """The per-GPU series by UUID: their labels."""
+    return {
+        s.labels["UUID"]: s.labels
+        for family in registry.collect()
+        for s in family.samples
+        if s.name == "tidelease_cluster_gpu_info"
+    }
+
+
+def test_a_series_per_gpu_by_uuid_only_when_asked() -> None:
+    state = cluster(
+        builders.gpu_node(
+            "a",
+            [
+                *builders.devices("a", 2),
+                *builders.devices("a", 1, start=2, healthy=False),
+                *builders.devices("a", 2, start=3, tier=Tier.LA, owner="ml/online"),
+            ],
+        ),
+        builders.gpu_node("b", builders.devices("b", 1, gpu_type="A100", standby=True)),
+    )
+    a = [builders.device_uuid("a", i) for i in range(5)]
+    allocate(
+        state,
+        "a",
+        [
+            (holder("owner-0", priority=Priority.HIGH, owner="ml/online"), [a[0]]),
+            (holder("borrower-0"), [a[3]]),
+        ],
+    )
+    plain = CollectorRegistry()
+    cluster_metrics.register(state, plain)
+    assert gpu_info(plain) == {}
+    assert b"tidelease_cluster_gpu_info" not in generate_latest(plain)
+
+    registry = CollectorRegistry()
+    cluster_metrics.register(state, registry, gpu_info=True)
+    got = gpu_info(registry)
+    b0 = builders.device_uuid("b", 0)
+    assert set(got) == {*a, b0}
+
+    def row(uuid: str) -> tuple[str, ...]:
+        labels = got[uuid]
+        keys = ("node", "gpu_type", "tier", "health", "holder", "lent", "standby")
+        return tuple(labels[k] for k in keys)
+
+    assert row(a[0]) == ("a", "H20", "HA", "healthy", "online", "false", "false")
+    assert row(a[1]) == ("a", "H20", "HA", "healthy", "none", "false", "false")
+    assert row(a[2]) == ("a", "H20", "HA", "unhealthy", "none", "false", "false")
+    assert row(a[3]) == ("a", "H20", "LA", "healthy", "borrower", "true", "false")
+    assert row(a[4]) == ("a", "H20", "LA", "healthy", "none", "true", "false")
+    assert row(b0) == ("b", "A100", "HA", "healthy", "none", "false", "true")
+    # Every series is 1, and the family carries its help.
+    text = generate_latest(registry).decode()
+    assert "# HELP tidelease_cluster_gpu_info One series per GPU" in text
+    assert all(
+        s.value == 1
+        for f in registry.collect()
+        for s in f.samples
+        if s.name == "tidelease_cluster_gpu_info"
+    )
