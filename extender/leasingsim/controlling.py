@@ -120,9 +120,10 @@ class ReclaimRecord:
     completes, by kind: the owner's own lent devices (*returned*, the same devices back, from
     any of its lent groups), standby devices on loan (*backfilled*), and anything else
     (*foreign*: free or preempted devices, what placement found). A due device is *matched* by
-    a returned or backfilled device of the same GPU type and an equal or better tier (a stand-in
-    is at least as reliable as what it replaces: FETCHSTANDBY(k, r) of weflex Algorithm 1,
-    reliability >= r), each device matching one due device, best tiers first. The reclaim is
+    a got device of any kind of the same GPU type and an equal or better tier (a stand-in is at
+    least as reliable as what it replaces: FETCHSTANDBY(k, r) of weflex Algorithm 1,
+    reliability >= r; the owner gets its GPUs back in kind, wherever they come from), each
+    device matching one due device, best tiers first. The reclaim is
     *full* when every due device is matched and the reclaim completed within the grace period
     plus 10 s.
     """
@@ -537,7 +538,6 @@ class OnlineJobs:
                     backfilled += 1
                 else:
                     foreign += 1
-                    continue
                 got[(d.gpu_type, d.tier)] += 1
         due: Counter[TypeTier] = Counter()
         lost = forfeited = 0

@@ -164,9 +164,9 @@ def policy_table(summaries: Sequence[Summary] | Sequence[Sequence[Summary]]) -> 
             "online demand is in its lowest (trough) and highest (peak) quarter."
         )
         lines.append(
-            "reclaims full: every device asked back matched (itself, another own lent device, or "
-            "standby on loan; same type, equal or better tier) within grace + 10 s; shortfall: "
-            "devices asked back without a match."
+            "reclaims full: every device asked back matched in kind (itself, another own lent "
+            "device, standby on loan or any other: same type, equal or better tier) within "
+            "grace + 10 s; shortfall: devices asked back without a match."
         )
         lines.append(
             "GPU-h lent: held below the online peak; on lent: borrower GPU-hours on devices "
@@ -235,7 +235,7 @@ def sizing_table(sizing: Sizing, total_gpus: int) -> str:
                 f"lower bound, {100 * best.full.low:.2f}%, is at {best.size} GPUs (full "
                 f"{_pe(best.full, 2)}, {_ci(best.full)})"
             )
-        lines.append(text + "." + _capped(sizing, total_gpus))
+        lines.append(text + "." + _late(sizing) + _capped(sizing, total_gpus))
     else:
         share = sizing.answer / total_gpus if total_gpus else 0.0
         larger = [p.size for p in sizing.points if p.size > sizing.answer]
@@ -263,14 +263,29 @@ def sizing_table(sizing: Sizing, total_gpus: int) -> str:
     return "\n".join(lines)
 
 
+def _late(sizing: Sizing) -> str:
+    """Where the largest size swept is short of no device, the reclaims it misses by are late:
+    a larger pool does not make them timely."""
+    largest = sizing.sizes[-1] if sizing.sizes else None
+    if largest is None or any(p.shortfall for p in largest.points):
+        return ""
+    late = sum(p.reclaims - p.timely for p in largest.points)
+    if not late:
+        return ""
+    return (
+        f" At {largest.size} GPUs no device asked back is short: the reclaims it misses by "
+        f"({late} over its runs) ended after their grace + 10 s, which no larger pool cures."
+    )
+
+
 def _capped(sizing: Sizing, total_gpus: int) -> str:
     """Why the sweep stopped without an answer, when it stopped at the default sweep's cap."""
     if not total_gpus or sizing.largest < CAP_SHARE * total_gpus:
         return ""
     return (
         f" The sweep stops at {100 * CAP_SHARE:g}% of the cluster: a standby device is one no "
-        "borrower may use, and a larger pool would hold back most of what the leases lend; "
-        "the answer is more than that."
+        "borrower may use, and a larger pool would hold back as much as leases lend (17% of "
+        "the built-in cluster); the answer is more than that."
     )
 
 

@@ -3,8 +3,9 @@
 The question (the paper gives its pool only as "dozens of spare nodes", leaving the size to
 estimation): the smallest standby pool with which at least 99.9 % of reclaims are *full* under the
 cluster's failure model. A reclaim is full when every device it asks back is matched, by the same
-device or another of the owner's lent devices or a standby device on loan, of the same GPU type and
-an equal or better tier, within the grace period + 10 s
+device or another of the owner's lent devices, a standby device on loan or any other device the
+replica found, of the same GPU type and an equal or better tier (returned in kind), within the
+grace period + 10 s
 (:class:`~extender.leasingsim.controlling.ReclaimRecord`). Lent devices fail while lent; a replica
 whose devices cannot all come back takes a whole node of standby devices on loan, so the pool must
 hold whole nodes, of tiers as good as the groups they stand in for. The pool's size is split over
@@ -41,15 +42,17 @@ TARGET = 0.999
 CONFIRM = 2
 # The largest standby pool the default sweep tries, as a share of the cluster's GPUs. A standby
 # device is one no borrower may use: on the built-in cluster the leases lend about 17 % of the
-# GPUs on average, so a pool of 10 % would hold back well over half of what leasing gives
-# borrowers; past it an admin gains more by accepting fewer full reclaims.
-CAP_SHARE = 0.10
+# GPUs on average, so a pool of 20 % would hold back more than leasing gives borrowers; past it
+# leasing with right of return gains nothing, and an admin gains more by accepting fewer full
+# reclaims.
+CAP_SHARE = 0.20
 # standby sizes tried by default, as shares of the cluster's GPUs (rounded to whole nodes), up to
 # the cap: with one seed, finer below 2 % and whole percents above; with several, where each
-# size costs a run per seed, every other percent (the default three-seed demo then runs as many
-# simulations as its 0-5 % sweep did, about six minutes on two cores). The sweep stops at the
-# first confirmed answer, so the sizes past it cost nothing.
-SEEDED_SHARES = tuple(k / 100 for k in range(0, round(100 * CAP_SHARE) + 1, 2))
+# size costs a run per seed (about a minute of a core for the built-in cluster), every fourth
+# percent: the default three-seed sweep answers in five sizes (about ten minutes on two cores),
+# and --sweep-sizes refines it. The sweep stops at the first confirmed answer, so the sizes past
+# it cost nothing.
+SEEDED_SHARES = tuple(k / 100 for k in range(0, round(100 * CAP_SHARE) + 1, 4))
 DEFAULT_SHARES = (
     0.0025,
     0.005,

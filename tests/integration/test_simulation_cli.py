@@ -132,7 +132,7 @@ def test_bad_options(argv: list[str], message: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("gpus", "standby"), [(10_000, 304), (1_000, 32), (176, 8), (0, 0)], ids=str
+    ("gpus", "standby"), [(10_000, 1200), (1_000, 120), (176, 24), (0, 0)], ids=str
 )
 def test_default_standby_is_a_share_of_the_cluster_in_whole_nodes(gpus: int, standby: int) -> None:
     assert cli.default_standby(gpus) == standby

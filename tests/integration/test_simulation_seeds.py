@@ -1,8 +1,9 @@
 """``tidelease simulate --seeds``: one seed reads as a single run (the golden files were written
-by ``--scale 0.1 --days 3 --seed 1 --seeds 1`` of the code that made no-return the plain
-kube-scheduler and broke ties at random, issue 35; before it, by the code before seeds, whose
-output one seed reproduced exactly); several seeds print every figure with its interval and the
-standby answer by the lower bound, whatever the workers."""
+by ``--scale 0.1 --days 3 --seed 1 --seeds 1`` of the code that calibrated the failure model to
+weflex fig. 5 and counted reclaims returned in kind, issue 35; before it, by the code that made
+no-return the plain kube-scheduler and broke ties at random, and before that by the code before
+seeds, whose output one seed reproduced exactly); several seeds print every figure with its
+interval and the standby answer by the lower bound, whatever the workers."""
 
 from __future__ import annotations
 
@@ -58,7 +59,8 @@ def test_one_seed_is_the_run_before_seeds(tmp_path: Path) -> None:
     assert cli.run(args, out) == 0
     golden = (GOLDEN / "simulate-scale0.1-days3-seed1.txt").read_text()
     assert untimed(out.getvalue()) == untimed(golden)
-    assert "Smallest standby pool meeting the target: 32 GPUs" in out.getvalue()
+    # At this scale one reclaim of 155 ends late, which no pool cures: the sweep goes to its cap.
+    assert "standby for >= 99.9% full reclaims: more than 200 GPUs" in out.getvalue()
     got = without_timing(json.loads((tmp_path / "summary.json").read_text()))
     want = json.loads((GOLDEN / "simulate-scale0.1-days3-seed1.json").read_text())
     assert got == want

@@ -179,16 +179,17 @@ def test_a_failed_lent_device_is_backfilled_from_standby_of_its_type_and_tier() 
     assert r.summary.ha_end == 1.0
 
 
-def test_without_standby_the_lost_device_is_a_shortfall() -> None:
+def test_without_standby_a_free_device_of_the_tier_returns_the_lost_one_in_kind() -> None:
     # b's fifth GPU stays an ordinary free GPU: the second borrower takes it with three lent
     # ones, and again after b1 failed under it; the reclaim evicts it and the replica takes
-    # b's three healthy lent GPUs and that free one (HA too, but no stand-in from the pool)
+    # b's three healthy lent GPUs and that free one: HA too, so the owner has its four HA GPUs
+    # back in kind, though not from the pool
     failure = DeviceFailure(120, NodeName("b"), 1, 10_000)
     sc = scenario(backfill_cluster(), failures=(failure,), tier=HA)
     r = simulate(sc, SimSettings(Policy.RIGHT_OF_RETURN, standby_gpus=0))
     (reclaim,) = r.reclaims
     assert (reclaim.due, reclaim.returned, reclaim.lost, reclaim.backfilled) == (4, 3, 1, 0)
-    assert (reclaim.foreign, reclaim.shortfall, reclaim.full, reclaim.evicted) == (1, 1, False, 1)
+    assert (reclaim.foreign, reclaim.shortfall, reclaim.full, reclaim.evicted) == (1, 0, True, 1)
     assert sorted(d.index for d in r.holdings["recsys"] if d.node == "b") == [0, 2, 3, 4]
 
 

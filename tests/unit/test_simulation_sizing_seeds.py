@@ -129,14 +129,14 @@ def test_a_size_whose_mean_meets_the_target_says_how_many_seeds_would_confirm_it
 
 
 def test_without_an_answer_up_to_the_cap_the_report_says_why_it_stopped() -> None:
-    out = sized({0: [990, 991, 992], 5: [995, 996, 997], 10: [996, 998, 997]})
+    out = sized({0: [990, 991, 992], 10: [995, 996, 997], 20: [996, 998, 997]})
     assert out.answer is None
     assert out.nearest() is None
-    text = sizing_table(out, 100)  # 10 GPUs of 100: the cap
-    assert "No standby pool up to 10 GPUs meets the target" in text
+    text = sizing_table(out, 100)  # 20 GPUs of 100: the cap
+    assert "No standby pool up to 20 GPUs meets the target" in text
     assert f"The sweep stops at {100 * CAP_SHARE:g}% of the cluster" in text
-    assert "The sweep stops" not in sizing_table(out, 1000)  # 10 of 1,000: sizes given, no cap
-    assert "more than 10 GPUs" in findings([], out, 100)
+    assert "The sweep stops" not in sizing_table(out, 1000)  # 20 of 1,000: sizes given, no cap
+    assert "more than 20 GPUs" in findings([], out, 100)
 
 
 SEEDS = (1, 2, 3, 4)
