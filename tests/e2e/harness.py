@@ -185,6 +185,20 @@ class Cluster:
             procs.start("controllers", spec)
             self.wait_controllers_leading()
 
+    @contextlib.contextmanager
+    def controllers_stopped(self) -> Iterator[None]:
+        """The cluster's `tidelease controllers` stopped for the block (SIGTERM: its leader
+        leases released), so that controllers of another install (a chart's, in its own
+        namespace) alone reconcile the GpuLeases; started again as it ran afterwards."""
+        procs = self.processes
+        spec = procs.specs["controllers"]
+        procs.stop("controllers")
+        try:
+            yield
+        finally:
+            procs.start("controllers", spec)
+            self.wait_controllers_leading()
+
     def wait_controllers_leading(self, timeout: float = 60) -> None:
         """Until the controllers process leads leasing (its reconcile loop in /metrics)."""
         url = f"{self.controllers_url}/metrics"

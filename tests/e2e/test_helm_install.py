@@ -16,6 +16,7 @@ chart's kubernetesAPI and hostAliases values.
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import subprocess
@@ -28,11 +29,11 @@ from typing import Any
 
 import pytest
 
-from common import contract
+from common import builders, contract
 from tests.background import running
 from tests.chart import CHART, binary, helm, probe_of
 from tests.e2e.forwarding import forwarding
-from tests.e2e.harness import Cluster, RealNode, devices_of, unique
+from tests.e2e.harness import BORROWER, ONLINE, Cluster, RealNode, devices_of, unique, workload
 from tests.e2e.kube import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.containerd]
@@ -44,6 +45,9 @@ NODE = "helm-0"
 GPUS = 8
 SCHEDULER = "tidelease-scheduler"
 POD_TIMEOUT_S = 240
+# The chart an upgrade starts from: main's at the last change landed before this chart version's
+# changes (the chart's directory at this commit of the repository's history).
+PREVIOUS_CHART_COMMIT = "0cf14af2d89f5ed786b2f4368c7a7e9331ef6b8e"
 
 
 @dataclass(frozen=True)
@@ -584,6 +588,130 @@ def test_helm_upgrade_rolls_every_pod_and_keeps_the_allocations(stack: Stack) ->
     stack.place(name, 2)
     assert stack.ledger()[name] == freed
     stack.assert_no_device_twice()
+
+
+def previous_chart(into: Path) -> Path:
+    """The chart as it was at :data:`PREVIOUS_CHART_COMMIT`, from the repository's history."""
+    done = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", "--format=tar", PREVIOUS_CHART_COMMIT,
+         "manifests/charts/tidelease"],
+        capture_output=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, (
+        f"the previous chart needs the repository's history (a full clone): {done.stderr!r}"
+    )
+    with tarfile.open(fileobj=io.BytesIO(done.stdout)) as archive:
+        archive.extractall(into, filter="data")
+    return into / "manifests" / "charts" / "tidelease"
+
+
+def test_helm_upgrade_from_the_previous_chart_keeps_live_leases_and_their_return(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """The previous chart runs a lease that lends a replica's 4 GPUs to a borrower; `helm
+    upgrade` to this chart (every pod rolled, a new image tag) loses no tag, no ledger entry and
+    no borrower, and the next reclaim gives the replica back exactly the devices it lent."""
+    kube, ns = stack.cluster.kube, stack.workloads
+    for pod in kube.list("Pod", ns):  # the earlier tests' GPU pods: the node's 8 GPUs free
+        kube.delete("Pod", pod["metadata"]["name"], ns)
+    wait_for(lambda: not stack.ledger(), what="the earlier pods' devices freed", timeout=90)
+    # The release as the previous chart installs it (a downgrade with --reuse-values would
+    # carry this chart's new values into the old chart's schema, which refuses them).
+    stack.helm("uninstall", RELEASE, "--wait")
+    stack.installed = False
+    sets = [a for v in [*stack.values, f"extender.leaseNamespaces={{{ns}}}"] for a in ("--set", v)]
+    stack.helm("install", RELEASE, str(previous_chart(tmp_path)), *sets)
+    stack.installed = True
+    for component, count in (("extender", 2), ("orchestrator", 2), ("controllers", 2)):
+        stack.wait_ready(component, count)
+    stack.wait_ready("agent", 1)
+    wait_for(
+        lambda: len(stack.cluster.gpu_node_uuids(NODE)) == GPUS,
+        what=f"{NODE}'s GPUs published by the previous chart's agent",
+        timeout=POD_TIMEOUT_S,
+    )
+    gpus = GPUS // 2
+    with stack.cluster.controllers_stopped():  # the chart's controllers alone lease here
+        owner = stack.node.pod(
+            ns, "template", gpus=gpus,
+            annotations={contract.ANN_PRIORITY: "high", contract.ANN_OWNER: "recsys"},
+        )  # fmt: skip
+        owner["spec"]["priorityClassName"] = ONLINE
+        owner["spec"]["schedulerName"] = SCHEDULER
+        kube.create(workload("StatefulSet", "recsys", ns, owner, replicas=2))
+        kube.create(
+            builders.gpu_lease(
+                "recsys", ns, gpus_per_replica=gpus, desired_gpus=2 * gpus, grace_s=30
+            )
+        )
+        held = {
+            f"recsys-{i}": sorted(devices_of(stack.cluster.wait_running(ns, f"recsys-{i}")))
+            for i in range(2)
+        }
+        kube.patch(contract.KIND_GPU_LEASE, "recsys", {"spec": {"desiredGPUs": gpus}}, ns)
+
+        def lease_status() -> dict[str, Any]:
+            return (kube.get(contract.KIND_GPU_LEASE, "recsys", ns) or {}).get("status") or {}
+
+        def lent() -> list[tuple[str, list[str]]] | None:
+            status = lease_status()
+            groups = [(g["replica"], sorted(g["devices"])) for g in status.get("lent") or []]
+            return groups if status.get("phase") == "Steady" and groups else None
+
+        groups = wait_for(lent, what=f"{gpus} devices lent", timeout=POD_TIMEOUT_S)
+        assert groups == [("recsys-1", held["recsys-1"])]
+        borrower = stack.node.pod(
+            ns, "finetune", gpus=gpus, annotations={contract.ANN_PRIORITY: "low"}
+        )
+        borrower["spec"]["priorityClassName"] = BORROWER
+        borrower["spec"]["schedulerName"] = SCHEDULER
+        kube.create(borrower)
+        running = stack.cluster.wait_running(ns, "finetune", timeout=POD_TIMEOUT_S)
+        assert sorted(devices_of(running)) == held["recsys-1"]
+
+        def tags() -> list[dict[str, Any]]:
+            node = kube.get(contract.KIND_GPU_NODE, NODE) or {}
+            return sorted((node.get("spec") or {}).get("devices") or [], key=lambda d: d["uuid"])
+
+        before_tags, before_ledger = tags(), stack.ledger()
+        assert {t["uuid"] for t in before_tags if t.get("owner")} == set(held["recsys-1"])
+        assert set(before_ledger) == {"recsys-0", "finetune"}
+        before_lease = lease_status()
+
+        new = f"{stack.tidelease.ref}-upgraded"
+        stack.ctr("images", "tag", full_ref(stack.tidelease.ref), full_ref(new))
+        stack.helm(
+            "upgrade", RELEASE, str(CHART), "--reuse-values",
+            "--set", f"image.tag={new.rpartition(':')[2]}",
+        )  # fmt: skip
+        for component, count in (("extender", 2), ("orchestrator", 2), ("controllers", 2)):
+            stack.wait_ready(component, count, image=new)
+        stack.wait_ready("agent", 1, image=new)
+        # Nothing lost in the roll: the tags, the ledger, the borrower (the same pod, running
+        # on the lent devices) and the lease's record of what it lent.
+        assert tags() == before_tags
+        assert stack.ledger() == before_ledger
+        now = kube.get("Pod", "finetune", ns)
+        assert now is not None
+        assert now["metadata"]["uid"] == running["metadata"]["uid"]
+        assert now["status"]["phase"] == "Running"
+        assert lease_status()["lent"] == before_lease["lent"]
+
+        # The next reclaim: the borrower goes, recsys-1 comes back on exactly what it lent.
+        kube.patch(contract.KIND_GPU_LEASE, "recsys", {"spec": {"desiredGPUs": 2 * gpus}}, ns)
+        wait_for(
+            lambda: lease_status().get("phase") == "Steady" and lease_status().get("reclaims") == 1,
+            what="the reclaim to finish",
+            timeout=POD_TIMEOUT_S,
+        )
+        back = stack.cluster.wait_running(ns, "recsys-1", timeout=POD_TIMEOUT_S)
+        assert sorted(devices_of(back)) == held["recsys-1"]
+        assert sorted(devices_of(stack.cluster.wait_running(ns, "recsys-0"))) == held["recsys-0"]
+        gone = kube.get("Pod", "finetune", ns)
+        assert gone is None or gone["metadata"].get("deletionTimestamp"), "the borrower stayed"
+        assert not [t for t in tags() if t.get("owner")]
+        kube.delete(contract.KIND_GPU_LEASE, "recsys", ns)
+        kube.delete("StatefulSet", "recsys", ns)
 
 
 def test_helm_uninstall_leaves_only_the_crds_and_their_objects(stack: Stack) -> None:
