@@ -60,7 +60,11 @@ def test_install_upgrade_uninstall(apiserver: ApiServer) -> None:
     assert done.returncode != 0
     assert "agent.runtimeClassName nvidia: the cluster has no such RuntimeClass" in done.stderr
     nvidia_runtime_class(apiserver)
-    helm("install", RELEASE, str(CHART), "--create-namespace", *kubeconfig, timeout=180)
+    notes = helm("install", RELEASE, str(CHART), "--create-namespace", *kubeconfig, timeout=180)
+    # The install's notes: the defaults grant no namespace, and say so.
+    assert "WARNING: extender.leaseNamespaces is empty" in notes.stdout
+    assert "WARNING: orchestrator.namespaces is empty" in notes.stdout
+    assert "schedulerName: tidelease-scheduler" in notes.stdout
     installed = ours(apiserver)
     for thing in (
         ("Deployment", "tidelease-extender"),
@@ -90,10 +94,14 @@ def test_install_upgrade_uninstall(apiserver: ApiServer) -> None:
         )  # fmt: skip
     kubectl(apiserver, "delete", "namespace", examples, "--wait=false")
 
-    helm(
+    kubectl(apiserver, "create", "namespace", "tl-leases")  # where the upgrade grants leases
+    notes = helm(
         "upgrade", RELEASE, str(CHART), *kubeconfig, "--set", "image.tag=0.1.0-next",
+        "--set", "extender.leaseNamespaces={tl-leases}",
+        "--set", "orchestrator.namespaces={tl-leases}",
         timeout=180,
     )  # fmt: skip
+    assert "WARNING" not in notes.stdout, notes.stdout  # the namespaces named: nothing to warn
     for kind, name in (("deployment", "tidelease-extender"), ("daemonset", "tidelease-agent")):
         spec = get(apiserver, kind, name)["spec"]["template"]["spec"]
         images = {c["name"]: c["image"] for c in spec["containers"]}
