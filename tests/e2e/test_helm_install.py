@@ -19,6 +19,7 @@ import asyncio
 import io
 import json
 import os
+import shlex
 import subprocess
 import tarfile
 import urllib.parse
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from common import builders, contract
 from tests.background import running
@@ -729,3 +731,116 @@ def test_helm_uninstall_leaves_only_the_crds_and_their_objects(stack: Stack) -> 
     for crd in ("gpunodes", "gpuallocations", "gpuleases"):
         stack.cluster.kubectl("get", "crd", f"{crd}.tidelease.io")
     assert stack.cluster.kube.get(contract.KIND_GPU_NODE, NODE) is not None
+
+
+# --- install.md's quick install, run as written ---
+
+INSTALL_DOC = ROOT / "docs" / "install.md"
+EXAMPLES = ROOT / "manifests" / "examples" / "online-job-pod.yaml"
+
+
+def shell_block(doc: Path, heading: str) -> str:
+    """The first ```sh block under ``heading`` (a line of the doc, e.g. ``## Quick install``)."""
+    lines = doc.read_text().splitlines()
+    start = lines.index(heading)
+    opening = next(i for i in range(start, len(lines)) if lines[i].strip() == "```sh")
+    closing = next(i for i in range(opening + 1, len(lines)) if lines[i].strip() == "```")
+    return "\n".join(lines[opening + 1 : closing]) + "\n"
+
+
+def shims(into: Path, stack: Stack, environment: list[str]) -> Path:
+    """`helm` and `kubectl` for the doc's commands: the real binaries, given this cluster's
+    kubeconfig; helm's install and upgrade also get ``environment`` (what this machine needs
+    and an admin's cluster has: the API server through the node's forwarder, the release on the
+    real node, fake NVML, images already on the node) after the doc's own arguments."""
+    into.mkdir()
+    kubeconfig = shlex.quote(str(stack.cluster.kubeconfig))
+    sets = " ".join(shlex.quote(f"--set={v}") for v in environment)
+    helm_shim = into / "helm"
+    helm_shim.write_text(
+        "#!/bin/sh\n"
+        'case "$1" in install|upgrade) extra=1;; *) extra=;; esac\n'
+        f'if [ -n "$extra" ]; then exec {shlex.quote(str(binary("helm")))} "$@" '
+        f"--kubeconfig {kubeconfig} {sets}; fi\n"
+        f'exec {shlex.quote(str(binary("helm")))} "$@" --kubeconfig {kubeconfig}\n'
+    )
+    kubectl_shim = into / "kubectl"
+    kubectl = shlex.quote(str(stack.cluster.kubectl_path))
+    kubectl_shim.write_text(f'#!/bin/sh\nexec {kubectl} --kubeconfig {kubeconfig} "$@"\n')
+    for shim in (helm_shim, kubectl_shim):
+        shim.chmod(0o755)
+    return into
+
+
+def test_the_quick_install_as_install_md_writes_it_places_the_example_pods(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """docs/install.md's quick install block, run by bash as written, with two substitutions:
+    REGISTRY/tidelease, the admin's registry, is the image built here, and the release's
+    namespace is this module's (the session cluster's own processes use tidelease-system). The
+    example pods of manifests/examples/online-job-pod.yaml, in the namespace the block names
+    (`ml`, labelled for online jobs as docs/tenancy.md says), are placed by the installed
+    tidelease on the real node: the online pod and the borrower each on 4 of its GPUs. What
+    this machine needs is added, never changed: images named as built here, the toleration and
+    node selector of the real node."""
+    kube = stack.cluster.kube
+    for pod in kube.list("Pod", stack.workloads):  # the GPUs free for the examples
+        kube.delete("Pod", pod["metadata"]["name"], stack.workloads)
+    online = "ml"
+    if kube.get("Namespace", online) is None:
+        kube.create(builders.namespace(online, online=True))
+    block = shell_block(INSTALL_DOC, "## Quick install")
+    assert "REGISTRY/tidelease" in block, block
+    assert "--namespace tidelease-system" in block, block
+    repository = stack.tidelease.ref.rpartition(":")[0]
+    script = block.replace("REGISTRY/tidelease", repository).replace(
+        "--namespace tidelease-system", f"--namespace {NAMESPACE}"
+    )
+    # The environment: everything of the module's values but the image's repository and tag,
+    # which the doc's own command decides (its tag: the chart's appVersion, built here too).
+    environment = [v for v in stack.values if not v.startswith(("image.repository=", "image.tag="))]
+    path = shims(tmp_path / "bin", stack, environment)
+    done = subprocess.run(
+        ["bash", "-e", "-o", "pipefail", "-c", script],
+        cwd=ROOT,
+        env={**os.environ, "PATH": f"{path}:{os.environ['PATH']}"},
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        check=False,
+    )
+    stack.installed = True
+    assert done.returncode == 0, f"{script}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert "WARNING" not in done.stdout  # the block names the namespaces the notes ask for
+    for component, count in (("extender", 2), ("orchestrator", 2), ("controllers", 2)):
+        stack.wait_ready(component, count)
+    stack.wait_ready("agent", 1)
+    wait_for(
+        lambda: len(stack.cluster.gpu_node_uuids(NODE)) == GPUS,
+        what=f"{NODE}'s GPUs published by the documented install's agent",
+        timeout=POD_TIMEOUT_S,
+    )
+    try:
+        placed: dict[str, list[str]] = {}
+        for example in yaml.safe_load_all(EXAMPLES.read_text()):
+            spec = example["spec"]
+            assert spec["schedulerName"] == SCHEDULER  # the examples opt in, as the doc says
+            onto = stack.node.pod(online, example["metadata"]["name"])["spec"]
+            spec["nodeSelector"] = onto["nodeSelector"]
+            spec["tolerations"] = onto["tolerations"]
+            spec["terminationGracePeriodSeconds"] = 1
+            for container in spec["containers"]:
+                container["image"] = onto["containers"][0]["image"]
+                container["imagePullPolicy"] = "Never"
+            example["metadata"]["namespace"] = online
+            kube.create(example)
+        for name in ("recsys-0", "finetune-0"):
+            pod = stack.cluster.wait_running(online, name, timeout=POD_TIMEOUT_S)
+            assert pod["spec"]["nodeName"] == NODE
+            assert pod["metadata"]["annotations"][contract.ANN_DEVICE_NODE] == NODE
+            placed[name] = sorted(devices_of(pod))
+            assert len(placed[name]) == 4
+        assert not set(placed["recsys-0"]) & set(placed["finetune-0"])
+    finally:
+        for name in ("recsys-0", "finetune-0"):
+            kube.delete("Pod", name, online)
