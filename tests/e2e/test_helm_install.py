@@ -612,7 +612,9 @@ def test_helm_upgrade_from_the_previous_chart_keeps_live_leases_and_their_return
 ) -> None:
     """The previous chart runs a lease that lends a replica's 4 GPUs to a borrower; `helm
     upgrade` to this chart (every pod rolled, a new image tag) loses no tag, no ledger entry and
-    no borrower, and the next reclaim gives the replica back exactly the devices it lent."""
+    no borrower, and the next reclaim gives the replica back exactly the devices it lent. The
+    previous chart runs this build's image (the previous image is not built here): what is
+    tested is the chart's change and a roll of every pod with live leases, not an old binary."""
     kube, ns = stack.cluster.kube, stack.workloads
     for pod in kube.list("Pod", ns):  # the earlier tests' GPU pods: the node's 8 GPUs free
         kube.delete("Pod", pod["metadata"]["name"], ns)

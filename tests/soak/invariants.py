@@ -384,7 +384,11 @@ class ReclaimEnds(Checker):
     throughout the reclaim (every device there and healthy, on a Ready node whose agent renewed
     its heartbeat within ``fresh_s``, held by no high-priority pod) and the lease was never
     Degraded, nothing else: that is
-    right of return. Otherwise it may also hold stand-ins: a standby device, not tagged for
+    right of return. A node whose agent was silent counts as silent for ``settle_s`` more after
+    the last observation that saw it so: the extender offers its GPUs again only at its next
+    liveness sweep (every min(5 s, agent_timeout_s / 4)), not at the renewal itself, and a
+    reclaim that starts in between places the replica elsewhere. Otherwise it may also hold
+    stand-ins: a standby device, not tagged for
     another job, matched with a lent device of its group that it does not hold, of the same GPU
     type and at least its tier (a better tier breaks no promise). Never another replica's or
     another job's lent device. ``untagged_stand_ins``: accept free untagged devices as stand-ins
@@ -400,9 +404,11 @@ class ReclaimEnds(Checker):
         grace_s: float | None = None,
         untagged_stand_ins: bool = False,
         fresh_s: float = float("inf"),
+        settle_s: float = 0.0,
     ) -> None:
         self.bound_s, self.grace_s, self.untagged_stand_ins = bound_s, grace_s, untagged_stand_ins
-        self.fresh_s = fresh_s
+        self.fresh_s, self.settle_s = fresh_s, settle_s
+        self._silent_at: dict[str, float] = {}  # node -> the last observation it was silent in
         self._open: dict[str, _Open] = {}
         self._version: dict[str, int] = {}  # lease -> the newest resourceVersion judged
         self.judged = 0  # reclaims seen to end, their placement judged
@@ -410,6 +416,8 @@ class ReclaimEnds(Checker):
 
     def observe(self, obs: Observation) -> list[Violation]:
         self._known.update(obs.devices)
+        for node in obs.silent(self.fresh_s):
+            self._silent_at[node] = obs.t
         out: list[Violation] = []
         listed = {lease.key: lease for lease in obs.gpu_leases}
         for key in self._open.keys() - listed.keys():
@@ -464,7 +472,9 @@ class ReclaimEnds(Checker):
 
     def _can_return(self, devices: Sequence[GpuUuid], obs: Observation) -> bool:
         ready = {str(n["metadata"]["name"]) for n in obs.nodes if _ready(n)}
-        silent = obs.silent(self.fresh_s)
+        silent = obs.silent(self.fresh_s) | {
+            n for n, at in self._silent_at.items() if obs.t - at <= self.settle_s
+        }
         online = {  # devices a high-priority pod holds: no eviction frees them
             u
             for p in obs.holding

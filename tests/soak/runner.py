@@ -83,6 +83,9 @@ AGENT_TIMEOUT_S = 15.0  # the extender's agent_timeout_s on the soak's cluster (
 # node's agent's own, 10 s), shorter than AGENT_TIMEOUT_S, after which the extender gives up on
 # the node (between the two, the checker is the more careful).
 HEARTBEAT_FRESH_S = AGENT_TIMEOUT_S - 2.0
+# How often the extender judges its agents (extender.cluster.watching.run_liveness): a node
+# whose agent is heard again is offered at the next sweep, up to this long after the renewal.
+AGENT_SWEEP_S = min(5.0, AGENT_TIMEOUT_S / 4)
 FAULT_MARGIN_S = 30.0  # a restart, an API server away, a paused etcd
 LEDGER_SETTLE_S = max(RESERVE_TTL_S, MISSING_GRACE_S) + REAP_INTERVAL_S + FAULT_MARGIN_S
 RECLAIM_BOUND_S = RECLAIM_OVERDUE_S + FAULT_MARGIN_S
@@ -156,7 +159,11 @@ def checkers(minutes: float) -> list[Checker]:
         NoDoubleHold(),
         LedgerMatchesPods(LEDGER_SETTLE_S),
         ReclaimEnds(
-            RECLAIM_BOUND_S, grace_s=GRACE_S, untagged_stand_ins=True, fresh_s=HEARTBEAT_FRESH_S
+            RECLAIM_BOUND_S,
+            grace_s=GRACE_S,
+            untagged_stand_ins=True,
+            fresh_s=HEARTBEAT_FRESH_S,
+            settle_s=AGENT_SWEEP_S + 1.0,
         ),
         NoticeBeforeEviction(),
         PendingWhileFree(PENDING_BOUND_S, fresh_s=HEARTBEAT_FRESH_S),

@@ -328,6 +328,19 @@ def test_reclaim_stand_ins_are_right_where_the_group_could_not_come_back() -> No
     assert run(ReclaimEnds(30.0, grace_s=2.0), *held) == []
 
 
+def test_reclaim_right_after_an_agent_is_heard_again_may_use_stand_ins() -> None:
+    """n1's agent silent before the reclaim, heard again as it starts: the extender offers n1's
+    GPUs only at its next liveness sweep, so stand-ins are right within ``settle_s`` of the
+    last observation that saw n1 silent, and wrong after it."""
+    back = reclaim_history("n3", [0, 1], nodes=READY, heartbeats={"n1": 999.0})
+    before = dataclasses.replace(back[0], t=-1.0, heartbeats={"n1": 900.0})  # silent at t=-1
+    history = [before, *back]
+    assert run(ReclaimEnds(30.0, grace_s=2.0, fresh_s=5.0, settle_s=4.75), *history) == []
+    # Without the allowance, or long after: the replica had to come back to its group.
+    assert len(run(ReclaimEnds(30.0, grace_s=2.0, fresh_s=5.0), *history)) == 2
+    assert len(run(ReclaimEnds(30.0, grace_s=2.0, fresh_s=5.0, settle_s=1.5), *history)) == 2
+
+
 def test_reclaim_seen_only_by_the_watch_between_two_lists_is_judged() -> None:
     def versioned(status: LeaseStatus, version: int) -> Obj:
         obj = lease("recsys", NS, status)
