@@ -114,6 +114,17 @@ class Stack:
             describe=lambda: self.describe(component),
         )
 
+    def wait_installed(self, what: str) -> None:
+        """Every component's pods ready, and the node's GPUs published by ``what`` (an agent)."""
+        for component, count in (("extender", 2), ("orchestrator", 2), ("controllers", 2)):
+            self.wait_ready(component, count)
+        self.wait_ready("agent", 1)
+        wait_for(
+            lambda: len(self.cluster.gpu_node_uuids(NODE)) == GPUS,
+            what=f"{NODE}'s GPUs published by {what}",
+            timeout=POD_TIMEOUT_S,
+        )
+
     def describe(self, component: str) -> str:
         out = []
         for pod in self.pods(component):
@@ -626,14 +637,7 @@ def test_helm_upgrade_from_the_previous_chart_keeps_live_leases_and_their_return
     sets = [a for v in [*stack.values, f"extender.leaseNamespaces={{{ns}}}"] for a in ("--set", v)]
     stack.helm("install", RELEASE, str(previous_chart(tmp_path)), *sets)
     stack.installed = True
-    for component, count in (("extender", 2), ("orchestrator", 2), ("controllers", 2)):
-        stack.wait_ready(component, count)
-    stack.wait_ready("agent", 1)
-    wait_for(
-        lambda: len(stack.cluster.gpu_node_uuids(NODE)) == GPUS,
-        what=f"{NODE}'s GPUs published by the previous chart's agent",
-        timeout=POD_TIMEOUT_S,
-    )
+    stack.wait_installed("the previous chart's agent")
     gpus = GPUS // 2
     with stack.cluster.controllers_stopped():  # the chart's controllers alone lease here
         owner = stack.node.pod(
@@ -814,14 +818,7 @@ def test_the_quick_install_as_install_md_writes_it_places_the_example_pods(
     stack.installed = True
     assert done.returncode == 0, f"{script}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     assert "WARNING" not in done.stdout  # the block names the namespaces the notes ask for
-    for component, count in (("extender", 2), ("orchestrator", 2), ("controllers", 2)):
-        stack.wait_ready(component, count)
-    stack.wait_ready("agent", 1)
-    wait_for(
-        lambda: len(stack.cluster.gpu_node_uuids(NODE)) == GPUS,
-        what=f"{NODE}'s GPUs published by the documented install's agent",
-        timeout=POD_TIMEOUT_S,
-    )
+    stack.wait_installed("the documented install's agent")
     try:
         placed: dict[str, list[str]] = {}
         for example in yaml.safe_load_all(EXAMPLES.read_text()):
