@@ -216,6 +216,12 @@ async def run_watch(
     await follow_watch(store=store, kinds=kinds, apply=apply, synced=synced)
 
 
+def liveness_interval(timeout_s: float) -> float:
+    """How often :func:`run_liveness` judges the agents: every 5 s, or a quarter of the timeout
+    if that is shorter. A node whose agent is heard again is offered at the next judgement."""
+    return min(5.0, timeout_s / 4)
+
+
 async def run_liveness(
     *,
     cluster: ClusterState,
@@ -224,7 +230,7 @@ async def run_liveness(
 ) -> None:
     """Stop offering the devices of nodes whose agent went silent, until cancelled. Checks
     every 5 s, or a quarter of the timeout if that is shorter."""
-    interval_s = min(5.0, timeout_s / 4)
+    interval_s = liveness_interval(timeout_s)
     while True:
         cluster.sweep(clock(), timeout_s)
         await asyncio.sleep(interval_s)

@@ -472,9 +472,8 @@ class ReclaimEnds(Checker):
 
     def _can_return(self, devices: Sequence[GpuUuid], obs: Observation) -> bool:
         ready = {str(n["metadata"]["name"]) for n in obs.nodes if _ready(n)}
-        silent = obs.silent(self.fresh_s) | {
-            n for n, at in self._silent_at.items() if obs.t - at <= self.settle_s
-        }
+        # observe() has recorded this observation's silent nodes (at obs.t) already
+        silent = {n for n, at in self._silent_at.items() if obs.t - at <= self.settle_s}
         online = {  # devices a high-priority pod holds: no eviction frees them
             u
             for p in obs.holding

@@ -41,6 +41,7 @@ from common import builders, contract
 from common.gangs import WORKLOAD_API, WORKLOAD_REF
 from common.model import Health, Priority, Tier
 from common.prewarmwire import parse_items
+from extender.cluster.watching import liveness_interval
 from extender.rightofreturn.lease import parse_gpu_lease
 from tests.background import read_state
 from tests.e2e import queuesrig
@@ -83,9 +84,9 @@ AGENT_TIMEOUT_S = 15.0  # the extender's agent_timeout_s on the soak's cluster (
 # node's agent's own, 10 s), shorter than AGENT_TIMEOUT_S, after which the extender gives up on
 # the node (between the two, the checker is the more careful).
 HEARTBEAT_FRESH_S = AGENT_TIMEOUT_S - 2.0
-# How often the extender judges its agents (extender.cluster.watching.run_liveness): a node
-# whose agent is heard again is offered at the next sweep, up to this long after the renewal.
-AGENT_SWEEP_S = min(5.0, AGENT_TIMEOUT_S / 4)
+# How often the extender judges its agents: a node whose agent is heard again is offered at the
+# next sweep, up to this long after the renewal.
+AGENT_SWEEP_S = liveness_interval(AGENT_TIMEOUT_S)
 FAULT_MARGIN_S = 30.0  # a restart, an API server away, a paused etcd
 LEDGER_SETTLE_S = max(RESERVE_TTL_S, MISSING_GRACE_S) + REAP_INTERVAL_S + FAULT_MARGIN_S
 RECLAIM_BOUND_S = RECLAIM_OVERDUE_S + FAULT_MARGIN_S
