@@ -12,7 +12,7 @@ import socket
 import socketserver
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 
@@ -56,16 +56,23 @@ class Forwarder:
 
 
 @contextlib.contextmanager
-def forwarding(listen_host: str, target: tuple[str, int]) -> Iterator[Forwarder]:
+def forwarding(
+    listen_host: str, target: tuple[str, int] | Callable[[], tuple[str, int] | None]
+) -> Iterator[Forwarder]:
     """Forward connections to ``listen_host`` (on a free port: ``Forwarder.port``) to ``target``
-    until the block exits; then stop listening and close what is open."""
+    until the block exits; then stop listening and close what is open. ``target`` may be a
+    function asked at each connection (as kube-proxy picks one of a Service's endpoints); a
+    connection it answers None for is closed."""
     forwarder = Forwarder()
 
     class Handler(socketserver.BaseRequestHandler):
         def handle(self) -> None:
             client: socket.socket = self.request
+            to = target() if callable(target) else target
+            if to is None:
+                return
             try:
-                upstream = socket.create_connection(target, timeout=10)
+                upstream = socket.create_connection(to, timeout=10)
             except OSError:
                 return
             upstream.settimeout(None)

@@ -146,6 +146,7 @@ class Cluster:
     real_dra_node: RealNode | None  # the kubelet node in DRA mode (hack/realnode.sh -d), if any
     controllers_pid: int = 0  # `tidelease controllers` as cluster-up started it
     extender_pid: int = 0  # the extender as cluster-up started it
+    scheduler_pid: int = 0  # the kube-scheduler of default-scheduler as cluster-up started it
     kube: Kube = field(init=False)
 
     def __post_init__(self) -> None:
@@ -156,9 +157,10 @@ class Cluster:
         """The extender's and the controllers' processes, taken over (once, for the session:
         the Popen objects live as long as the processes, which hack/cluster-down.sh stops with
         the rest, by pids.env). ``processes.specs``: how each ran at first."""
-        return Processes(
-            self.dir, {"controllers": self.controllers_pid, "extender": self.extender_pid}
-        )
+        roles = {"controllers": self.controllers_pid, "extender": self.extender_pid}
+        if self.scheduler_pid:
+            roles["kube-scheduler"] = self.scheduler_pid
+        return Processes(self.dir, roles)
 
     @contextlib.contextmanager
     def controllers_mode(self, *, dra: bool) -> Iterator[int]:
@@ -199,6 +201,19 @@ class Cluster:
             procs.start("controllers", spec)
             self.wait_controllers_leading()
 
+    @contextlib.contextmanager
+    def scheduler_stopped(self) -> Iterator[None]:
+        """The cluster's kube-scheduler of ``default-scheduler`` (the one with the host
+        extender) stopped for the block, so that another kube-scheduler, configured as an admin
+        would configure the cluster's own, alone places the default scheduler's pods; started
+        again as it ran afterwards (same flags, same ports)."""
+        procs = self.processes
+        procs.stop("kube-scheduler")
+        try:
+            yield
+        finally:
+            procs.start("kube-scheduler")
+
     def wait_controllers_leading(self, timeout: float = 60) -> None:
         """Until the controllers process leads leasing (its reconcile loop in /metrics)."""
         url = f"{self.controllers_url}/metrics"
@@ -233,6 +248,7 @@ class Cluster:
             real_dra_node=RealNode.dra_from_state(facts),
             controllers_pid=int(facts.get("TL_CLUSTER_CONTROLLERS_PID") or 0),
             extender_pid=int(facts.get("TL_CLUSTER_EXTENDER_PID") or 0),
+            scheduler_pid=int(facts.get("TL_CLUSTER_SCHEDULER_PID") or 0),
         )
 
     def as_account(self, account: str) -> Path:

@@ -38,6 +38,7 @@ _KINDS: dict[str, tuple[str, str, bool]] = {
     "Deployment": ("/apis/apps/v1", "deployments", True),
     "Job": ("/apis/batch/v1", "jobs", True),
     "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets", True),
+    "EndpointSlice": ("/apis/discovery.k8s.io/v1", "endpointslices", True),
     contract.KIND_GPU_LEASE: (
         f"/apis/{contract.GROUP}/{contract.VERSION}",
         contract.PLURAL_GPU_LEASE,

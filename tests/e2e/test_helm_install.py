@@ -16,6 +16,7 @@ chart's kubernetesAPI and hostAliases values.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import os
@@ -37,6 +38,7 @@ from tests.chart import CHART, binary, helm, probe_of
 from tests.e2e.forwarding import forwarding
 from tests.e2e.harness import BORROWER, ONLINE, Cluster, RealNode, devices_of, unique, workload
 from tests.e2e.kube import wait_for
+from tests.ports import free_port
 
 pytestmark = [pytest.mark.cluster, pytest.mark.containerd]
 
@@ -746,9 +748,10 @@ EXAMPLES = ROOT / "manifests" / "examples" / "online-job-pod.yaml"
 
 
 def shell_block(doc: Path, heading: str) -> str:
-    """The first ```sh block under ``heading`` (a line of the doc, e.g. ``## Quick install``)."""
+    """The first ```sh block under ``heading`` (how a line of the doc begins, e.g. ``## Quick
+    install``)."""
     lines = doc.read_text().splitlines()
-    start = lines.index(heading)
+    start = next(i for i, line in enumerate(lines) if line.startswith(heading))
     opening = next(i for i in range(start, len(lines)) if lines[i].strip() == "```sh")
     closing = next(i for i in range(opening + 1, len(lines)) if lines[i].strip() == "```")
     return "\n".join(lines[opening + 1 : closing]) + "\n"
@@ -778,33 +781,18 @@ def shims(into: Path, stack: Stack, environment: list[str]) -> Path:
     return into
 
 
-def test_the_quick_install_as_install_md_writes_it_places_the_example_pods(
-    stack: Stack, tmp_path: Path
-) -> None:
-    """docs/install.md's quick install block, run by bash as written, with two substitutions:
-    REGISTRY/tidelease, the admin's registry, is the image built here, and the release's
-    namespace is this module's (the session cluster's own processes use tidelease-system). The
-    example pods of manifests/examples/online-job-pod.yaml, in the namespace the block names
-    (`ml`, labelled for online jobs as docs/tenancy.md says), are placed by the installed
-    tidelease on the real node: the online pod and the borrower each on 4 of its GPUs. What
-    this machine needs is added, never changed: images named as built here, the toleration and
-    node selector of the real node."""
-    kube = stack.cluster.kube
-    for pod in kube.list("Pod", stack.workloads):  # the GPUs free for the examples
-        kube.delete("Pod", pod["metadata"]["name"], stack.workloads)
-    online = "ml"
-    if kube.get("Namespace", online) is None:
-        kube.create(builders.namespace(online, online=True))
-    block = shell_block(INSTALL_DOC, "## Quick install")
-    assert "REGISTRY/tidelease" in block, block
-    assert "--namespace tidelease-system" in block, block
-    repository = stack.tidelease.ref.rpartition(":")[0]
-    script = block.replace("REGISTRY/tidelease", repository).replace(
-        "--namespace tidelease-system", f"--namespace {NAMESPACE}"
-    )
-    # The environment: everything of the module's values but the image's repository and tag,
-    # which the doc's own command decides (its tag: the chart's appVersion, built here too).
-    environment = [v for v in stack.values if not v.startswith(("image.repository=", "image.tag="))]
+def run_block(
+    stack: Stack, tmp_path: Path, heading: str, environment: list[str], **substitutions: str
+) -> str:
+    """docs/install.md's first command block under ``heading``, run by bash as written but for
+    ``substitutions`` (each text of the block that must be in it, and what replaces it): what
+    helm and kubectl printed. ``environment`` is added to its helm install (:func:`shims`); the
+    release is the module's to uninstall from then on."""
+    block = shell_block(INSTALL_DOC, heading)
+    script = block
+    for text, replacement in substitutions.items():
+        assert text in block, f"{text!r} not in {heading}'s block:\n{block}"
+        script = script.replace(text, replacement)
     path = shims(tmp_path / "bin", stack, environment)
     done = subprocess.run(
         ["bash", "-e", "-o", "pipefail", "-c", script],
@@ -818,28 +806,151 @@ def test_the_quick_install_as_install_md_writes_it_places_the_example_pods(
     stack.installed = True
     assert done.returncode == 0, f"{script}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     assert "WARNING" not in done.stdout  # the block names the namespaces the notes ask for
-    stack.wait_installed("the documented install's agent")
+    return done.stdout
+
+
+def doc_environment(stack: Stack) -> list[str]:
+    """Everything of the module's values but the image's repository and tag, which the doc's
+    own command decides (its tag: the chart's appVersion, built here too)."""
+    return [v for v in stack.values if not v.startswith(("image.repository=", "image.tag="))]
+
+
+def online_namespace(stack: Stack) -> str:
+    """``ml``, the namespace the doc's blocks name, labelled for online jobs as
+    docs/tenancy.md says; the module's GPU pods deleted, so that the node's GPUs are free."""
+    kube = stack.cluster.kube
+    for pod in kube.list("Pod", stack.workloads):
+        kube.delete("Pod", pod["metadata"]["name"], stack.workloads)
+    if kube.get("Namespace", "ml") is None:
+        kube.create(builders.namespace("ml", online=True))
+    return "ml"
+
+
+@contextlib.contextmanager
+def examples_placed(stack: Stack, namespace: str, *, mode: str) -> Iterator[dict[str, list[str]]]:
+    """The pods of manifests/examples/online-job-pod.yaml created in ``namespace`` as the doc
+    says for the scheduling ``mode`` (clusterScheduler: without their ``schedulerName``), with
+    what this machine needs added (images named as built here, the real node's toleration and
+    node selector); once the online pod and the borrower each run on 4 GPUs of the real node,
+    none shared: each one's devices. Deleted after the block."""
+    kube = stack.cluster.kube
+    names = []
     try:
-        placed: dict[str, list[str]] = {}
         for example in yaml.safe_load_all(EXAMPLES.read_text()):
             spec = example["spec"]
             assert spec["schedulerName"] == SCHEDULER  # the examples opt in, as the doc says
-            onto = stack.node.pod(online, example["metadata"]["name"])["spec"]
+            if mode == "clusterScheduler":
+                del spec["schedulerName"]
+            onto = stack.node.pod(namespace, example["metadata"]["name"])["spec"]
             spec["nodeSelector"] = onto["nodeSelector"]
             spec["tolerations"] = onto["tolerations"]
             spec["terminationGracePeriodSeconds"] = 1
             for container in spec["containers"]:
                 container["image"] = onto["containers"][0]["image"]
                 container["imagePullPolicy"] = "Never"
-            example["metadata"]["namespace"] = online
+            example["metadata"]["namespace"] = namespace
             kube.create(example)
-        for name in ("recsys-0", "finetune-0"):
-            pod = stack.cluster.wait_running(online, name, timeout=POD_TIMEOUT_S)
+            names.append(example["metadata"]["name"])
+        assert sorted(names) == ["finetune-0", "recsys-0"]
+        placed: dict[str, list[str]] = {}
+        for name in names:
+            pod = stack.cluster.wait_running(namespace, name, timeout=POD_TIMEOUT_S)
             assert pod["spec"]["nodeName"] == NODE
             assert pod["metadata"]["annotations"][contract.ANN_DEVICE_NODE] == NODE
             placed[name] = sorted(devices_of(pod))
             assert len(placed[name]) == 4
         assert not set(placed["recsys-0"]) & set(placed["finetune-0"])
+        yield placed
     finally:
-        for name in ("recsys-0", "finetune-0"):
-            kube.delete("Pod", name, online)
+        for name in names:
+            kube.delete("Pod", name, namespace)
+
+
+def test_the_quick_install_as_install_md_writes_it_places_the_example_pods(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """docs/install.md's quick install block, run by bash as written, with two substitutions:
+    REGISTRY/tidelease, the admin's registry, is the image built here, and the release's
+    namespace is this module's (the session cluster's own processes use tidelease-system). The
+    example pods, in the namespace the block names, are placed by the installed tidelease's own
+    kube-scheduler (the ownScheduler mode) on the real node."""
+    online = online_namespace(stack)
+    run_block(
+        stack, tmp_path, "## Quick install", doc_environment(stack),
+        **{"REGISTRY/tidelease": stack.tidelease.ref.rpartition(":")[0],
+           "--namespace tidelease-system": f"--namespace {NAMESPACE}"},
+    )  # fmt: skip
+    stack.wait_installed("the documented install's agent")
+    with examples_placed(stack, online, mode="ownScheduler"):
+        pass
+
+
+def test_the_cluster_scheduler_mode_as_install_md_writes_it_places_the_example_pods(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """The clusterScheduler block of docs/install.md, run by bash as written, after the quick
+    install's release is gone: the chart installed in that mode, the configuration and
+    kube-scheduler's client certificate copied to the control-plane host's /etc/kubernetes
+    (here a directory of the test's: the one substitution besides the quick install's two, made
+    in the block and in the configuration it wrote). The cluster's kube-scheduler is then
+    replaced by one started with that configuration, unchanged (its kubeconfig the host's
+    scheduler.conf, as kubeadm writes it), and places the example pods (the default scheduler's,
+    as the doc says for this mode) through the extender's Service over HTTPS with the copied
+    client certificate. This cluster has no kube-proxy: the Service's address is stood in by a
+    forwarder on loopback to the Service's ready endpoints (`scheduling.extenderURL`, as the doc
+    says for a kube-scheduler that cannot resolve Service names); the serving certificate is
+    still checked against the Service's name."""
+    if stack.installed:
+        stack.helm("uninstall", RELEASE, "--wait")
+        stack.installed = False
+    wait_for(lambda: not stack.pods("extender"), what="the last release's pods gone")
+    online = online_namespace(stack)
+    kube = stack.cluster.kube
+    service = "tidelease-extender"
+
+    def endpoint() -> tuple[str, int] | None:
+        for s in kube.list("EndpointSlice", NAMESPACE, f"kubernetes.io/service-name={service}"):
+            for e in s.get("endpoints") or []:
+                if (e.get("conditions") or {}).get("ready"):
+                    return e["addresses"][0], 8888
+        return None
+
+    host_etc = tmp_path / "etc-kubernetes"  # a control-plane host's /etc/kubernetes
+    host_etc.mkdir()
+    (host_etc / "scheduler.conf").write_text(stack.cluster.kubeconfig.read_text())
+    with forwarding("127.0.0.1", endpoint) as service_address:
+        run_block(
+            stack, tmp_path, "* **`clusterScheduler`**",
+            [*doc_environment(stack), f"scheduling.extenderURL=https://127.0.0.1:{service_address.port}"],
+            **{"REGISTRY/tidelease": stack.tidelease.ref.rpartition(":")[0],
+               "-n tidelease-system": f"-n {NAMESPACE}", "/etc/kubernetes": str(host_etc)},
+        )  # fmt: skip
+        written = host_etc / "tidelease-scheduler.yaml"
+        config = yaml.safe_load(written.read_text())
+        (extender,) = config["extenders"]
+        assert extender["tlsConfig"]["serverName"] == f"{service}.{NAMESPACE}.svc"
+        assert extender["enableHTTPS"] is True
+        assert extender["ignorable"] is False
+        assert config["clientConnection"]["kubeconfig"] == "/etc/kubernetes/scheduler.conf"
+        assert "profiles" not in config  # default-scheduler's alone
+        for name in ("tls.crt", "tls.key", "ca.crt"):
+            assert (host_etc / "tidelease" / name).read_bytes().startswith(b"-----BEGIN ")
+        written.write_text(written.read_text().replace("/etc/kubernetes", str(host_etc)))
+        stack.wait_installed("the documented install's agent")
+        log = tmp_path / "kube-scheduler.log"
+        with stack.cluster.scheduler_stopped(), log.open("wb") as out:
+            scheduler = subprocess.Popen(
+                [binary("kube-scheduler"), f"--config={written}", "--bind-address=127.0.0.1",
+                 f"--secure-port={free_port()}", f"--cert-dir={tmp_path / 'scheduler-certs'}"],
+                stdout=out, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+            try:
+                with examples_placed(stack, online, mode="clusterScheduler"):
+                    # Through the Service's stand-in, over HTTPS: the verbs this release serves.
+                    assert service_address.accepted > 0
+            except BaseException:
+                print(log.read_text()[-4000:])
+                raise
+            finally:
+                scheduler.terminate()
+                scheduler.wait(timeout=30)
