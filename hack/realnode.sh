@@ -15,7 +15,10 @@
 # DRA plugin in the kubelet's plugin dirs (under its --root-dir), so the node offers no
 # nvidia.com/gpu, and containers get the devices of their claims through CDI. -t TIERS (HA, MA or
 # LA per GPU, comma-separated) gives the fake GPUs those tiers: before the agent starts, its
-# GpuNode gets an availability history from which the agent assesses them. With -s NS/ACCOUNT, the
+# GpuNode gets an availability history from which the agent assesses them. With -d -a, the
+# chart's agent pod (dra.enabled) serves the DRA plugin: the kubelet's plugin dirs and DIR/cdi are
+# bound, in the node's mount namespace, at the paths the chart's DaemonSet mounts from the host
+# (/var/lib/kubelet/plugins_registry, /var/lib/kubelet/plugins, /var/run/cdi). With -s NS/ACCOUNT, the
 # agent started here runs as that ServiceAccount (the chart's tidelease-agent), with a token bound
 # to this Node as the kubelet's tokens for the DaemonSet's pods are (minted with KUBECONFIG's
 # credentials, which it otherwise uses): the chart's grants and own-node policy apply to it.
@@ -25,7 +28,7 @@
 # bound to this Node, and serves the cache on a free port advertised as 127.0.0.1's
 # (DIR/realnode.env: TL_REALNODE_CACHE_*).
 #
-# usage: hack/realnode.sh -D DIR -k KUBECONFIG -n NAME [-g GPUS [-a | -d [-t TIERS]] [-s NS/ACCOUNT]
+# usage: hack/realnode.sh -D DIR -k KUBECONFIG -n NAME [-g GPUS [-a] [-d [-t TIERS]] [-s NS/ACCOUNT]
 #                         [-C CACHE_MIB]] [-c KUBELET_CLIENT_CA] [-L LOGS]
 #
 # Runs in the foreground until SIGINT/SIGTERM or until TL_REALNODE_PARENT_PID exits; then it
@@ -80,10 +83,10 @@ MODE=extender
 if [[ "${DRA}" == true ]]; then
   MODE=dra
   ((GPUS > 0)) || tl::die "-d (DRA mode) wants fake GPUs (-g)"
-  [[ "${AGENT_IN_POD}" != true ]] || tl::die "-d and -a do not go together"
 fi
 if [[ -n "${TIERS}" ]]; then
   [[ "${DRA}" == true ]] || tl::die "-t (tiers) goes with -d"
+  [[ "${AGENT_IN_POD}" != true ]] || tl::die "-t (tiers) goes with an agent started here (not -a)"
   [[ "${TIERS}" =~ ^(HA|MA|LA)(,(HA|MA|LA))*$ ]] ||
     tl::die "-t ${TIERS}: want HA, MA or LA per GPU, comma-separated"
   IFS=, read -r -a tier_list <<<"${TIERS}"
@@ -91,6 +94,11 @@ if [[ -n "${TIERS}" ]]; then
 fi
 
 PLUGIN_DIR_IN_NS=/var/lib/kubelet/device-plugins
+# DRA mode with the chart's agent (-d -a): where its DaemonSet mounts the kubelet's plugin dirs
+# and the CDI specs' dir from the host, bound here to this node's.
+REGISTRY_DIR_IN_NS=/var/lib/kubelet/plugins_registry
+PLUGINS_DIR_IN_NS=/var/lib/kubelet/plugins
+CDI_DIR_IN_NS=/var/run/cdi
 TAINT_KEY=tidelease.io/real-node
 STOP_TIMEOUT="${TL_REALNODE_STOP_TIMEOUT:-30}"
 READY_TIMEOUT="${TL_REALNODE_READY_TIMEOUT:-120}"
@@ -169,6 +177,9 @@ cleanup() {
   # The kubelet's own (its root directory, pod volumes) and ours.
   tl::umount_under "${DIR}"
   umount "${PLUGIN_DIR_IN_NS}" 2>/dev/null || true
+  if [[ "${DRA}" == true && "${AGENT_IN_POD}" == true ]]; then
+    umount "${REGISTRY_DIR_IN_NS}" "${PLUGINS_DIR_IN_NS}" "${CDI_DIR_IN_NS}" 2>/dev/null || true
+  fi
   rm -rf -- "${DIR}"
   exit "${rc}"
 }
@@ -184,6 +195,13 @@ NODE_IP="$(host_ip)"
 # The kubelet's fixed device-plugin directory, ours in this namespace.
 mkdir -p "${PLUGIN_DIR_IN_NS}"
 mount --bind "${DIR}/device-plugins" "${PLUGIN_DIR_IN_NS}"
+if [[ "${DRA}" == true && "${AGENT_IN_POD}" == true ]]; then
+  mkdir -p "${REGISTRY_DIR}" "${PLUGINS_DIR}" \
+    "${REGISTRY_DIR_IN_NS}" "${PLUGINS_DIR_IN_NS}" "${CDI_DIR_IN_NS}"
+  mount --bind "${REGISTRY_DIR}" "${REGISTRY_DIR_IN_NS}"
+  mount --bind "${PLUGINS_DIR}" "${PLUGINS_DIR_IN_NS}"
+  mount --bind "${CDI_DIR}" "${CDI_DIR_IN_NS}"
+fi
 
 if [[ "${DRA}" == true ]]; then
   tl::ctrd::use_v2
@@ -389,6 +407,7 @@ TL_REALNODE_CONTAINERD_VERSION=${CTRD_VERSION}
 TL_REALNODE_CDI_DIR=${CDI_DIR}
 TL_REALNODE_TAINT=${TAINT_KEY}
 TL_REALNODE_CTRD_SOCK=${TL_CTRD_SOCK}
+TL_REALNODE_CTR=${TL_CTRD_BIN_DIR:+${TL_CTRD_BIN_DIR}/}ctr
 TL_REALNODE_SUBNET=${TL_CTRD_SUBNET}
 TL_REALNODE_GATEWAY=${GATEWAY}
 TL_REALNODE_FAKEDEV=${DIR}/fakedev

@@ -757,13 +757,13 @@ def shell_block(doc: Path, heading: str) -> str:
     return "\n".join(lines[opening + 1 : closing]) + "\n"
 
 
-def shims(into: Path, stack: Stack, environment: list[str]) -> Path:
+def shims(into: Path, cluster: Cluster, environment: list[str]) -> Path:
     """`helm` and `kubectl` for the doc's commands: the real binaries, given this cluster's
     kubeconfig; helm's install and upgrade also get ``environment`` (what this machine needs
     and an admin's cluster has: the API server through the node's forwarder, the release on the
     real node, fake NVML, images already on the node) after the doc's own arguments."""
     into.mkdir()
-    kubeconfig = shlex.quote(str(stack.cluster.kubeconfig))
+    kubeconfig = shlex.quote(str(cluster.kubeconfig))
     sets = " ".join(shlex.quote(f"--set={v}") for v in environment)
     helm_shim = into / "helm"
     helm_shim.write_text(
@@ -774,7 +774,7 @@ def shims(into: Path, stack: Stack, environment: list[str]) -> Path:
         f'exec {shlex.quote(str(binary("helm")))} "$@" --kubeconfig {kubeconfig}\n'
     )
     kubectl_shim = into / "kubectl"
-    kubectl = shlex.quote(str(stack.cluster.kubectl_path))
+    kubectl = shlex.quote(str(cluster.kubectl_path))
     kubectl_shim.write_text(f'#!/bin/sh\nexec {kubectl} --kubeconfig {kubeconfig} "$@"\n')
     for shim in (helm_shim, kubectl_shim):
         shim.chmod(0o755)
@@ -782,18 +782,18 @@ def shims(into: Path, stack: Stack, environment: list[str]) -> Path:
 
 
 def run_block(
-    stack: Stack, tmp_path: Path, heading: str, environment: list[str], **substitutions: str
+    cluster: Cluster, tmp_path: Path, heading: str, environment: list[str], **substitutions: str
 ) -> str:
     """docs/install.md's first command block under ``heading``, run by bash as written but for
     ``substitutions`` (each text of the block that must be in it, and what replaces it): what
     helm and kubectl printed. ``environment`` is added to its helm install (:func:`shims`); the
-    release is the module's to uninstall from then on."""
+    caller uninstalls the release it made, whether this passes or not."""
     block = shell_block(INSTALL_DOC, heading)
     script = block
     for text, replacement in substitutions.items():
         assert text in block, f"{text!r} not in {heading}'s block:\n{block}"
         script = script.replace(text, replacement)
-    path = shims(tmp_path / "bin", stack, environment)
+    path = shims(tmp_path / "bin", cluster, environment)
     done = subprocess.run(
         ["bash", "-e", "-o", "pipefail", "-c", script],
         cwd=ROOT,
@@ -803,7 +803,6 @@ def run_block(
         timeout=1500,
         check=False,
     )
-    stack.installed = True
     assert done.returncode == 0, f"{script}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     assert "WARNING" not in done.stdout  # the block names the namespaces the notes ask for
     return done.stdout
@@ -875,8 +874,9 @@ def test_the_quick_install_as_install_md_writes_it_places_the_example_pods(
     example pods, in the namespace the block names, are placed by the installed tidelease's own
     kube-scheduler (the ownScheduler mode) on the real node."""
     online = online_namespace(stack)
+    stack.installed = True
     run_block(
-        stack, tmp_path, "## Quick install", doc_environment(stack),
+        stack.cluster, tmp_path, "## Quick install", doc_environment(stack),
         **{"REGISTRY/tidelease": stack.tidelease.ref.rpartition(":")[0],
            "--namespace tidelease-system": f"--namespace {NAMESPACE}"},
     )  # fmt: skip
@@ -919,8 +919,9 @@ def test_the_cluster_scheduler_mode_as_install_md_writes_it_places_the_example_p
     host_etc.mkdir()
     (host_etc / "scheduler.conf").write_text(stack.cluster.kubeconfig.read_text())
     with forwarding("127.0.0.1", endpoint) as service_address:
+        stack.installed = True
         run_block(
-            stack, tmp_path, "* **`clusterScheduler`**",
+            stack.cluster, tmp_path, "* **`clusterScheduler`**",
             [*doc_environment(stack), f"scheduling.extenderURL=https://127.0.0.1:{service_address.port}"],
             **{"REGISTRY/tidelease": stack.tidelease.ref.rpartition(":")[0],
                "-n tidelease-system": f"-n {NAMESPACE}", "/etc/kubernetes": str(host_etc)},
