@@ -12,7 +12,7 @@ import ssl
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -190,6 +190,25 @@ class Kube:
             "PATCH", path, patch, content_type="application/merge-patch+json"
         )
         return result
+
+    def watch(
+        self, kind: str, namespace: str | None, resource_version: str, timeout_s: int = 600
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        """The watch's events (type, object) from ``resource_version`` on, until the API server
+        ends it (at most ``timeout_s``) or the caller stops reading."""
+        path = (
+            path_of(kind, namespace=namespace)
+            + f"?watch=1&resourceVersion={resource_version}&timeoutSeconds={timeout_s}"
+            + "&allowWatchBookmarks=false"
+        )
+        req = urllib.request.Request(
+            self.server + path, headers={"Authorization": f"Bearer {self.token}"}
+        )
+        with urllib.request.urlopen(req, context=self._ssl, timeout=timeout_s + 30) as resp:
+            for line in resp:
+                if line.strip():
+                    event = json.loads(line)
+                    yield event["type"], event["object"]
 
     def delete(self, kind: str, name: str, namespace: str | None = None) -> None:
         try:

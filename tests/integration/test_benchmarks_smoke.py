@@ -31,6 +31,7 @@ NUMBER = r"(\d+(?:,\d{3})*(?:\.\d+)?)"
 ELSEWHERE = {
     "bench_hot_restart": "tests/containerd/test_bench_hot_restart_smoke.py",
     "bench_queues": "tests/e2e/test_bench_queues_smoke.py",  # needs the local cluster
+    "bench_dawn": "tests/e2e/test_bench_dawn_smoke.py",  # needs the local cluster
 }
 
 
