@@ -26,7 +26,10 @@ printed.
 
     python -m benchmarks.bench_dawn [--nodes 1250] [--leases 50] [--rounds 1]
                                     [--compare KEY=VALUE,...] [--state DIR/cluster.env]
-                                    [--json FILE] [--smoke]
+                                    [--json FILE] [--profile DIR] [--logs DIR] [--smoke]
+
+``--profile DIR``: py-spy samples the controllers' process during each dawn
+(DIR/controllers-<phase>-r<round>.txt, collapsed stacks), and the run prints their summary.
 
 Without ``--state`` it starts a local cluster of its own (hack/cluster-up.sh, ``--nodes`` kwok
 GPU nodes of 8 GPUs, no real node, the notice as the leases say: no test grace). With
@@ -46,6 +49,7 @@ import json
 import os
 import queue
 import re
+import shutil
 import ssl
 import statistics
 import sys
@@ -64,6 +68,7 @@ from common.tenancy import LABEL_ONLINE
 from tests.background import read_state, running
 from tests.e2e.harness import BORROWER, ONLINE, Cluster, NodeGroup, devices_of, workload
 from tests.e2e.kube import path_of, wait_for
+from tests.profiling import profile_summary, profiling
 
 ROOT = Path(__file__).resolve().parents[1]
 GRACE_S = 30  # the CRD's minimum graceSeconds
@@ -161,8 +166,11 @@ def api_requests(cluster: Cluster) -> dict[tuple[str, str], float]:
 
 
 @contextlib.contextmanager
-def cluster_of(state: Path | None, nodes: int) -> Iterator[tuple[Cluster, dict[str, str]]]:
-    """The running cluster ``state`` describes, or one of its own for the run."""
+def cluster_of(
+    state: Path | None, nodes: int, logs: Path | None = None
+) -> Iterator[tuple[Cluster, dict[str, str]]]:
+    """The running cluster ``state`` describes, or one of its own for the run (its components'
+    logs copied to ``logs`` at the end, if given)."""
     if state is not None:
         facts = read_state(state)
         yield Cluster.from_state(facts), facts
@@ -194,7 +202,11 @@ def cluster_of(state: Path | None, nodes: int) -> Iterator[tuple[Cluster, dict[s
             stop_timeout_s=180,
             env=env,
         ) as facts:
-            yield Cluster.from_state(facts), facts
+            try:
+                yield Cluster.from_state(facts), facts
+            finally:
+                if logs is not None:
+                    shutil.copytree(base / "cluster" / "logs", logs, dirs_exist_ok=True)
 
 
 @contextlib.contextmanager
@@ -452,6 +464,7 @@ def run_round(
     leases: list[LeaseShape],
     place: Callable[[dict[str, Any]], None],
     controllers_pid: int,
+    profile: Path | None,
 ) -> Round:
     dawn = Dawn(cluster, f"bench-dawn-{name}-{index}", leases, place)
     try:
@@ -462,7 +475,8 @@ def run_round(
         requests0 = api_requests(cluster)
         cpu0 = {"controllers": cpu_s(controllers_pid), "apiserver": cpu_s(apiserver_pid)}
         t0 = time.monotonic()
-        times = dawn.rise(timeout_s=GRACE_S + 300)
+        with profiling(profile, {"controllers": controllers_pid}, f"{name}-r{index}"):
+            times = dawn.rise(timeout_s=GRACE_S + 300)
         t1 = max([t.steady for t in times.values() if t.steady] or [time.monotonic()])
         wall = max(t1 - t0, 1e-6)
         cpu1 = {"controllers": cpu_s(controllers_pid), "apiserver": cpu_s(apiserver_pid)}
@@ -538,11 +552,17 @@ def main() -> int:
     p.add_argument("--state", type=Path, help="a running cluster's cluster.env")
     p.add_argument("--json", type=Path, help="also write the results here")
     p.add_argument("--smoke", action="store_true", help="2 leases on the --state cluster")
+    p.add_argument(
+        "--logs", type=Path, help="copy the own cluster's logs (controllers, ...) here at the end"
+    )
+    p.add_argument(
+        "--profile", type=Path, help="py-spy the controllers during each dawn into this directory"
+    )
     args = p.parse_args()
     leases = shapes(2 if args.smoke else args.leases)
     need = sum(s.total for s in leases)
     rounds: list[Round] = []
-    with cluster_of(args.state, args.nodes) as (cluster, facts):
+    with cluster_of(args.state, args.nodes, args.logs) as (cluster, facts):
         group: NodeGroup | None = None
         place: Callable[[dict[str, Any]], None] = lambda pod: None  # noqa: E731
         if args.state is not None:
@@ -569,9 +589,13 @@ def main() -> int:
                 for name in order:
                     settings = args.compare if name == "variant" else {}
                     with controllers_with(cluster, settings) as pid:
-                        r = run_round(cluster, facts, name, index, leases, place, pid)
+                        r = run_round(cluster, facts, name, index, leases, place, pid, args.profile)
                     rounds.append(r)
                     print("\n".join(report(r, grace)), flush=True)
+                    if args.profile:
+                        path = args.profile / f"controllers-{name}-r{index}.txt"
+                        print(f"  profile of the controllers during the dawn, {path.name}:")
+                        print("\n".join(f"    {line}" for line in profile_summary(path)))
         finally:
             if group is not None:
                 group.delete()

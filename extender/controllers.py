@@ -164,6 +164,7 @@ async def controllers(
             test_grace_s=settings.leasing_test_grace_s,
             overdue_after_s=settings.reclaim_overdue_s,
             dra_mode=settings.dra,
+            workers=settings.leasing_workers,
         )
         if settings.leasing_test_grace_s is not None:
             log.warning(

@@ -59,7 +59,6 @@ import contextlib
 import json
 import math
 import os
-import shutil
 import signal
 import ssl
 import statistics
@@ -81,8 +80,10 @@ except ImportError:  # run with the project's environment (hack/lib/python.sh cr
         os.execv(str(VENV_PY), [str(VENV_PY), *sys.argv])
     raise
 
+sys.path.insert(0, str(ROOT))  # tests/ (its support modules), beside the installed packages
 from common import builders  # noqa: E402 (the project's environment, as above)
 from common.tenancy import LABEL_ONLINE  # noqa: E402
+from tests.profiling import profile_summary, profiling  # noqa: E402
 
 PLAIN = "tidelease-plain"
 NULL = "tidelease-null"
@@ -391,74 +392,6 @@ def cpu_s(pid: int) -> float:
 PROFILED = ("extender", "controllers")
 
 
-@contextlib.contextmanager
-def profiling(out: Path | None, pids: dict[str, int], phase: str, round_: int) -> Any:
-    """py-spy recording the profiled processes while the block runs (nothing when out is None)."""
-    if out is None:
-        yield
-        return
-    out.mkdir(parents=True, exist_ok=True)
-    procs = [
-        subprocess.Popen(
-            [shutil.which("py-spy", path=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
-             or "py-spy", "record", "--pid", str(pids[what]), "--rate", "100", "--format", "raw",
-             "--output", str(out / f"{what}-{phase}-r{round_}.txt"), "--nonblocking"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-        for what in PROFILED
-    ]  # fmt: skip
-    try:
-        yield
-    finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
-        for proc in procs:
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-
-
-def profile_summary(path: Path, top: int = 12) -> list[str]:
-    """The functions with the most samples of their own, and the top-level modules with the
-    most samples in all, from py-spy's collapsed stacks ("frame;frame;... count")."""
-    own: dict[str, int] = {}
-    modules: dict[str, int] = {}
-    total = 0
-    for line in path.read_text().splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not stack or not count.isdigit():
-            continue
-        n = int(count)
-        total += n
-        frames = stack.split(";")
-        own[frames[-1]] = own.get(frames[-1], 0) + n
-        seen = set()
-        for frame in frames:
-            # "function (path/to/module.py:line)": the module, by its package directory
-            where = frame.rpartition("(")[2].split(":")[0]
-            parts = Path(where).parts
-            for anchor in ("site-packages", "extender", "common", "asyncio"):
-                if anchor in parts:
-                    i = parts.index(anchor)
-                    where = "/".join(
-                        parts[i + 1 : i + 3] if anchor == "site-packages" else parts[i : i + 2]
-                    )
-                    break
-            if where not in seen:
-                seen.add(where)
-                modules[where] = modules.get(where, 0) + n
-    if not total:
-        return ["no samples"]
-    lines = [f"{total} samples; most samples of their own:"]
-    for frame, n in sorted(own.items(), key=lambda kv: -kv[1])[:top]:
-        lines.append(f"  {100 * n / total:5.1f} %  {frame}")
-    lines.append("modules on the stack (in all):")
-    for where, n in sorted(modules.items(), key=lambda kv: -kv[1])[:top]:
-        lines.append(f"  {100 * n / total:5.1f} %  {where}")
-    return lines
-
-
 async def run_phase(
     api: Api,
     facts: dict[str, str],
@@ -498,7 +431,11 @@ async def run_phase(
             created_at[pod["metadata"]["name"]] = time.monotonic()
 
     log(f"phase {name}: creating {pods} pods (schedulerName {scheduler})")
-    with profiling(profile if name in ("extender", "variant") else None, pids, name, round_):
+    with profiling(
+        profile if name in ("extender", "variant") else None,
+        {what: pids[what] for what in PROFILED},
+        f"{name}-r{round_}",
+    ):
         t0 = time.monotonic()
         await asyncio.gather(*(creator() for _ in range(32)))
         t_created = time.monotonic()

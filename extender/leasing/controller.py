@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -179,6 +179,7 @@ class LeaseController:
         test_grace_s: int | None = None,
         overdue_after_s: float = RECLAIM_OVERDUE_S,
         dra_mode: bool = False,
+        workers: int = 16,
     ) -> None:
         self.view, self.leases = view, leases
         # DRA mode (docs/dra.md): devices held through ResourceClaims, owners' gated pods
@@ -198,7 +199,7 @@ class LeaseController:
             self.reconcile,
             keys=self.keys,
             settings=ReconcileSettings(
-                resync_s=RESYNC_S, retry_base_s=RETRY_BASE_S, retry_cap_s=RESYNC_S
+                workers=workers, resync_s=RESYNC_S, retry_base_s=RETRY_BASE_S, retry_cap_s=RESYNC_S
             ),
             registry=metrics.registry,
         )
@@ -449,8 +450,11 @@ class _LeaseWrites:
         await self.controller.world.scale(lease.namespace, workload, action.replicas)
 
     async def notify(self, action: Notify) -> None:
+        """Every borrower's notice at once (each its own writes), then the status recording
+        them; one that fails fails the step, which gives notice again to those not recorded."""
         lease, world = self.lease, self.controller.world
-        for pod in action.pods:
+
+        async def one(pod: Holder) -> None:
             log.info(
                 "lease %s: notice to borrower %s: evicted at %s",
                 lease.key,
@@ -458,14 +462,21 @@ class _LeaseWrites:
                 microtime(action.deadline),
             )
             await world.notify(pod, lease, action.deadline)
+
+        await _each(action.pods, one)
         await world.write_status(lease, action.then, self._trouble(action.then))
 
     async def evict(self, action: Evict) -> None:
+        """Every borrower evicted at once: at dawn a lease's borrowers all reach the end of
+        their notice together, and each eviction is a few API writes."""
         lease, world = self.lease, self.controller.world
-        for pod in action.pods:
+
+        async def one(pod: Holder) -> None:
             log.info("lease %s: evicting borrower %s", lease.key, pod.key)
             await world.evict(pod, lease)
             self.controller.metrics.evictions.inc()
+
+        await _each(action.pods, one)
 
     async def wait(self, action: Wait) -> None:
         """Waiting: if the lease's Degraded condition is not what it is, say so."""
@@ -478,3 +489,12 @@ class _LeaseWrites:
         else:
             log.info("lease %s: no longer degraded", lease.key)
         await self.controller.world.write_status(lease, lease.status, trouble)
+
+
+async def _each(pods: Sequence[Holder], act: Callable[[Holder], Awaitable[None]]) -> None:
+    """``act`` on every pod concurrently; every one is tried, and the first error (in the pods'
+    order) is raised once all are done."""
+    results = await asyncio.gather(*(act(p) for p in pods), return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result

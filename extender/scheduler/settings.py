@@ -123,6 +123,9 @@ class ExtenderSettings:
     # A reclaim still under way this long after its borrowers' notice makes its GpuLease
     # Degraded (condition and log line; the alert TideleaseReclaimOverdue).
     reclaim_overdue_s: float = 120.0
+    # GpuLeases the leasing controller steps at once (never one lease twice at once): at dawn
+    # many leases reclaim together, and each step waits on an API write.
+    leasing_workers: int = 16
     # DRA mode (docs/dra.md): the cluster allocates tidelease's GPUs through ResourceClaims.
     # The leasing controller then also reads which pod holds which device from the claims,
     # and pins the claim of an owner's returning replica (its pods carry the scheduling gate
@@ -180,6 +183,8 @@ class ExtenderSettings:
             problems.append("scheduler_names must name at least one scheduler")
         if self.bind_attempts < 1:
             problems.append("bind_attempts must be at least 1")
+        if self.leasing_workers < 1:
+            problems.append("leasing_workers must be at least 1")
         for name in (
             "reserve_ttl_s",
             "gang_reserve_ttl_s",
@@ -267,6 +272,7 @@ _FIELD_TYPES: dict[str, type] = {
     "tenant_query_label": str,
     "leasing_test_grace_s": int,
     "reclaim_overdue_s": float,
+    "leasing_workers": int,
     "dra": bool,
     "snapshot": Path,
     "kubeconfig": Path,
