@@ -43,6 +43,9 @@ log = logging.getLogger(__name__)
 
 Clock = Callable[[], datetime]
 
+# Ledgers the reaper writes at once (each node's own write, one node's at a time).
+RELEASES_AT_ONCE = 16
+
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
@@ -273,7 +276,7 @@ class Binder:
         reservations past their time are dropped too (in memory only)."""
         self._cluster.expire_reservations(time.monotonic())
         now = self._clock()
-        released = 0
+        releases: list[tuple[NodeName, set[PodUid], str]] = []
         for state in list(self._cluster):
             stale = stale_allocations(
                 state.ledger.values(),
@@ -294,9 +297,20 @@ class Binder:
                     reason,
                 )
                 by_reason.setdefault(reason, set()).add(a.holder.pod_uid)
-            for reason, uids in by_reason.items():
-                released += await self.release(state.node, uids, reason)
-        return released
+            releases.extend((state.node, uids, reason) for reason, uids in by_reason.items())
+        # Each node's ledger is its own write: many at once (at dawn hundreds of evicted
+        # borrowers' devices, whose owners' replicas wait for them), one node's at a time.
+        limit = asyncio.Semaphore(RELEASES_AT_ONCE)
+
+        async def one(node: NodeName, uids: set[PodUid], reason: str) -> int:
+            async with limit:
+                return await self.release(node, uids, reason)
+
+        results = await asyncio.gather(*(one(*r) for r in releases), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        return sum(r for r in results if isinstance(r, int))
 
     async def run_reaper(self, *, ready: asyncio.Event | None = None) -> None:
         """Release stale allocations every reap interval, until cancelled."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -269,6 +270,45 @@ async def test_reaper_releases_devices_of_deleted_pods() -> None:
     assert await app.binder.reap_once() == 0
     now[0] = T0 + timedelta(seconds=31)
     assert await app.binder.reap_once() == 1
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_the_reaper_releases_many_nodes_ledgers_at_once() -> None:
+    """Dawn: evicted borrowers on many nodes; their ledgers are written together (each node's
+    own write), not one node after another."""
+    nodes = [f"n{i}" for i in range(6)]
+    store = MemoryStore(
+        [builders.gpu_node(n) for n in nodes]
+        + [builders.pod(f"p{i}", 8, priority=Priority.LOW, uid=f"p{i}") for i in range(6)]
+    )
+    app = build_app(store=store, settings=ExtenderSettings())
+    ready = asyncio.Event()
+    task = asyncio.create_task(
+        run_watch(store=store, cluster=app.cluster, pods=app.pods, ready=ready)
+    )
+    await ready.wait()
+    for i, n in enumerate(nodes):
+        await app.binder.bind("default", f"p{i}", f"p{i}", n)
+        store.delete("Pod", "default", f"p{i}")
+    await store.settle()
+    in_flight = most = 0
+    write = store.write_ledger
+
+    async def counted(node: NodeName, allocations: Iterable[Allocation], version: str) -> str:
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        await asyncio.sleep(0.01)  # a round trip
+        try:
+            return await write(node, allocations, version)
+        finally:
+            in_flight -= 1
+
+    store.write_ledger = counted  # type: ignore[method-assign]
+    assert await app.binder.reap_once() == len(nodes)
+    assert most == len(nodes)
+    assert all(not app.cluster.get(n).ledger for n in nodes)  # type: ignore[union-attr]
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
 
