@@ -28,8 +28,8 @@ printed.
                                     [--compare KEY=VALUE,...] [--state DIR/cluster.env]
                                     [--json FILE] [--profile DIR] [--logs DIR] [--smoke]
 
-``--profile DIR``: py-spy samples the controllers' process during each dawn
-(DIR/controllers-<phase>-r<round>.txt, collapsed stacks), and the run prints their summary.
+``--profile DIR``: py-spy samples the controllers' and the extender's processes during each
+dawn (DIR/<process>-<phase>-r<round>.txt, collapsed stacks), and the run prints their summary.
 
 Without ``--state`` it starts a local cluster of its own (hack/cluster-up.sh, ``--nodes`` kwok
 GPU nodes of 8 GPUs, no real node, the notice as the leases say: no test grace). With
@@ -49,11 +49,9 @@ import json
 import os
 import queue
 import re
-import shutil
 import ssl
 import statistics
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
@@ -65,8 +63,16 @@ from typing import Any
 from common import builders, contract
 from common.model import Priority, Tier
 from common.tenancy import LABEL_ONLINE
-from tests.background import read_state, running
-from tests.e2e.harness import BORROWER, ONLINE, Cluster, NodeGroup, devices_of, workload
+from tests.background import read_state
+from tests.e2e.harness import (
+    BORROWER,
+    ONLINE,
+    Cluster,
+    NodeGroup,
+    devices_of,
+    local_cluster,
+    workload,
+)
 from tests.e2e.kube import path_of, wait_for
 from tests.profiling import profile_summary, profiling
 
@@ -175,58 +181,21 @@ def cluster_of(
         facts = read_state(state)
         yield Cluster.from_state(facts), facts
         return
-    with tempfile.TemporaryDirectory(prefix="tidelease-bench-dawn.") as tmp:
-        base = Path(tmp)
-        env = {
-            **os.environ,
-            "TL_CLUSTER_DIR": str(base / "cluster"),
-            "TL_CLUSTER_NODES": str(nodes),
-            "TL_CLUSTER_PARENT_PID": str(os.getpid()),
-            "TL_CLUSTER_REAL_NODE": "false",
-            "TL_CLUSTER_REAL_DRA_NODE": "false",
-            "TL_CLUSTER_SCHEDULER_QPS": "500",
-            "TL_CLUSTER_SCHEDULER_BURST": "1000",
-            # The leases' own notice (30 s), not the test clusters' 2 s.
-            "TL_CLUSTER_LEASING_GRACE_S": "",
-            # Many kwok nodes renewing 40 s leases every 10 s would be most of the API traffic.
-            "TL_CLUSTER_NODE_LEASE_S": "240",
-            "TL_CLUSTER_NODE_GRACE": "600s",
-            "TL_CLUSTER_READY_TIMEOUT": "900",
-        }
-        with running(
-            [str(ROOT / "hack" / "cluster-up.sh"), "-f"],
-            state=base / "cluster" / "cluster.env",
-            log=base / "cluster-up.log",
-            what="hack/cluster-up.sh",
-            start_timeout_s=1800,
-            stop_timeout_s=180,
-            env=env,
-        ) as facts:
-            try:
-                yield Cluster.from_state(facts), facts
-            finally:
-                if logs is not None:
-                    shutil.copytree(base / "cluster" / "logs", logs, dirs_exist_ok=True)
-
-
-@contextlib.contextmanager
-def controllers_with(cluster: Cluster, settings: dict[str, str]) -> Iterator[int]:
-    """The cluster's controllers restarted with ``settings`` (none: as they run); their pid."""
-    procs = cluster.processes
-    if not settings:
-        yield procs.pids["controllers"]
-        return
-    spec = procs.specs["controllers"]
-    env = {**spec.env, **{f"TIDELEASE_EXTENDER_{k.upper()}": v for k, v in settings.items()}}
-    procs.stop("controllers")
-    pid = procs.start("controllers", dataclasses.replace(spec, env=env))
-    try:
-        cluster.wait_controllers_leading()
-        yield pid
-    finally:
-        procs.stop("controllers")
-        procs.start("controllers", spec)
-        cluster.wait_controllers_leading()
+    env = {
+        "TL_CLUSTER_NODES": str(nodes),
+        "TL_CLUSTER_REAL_NODE": "false",
+        "TL_CLUSTER_REAL_DRA_NODE": "false",
+        "TL_CLUSTER_SCHEDULER_QPS": "500",
+        "TL_CLUSTER_SCHEDULER_BURST": "1000",
+        # The leases' own notice (30 s), not the test clusters' 2 s.
+        "TL_CLUSTER_LEASING_GRACE_S": "",
+        # Many kwok nodes renewing 40 s leases every 10 s would be most of the API traffic.
+        "TL_CLUSTER_NODE_LEASE_S": "240",
+        "TL_CLUSTER_NODE_GRACE": "600s",
+        "TL_CLUSTER_READY_TIMEOUT": "900",
+    }
+    with local_cluster("tidelease-bench-dawn.", env, start_timeout_s=1800, logs=logs) as facts:
+        yield Cluster.from_state(facts), facts
 
 
 # --- one dawn ---
@@ -475,7 +444,11 @@ def run_round(
         requests0 = api_requests(cluster)
         cpu0 = {"controllers": cpu_s(controllers_pid), "apiserver": cpu_s(apiserver_pid)}
         t0 = time.monotonic()
-        with profiling(profile, {"controllers": controllers_pid}, f"{name}-r{index}"):
+        profiled = {
+            "controllers": controllers_pid,
+            "extender": int(facts["TL_CLUSTER_EXTENDER_PID"]),
+        }
+        with profiling(profile, profiled, f"{name}-r{index}"):
             times = dawn.rise(timeout_s=GRACE_S + 300)
         t1 = max([t.steady for t in times.values() if t.steady] or [time.monotonic()])
         wall = max(t1 - t0, 1e-6)
@@ -556,7 +529,9 @@ def main() -> int:
         "--logs", type=Path, help="copy the own cluster's logs (controllers, ...) here at the end"
     )
     p.add_argument(
-        "--profile", type=Path, help="py-spy the controllers during each dawn into this directory"
+        "--profile",
+        type=Path,
+        help="py-spy the controllers and the extender during each dawn into this directory",
     )
     args = p.parse_args()
     leases = shapes(2 if args.smoke else args.leases)
@@ -588,13 +563,14 @@ def main() -> int:
                     order.reverse()
                 for name in order:
                     settings = args.compare if name == "variant" else {}
-                    with controllers_with(cluster, settings) as pid:
+                    env = {f"TIDELEASE_EXTENDER_{k.upper()}": v for k, v in settings.items()}
+                    with cluster.controllers_with(env) as pid:
                         r = run_round(cluster, facts, name, index, leases, place, pid, args.profile)
                     rounds.append(r)
                     print("\n".join(report(r, grace)), flush=True)
-                    if args.profile:
-                        path = args.profile / f"controllers-{name}-r{index}.txt"
-                        print(f"  profile of the controllers during the dawn, {path.name}:")
+                    for what in ("controllers", "extender") if args.profile else ():
+                        path = args.profile / f"{what}-{name}-r{index}.txt"
+                        print(f"  profile of the {what} during the dawn, {path.name}:")
                         print("\n".join(f"    {line}" for line in profile_summary(path)))
         finally:
             if group is not None:

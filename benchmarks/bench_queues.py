@@ -27,16 +27,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import statistics
 import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from tests.background import read_state, running
+from tests.background import read_state
 from tests.e2e import queuesrig
-from tests.e2e.harness import Cluster, NodeGroup
+from tests.e2e.harness import Cluster, NodeGroup, local_cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_S = 1.0
@@ -53,26 +52,13 @@ def cluster_of(state: Path | None) -> Iterator[Cluster]:
     if state is not None:
         yield Cluster.from_state(read_state(state))
         return
-    with tempfile.TemporaryDirectory(prefix="tidelease-bench-queues.") as tmp:
-        base = Path(tmp)
-        env = {
-            **os.environ,
-            "TL_CLUSTER_DIR": str(base / "cluster"),
-            "TL_CLUSTER_NODES": "2",
-            "TL_CLUSTER_PARENT_PID": str(os.getpid()),
-            "TL_CLUSTER_REAL_NODE": "false",
-            "TL_CLUSTER_REAL_DRA_NODE": "false",
-        }
-        with running(
-            [str(ROOT / "hack" / "cluster-up.sh"), "-f"],
-            state=base / "cluster" / "cluster.env",
-            log=base / "cluster-up.log",
-            what="hack/cluster-up.sh",
-            start_timeout_s=600,
-            stop_timeout_s=120,
-            env=env,
-        ) as facts:
-            yield Cluster.from_state(facts)
+    env = {
+        "TL_CLUSTER_NODES": "2",
+        "TL_CLUSTER_REAL_NODE": "false",
+        "TL_CLUSTER_REAL_DRA_NODE": "false",
+    }
+    with local_cluster("tidelease-bench-queues.", env) as facts:
+        yield Cluster.from_state(facts)
 
 
 def measure(cluster: Cluster, arrivals: int, workdir: Path) -> dict[str, list[float]]:

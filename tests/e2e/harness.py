@@ -11,10 +11,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import os
+import shutil
 import ssl
 import subprocess
+import tempfile
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,14 +26,53 @@ from common import builders, contract
 from common.keyfile import key_file
 from common.model import Device, Priority
 from common.queuerelease import release_proof
+from tests.background import running
 from tests.e2e.kube import ApiError, Kube, get_text, post_json, wait_for
 from tests.processes import Processes
+
+ROOT = Path(__file__).resolve().parents[2]
 
 GROUP_LABEL = "e2e.tidelease.io/group"
 GPU = contract.DEFAULT_GPU_RESOURCE
 # tidelease's PriorityClasses (the chart's), applied by hack/cluster-up.sh.
 ONLINE = "tidelease-online"
 BORROWER = "tidelease-borrower"
+
+
+@contextlib.contextmanager
+def local_cluster(
+    prefix: str,
+    env: Mapping[str, str],
+    *,
+    start_timeout_s: float = 600,
+    logs: Path | None = None,
+) -> Iterator[dict[str, str]]:
+    """A local cluster of its own (hack/cluster-up.sh in the foreground, in a temporary
+    directory named ``prefix``..., with ``env`` added to this process's environment; it stops
+    when this process dies): its cluster.env facts while the block runs; its components' logs
+    copied to ``logs`` at the end, if given."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        base = Path(tmp)
+        full = {
+            **os.environ,
+            "TL_CLUSTER_DIR": str(base / "cluster"),
+            "TL_CLUSTER_PARENT_PID": str(os.getpid()),
+            **env,
+        }
+        with running(
+            [str(ROOT / "hack" / "cluster-up.sh"), "-f"],
+            state=base / "cluster" / "cluster.env",
+            log=base / "cluster-up.log",
+            what="hack/cluster-up.sh",
+            start_timeout_s=start_timeout_s,
+            stop_timeout_s=180,
+            env=full,
+        ) as facts:
+            try:
+                yield facts
+            finally:
+                if logs is not None:
+                    shutil.copytree(base / "cluster" / "logs", logs, dirs_exist_ok=True)
 
 
 def unique(prefix: str) -> str:
@@ -164,21 +206,28 @@ class Cluster:
 
     @contextlib.contextmanager
     def controllers_mode(self, *, dra: bool) -> Iterator[int]:
-        """The controllers in DRA mode or not (the chart's ``dra.enabled``) for the block: the
-        cluster's `tidelease controllers` stopped (SIGTERM: its leader leases released) and
-        started again as it ran but with ``TIDELEASE_EXTENDER_DRA``, then as it was; the pid
-        of the process in the asked mode. A no-op where it runs so already."""
-        procs = self.processes
-        spec = procs.specs["controllers"]
+        """The controllers in DRA mode or not (the chart's ``dra.enabled``) for the block
+        (:meth:`controllers_with` ``TIDELEASE_EXTENDER_DRA``); the pid of the process in the
+        asked mode. A no-op where it runs so already."""
         want = "true" if dra else "false"
-        if spec.env.get("TIDELEASE_EXTENDER_DRA", "false") == want:
+        if self.processes.specs["controllers"].env.get("TIDELEASE_EXTENDER_DRA", "false") == want:
+            yield self.processes.pids["controllers"]
+            return
+        with self.controllers_with({"TIDELEASE_EXTENDER_DRA": want}) as pid:
+            yield pid
+
+    @contextlib.contextmanager
+    def controllers_with(self, env: Mapping[str, str]) -> Iterator[int]:
+        """The cluster's `tidelease controllers` stopped (SIGTERM: its leader leases released)
+        and started again as it ran but with ``env`` added (settings: ``TIDELEASE_EXTENDER_*``)
+        for the block, then as it was; the pid of the process with ``env`` (none: as it runs)."""
+        procs = self.processes
+        if not env:
             yield procs.pids["controllers"]
             return
+        spec = procs.specs["controllers"]
         procs.stop("controllers")
-        pid = procs.start(
-            "controllers",
-            dataclasses.replace(spec, env={**spec.env, "TIDELEASE_EXTENDER_DRA": want}),
-        )
+        pid = procs.start("controllers", dataclasses.replace(spec, env={**spec.env, **env}))
         try:
             self.wait_controllers_leading()
             yield pid

@@ -33,7 +33,7 @@ import pytest
 import yaml
 
 from common import builders, contract
-from tests.background import running
+from tests.background import read_state, running
 from tests.chart import CHART, binary, helm, probe_of
 from tests.e2e.forwarding import forwarding
 from tests.e2e.harness import BORROWER, ONLINE, Cluster, RealNode, devices_of, unique, workload
@@ -214,54 +214,61 @@ def build_image(*args: str) -> Image:
     return Image(max(manifest["RepoTags"], key=len), archive)
 
 
-@pytest.fixture(scope="module")
-def stack(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    tidelease = build_image()
-    scheduler = build_image("kube-scheduler")
-    base = tmp_path_factory.mktemp("helm-node")
+@dataclass(frozen=True)
+class ChartNode:
+    """A real kubelet node of a module's own for the chart's pods (hack/realnode.sh -a)."""
+
+    node: RealNode
+    facts: dict[str, str]  # its realnode.env
+    values: list[str]  # what the chart needs on this machine to run its pods there
+
+
+@contextlib.contextmanager
+def chart_node(
+    cluster: Cluster, base: Path, name: str, gpus: int, *flags: str
+) -> Iterator[ChartNode]:
+    """hack/realnode.sh -a (and ``flags``) as node ``name`` with ``gpus`` stand-in GPUs, in
+    ``base``; labelled as GPU feature discovery labels a GPU node (the agent DaemonSet's default
+    selector), with the RuntimeClass the GPU Operator's toolkit makes (docs/gpu-operator.md),
+    here on the node's runc; a forwarder from its pods' gateway to the API server. Its values:
+    the API server through that forwarder, images never pulled, the agent's fake NVML on the
+    node's stand-in devices, every component's pods on this node."""
     state = base / "node" / "realnode.env"
-    ca = next(
-        line.split("=", 1)[1]
-        for line in (cluster.dir / "cluster.env").read_text().splitlines()
-        if line.startswith("TL_CLUSTER_KUBELET_CLIENT_CA=")
-    )
+    ca = read_state(cluster.dir / "cluster.env")["TL_CLUSTER_KUBELET_CLIENT_CA"]
     command = [
         str(ROOT / "hack" / "realnode.sh"), "-D", str(state.parent), "-k", str(cluster.kubeconfig),
-        "-n", NODE, "-g", str(GPUS), "-a", "-c", ca, "-L", str(base / "logs"),
+        "-n", name, "-g", str(gpus), "-a", *flags, "-c", ca, "-L", str(base / "logs"),
     ]  # fmt: skip
     env = {**os.environ, "TL_REALNODE_PARENT_PID": str(os.getpid())}
     with running(
         command,
         state=state,
         log=base / "realnode.log",
-        what="hack/realnode.sh -a",
+        what=f"hack/realnode.sh -a {' '.join(flags)}",
         start_timeout_s=180,
         stop_timeout_s=90,
         env=env,
     ) as facts:
         node = RealNode(
-            NODE,
+            name,
             facts["TL_REALNODE_IP"],
-            GPUS,
+            gpus,
             Path(facts["TL_REALNODE_CTRD_SOCK"]),
             facts["TL_REALNODE_GATEWAY"],
+            dra=facts["TL_REALNODE_MODE"] == "dra",
+            cdi_dir=Path(facts["TL_REALNODE_CDI_DIR"]) if facts["TL_REALNODE_CDI_DIR"] else None,
         )
         api = urllib.parse.urlsplit(cluster.server)
         assert api.hostname is not None
         assert api.port is not None
         with forwarding(facts["TL_REALNODE_GATEWAY"], (api.hostname, api.port)) as forwarder:
             on_node = [
-                f"nodeSelector.kubernetes\\.io/hostname={NODE}",
+                f"nodeSelector.kubernetes\\.io/hostname={name}",
                 "tolerations[0].key=tidelease.io/real-node",
                 "tolerations[0].operator=Exists",
             ]
             values = [
-                f"image.repository={tidelease.ref.rpartition(':')[0]}",
-                f"image.tag={tidelease.ref.rpartition(':')[2]}",
                 "image.pullPolicy=Never",
-                f"scheduling.kubeScheduler.image.repository={scheduler.ref.rpartition(':')[0]}",
-                f"scheduling.kubeScheduler.image.tag={scheduler.ref.rpartition(':')[2]}",
-                "scheduling.kubeScheduler.image.pullPolicy=Never",
                 "kubernetesAPI.host=kubernetes.default.svc",
                 f"kubernetesAPI.port={forwarder.port}",
                 f"hostAliases[0].ip={facts['TL_REALNODE_GATEWAY']}",
@@ -269,44 +276,58 @@ def stack(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
                 # The session cluster made them already (not this release's to own).
                 "priorityClasses.create=false",
                 "agent.backend=fake",
-                f"agent.fakeGpus={GPUS}",
+                f"agent.fakeGpus={gpus}",
                 f"agent.hostDeviceRoot={facts['TL_REALNODE_FAKEDEV']}",
-                # On as before it was opt-in: the install with the CRI socket mounted.
-                "agent.hotRestart.enabled=true",
-                "extender.controllers.hotRestartOperator=true",
-                # One node of this machine's 2 cores holds every pod, and a rolling upgrade's
-                # surge pods beside them: requests cut to fit (the limits stay).
-                "extender.resources.requests.cpu=100m",
-                f"agent.hotRestart.criSocket={node.containerd_socket}",
                 f"agent.cache.hostPath={state.parent / 'cache'}",
-                # One node: the extender's replicas may share it (the chart keeps them apart).
-                "extender.antiAffinity=preferred",
-                *(f"agent.{v}" for v in on_node),
-                *(f"extender.{v}" for v in on_node),
-                *(f"orchestrator.{v}" for v in on_node),
-            ]
-            # As GPU feature discovery labels a GPU node (the agent DaemonSet's default selector),
-            # and the RuntimeClass the GPU Operator's toolkit makes (docs/gpu-operator.md), here
-            # on the node's runc: the agent runs with the chart's default agent.runtimeClassName.
-            cluster.kubectl("label", "node", NODE, "nvidia.com/gpu.present=true")
+                # The controllers take the extender's placement values.
+                *(f"{component}.{v}" for component in ("agent", "extender", "orchestrator")
+                  for v in on_node),
+            ]  # fmt: skip
+            cluster.kubectl("label", "node", name, "nvidia.com/gpu.present=true")
             cluster.kubectl("apply", "-f", "-", input=json.dumps({
                 "apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
                 "metadata": {"name": "nvidia"}, "handler": "runc",
             }))  # fmt: skip
-            workloads = cluster.namespace("helm-e2e")
-            stack = Stack(cluster, node, node.containerd_socket, values, tidelease, workloads)
-            for image in (tidelease, scheduler):
-                stack.ctr("images", "import", "--no-unpack", str(image.archive))
-            try:
-                yield stack
-            finally:
-                if stack.installed:
-                    subprocess.run(
-                        [binary("helm"), "uninstall", RELEASE, "--kubeconfig",
-                         str(cluster.kubeconfig), "--namespace", NAMESPACE, "--wait"],
-                        capture_output=True, timeout=180, check=False,
-                    )  # fmt: skip
-                cluster.kube.delete("Namespace", workloads)
+            yield ChartNode(node, facts, values)
+
+
+@pytest.fixture(scope="module")
+def stack(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    tidelease = build_image()
+    scheduler = build_image("kube-scheduler")
+    with chart_node(cluster, tmp_path_factory.mktemp("helm-node"), NODE, GPUS) as on:
+        node = on.node
+        values = [
+            f"image.repository={tidelease.ref.rpartition(':')[0]}",
+            f"image.tag={tidelease.ref.rpartition(':')[2]}",
+            f"scheduling.kubeScheduler.image.repository={scheduler.ref.rpartition(':')[0]}",
+            f"scheduling.kubeScheduler.image.tag={scheduler.ref.rpartition(':')[2]}",
+            "scheduling.kubeScheduler.image.pullPolicy=Never",
+            *on.values,
+            # On as before it was opt-in: the install with the CRI socket mounted.
+            "agent.hotRestart.enabled=true",
+            "extender.controllers.hotRestartOperator=true",
+            # One node of this machine's 2 cores holds every pod, and a rolling upgrade's
+            # surge pods beside them: requests cut to fit (the limits stay).
+            "extender.resources.requests.cpu=100m",
+            f"agent.hotRestart.criSocket={node.containerd_socket}",
+            # One node: the extender's replicas may share it (the chart keeps them apart).
+            "extender.antiAffinity=preferred",
+        ]
+        workloads = cluster.namespace("helm-e2e")
+        stack = Stack(cluster, node, node.containerd_socket, values, tidelease, workloads)
+        for image in (tidelease, scheduler):
+            stack.ctr("images", "import", "--no-unpack", str(image.archive))
+        try:
+            yield stack
+        finally:
+            if stack.installed:
+                subprocess.run(
+                    [binary("helm"), "uninstall", RELEASE, "--kubeconfig",
+                     str(cluster.kubeconfig), "--namespace", NAMESPACE, "--wait"],
+                    capture_output=True, timeout=180, check=False,
+                )  # fmt: skip
+            cluster.kube.delete("Namespace", workloads)
 
 
 def test_the_stack_installs_and_places_a_gpu_pod_on_the_devices_it_chose(stack: Stack) -> None:

@@ -12,10 +12,7 @@ kube-scheduler places manifests/examples/dra-online-pod.yaml by the chart's Devi
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
-import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,13 +22,11 @@ import pytest
 import yaml
 
 from common import builders, contract, deviceattributes
-from tests.background import running
 from tests.chart import binary
-from tests.e2e.forwarding import forwarding
 from tests.e2e.harness import Cluster, RealNode
 from tests.e2e.kube import ApiError, wait_for
 from tests.e2e.test_dra import RESOURCE, published
-from tests.e2e.test_helm_install import Image, build_image, run_block
+from tests.e2e.test_helm_install import Image, build_image, chart_node, run_block
 
 pytestmark = [pytest.mark.cluster, pytest.mark.containerd]
 
@@ -56,83 +51,24 @@ class DraNode:
 @pytest.fixture(scope="module")
 def dra_node(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DraNode]:
     tidelease = build_image()
-    base = tmp_path_factory.mktemp("dra")  # short: the kubelet's DRA socket paths are under it
-    state = base / "node" / "realnode.env"
-    ca = next(
-        line.split("=", 1)[1]
-        for line in (cluster.dir / "cluster.env").read_text().splitlines()
-        if line.startswith("TL_CLUSTER_KUBELET_CLIENT_CA=")
-    )
-    command = [
-        str(ROOT / "hack" / "realnode.sh"), "-D", str(state.parent), "-k", str(cluster.kubeconfig),
-        "-n", NODE, "-g", str(GPUS), "-d", "-a", "-c", ca, "-L", str(base / "logs"),
-    ]  # fmt: skip
-    env = {**os.environ, "TL_REALNODE_PARENT_PID": str(os.getpid())}
-    with running(
-        command,
-        state=state,
-        log=base / "realnode.log",
-        what="hack/realnode.sh -d -a",
-        start_timeout_s=180,
-        stop_timeout_s=90,
-        env=env,
-    ) as facts:
-        assert facts["TL_REALNODE_MODE"] == "dra"
-        assert facts["TL_REALNODE_CONTAINERD_VERSION"].startswith("v2.")
-        node = RealNode(
-            NODE,
-            facts["TL_REALNODE_IP"],
-            GPUS,
-            Path(facts["TL_REALNODE_CTRD_SOCK"]),
-            facts["TL_REALNODE_GATEWAY"],
-            dra=True,
-            cdi_dir=Path(facts["TL_REALNODE_CDI_DIR"]),
-        )
-        api = urllib.parse.urlsplit(cluster.server)
-        assert api.hostname is not None
-        assert api.port is not None
-        with forwarding(facts["TL_REALNODE_GATEWAY"], (api.hostname, api.port)) as forwarder:
-            on_node = [
-                f"nodeSelector.kubernetes\\.io/hostname={NODE}",
-                "tolerations[0].key=tidelease.io/real-node",
-                "tolerations[0].operator=Exists",
-            ]
-            environment = [
-                "image.pullPolicy=Never",
-                "kubernetesAPI.host=kubernetes.default.svc",
-                f"kubernetesAPI.port={forwarder.port}",
-                f"hostAliases[0].ip={facts['TL_REALNODE_GATEWAY']}",
-                "hostAliases[0].hostnames[0]=kubernetes.default.svc",
-                "priorityClasses.create=false",  # the session cluster made them
-                "agent.backend=fake",
-                f"agent.fakeGpus={GPUS}",
-                f"agent.hostDeviceRoot={facts['TL_REALNODE_FAKEDEV']}",
-                f"agent.cache.hostPath={state.parent / 'cache'}",
-                # The controllers take the extender's placement values.
-                *(f"{component}.{v}" for component in ("agent", "extender", "orchestrator")
-                  for v in on_node),
-            ]  # fmt: skip
-            # As GPU feature discovery labels a GPU node, and the GPU Operator's RuntimeClass.
-            cluster.kubectl("label", "node", NODE, "nvidia.com/gpu.present=true")
-            cluster.kubectl("apply", "-f", "-", input=json.dumps({
-                "apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
-                "metadata": {"name": "nvidia"}, "handler": "runc",
-            }))  # fmt: skip
-            done = subprocess.run(
-                [facts["TL_REALNODE_CTR"], "--address", str(node.containerd_socket), "-n",
-                 "k8s.io", "images", "import", "--snapshotter", "overlayfs",
-                 str(tidelease.archive)],
-                capture_output=True, text=True, timeout=300, check=False,
+    # A short directory: the kubelet's DRA sockets are under it.
+    with chart_node(cluster, tmp_path_factory.mktemp("dra"), NODE, GPUS, "-d") as on:
+        assert on.facts["TL_REALNODE_MODE"] == "dra"
+        assert on.facts["TL_REALNODE_CONTAINERD_VERSION"].startswith("v2.")
+        done = subprocess.run(
+            [on.facts["TL_REALNODE_CTR"], "--address", str(on.node.containerd_socket), "-n",
+             "k8s.io", "images", "import", "--snapshotter", "overlayfs", str(tidelease.archive)],
+            capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        try:
+            yield DraNode(cluster, on.node, tidelease, on.values)
+        finally:
+            subprocess.run(
+                [binary("helm"), "uninstall", RELEASE, "--kubeconfig",
+                 str(cluster.kubeconfig), "--namespace", NAMESPACE, "--wait"],
+                capture_output=True, timeout=180, check=False,
             )  # fmt: skip
-            assert done.returncode == 0, done.stderr
-            try:
-                yield DraNode(cluster, node, tidelease, environment)
-            finally:
-                subprocess.run(
-                    [binary("helm"), "uninstall", RELEASE, "--kubeconfig",
-                     str(cluster.kubeconfig), "--namespace", NAMESPACE, "--wait"],
-                    capture_output=True, timeout=180, check=False,
-                )  # fmt: skip
 
 
 def wait_ready(cluster: Cluster, component: str, count: int) -> None:
