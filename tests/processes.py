@@ -166,6 +166,11 @@ class _Spawner:
 _spawner = _Spawner()
 
 
+def taken_key(role: str) -> str:
+    """The pids.env key of the last process of ``role`` a :class:`Processes` started."""
+    return "TL_TAKEN_" + "".join(c if c.isalnum() else "_" for c in role.upper()) + "_PID"
+
+
 class Processes:
     """The cluster's processes that faults strike, by role, following restarts."""
 
@@ -236,7 +241,7 @@ class Processes:
         self._children.append(child)
         self._by_pid[child.pid] = child
         self.pids[role] = child.pid
-        key = "TL_TAKEN_" + "".join(c if c.isalnum() else "_" for c in role.upper()) + "_PID"
+        key = taken_key(role)
         with (self.dir / "pids.env").open("a") as f:
             f.write(f"{key}={child.pid}\n")
         return child.pid

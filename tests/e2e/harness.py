@@ -28,7 +28,7 @@ from common.model import Device, Priority
 from common.queuerelease import release_proof
 from tests.background import running
 from tests.e2e.kube import ApiError, Kube, get_text, post_json, wait_for
-from tests.processes import Processes
+from tests.processes import Processes, taken_key
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -73,6 +73,21 @@ def local_cluster(
             finally:
                 if logs is not None:
                     shutil.copytree(base / "cluster" / "logs", logs, dirs_exist_ok=True)
+
+
+def _current_pid(facts: Mapping[str, str], role: str, key: str) -> int:
+    """The pid of the cluster's process of ``role`` now: the last one a test started again
+    (:class:`~tests.processes.Processes` records it in pids.env as ``TL_TAKEN_<ROLE>_PID``),
+    else the one cluster-up started (``key`` of cluster.env); 0 if none."""
+    taken = taken_key(role)
+    pids = Path(facts["TL_CLUSTER_DIR"]) / "pids.env"
+    last = ""
+    if pids.exists():
+        for line in pids.read_text().splitlines():
+            name, _, value = line.partition("=")
+            if name == taken and value:
+                last = value
+    return int(last or facts.get(key) or 0)
 
 
 def unique(prefix: str) -> str:
@@ -295,9 +310,9 @@ class Cluster:
             nodes=tuple(f"{prefix}-{i}" for i in range(count)),
             real_node=RealNode.from_state(facts),
             real_dra_node=RealNode.dra_from_state(facts),
-            controllers_pid=int(facts.get("TL_CLUSTER_CONTROLLERS_PID") or 0),
-            extender_pid=int(facts.get("TL_CLUSTER_EXTENDER_PID") or 0),
-            scheduler_pid=int(facts.get("TL_CLUSTER_SCHEDULER_PID") or 0),
+            controllers_pid=_current_pid(facts, "controllers", "TL_CLUSTER_CONTROLLERS_PID"),
+            extender_pid=_current_pid(facts, "extender", "TL_CLUSTER_EXTENDER_PID"),
+            scheduler_pid=_current_pid(facts, "kube-scheduler", "TL_CLUSTER_SCHEDULER_PID"),
         )
 
     def as_account(self, account: str) -> Path:
