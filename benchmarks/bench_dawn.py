@@ -48,7 +48,6 @@ import dataclasses
 import json
 import os
 import queue
-import re
 import ssl
 import statistics
 import sys
@@ -60,10 +59,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from common import builders, contract
 from common.model import Priority, Tier
 from common.tenancy import LABEL_ONLINE
 from tests.background import read_state
+from tests.benchtools import cpu_s, profile_summary, profiling, quantile, settings_pairs
 from tests.e2e.harness import (
     BORROWER,
     ONLINE,
@@ -74,7 +76,6 @@ from tests.e2e.harness import (
     workload,
 )
 from tests.e2e.kube import path_of, wait_for
-from tests.profiling import profile_summary, profiling
 
 ROOT = Path(__file__).resolve().parents[1]
 GRACE_S = 30  # the CRD's minimum graceSeconds
@@ -103,7 +104,6 @@ def shapes(count: int) -> list[LeaseShape]:
 class LeaseTimes:
     """Monotonic times of one lease's dawn (0: not seen)."""
 
-    raised: float = 0.0
     noticed: float = 0.0
     gone: float = 0.0
     home: float = 0.0
@@ -132,19 +132,6 @@ class Round:
     mutating_by_resource: dict[str, float] = field(default_factory=dict)
 
 
-def quantile(xs: list[float], q: float) -> float:
-    if not xs:
-        return float("nan")
-    s = sorted(xs)
-    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
-
-
-def cpu_s(pid: int) -> float:
-    """The process's CPU time so far (utime + stime)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def api_requests(cluster: Cluster) -> dict[tuple[str, str], float]:
     """apiserver_request_total summed by (verb, resource[/subresource])."""
     req = urllib.request.Request(
@@ -154,17 +141,16 @@ def api_requests(cluster: Cluster) -> dict[tuple[str, str], float]:
     with urllib.request.urlopen(req, timeout=30, context=tls) as resp:
         text = resp.read().decode()
     out: dict[tuple[str, str], float] = {}
-    prefix = "apiserver_request_total{"
-    for line in text.splitlines():
-        if not line.startswith(prefix):
-            continue
-        labels, value = line[len(prefix) :].rsplit("} ", 1)
-        parts = dict(re.findall(r'(\w+)="([^"]*)"', labels))
-        resource = parts.get("resource", "")
-        if parts.get("subresource"):
-            resource += "/" + parts["subresource"]
-        key = (parts.get("verb", ""), resource)
-        out[key] = out.get(key, 0.0) + float(value)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name != "apiserver_request_total":
+                continue
+            labels = sample.labels
+            resource = labels.get("resource", "")
+            if labels.get("subresource"):
+                resource += "/" + labels["subresource"]
+            key = (labels.get("verb", ""), resource)
+            out[key] = out.get(key, 0.0) + sample.value
     return out
 
 
@@ -365,7 +351,6 @@ class Dawn:
                 contract.KIND_GPU_LEASE, shape.name, {"spec": {"desiredGPUs": shape.total}},
                 self.ns,
             )  # fmt: skip
-            times[shape.name].raised = time.monotonic()
 
         with concurrent.futures.ThreadPoolExecutor(16) as pool:
             list(pool.map(raise_one, self.leases))
@@ -446,7 +431,7 @@ def run_round(
         t0 = time.monotonic()
         profiled = {
             "controllers": controllers_pid,
-            "extender": int(facts["TL_CLUSTER_EXTENDER_PID"]),
+            "extender": cluster.extender_pid,
         }
         with profiling(profile, profiled, f"{name}-r{index}"):
             times = dawn.rise(timeout_s=GRACE_S + 300)
@@ -504,16 +489,6 @@ def report(r: Round, grace_s: str) -> list[str]:
         + ", ".join(f"{k} {v}" for k, v in r.mutating_by_resource.items())
         + ")",
     ]
-
-
-def settings_pairs(text: str) -> dict[str, str]:
-    out = {}
-    for pair in text.split(","):
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise argparse.ArgumentTypeError(f"{pair!r}: want KEY=VALUE")
-        out[key.strip()] = value.strip()
-    return out
 
 
 def main() -> int:

@@ -83,14 +83,19 @@ except ImportError:  # run with the project's environment (hack/lib/python.sh cr
 sys.path.insert(0, str(ROOT))  # tests/ (its support modules), beside the installed packages
 from common import builders  # noqa: E402 (the project's environment, as above)
 from common.tenancy import LABEL_ONLINE  # noqa: E402
-from tests.profiling import profile_summary, profiling  # noqa: E402
+from tests.benchtools import (  # noqa: E402
+    cpu_s,
+    profile_summary,
+    profiling,
+    quantile,
+    settings_pairs,
+)
 
 PLAIN = "tidelease-plain"
 NULL = "tidelease-null"
 EXTENDER = "default-scheduler"
 VARIANT = "tidelease-variant"
 PROFILES = {"plain": PLAIN, "null": NULL, "extender": EXTENDER, "variant": VARIANT}
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 SIZES = (1, 2, 4, 8)
 VERBS = ("filter", "prioritize", "bind", "preempt")
 
@@ -197,13 +202,6 @@ def bench_pod(i: int, namespace: str, scheduler: str) -> dict[str, Any]:
             ],
         },
     }
-
-
-def quantile(values: list[float], q: float) -> float:
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
 async def watch_binds(
@@ -378,15 +376,6 @@ def extender_summary(
             "p99_ms": round(1000 * histogram_quantile(0.99, buckets), 2),
         }
     return summary
-
-
-def cpu_s(pid: int) -> float:
-    """utime + stime of a process, in seconds (0 once it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 PROFILED = ("extender", "controllers")
@@ -689,17 +678,6 @@ async def bench(facts: dict[str, str], args: argparse.Namespace, work: Path) -> 
                     await delete_namespace(api, f"bench-{name}-{r}")
                     log(f"deleted the {name} phase's pods in {time.monotonic() - t:.0f} s")
     return phases
-
-
-def settings_pairs(text: str) -> dict[str, str]:
-    """KEY=VALUE[,KEY=VALUE...] (extender settings, docs/reference.md)."""
-    pairs = {}
-    for item in filter(None, text.split(",")):
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise argparse.ArgumentTypeError(f"want KEY=VALUE, got {item!r}")
-        pairs[key.strip()] = value.strip()
-    return pairs
 
 
 def read_state(path: Path) -> dict[str, str]:

@@ -171,6 +171,19 @@ def taken_key(role: str) -> str:
     return "TL_TAKEN_" + "".join(c if c.isalnum() else "_" for c in role.upper()) + "_PID"
 
 
+def last_taken(cluster_dir: Path, role: str) -> int:
+    """The pid of the last process of ``role`` a :class:`Processes` started in the cluster of
+    ``cluster_dir`` (from its pids.env, by any process); 0 if none was."""
+    key, last = taken_key(role), 0
+    pids = cluster_dir / "pids.env"
+    if pids.exists():
+        for line in pids.read_text().splitlines():
+            name, _, value = line.partition("=")
+            if name == key and value:
+                last = int(value)
+    return last
+
+
 class Processes:
     """The cluster's processes that faults strike, by role, following restarts."""
 

@@ -28,7 +28,7 @@ from common.model import Device, Priority
 from common.queuerelease import release_proof
 from tests.background import running
 from tests.e2e.kube import ApiError, Kube, get_text, post_json, wait_for
-from tests.processes import Processes, taken_key
+from tests.processes import Processes, last_taken
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -76,18 +76,9 @@ def local_cluster(
 
 
 def _current_pid(facts: Mapping[str, str], role: str, key: str) -> int:
-    """The pid of the cluster's process of ``role`` now: the last one a test started again
-    (:class:`~tests.processes.Processes` records it in pids.env as ``TL_TAKEN_<ROLE>_PID``),
+    """The pid of the cluster's process of ``role`` now: the last one a test started again,
     else the one cluster-up started (``key`` of cluster.env); 0 if none."""
-    taken = taken_key(role)
-    pids = Path(facts["TL_CLUSTER_DIR"]) / "pids.env"
-    last = ""
-    if pids.exists():
-        for line in pids.read_text().splitlines():
-            name, _, value = line.partition("=")
-            if name == taken and value:
-                last = value
-    return int(last or facts.get(key) or 0)
+    return last_taken(Path(facts["TL_CLUSTER_DIR"]), role) or int(facts.get(key) or 0)
 
 
 def unique(prefix: str) -> str:

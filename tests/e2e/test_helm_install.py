@@ -322,12 +322,18 @@ def stack(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
             yield stack
         finally:
             if stack.installed:
-                subprocess.run(
-                    [binary("helm"), "uninstall", RELEASE, "--kubeconfig",
-                     str(cluster.kubeconfig), "--namespace", NAMESPACE, "--wait"],
-                    capture_output=True, timeout=180, check=False,
-                )  # fmt: skip
+                uninstall(cluster, NAMESPACE)
             cluster.kube.delete("Namespace", workloads)
+
+
+def uninstall(cluster: Cluster, namespace: str) -> None:
+    """The release in ``namespace`` uninstalled, at a module's end: what fails is left to the
+    cluster's teardown."""
+    subprocess.run(
+        [binary("helm"), "uninstall", RELEASE, "--kubeconfig", str(cluster.kubeconfig),
+         "--namespace", namespace, "--wait"],
+        capture_output=True, timeout=180, check=False,
+    )  # fmt: skip
 
 
 def test_the_stack_installs_and_places_a_gpu_pod_on_the_devices_it_chose(stack: Stack) -> None:

@@ -22,16 +22,21 @@ import pytest
 import yaml
 
 from common import builders, contract, deviceattributes
-from tests.chart import binary
 from tests.e2e.harness import Cluster, RealNode
 from tests.e2e.kube import ApiError, wait_for
 from tests.e2e.test_dra import RESOURCE, published
-from tests.e2e.test_helm_install import Image, build_image, chart_node, run_block
+from tests.e2e.test_helm_install import (
+    RELEASE,
+    ROOT,
+    Image,
+    build_image,
+    chart_node,
+    run_block,
+    uninstall,
+)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.containerd]
 
-ROOT = Path(__file__).resolve().parents[2]
-RELEASE = "tidelease"
 NAMESPACE = "tidelease-helm-dra"
 NODE = "helm-dra-0"
 GPUS = 4
@@ -64,11 +69,7 @@ def dra_node(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iter
         try:
             yield DraNode(cluster, on.node, tidelease, on.values)
         finally:
-            subprocess.run(
-                [binary("helm"), "uninstall", RELEASE, "--kubeconfig",
-                 str(cluster.kubeconfig), "--namespace", NAMESPACE, "--wait"],
-                capture_output=True, timeout=180, check=False,
-            )  # fmt: skip
+            uninstall(cluster, NAMESPACE)
 
 
 def wait_ready(cluster: Cluster, component: str, count: int) -> None:

@@ -44,6 +44,7 @@ from common.prewarmwire import parse_items
 from extender.cluster.watching import liveness_interval
 from extender.rightofreturn.lease import parse_gpu_lease
 from tests.background import read_state
+from tests.benchtools import quantile
 from tests.e2e import queuesrig
 from tests.e2e.harness import BORROWER, ONLINE, Cluster, RealNode, workload
 from tests.e2e.kube import ApiError, path_of
@@ -191,13 +192,6 @@ def template(name: str, namespace: str, gpus: int, **kwargs: Any) -> dict[str, A
     obj.pop("status")
     obj["spec"]["terminationGracePeriodSeconds"] = 0
     return obj
-
-
-def quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    return ordered[min(len(ordered) - 1, max(0, int(q * len(ordered) + 0.999999) - 1))]
 
 
 @dataclass

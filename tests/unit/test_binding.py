@@ -313,6 +313,35 @@ async def test_the_reaper_releases_many_nodes_ledgers_at_once() -> None:
     await asyncio.gather(task, return_exceptions=True)
 
 
+async def test_a_tenants_mass_deletion_releases_its_own_devices_and_no_one_elses() -> None:
+    """A tenant (edit role in its namespace) deletes all its pods at once, beside another
+    namespace's pods on the same nodes: the reaper, writing the nodes' ledgers together, keeps
+    every other pod's allocation."""
+    nodes = [f"n{i}" for i in range(4)]
+    mine = [builders.pod(f"t{i}", 4, namespace="tenant", uid=f"t{i}") for i in range(4)]
+    theirs = [builders.pod(f"o{i}", 4, namespace="ml", uid=f"o{i}") for i in range(4)]
+    store = MemoryStore([*(builders.gpu_node(n) for n in nodes), *mine, *theirs])
+    app = build_app(store=store, settings=ExtenderSettings())
+    ready = asyncio.Event()
+    task = asyncio.create_task(
+        run_watch(store=store, cluster=app.cluster, pods=app.pods, ready=ready)
+    )
+    await ready.wait()
+    for i, n in enumerate(nodes):
+        await app.binder.bind("ml", f"o{i}", f"o{i}", n)
+        await app.binder.bind("tenant", f"t{i}", f"t{i}", n)
+    for i in range(len(nodes)):
+        store.delete("Pod", "tenant", f"t{i}")
+    await store.settle()
+    assert await app.binder.reap_once() == len(nodes)
+    for i, n in enumerate(nodes):
+        ledger = app.cluster.get(n).ledger  # type: ignore[union-attr]
+        assert [a.holder.pod_uid for a in ledger.values()] == [f"o{i}"]
+        assert len(ledger[PodUid(f"o{i}")].devices) == 4
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
 def test_a_pod_seen_deleted_is_released_without_waiting_for_the_grace() -> None:
     stale = stale_allocations(
         [alloc("p")],

@@ -1,10 +1,13 @@
-"""py-spy for the benchmarks: a process's samples recorded while a block runs, and a summary of
-them (the functions with the most samples of their own, the modules with the most in all).
-pip install py-spy (root, or ptrace allowed)."""
+"""What the benchmarks share: a process's CPU time, nearest-rank quantiles, ``KEY=VALUE,...``
+settings on the command line, and py-spy: a process's samples recorded while a block runs, and
+a summary of them (the functions with the most samples of their own, the modules with the most
+in all; pip install py-spy, as root or with ptrace allowed)."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import math
 import os
 import shutil
 import signal
@@ -12,6 +15,34 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+
+
+def cpu_s(pid: int) -> float:
+    """utime + stime of a process, in seconds (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def quantile(values: list[float], q: float) -> float:
+    """The nearest-rank ``q`` quantile (NaN of nothing)."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def settings_pairs(text: str) -> dict[str, str]:
+    """KEY=VALUE[,KEY=VALUE...] (extender settings, docs/reference.md), for argparse."""
+    pairs = {}
+    for item in filter(None, text.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise argparse.ArgumentTypeError(f"want KEY=VALUE, got {item!r}")
+        pairs[key.strip()] = value.strip()
+    return pairs
 
 
 @contextlib.contextmanager
