@@ -282,12 +282,8 @@ async def test_the_reaper_releases_many_nodes_ledgers_at_once() -> None:
         [builders.gpu_node(n) for n in nodes]
         + [builders.pod(f"p{i}", 8, priority=Priority.LOW, uid=f"p{i}") for i in range(6)]
     )
-    app = build_app(store=store, settings=ExtenderSettings())
-    ready = asyncio.Event()
-    task = asyncio.create_task(
-        run_watch(store=store, cluster=app.cluster, pods=app.pods, ready=ready)
-    )
-    await ready.wait()
+    r = await replica(store)
+    app = r.app
     for i, n in enumerate(nodes):
         await app.binder.bind("default", f"p{i}", f"p{i}", n)
         store.delete("Pod", "default", f"p{i}")
@@ -309,8 +305,7 @@ async def test_the_reaper_releases_many_nodes_ledgers_at_once() -> None:
     assert await app.binder.reap_once() == len(nodes)
     assert most == len(nodes)
     assert all(not app.cluster.get(n).ledger for n in nodes)  # type: ignore[union-attr]
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
+    await r.stop()
 
 
 async def test_a_tenants_mass_deletion_releases_its_own_devices_and_no_one_elses() -> None:
@@ -321,12 +316,8 @@ async def test_a_tenants_mass_deletion_releases_its_own_devices_and_no_one_elses
     mine = [builders.pod(f"t{i}", 4, namespace="tenant", uid=f"t{i}") for i in range(4)]
     theirs = [builders.pod(f"o{i}", 4, namespace="ml", uid=f"o{i}") for i in range(4)]
     store = MemoryStore([*(builders.gpu_node(n) for n in nodes), *mine, *theirs])
-    app = build_app(store=store, settings=ExtenderSettings())
-    ready = asyncio.Event()
-    task = asyncio.create_task(
-        run_watch(store=store, cluster=app.cluster, pods=app.pods, ready=ready)
-    )
-    await ready.wait()
+    r = await replica(store)
+    app = r.app
     for i, n in enumerate(nodes):
         await app.binder.bind("ml", f"o{i}", f"o{i}", n)
         await app.binder.bind("tenant", f"t{i}", f"t{i}", n)
@@ -338,8 +329,7 @@ async def test_a_tenants_mass_deletion_releases_its_own_devices_and_no_one_elses
         ledger = app.cluster.get(n).ledger  # type: ignore[union-attr]
         assert [a.holder.pod_uid for a in ledger.values()] == [f"o{i}"]
         assert len(ledger[PodUid(f"o{i}")].devices) == 4
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
+    await r.stop()
 
 
 def test_a_pod_seen_deleted_is_released_without_waiting_for_the_grace() -> None:
