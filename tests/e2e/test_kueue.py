@@ -91,6 +91,23 @@ def kueue(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
             cluster.wait_controllers_leading()
 
 
+@pytest.fixture
+def namespace(cluster: Cluster) -> Iterator[str]:
+    """A namespace of the test's own, deleted afterwards and waited for until it is gone (the
+    conftest's does not wait): a Job of Kueue's still in it, requeued when its lease's node
+    group goes, would otherwise be admitted on the next test's lent GPUs, which any borrower
+    of the shared ClusterQueue may take."""
+    name = cluster.namespace("e2e")
+    yield name
+    cluster.kube.delete("Namespace", name)
+    wait_for(
+        lambda: cluster.kube.get("Namespace", name) is None,
+        what=f"namespace {name} gone",
+        timeout=180,
+        interval=1,
+    )
+
+
 def active(cluster: Cluster) -> bool:
     kube = cluster.kube
     check = kube.get("AdmissionCheck", CHECK) or {}
