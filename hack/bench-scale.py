@@ -81,7 +81,7 @@ except ImportError:  # run with the project's environment (hack/lib/python.sh cr
     raise
 
 sys.path.insert(0, str(ROOT))  # tests/ (its support modules), beside the installed packages
-from common import builders  # noqa: E402 (the project's environment, as above)
+from common import builders, contract, deviceattributes  # noqa: E402 (the project's environment)
 from common.tenancy import LABEL_ONLINE  # noqa: E402
 from tests.benchtools import (  # noqa: E402
     cpu_s,
@@ -95,8 +95,26 @@ PLAIN = "tidelease-plain"
 NULL = "tidelease-null"
 EXTENDER = "default-scheduler"
 VARIANT = "tidelease-variant"
-PROFILES = {"plain": PLAIN, "null": NULL, "extender": EXTENDER, "variant": VARIANT}
+PROFILES = {
+    "plain": PLAIN,
+    "null": NULL,
+    "extender": EXTENDER,
+    "variant": VARIANT,
+    "dra-tidelease": PLAIN,
+    "dra-plain": PLAIN,
+}
 SIZES = (1, 2, 4, 8)
+# Throughput ratios printed, where both phases ran: (phase, against phase).
+RATIOS = (
+    ("extender", "null"),
+    ("extender", "plain"),
+    ("null", "plain"),
+    ("variant", "extender"),
+    ("variant", "null"),
+    ("dra-tidelease", "dra-plain"),
+    ("dra-tidelease", "plain"),
+    ("dra-plain", "plain"),
+)
 VERBS = ("filter", "prioritize", "bind", "preempt")
 
 
@@ -176,32 +194,104 @@ async def make_leases(api: Api, count: int) -> None:
     log(f"made {count} GpuLeases (and their StatefulSets, at 0 replicas) in {LEASES_NS}")
 
 
-def bench_pod(i: int, namespace: str, scheduler: str) -> dict[str, Any]:
+def bench_pod(
+    i: int, namespace: str, scheduler: str, classes: tuple[str, str] | None = None
+) -> dict[str, Any]:
+    """Pod ``i`` of a phase. ``classes``: the DRA phases' DeviceClasses (high, low): the pod's
+    GPUs are a claim from the template of its class and size (:func:`claim_templates`), not
+    the extended resource."""
     gpus = SIZES[i % len(SIZES)]
     high = i % 5 == 0
     annotations = {"tidelease.io/priority": "high" if high else "low"}
     if high:
         annotations["tidelease.io/owner"] = f"job-{i % 7}"
+    container: dict[str, Any] = {"name": "main", "image": "registry.example/train:v1"}
+    spec: dict[str, Any] = {
+        "schedulerName": scheduler,
+        "priorityClassName": "tidelease-online" if high else "tidelease-borrower",
+        "terminationGracePeriodSeconds": 0,
+        "containers": [container],
+    }
+    if classes is None:
+        gpu = {"nvidia.com/gpu": str(gpus)}
+        container["resources"] = {"limits": gpu, "requests": gpu}
+    else:
+        container["resources"] = {"claims": [{"name": "gpu"}]}
+        template = template_name(classes[0] if high else classes[1], gpus)
+        spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": template}]
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": f"p-{i:05d}", "namespace": namespace, "annotations": annotations},
-        "spec": {
-            "schedulerName": scheduler,
-            "priorityClassName": "tidelease-online" if high else "tidelease-borrower",
-            "terminationGracePeriodSeconds": 0,
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "registry.example/train:v1",
-                    "resources": {
-                        "limits": {"nvidia.com/gpu": str(gpus)},
-                        "requests": {"nvidia.com/gpu": str(gpus)},
-                    },
-                }
-            ],
-        },
+        "spec": spec,
     }
+
+
+# --- DRA ---
+
+# The DRA phases: the plain kube-scheduler (no extender) allocating claims by DeviceClass, the
+# GPUs published as ResourceSlices. (high-priority pods' class, low-priority pods' class)
+DRA_CLASSES = {
+    "dra-tidelease": (deviceattributes.CLASS_HA, deviceattributes.CLASS_BORROW),
+    "dra-plain": ("bench-gpu", "bench-gpu"),
+}
+# The baseline class: the driver's devices, no attribute looked at.
+PLAIN_CLASS = {
+    "apiVersion": deviceattributes.API_VERSION,
+    "kind": deviceattributes.KIND_CLASS,
+    "metadata": {"name": "bench-gpu"},
+    "spec": {
+        "selectors": [{"cel": {"expression": f'device.driver == "{deviceattributes.DRIVER}"'}}]
+    },
+}
+DRA = f"/apis/{deviceattributes.API_VERSION}"
+
+
+def template_name(device_class: str, gpus: int) -> str:
+    return f"{device_class}-{gpus}"
+
+
+def claim_templates(namespace: str, classes: tuple[str, str]) -> list[dict[str, Any]]:
+    """A ResourceClaimTemplate per class and size: ``gpus`` whole devices of the class."""
+    return [
+        {
+            "apiVersion": deviceattributes.API_VERSION,
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": template_name(cls, gpus), "namespace": namespace},
+            "spec": {
+                "spec": {
+                    "devices": {
+                        "requests": [
+                            {"name": "gpu", "exactly": {"deviceClassName": cls, "count": gpus}}
+                        ]
+                    }
+                }
+            },
+        }
+        for cls in sorted(set(classes))
+        for gpus in SIZES
+    ]
+
+
+async def publish_slices(api: Api) -> None:
+    """tidelease's DeviceClasses, the baseline class, and every GpuNode's ResourceSlice as its
+    node agent's DRA driver publishes it (common.deviceattributes): kwok nodes run no agent."""
+    for obj in [*deviceattributes.device_classes(), PLAIN_CLASS]:
+        await api.ok("POST", f"{DRA}/deviceclasses", obj)
+    nodes = await api.ok("GET", "/api/v1/nodes")
+    uids = {n["metadata"]["name"]: n["metadata"]["uid"] for n in nodes["items"]}
+    gpunodes = await api.ok("GET", f"/apis/{contract.API_VERSION}/{contract.PLURAL_GPU_NODE}")
+    pending = [g for g in gpunodes["items"] if g["metadata"]["name"] in uids]
+
+    async def publisher() -> None:
+        while pending:
+            gpunode = pending.pop()
+            name = gpunode["metadata"]["name"]
+            obj = deviceattributes.resource_slice(name, uids[name], gpunode, 1)
+            await api.ok("POST", deviceattributes.SLICES_PATH, obj)
+
+    await asyncio.gather(*(publisher() for _ in range(16)))
+    log(f"published {len(uids)} ResourceSlices and the DeviceClasses")
 
 
 async def watch_binds(
@@ -397,6 +487,10 @@ async def run_phase(
     scheduler = PROFILES[name]
     namespace = f"bench-{name}-{round_}"
     await api.ok("POST", "/api/v1/namespaces", granted_namespace(namespace))
+    classes = DRA_CLASSES.get(name)
+    if classes is not None:
+        for template in claim_templates(namespace, classes):
+            await api.ok("POST", f"{DRA}/namespaces/{namespace}/resourceclaimtemplates", template)
     bound_at: dict[str, float] = {}
     created_at: dict[str, float] = {}
     started = asyncio.Event()
@@ -415,7 +509,7 @@ async def run_phase(
     async def creator() -> None:
         while not queue.empty():
             i = queue.get_nowait()
-            pod = bench_pod(i, namespace, scheduler)
+            pod = bench_pod(i, namespace, scheduler, classes)
             await api.ok("POST", f"/api/v1/namespaces/{namespace}/pods", pod)
             created_at[pod["metadata"]["name"]] = time.monotonic()
 
@@ -638,6 +732,7 @@ async def bench(facts: dict[str, str], args: argparse.Namespace, work: Path) -> 
     connector = aiohttp.TCPConnector(ssl=ctx, limit=64)
     common = {
         "kube-apiserver": int(facts["TL_CLUSTER_APISERVER_PID"]),
+        "kube-controller-manager": int(facts["TL_CLUSTER_KCM_PID"]),  # DRA: claims from templates
         "extender": int(facts["TL_CLUSTER_EXTENDER_PID"]),
         "controllers": int(facts["TL_CLUSTER_CONTROLLERS_PID"]),
     }
@@ -647,20 +742,29 @@ async def bench(facts: dict[str, str], args: argparse.Namespace, work: Path) -> 
             null_extender(facts, work, tls=not args.null_http)
         )
         # phase -> (its kube-scheduler's URL, the pids it adds or replaces, extender probes)
+        plain = (
+            facts["TL_CLUSTER_PLAIN_SCHEDULER_URL"],
+            {"kube-scheduler": int(facts["TL_CLUSTER_PLAIN_SCHEDULER_PID"])},
+            "",
+        )
         schedulers = {
-            "plain": (facts["TL_CLUSTER_PLAIN_SCHEDULER_URL"],
-                      {"kube-scheduler": int(facts["TL_CLUSTER_PLAIN_SCHEDULER_PID"])}, ""),
+            "plain": plain,
             "null": (null_url, null_pids, ""),
             "extender": (facts["TL_CLUSTER_SCHEDULER_URL"],
                          {"kube-scheduler": int(facts["TL_CLUSTER_SCHEDULER_PID"])}, ""),
+            "dra-tidelease": plain,
+            "dra-plain": plain,
         }  # fmt: skip
         if args.compare is not None or args.variant_http:
             schedulers["variant"] = stack.enter_context(
                 variant_extender(facts, work, args.compare or {}, tls=not args.variant_http)
             )
+        schedulers = {k: v for k, v in schedulers.items() if k in args.phases or k == "variant"}
         async with aiohttp.ClientSession(connector=connector) as session:
             api = Api(session, facts)
             await make_leases(api, args.leases)
+            if any(name in DRA_CLASSES for name in schedulers):
+                await publish_slices(api)
             for r in range(args.rounds):
                 order = list(schedulers)
                 if r % 2:
@@ -722,6 +826,14 @@ def main() -> int:
         "mode (with --null-http: both without TLS)",
     )
     p.add_argument(
+        "--phases",
+        type=lambda text: text.split(","),
+        default=["plain", "null", "extender"],
+        metavar="NAME,...",
+        help="the phases of each round, of plain, null, extender, dra-tidelease, dra-plain "
+        "(default: plain,null,extender; --compare adds variant)",
+    )
+    p.add_argument(
         "--leases",
         type=int,
         default=0,
@@ -734,6 +846,9 @@ def main() -> int:
         help="the controllers' flags (default: the chart's default controllers)",
     )
     args = p.parse_args()
+    choices = set(PROFILES) - {"variant"}  # the variant phase comes with --compare
+    if set(args.phases) - choices:
+        p.error(f"unknown phases {sorted(set(args.phases) - choices)}: of {sorted(choices)}")
     wanted = sum(SIZES[i % len(SIZES)] for i in range(args.pods))
     if wanted > 8 * args.nodes:
         p.error(f"{args.pods} pods need {wanted} GPUs; {args.nodes} nodes have {8 * args.nodes}")
@@ -830,27 +945,23 @@ def main() -> int:
         if any(ph.name == name for ph in phases)
     }
     print("  median pods/s: " + ", ".join(f"{n} {r:.1f}" for n, r in rate.items()))
-    if rate["plain"] and rate["null"]:
-        print(
-            f"  ratios: extender/null {rate['extender'] / rate['null']:.2f}x, "
-            f"extender/plain {rate['extender'] / rate['plain']:.2f}x, "
-            f"null/plain {rate['null'] / rate['plain']:.2f}x"
-        )
-    if rate.get("variant") and rate["extender"]:
-        print(
-            f"  variant ({args.compare or {}}{', plain HTTP' if args.variant_http else ''}) / "
-            f"extender: {rate['variant'] / rate['extender']:.2f}x, variant/null "
-            f"{rate['variant'] / rate['null']:.2f}x, "
-            f"per round: "
-            + ", ".join(
-                f"{v.pods_per_s / e.pods_per_s:.2f}x"
-                for v, e in zip(
-                    [ph for ph in phases if ph.name == "variant"],
-                    [ph for ph in phases if ph.name == "extender"],
+    for a, b in RATIOS:
+        if rate.get(a) and rate.get(b):
+            per_round = [
+                f"{x.pods_per_s / y.pods_per_s:.2f}x"
+                for x, y in zip(
+                    [ph for ph in phases if ph.name == a],
+                    [ph for ph in phases if ph.name == b],
                     strict=True,
                 )
+            ]
+            what = a
+            if a == "variant":
+                what += f" ({args.compare or {}}{', plain HTTP' if args.variant_http else ''})"
+            print(
+                f"  ratio {what} / {b}: {rate[a] / rate[b]:.2f}x (per round: "
+                f"{', '.join(per_round)})"
             )
-        )
     for name in ("extender", "variant"):
         last = [ph for ph in phases if ph.name == name][-1:]
         if not last:
