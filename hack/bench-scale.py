@@ -375,6 +375,8 @@ async def scrape(
             samples[("sum", verb)] = float(value)
         elif name in ("tidelease_extender_requests_total", "tidelease_extender_requests"):
             samples[("requests", verb, fields.get("outcome", ""))] = float(value)
+        elif name == "tidelease_extender_bind_ledger_writes_total":
+            samples[("writes", "bind")] = float(value)  # binds to one node share writes
     return samples
 
 
@@ -410,6 +412,8 @@ async def scrape_scheduler(
                 samples[("attempt", labels["le"])] = value
         elif name == "scheduler_scheduling_algorithm_duration_seconds_bucket":
             samples[("algorithm", labels["le"])] = value
+        elif name == "scheduler_schedule_attempts_total" and labels.get("profile") == profile:
+            samples[("attempts", labels["result"])] = value  # scheduled, unschedulable, error
     return samples
 
 
@@ -424,6 +428,9 @@ def scheduler_summary(
         if buckets:
             summary[f"{what}_p50_ms"] = round(1000 * histogram_quantile(0.5, buckets), 2)
             summary[f"{what}_p99_ms"] = round(1000 * histogram_quantile(0.99, buckets), 2)
+    summary["attempts"] = {
+        key[1]: round(after[key] - before.get(key, 0.0)) for key in after if key[0] == "attempts"
+    }
     return summary
 
 
@@ -472,6 +479,10 @@ def extender_summary(
             "p50_ms": round(1000 * histogram_quantile(0.5, buckets), 2),
             "p99_ms": round(1000 * histogram_quantile(0.99, buckets), 2),
         }
+        if ("writes", verb) in after:
+            summary[verb]["ledger_writes"] = int(
+                after[("writes", verb)] - before.get(("writes", verb), 0.0)
+            )
     return summary
 
 
@@ -942,7 +953,8 @@ def main() -> int:
             print(
                 f"  {'':9s} kube-scheduler: attempt p50 {sc.get('attempt_p50_ms')} ms "
                 f"p99 {sc.get('attempt_p99_ms')} ms; algorithm (extender calls included) "
-                f"p50 {sc.get('algorithm_p50_ms')} ms p99 {sc.get('algorithm_p99_ms')} ms"
+                f"p50 {sc.get('algorithm_p50_ms')} ms p99 {sc.get('algorithm_p99_ms')} ms; "
+                f"attempts {sc.get('attempts')}"
             )
         cpu = ", ".join(f"{k} {v}" for k, v in ph.cpu_ms_per_pod.items())
         print(f"  {'':9s} CPU ms per pod: {cpu}")
@@ -979,6 +991,11 @@ def main() -> int:
                 f"    {verb:10s} {summary['requests']:5d} requests {summary['outcomes']}: "
                 f"p50 {summary['p50_ms']} ms, p99 {summary['p99_ms']} ms, "
                 f"mean {summary['mean_ms']} ms"
+                + (
+                    f", {summary['ledger_writes']} ledger writes"
+                    if "ledger_writes" in summary
+                    else ""
+                )
             )
     if args.profile:
         for what in PROFILED:
