@@ -56,22 +56,6 @@ class BindRefused(TideleaseError):
 
 
 @dataclass(frozen=True, slots=True)
-class _Waiting:
-    """A bind waiting for its node's ledger write: the pod, and where its outcome goes."""
-
-    req: PodRequest
-    done: asyncio.Future[tuple[Allocation, bool]]
-
-    def succeed(self, allocation: Allocation, reused: bool) -> None:
-        if not self.done.done():
-            self.done.set_result((allocation, reused))
-
-    def fail(self, error: Exception) -> None:
-        if not self.done.done():
-            self.done.set_exception(error)
-
-
-@dataclass(frozen=True, slots=True)
 class BindResult:
     node: NodeName
     devices: tuple[str, ...]
@@ -129,9 +113,6 @@ class Binder:
         self._metrics = metrics
         self._clock = clock
         self._locks: dict[str, asyncio.Lock] = {}
-        # group commit: binds waiting for their node's next ledger write, and the node's writer
-        self._queued: dict[NodeName, list[_Waiting]] = {}
-        self._writers: dict[NodeName, asyncio.Task[None]] = {}
         self._soon = asyncio.Event()
 
     def _lock(self, node: str) -> asyncio.Lock:
@@ -175,114 +156,47 @@ class Binder:
         return req, str(spec.get("nodeName") or "")
 
     async def _allocate(self, req: PodRequest, node: NodeName) -> tuple[Allocation, bool]:
-        """Record an allocation for the pod on the node; (allocation, reused).
-
-        Binds to one node that arrive while its ledger is being written are written together
-        next, in one write (group commit): kube-scheduler packs consecutive pods onto the same
-        node, and one write after another, each waiting for the last, made their binds queue.
-        A bind cancelled while it waits (its deadline) is left out; one cancelled once its
-        write began keeps its allocation, which the reaper releases as a cut-off bind's."""
-        waiting = _Waiting(req, asyncio.get_running_loop().create_future())
-        self._queued.setdefault(node, []).append(waiting)
-        if node not in self._writers:
-            self._writers[node] = asyncio.create_task(self._write_queued(node))
-        return await waiting.done
-
-    async def _write_queued(self, node: NodeName) -> None:
-        """Write the node's queued binds, all that queued meanwhile at a time, until none is
-        left."""
-        try:
-            while batch := self._queued.pop(node, None):
-                await self._commit(node, [w for w in batch if not w.done.done()])
-        finally:
-            del self._writers[node]
-            for w in self._queued.pop(node, ()):  # only when cancelled (the process stops)
-                w.fail(BindRefused(f"node {node}: the extender is stopping"))
-
-    async def _commit(self, node: NodeName, batch: list[_Waiting]) -> None:
-        """Pick devices for each of ``batch`` in turn and write them in one ledger write
-        (compare-and-swap; a lost race re-reads and picks again). Each bind's outcome is set
-        on its future: its allocation, or why it was refused."""
-        try:
+        """Record an allocation for the pod on the node; (allocation, reused)."""
+        for attempt in range(self._settings.bind_attempts):
             async with self._lock(node):
-                for attempt in range(self._settings.bind_attempts):
-                    batch = [w for w in batch if not w.done.done()]
-                    chosen = self._choose(node, batch)
-                    if not chosen:
-                        return
-                    state = self._cluster.get(node)
-                    assert state is not None  # _choose refuses all on a node not in the view
-                    # the stored entries of live pods (not other pods' reservations), and these
-                    stored = [
-                        a
-                        for u, a in state.allocations.items()
-                        if u in state.ledger and u not in chosen
-                    ]
-                    allocations = (*stored, *chosen.values())
-                    try:
-                        version = await self._store.write_ledger(
-                            node, allocations, state.ledger_version
-                        )
-                    except Conflict:
-                        self._metrics.bind_conflicts.inc()
-                        log.info(
-                            "ledger of %s changed under the bind of %s (attempt %d), re-reading",
-                            node,
-                            ", ".join(w.req.key for w in batch),
-                            attempt + 1,
-                        )
-                        await self._refresh_ledger(node)
-                        continue
-                    self._cluster.set_ledger(node, allocations, version)
-                    self._metrics.bind_writes.inc()
-                    first: set[PodUid] = set()
-                    for w in batch:
-                        if w.req.uid in chosen:
-                            self._cluster.unreserve(w.req.uid)  # in the ledger now
-                            # the same pod twice in one write: the second takes the first's
-                            reused = w.req.uid in first
-                            first.add(w.req.uid)
-                            w.succeed(chosen[w.req.uid], reused)
-                    return
-                for w in batch:
-                    w.fail(BindRefused(f"ledger of node {node} kept changing; giving up for now"))
-        except Exception as e:  # the API server's failure: each of these binds fails with it
-            for w in batch:
-                w.fail(e)
-        except BaseException:
-            for w in batch:
-                w.fail(BindRefused(f"node {node}: the extender is stopping"))
-            raise
-
-    def _choose(self, node: NodeName, batch: list[_Waiting]) -> dict[PodUid, Allocation]:
-        """Devices for each bind of ``batch``, in turn, from the view: the new allocations
-        (by pod). Binds refused (no room) and binds of pods that hold their allocation in the
-        ledger already (a retried bind) are answered here."""
-        state = self._cluster.get(node)
-        chosen: dict[PodUid, Allocation] = {}
-        for w in batch:
-            req = w.req
-            if state is None or not state.has_inventory:
-                w.fail(BindRefused(f"node {node} has no GPU inventory"))
-            elif state.silent:
-                w.fail(BindRefused(f"node {node}: agent silent, its GPUs are not offered"))
-            elif req.uid in chosen:
-                continue  # the same pod twice: answered with the first's allocation
-            elif req.uid in state.allocations and req.uid in state.ledger:
-                w.succeed(state.ledger[req.uid], True)
-            else:
-                now = self._clock()
-                taken = state.unavailable_to(req, now.timestamp())
-                taken += [u for a in chosen.values() for u in a.devices]
+                state = self._cluster.get(node)
+                if state is None or not state.has_inventory:
+                    raise BindRefused(f"node {node} has no GPU inventory")
+                if state.silent:
+                    raise BindRefused(f"node {node}: agent silent, its GPUs are not offered")
+                if req.uid in state.allocations and req.uid in state.ledger:
+                    return state.ledger[req.uid], True
+                taken = state.unavailable_to(req, self._clock().timestamp())
                 devices = self._held(req, state, taken)
                 if devices is None:
-                    plan, picked = pick_devices(state.devices, taken, req)
+                    plan, chosen = pick_devices(state.devices, taken, req)
                     if not plan.fits:
-                        w.fail(BindRefused(plan.reason))
-                        continue
-                    devices = tuple(d.uuid for d in picked)
-                chosen[req.uid] = Allocation(req.holder(), devices, now.isoformat())
-        return chosen
+                        raise BindRefused(plan.reason)
+                    devices = tuple(d.uuid for d in chosen)
+                allocation = Allocation(req.holder(), devices, self._clock().isoformat())
+                # the stored entries of live pods (not other pods' reservations), and this one
+                stored = [
+                    a for u, a in state.allocations.items() if u in state.ledger and u != req.uid
+                ]
+                allocations = (*stored, allocation)
+                try:
+                    version = await self._store.write_ledger(
+                        node, allocations, state.ledger_version
+                    )
+                except Conflict:
+                    self._metrics.bind_conflicts.inc()
+                    log.info(
+                        "ledger of %s changed under bind of %s (attempt %d), re-reading",
+                        node,
+                        req.key,
+                        attempt + 1,
+                    )
+                    await self._refresh_ledger(node)
+                    continue
+                self._cluster.set_ledger(node, allocations, version)
+                self._cluster.unreserve(req.uid)  # in the ledger now
+                return allocation, False
+        raise BindRefused(f"ledger of node {node} kept changing; giving up for now")
 
     def _held(
         self, req: PodRequest, state: NodeState, taken: list[GpuUuid]

@@ -35,12 +35,6 @@ class ExtenderMetrics:
             "Allocation-ledger writes that lost a race and were retried.",
             registry=r,
         )
-        self.bind_writes = Counter(
-            "tidelease_extender_bind_ledger_writes",
-            "Allocation-ledger writes made for binds: binds to one node that queue while its "
-            "ledger is written share the next write.",
-            registry=r,
-        )
         self.released = Counter(
             "tidelease_extender_allocations_released",
             "Allocations removed from the ledger, by reason.",

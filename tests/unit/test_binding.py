@@ -6,17 +6,16 @@ import asyncio
 import json
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import pytest
 
 from common import builders, contract
-from common.errors import Conflict, InvalidInput, NotFound, Unavailable
+from common.errors import Conflict, InvalidInput, NotFound
 from common.model import Allocation, GpuUuid, NodeName, PodUid, Priority
 from extender.cluster.store import MemoryStore
 from extender.cluster.watching import PodStatus, run_watch
 from extender.scheduler import wire
-from extender.scheduler.binding import BindRefused, BindResult, stale_allocations
+from extender.scheduler.binding import BindRefused, stale_allocations
 from extender.scheduler.extenderserver import build_app
 from extender.scheduler.handlers import ExtenderApp
 from extender.scheduler.settings import ExtenderSettings
@@ -209,124 +208,6 @@ async def test_concurrent_binds_on_one_replica_never_share_a_device() -> None:
     assert all(isinstance(x, BindRefused) for x in results if isinstance(x, BaseException))
     devices = [d for b in bound for d in b.devices]  # type: ignore[union-attr]
     assert len(devices) == len(set(devices)) == 8
-    await r.stop()
-
-
-class GatedWrites:
-    """The store's ledger writes held at a gate: binds that arrive meanwhile queue."""
-
-    def __init__(self, store: MemoryStore) -> None:
-        self.gate = asyncio.Event()
-        self.writes: list[list[str]] = []  # the pods of each write's new entries, in order
-        self.started = asyncio.Event()
-        self._real = store.write_ledger
-        store.write_ledger = self.write  # type: ignore[method-assign]
-
-    async def write(self, node: NodeName, allocations: Iterable[Allocation], version: str) -> str:
-        allocations = tuple(allocations)
-        self.writes.append([a.holder.name for a in allocations])
-        self.started.set()
-        await self.gate.wait()
-        return await self._real(node, allocations, version)
-
-
-async def test_binds_queued_for_one_node_share_one_ledger_write() -> None:
-    """Group commit: while a node's ledger is being written, the binds to it that arrive
-    wait and are then written together, each on devices of its own; every bind gets its
-    outcome: bound, or refused where the node has no room left."""
-    pods = [builders.pod(f"p{i}", 2) for i in range(6)]
-    store = MemoryStore([builders.gpu_node("n"), *pods])
-    r = await replica(store)
-    gated = GatedWrites(store)
-
-    def bind(p: dict[str, Any]) -> asyncio.Task[BindResult]:
-        return asyncio.create_task(
-            r.app.binder.bind("default", p["metadata"]["name"], p["metadata"]["uid"], "n")
-        )
-
-    first = bind(pods[0])
-    await gated.started.wait()
-    rest = [bind(p) for p in pods[1:]]
-    for _ in range(20):
-        await asyncio.sleep(0)  # all queued behind the first write
-    assert len(gated.writes) == 1
-    gated.gate.set()
-    results = await asyncio.gather(first, *rest, return_exceptions=True)
-
-    assert gated.writes == [["p0"], ["p0", "p1", "p2", "p3"]]  # 8 GPUs: p4 and p5 refused
-    bound = [x for x in results if isinstance(x, BindResult)]
-    assert [b.devices for b in bound] == [tuple(devices_on_pod(store, f"p{i}")) for i in range(4)]
-    devices = [d for b in bound for d in b.devices]
-    assert len(devices) == len(set(devices)) == 8
-    assert all(isinstance(x, BindRefused) for x in results[4:]), results
-    assert r.app.metrics.bind_writes._value.get() == 2
-    ledger, _ = await store.read_ledger(NodeName("n"))
-    assert {a.holder.name: a.devices for a in ledger} == {
-        f"p{i}": b.devices for i, b in enumerate(bound)
-    }
-    await r.stop()
-
-
-async def test_a_failed_shared_write_fails_its_binds_and_the_next_write_goes_on() -> None:
-    """The API server failing one shared write fails each bind in it (kube-scheduler tries
-    them again) and nothing is recorded for them; binds queued after it are written."""
-    pods = [builders.pod(f"p{i}", 1) for i in range(4)]
-    store = MemoryStore([builders.gpu_node("n"), *pods])
-    r = await replica(store)
-    gated = GatedWrites(store)
-    real = gated._real
-    failing = {"p1"}
-
-    async def flaky(node: NodeName, allocations: Iterable[Allocation], version: str) -> str:
-        allocations = tuple(allocations)
-        if failing & {a.holder.name for a in allocations}:
-            raise Unavailable("the API server is down")
-        return await real(node, allocations, version)
-
-    gated._real = flaky  # type: ignore[assignment]
-
-    def bind(p: dict[str, Any]) -> asyncio.Task[BindResult]:
-        return asyncio.create_task(
-            r.app.binder.bind("default", p["metadata"]["name"], p["metadata"]["uid"], "n")
-        )
-
-    first = bind(pods[0])
-    await gated.started.wait()
-    second = [bind(pods[1]), bind(pods[2])]
-    for _ in range(20):
-        await asyncio.sleep(0)
-    gated.gate.set()
-    assert isinstance(await first, BindResult)
-    outcomes = await asyncio.gather(*second, return_exceptions=True)
-    assert all(isinstance(x, Unavailable) for x in outcomes), outcomes
-    last = await bind(pods[3])
-    assert isinstance(last, BindResult)
-    ledger, _ = await store.read_ledger(NodeName("n"))
-    assert sorted(a.holder.name for a in ledger) == ["p0", "p3"]
-    await r.stop()
-
-
-async def test_a_bind_cut_off_while_it_waits_for_the_write_is_left_out() -> None:
-    pods = [builders.pod(f"p{i}", 1) for i in range(3)]
-    store = MemoryStore([builders.gpu_node("n"), *pods])
-    r = await replica(store)
-    gated = GatedWrites(store)
-
-    def bind(p: dict[str, Any]) -> asyncio.Task[BindResult]:
-        return asyncio.create_task(
-            r.app.binder.bind("default", p["metadata"]["name"], p["metadata"]["uid"], "n")
-        )
-
-    first = bind(pods[0])
-    await gated.started.wait()
-    cut, kept = bind(pods[1]), bind(pods[2])
-    for _ in range(20):
-        await asyncio.sleep(0)
-    cut.cancel()
-    gated.gate.set()
-    await asyncio.gather(first, kept)
-    assert cut.cancelled()
-    assert gated.writes == [["p0"], ["p0", "p2"]]
     await r.stop()
 
 
