@@ -368,8 +368,6 @@ async def scrape(
             samples[("sum", verb)] = float(value)
         elif name in ("tidelease_extender_requests_total", "tidelease_extender_requests"):
             samples[("requests", verb, fields.get("outcome", ""))] = float(value)
-        elif name == "tidelease_extender_bind_ledger_writes_total":
-            samples[("writes", "bind")] = float(value)  # binds to one node share writes
     return samples
 
 
@@ -472,10 +470,6 @@ def extender_summary(
             "p50_ms": round(1000 * histogram_quantile(0.5, buckets), 2),
             "p99_ms": round(1000 * histogram_quantile(0.99, buckets), 2),
         }
-        if ("writes", verb) in after:
-            summary[verb]["ledger_writes"] = int(
-                after[("writes", verb)] - before.get(("writes", verb), 0.0)
-            )
     return summary
 
 
@@ -984,11 +978,6 @@ def main() -> int:
                 f"    {verb:10s} {summary['requests']:5d} requests {summary['outcomes']}: "
                 f"p50 {summary['p50_ms']} ms, p99 {summary['p99_ms']} ms, "
                 f"mean {summary['mean_ms']} ms"
-                + (
-                    f", {summary['ledger_writes']} ledger writes"
-                    if "ledger_writes" in summary
-                    else ""
-                )
             )
     if args.profile:
         for what in PROFILED:
