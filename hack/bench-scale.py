@@ -5,7 +5,7 @@ extender, with an extender that does nothing, and with none, on one cluster, in 
 usage: hack/bench-scale.py [--nodes 1250] [--pods 1000] [--rounds 2] [--qps 500] [--burst 1000]
                            [--timeout 900] [--json FILE] [--keep] [--profile DIR] [--null-http]
                            [--controllers FLAGS] [--compare KEY=VALUE,...]
-                           [--variant-http] [--leases N]
+                           [--variant-http] [--leases N] [--phases NAME,...]
 
 Starts hack/cluster-up.sh (foreground, in a temporary directory) with --nodes kwok GPU nodes (8
 H20 each, a GpuNode each) and two kube-schedulers: the default one with the extender
@@ -30,6 +30,13 @@ so that a change is judged against the extender as it is, in one run, phases alt
 ratio per round is printed. Both extenders watch the cluster throughout, as two replicas would.
 --variant-http serves that variant over plain HTTP on loopback, as the ownScheduler mode does
 (kube-scheduler in the extender's pod): with --null-http, both extenders without TLS.
+
+--phases NAME,...: the phases of each round (default plain,null,extender; --compare adds
+variant). Two more measure the DRA mode on the plain kube-scheduler (no extender): every
+kwok node's GpuNode published as its ResourceSlice, as the node agent's DRA driver does, and
+the pods' GPUs a claim each from a ResourceClaimTemplate of their size. "dra-tidelease":
+claims of tidelease-ha (high-priority pods) and tidelease-borrow (the rest); "dra-plain": the
+same claims on a DeviceClass of the driver alone (no attribute looked at).
 
 Phase "plain": --pods pods with schedulerName tidelease-plain; all bound; deleted, waited for.
 Phase "null": the same pods with tidelease-null. Phase "extender": with the default scheduler.
