@@ -5,7 +5,7 @@ extender, with an extender that does nothing, and with none, on one cluster, in 
 usage: hack/bench-scale.py [--nodes 1250] [--pods 1000] [--rounds 2] [--qps 500] [--burst 1000]
                            [--timeout 900] [--json FILE] [--keep] [--profile DIR] [--null-http]
                            [--controllers FLAGS] [--compare KEY=VALUE,...]
-                           [--variant-http] [--leases N] [--phases NAME,...]
+                           [--variant-http] [--leases N] [--phases NAME,...] [--smoke]
 
 Starts hack/cluster-up.sh (foreground, in a temporary directory) with --nodes kwok GPU nodes (8
 H20 each, a GpuNode each) and two kube-schedulers: the default one with the extender
@@ -30,6 +30,9 @@ so that a change is judged against the extender as it is, in one run, phases alt
 ratio per round is printed. Both extenders watch the cluster throughout, as two replicas would.
 --variant-http serves that variant over plain HTTP on loopback, as the ownScheduler mode does
 (kube-scheduler in the extender's pod): with --null-http, both extenders without TLS.
+
+--smoke: every phase on 8 nodes with 16 pods, one round, a variant too (the test command runs
+it: tests/e2e/test_bench_scale_smoke.py); not a measurement.
 
 --phases NAME,...: the phases of each round (default plain,null,extender; --compare adds
 variant). Two more measure the DRA mode on the plain kube-scheduler (no extender): every
@@ -857,7 +860,17 @@ def main() -> int:
         default="--leasing-controller --prewarm-controller",
         help="the controllers' flags (default: the chart's default controllers)",
     )
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a few seconds of every phase (8 nodes, 16 pods, one round, a variant with "
+        "bind_attempts=2): that the script still runs, not a measurement",
+    )
     args = p.parse_args()
+    if args.smoke:
+        args.nodes, args.pods, args.rounds, args.timeout = 8, 16, 1, 180
+        args.phases = [name for name in PROFILES if name != "variant"]
+        args.compare = args.compare or {"bind_attempts": "2"}
     choices = set(PROFILES) - {"variant"}  # the variant phase comes with --compare
     if set(args.phases) - choices:
         p.error(f"unknown phases {sorted(set(args.phases) - choices)}: of {sorted(choices)}")

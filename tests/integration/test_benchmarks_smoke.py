@@ -39,7 +39,12 @@ def run_smoke(name: str, *extra: str, timeout_s: float = TIMEOUT_S) -> str:
     """``python -m benchmarks.<name> --smoke`` from the repository root: its stdout, once it
     exited 0 within ``timeout_s``. On a timeout its whole process group gets SIGTERM (servers
     and helper scripts it started clean up), then SIGKILL, and the test fails with its output."""
-    cmd = [sys.executable, "-m", f"benchmarks.{name}", "--smoke", *extra]
+    return run_script([sys.executable, "-m", f"benchmarks.{name}", "--smoke", *extra], timeout_s)
+
+
+def run_script(cmd: list[str], timeout_s: float) -> str:
+    """``cmd`` from the repository root: its stdout, once it exited 0 within ``timeout_s``
+    (else, as :func:`run_smoke` says, stopped and failed)."""
     proc = subprocess.Popen(
         cmd,
         cwd=ROOT,
