@@ -7,10 +7,10 @@ them speaks the same contract that :mod:`common.podrequest` and :mod:`common.obj
 from __future__ import annotations
 
 import uuid as uuidlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from common import contract
+from common import contract, deviceattributes
 from common.model import (
     Device,
     DeviceClass,
@@ -259,3 +259,27 @@ def namespace(name: str, *, online: bool = True) -> dict[str, Any]:
     """A Namespace; ``online``: labelled as an admin grants online jobs (common.tenancy)."""
     labels = {LABEL_ONLINE: ONLINE_VALUE} if online else {}
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
+
+
+def claim_template(
+    namespace: str,
+    name: str,
+    device_class: str,
+    *,
+    all_devices: bool = False,
+    selectors: Sequence[str] = (),
+    count: int = 1,
+) -> dict[str, Any]:
+    """A ResourceClaimTemplate (DRA mode, ``resource.k8s.io/v1``) whose one request, ``gpu``,
+    asks for ``count`` whole devices of ``device_class`` (or all it selects), narrowed by
+    further CEL ``selectors``."""
+    exactly: dict[str, Any] = {"deviceClassName": device_class}
+    exactly.update({"allocationMode": "All"} if all_devices else {"count": count})
+    if selectors:
+        exactly["selectors"] = [{"cel": {"expression": s}} for s in selectors]
+    return {
+        "apiVersion": deviceattributes.API_VERSION,
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}},
+    }

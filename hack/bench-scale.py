@@ -264,20 +264,7 @@ def template_name(device_class: str, gpus: int) -> str:
 def claim_templates(namespace: str, classes: tuple[str, str]) -> list[dict[str, Any]]:
     """A ResourceClaimTemplate per class and size: ``gpus`` whole devices of the class."""
     return [
-        {
-            "apiVersion": deviceattributes.API_VERSION,
-            "kind": "ResourceClaimTemplate",
-            "metadata": {"name": template_name(cls, gpus), "namespace": namespace},
-            "spec": {
-                "spec": {
-                    "devices": {
-                        "requests": [
-                            {"name": "gpu", "exactly": {"deviceClassName": cls, "count": gpus}}
-                        ]
-                    }
-                }
-            },
-        }
+        builders.claim_template(namespace, template_name(cls, gpus), cls, count=gpus)
         for cls in sorted(set(classes))
         for gpus in SIZES
     ]

@@ -31,6 +31,7 @@ import pytest
 import yaml
 
 from common import builders, contract, deviceattributes
+from common.builders import claim_template
 from common.kubeclient import KubeClient
 from common.model import Device, Priority, Tier
 from extender.leasing.claimpinning import RECLAIM_GATE
@@ -234,27 +235,6 @@ def wait_nodes_ready(cluster: Cluster, group: NodeGroup) -> None:
 
 
 # --- pods and claims ---
-
-
-def claim_template(
-    namespace: str,
-    name: str,
-    device_class: str,
-    *,
-    all_devices: bool = False,
-    selectors: Sequence[str] = (),
-    count: int = 1,
-) -> dict[str, Any]:
-    exactly: dict[str, Any] = {"deviceClassName": device_class}
-    exactly.update({"allocationMode": "All"} if all_devices else {"count": count})
-    if selectors:
-        exactly["selectors"] = [{"cel": {"expression": s}} for s in selectors]
-    return {
-        "apiVersion": deviceattributes.API_VERSION,
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}},
-    }
 
 
 def create_claim_template(cluster: Cluster, template: dict[str, Any]) -> None:

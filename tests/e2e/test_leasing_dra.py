@@ -34,7 +34,6 @@ from tests.e2e.kube import wait_for
 from tests.e2e.test_dra import (  # noqa: F401  (fixtures)
     claim_of,
     claim_pod,
-    claim_template,
     create_claim_pod,
     create_claim_template,
     device_classes,
@@ -67,7 +66,10 @@ class DraJob:
     def __init__(self, cluster: Cluster, group: NodeGroup, namespace: str, scheduler: str) -> None:
         self.cluster, self.group, self.ns, self.scheduler = cluster, group, namespace, scheduler
         create_claim_template(
-            cluster, claim_template(namespace, OWNER, deviceattributes.CLASS_HA, count=REPLICA_GPUS)
+            cluster,
+            builders.claim_template(
+                namespace, OWNER, deviceattributes.CLASS_HA, count=REPLICA_GPUS
+            ),
         )
         pod = claim_pod(group, scheduler, OWNER, priority=Priority.HIGH, owner=OWNER, gated=True)
         cluster.kube.create(workload("StatefulSet", OWNER, namespace, pod, replicas=REPLICAS))
@@ -320,7 +322,9 @@ def test_a_reclaim_ends_though_every_evicted_borrower_is_replaced_in_dra_mode(
     assert groups == {r: before[r] for r in names[1:]}, groups
     create_claim_template(
         job.cluster,
-        claim_template(job.ns, "finetune", deviceattributes.CLASS_BORROW, count=REPLICA_GPUS),
+        builders.claim_template(
+            job.ns, "finetune", deviceattributes.CLASS_BORROW, count=REPLICA_GPUS
+        ),
     )
     pod = claim_pod(job.group, job.scheduler, "finetune")
     job.cluster.kube.create(workload("Deployment", "finetune", job.ns, pod, replicas=2))

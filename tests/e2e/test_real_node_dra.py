@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 
 from common import contract, deviceattributes
+from common.builders import claim_template
 from tests.e2e.harness import Cluster, RealNode, unique
 from tests.e2e.kube import wait_for
 from tests.e2e.test_dra import (  # noqa: F401  (fixtures)
     RESOURCE,
-    claim_template,
     create_claim_template,
     device_classes,
     plain_scheduler,
