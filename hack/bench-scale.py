@@ -31,7 +31,7 @@ ratio per round is printed. Both extenders watch the cluster throughout, as two 
 --variant-http serves that variant over plain HTTP on loopback, as the ownScheduler mode does
 (kube-scheduler in the extender's pod): with --null-http, both extenders without TLS.
 
---smoke: every phase on 8 nodes with 16 pods, one round, a variant too (the test command runs
+--smoke: every phase on 24 nodes with 16 pods, one round, a variant too (the test command runs
 it: tests/e2e/test_bench_scale_smoke.py); not a measurement.
 
 --phases NAME,...: the phases of each round (default plain,null,extender; --compare adds
@@ -850,12 +850,12 @@ def main() -> int:
     p.add_argument(
         "--smoke",
         action="store_true",
-        help="a few seconds of every phase (8 nodes, 16 pods, one round, a variant with "
+        help="a few seconds of every phase (24 nodes, 16 pods, one round, a variant with "
         "bind_attempts=2): that the script still runs, not a measurement",
     )
     args = p.parse_args()
     if args.smoke:
-        args.nodes, args.pods, args.rounds, args.timeout = 8, 16, 1, 180
+        args.nodes, args.pods, args.rounds, args.timeout = 24, 16, 1, 180
         args.phases = [name for name in PROFILES if name != "variant"]
         args.compare = args.compare or {"bind_attempts": "2"}
     choices = set(PROFILES) - {"variant"}  # the variant phase comes with --compare

@@ -1,4 +1,4 @@
-"""hack/bench-scale.py still runs: its ``--smoke`` mode starts a small cluster of its own (8 kwok
+"""hack/bench-scale.py still runs: its ``--smoke`` mode starts a small cluster of its own (24 kwok
 nodes) and runs every phase once, the DRA ones included, with a variant extender; its figures
 are parsed, not just looked for."""
 
