@@ -32,7 +32,8 @@ def test_bench_scale_smoke() -> None:
     for a, b in (("extender", "null"), ("variant", "extender"), ("dra-tidelease", "dra-plain")):
         (ratio,) = numbers(rf"^  ratio {a}\b.* / {b}: {NUMBER}x", out)
         assert ratio > 0, (a, b, out)
-    # the extender's verbs, from its own metrics: one filter, prioritize and bind per pod
-    for verb in ("filter", "prioritize", "bind"):
+    # the extender's verbs, from its own metrics: a filter and a bind per pod at least, and
+    # prioritize calls (kube-scheduler skips scoring where one node alone passed the filter)
+    for verb, least in (("filter", 16), ("bind", 16), ("prioritize", 1)):
         (requests,) = numbers(rf"^    {verb}\s+{NUMBER} requests", out)
-        assert requests >= 16, (verb, out)
+        assert requests >= least, (verb, out)
