@@ -14,8 +14,9 @@ configuration without extenders. Both get the same client QPS/burst (--qps/--bur
 scheduler's own default of 50/100 would cap the plain scheduler's binding calls, while the
 extender binds with its own unthrottled client).
 
-A third kube-scheduler, profile "tidelease-null", calls benchmarks/nullextender (Go, net/http,
-built here): filter passes every node, prioritize scores zero, no bind: what the protocol costs.
+A third kube-scheduler (when phase null is run), profile "tidelease-null", calls
+benchmarks/nullextender (Go, net/http, built here): filter passes every node, prioritize scores
+zero, no bind: what the protocol costs.
 It is served as the extender is (HTTPS, the scheduler's client certificate required, HTTP/1.1:
 kube-scheduler keeps at most two idle connections to an extender, so both pay TLS handshakes
 under load); --null-http serves it over plain HTTP, as the records before the extender's HTTPS.
@@ -91,6 +92,8 @@ except ImportError:  # run with the project's environment (hack/lib/python.sh cr
     raise
 
 sys.path.insert(0, str(ROOT))  # tests/ (its support modules), beside the installed packages
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402 (as above)
+
 from common import builders, contract, deviceattributes  # noqa: E402 (the project's environment)
 from common.tenancy import LABEL_ONLINE  # noqa: E402
 from tests.benchtools import (  # noqa: E402
@@ -349,42 +352,26 @@ async def scrape(
         resp.raise_for_status()
         text = await resp.text()
     samples: dict[tuple[str, ...], float] = {}
-    for line in text.splitlines():
-        if line.startswith("#") or not line.strip():
-            continue
-        head, _, value = line.rpartition(" ")
-        name, _, labels = head.partition("{")
-        fields = dict(part.split("=", 1) for part in labels.rstrip("}").split(",") if "=" in part)
-        fields = {k: v.strip('"') for k, v in fields.items()}
+    for name, fields, value in parse_metrics(text):
         verb = fields.get("verb", "")
         if name == "tidelease_extender_request_duration_seconds_bucket":
-            samples[("bucket", verb, fields["le"])] = float(value)
+            samples[("bucket", verb, fields["le"])] = value
         elif name == "tidelease_extender_request_duration_seconds_count":
-            samples[("count", verb)] = float(value)
+            samples[("count", verb)] = value
         elif name == "tidelease_extender_request_duration_seconds_sum":
-            samples[("sum", verb)] = float(value)
-        elif name in ("tidelease_extender_requests_total", "tidelease_extender_requests"):
-            samples[("requests", verb, fields.get("outcome", ""))] = float(value)
+            samples[("sum", verb)] = value
+        elif name == "tidelease_extender_requests_total":
+            samples[("requests", verb, fields.get("outcome", ""))] = value
     return samples
 
 
 def parse_metrics(text: str) -> list[tuple[str, dict[str, str], float]]:
-    samples = []
-    for line in text.splitlines():
-        if line.startswith("#") or not line.strip():
-            continue
-        head, _, value = line.rpartition(" ")
-        name, _, labels = head.partition("{")
-        fields = {}
-        for part in labels.rstrip("}").split('",'):
-            key, sep, val = part.partition("=")
-            if sep:
-                fields[key.strip(",")] = val.strip('"')
-        try:
-            samples.append((name, fields, float(value)))
-        except ValueError:
-            continue
-    return samples
+    """Every sample of a Prometheus text exposition: (name, labels, value)."""
+    return [
+        (sample.name, sample.labels, sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    ]
 
 
 async def scrape_scheduler(
@@ -740,28 +727,31 @@ async def bench(facts: dict[str, str], args: argparse.Namespace, work: Path) -> 
     }
     phases = []
     with contextlib.ExitStack() as stack:
-        null_pids, null_url = stack.enter_context(
-            null_extender(facts, work, tls=not args.null_http)
-        )
-        # phase -> (its kube-scheduler's URL, the pids it adds or replaces, extender probes)
+        # phase -> (its kube-scheduler's URL, the pids it adds or replaces, extender probes);
+        # the side extenders and schedulers only for phases that run (they would load the
+        # machine while others are measured)
         plain = (
             facts["TL_CLUSTER_PLAIN_SCHEDULER_URL"],
             {"kube-scheduler": int(facts["TL_CLUSTER_PLAIN_SCHEDULER_PID"])},
             "",
         )
-        schedulers = {
+        schedulers: dict[str, tuple[str, dict[str, int], str]] = {
             "plain": plain,
-            "null": (null_url, null_pids, ""),
             "extender": (facts["TL_CLUSTER_SCHEDULER_URL"],
                          {"kube-scheduler": int(facts["TL_CLUSTER_SCHEDULER_PID"])}, ""),
             "dra-tidelease": plain,
             "dra-plain": plain,
         }  # fmt: skip
+        if "null" in args.phases:
+            null_pids, null_url = stack.enter_context(
+                null_extender(facts, work, tls=not args.null_http)
+            )
+            schedulers["null"] = (null_url, null_pids, "")
         if args.compare is not None or args.variant_http:
             schedulers["variant"] = stack.enter_context(
                 variant_extender(facts, work, args.compare or {}, tls=not args.variant_http)
             )
-        schedulers = {k: v for k, v in schedulers.items() if k in args.phases or k == "variant"}
+        schedulers = {k: schedulers[k] for k in [*args.phases, "variant"] if k in schedulers}
         async with aiohttp.ClientSession(connector=connector) as session:
             api = Api(session, facts)
             await make_leases(api, args.leases)
