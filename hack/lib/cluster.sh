@@ -394,24 +394,36 @@ tl::cluster::start_controller_manager() {
 # owns (its default pod stages mark such a pod Succeeded the moment it runs).
 TL_CLUSTER_KWOK_RUNS_FOREVER="tidelease.test/kwok-runs-forever"
 
-# tl::cluster::kwok_pod_stages - kwok's own default pod stages (the "fast" ones, read from the
-# pinned kwok module: ready, complete, delete), but a Job's pod annotated
-# TL_CLUSTER_KWOK_RUNS_FOREVER stays Running (tests/e2e/test_kueue.py: Kueue's Jobs must run
-# until they are evicted). Given in the configuration, they replace kwok's defaults.
-tl::cluster::kwok_pod_stages() {
+# tl::cluster::kwok_stages - kwok's own stages, read from the pinned kwok module, given in the
+# configuration (they replace kwok's defaults):
+# - nodes: node-initialize, then node-heartbeat-with-lease (the node's status every 10-20 min,
+#   its Lease every quarter of TL_CLUSTER_NODE_LEASE_S), as a kubelet with node leases reports.
+#   kwok v0.7.0's default with a lease is the other heartbeat, the status every 20-45 s: on
+#   1,250 nodes that was half the API server's requests, and it delayed kwok's own work (a
+#   deleted pod gone 10 s late at dawn; docs/performance.md#dawn).
+# - pods: the "fast" ones (ready, complete, delete), but a Job's pod annotated
+#   TL_CLUSTER_KWOK_RUNS_FOREVER stays Running (tests/e2e/test_kueue.py: Kueue's Jobs must run
+#   until they are evicted).
+tl::cluster::kwok_stages() {
   local dir
-  dir="$(tl::module_dir sigs.k8s.io/kwok "${KWOK_VERSION}" kustomize/stage/pod/fast)"
-  "${TL_PY}" - "${dir}/kustomize/stage/pod/fast" "${TL_CLUSTER_KWOK_RUNS_FOREVER}" <<'EOF'
+  dir="$(tl::module_dir sigs.k8s.io/kwok "${KWOK_VERSION}" kustomize/stage)"
+  "${TL_PY}" - "${dir}/kustomize/stage" "${TL_CLUSTER_KWOK_RUNS_FOREVER}" <<'EOF'
 import sys
 
 import yaml
 
 src, annotation = sys.argv[1:]
 docs = []
-for name in ("pod-ready", "pod-complete", "pod-delete"):
-    with open(f"{src}/{name}.yaml") as f:
+for path in (
+    "node/fast/node-initialize",
+    "node/heartbeat-with-lease/node-heartbeat-with-lease",
+    "pod/fast/pod-ready",
+    "pod/fast/pod-complete",
+    "pod/fast/pod-delete",
+):
+    with open(f"{src}/{path}.yaml") as f:
         stage = yaml.safe_load(f)
-    if name == "pod-complete":
+    if path.endswith("/pod-complete"):
         stage["spec"]["selector"]["matchExpressions"].append(
             {"key": f'.metadata.annotations["{annotation}"]', "operator": "DoesNotExist"}
         )
@@ -421,11 +433,11 @@ EOF
 }
 
 # tl::cluster::start_kwok - kwok managing the nodes annotated kwok.x-k8s.io/node=fake, with its
-# default stages (nodes Ready, pods Running; tl::cluster::kwok_pod_stages); no server port of
+# stages (nodes Ready, pods Running; tl::cluster::kwok_stages); no server port of
 # its own.
 tl::cluster::start_kwok() {
   local log="${TL_CLUSTER_DIR}/logs/kwok.log" config="${TL_CLUSTER_DIR}/kwok.yaml" stages
-  stages="$(tl::cluster::kwok_pod_stages)" || tl::die "kwok's pod stages"
+  stages="$(tl::cluster::kwok_stages)" || tl::die "kwok's stages"
   # An explicit configuration, so ~/.kwok/kwok.yaml of whoever runs this plays no part.
   cat >"${config}" <<EOF
 apiVersion: config.kwok.x-k8s.io/v1alpha1
