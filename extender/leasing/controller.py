@@ -86,6 +86,11 @@ MIN_WAIT_S = 0.05
 RESYNC_S = 30.0  # every lease (and the standby key) is reconciled at least this often
 # The first retry after an error (the old loop's fixed 2 s), doubling to the resync period.
 RETRY_BASE_S = 2.0
+# A borrower evicted this recently is not evicted again: the watch has not yet shown it
+# terminating. Its lease waits instead, and steps as soon as the pod's event comes (at most
+# EVICTED_RECHECK_S later): an eviction repeated costs the API server two writes.
+EVICTED_RECENTLY_S = 10.0
+EVICTED_RECHECK_S = 1.0
 # What a step reads besides the GpuLease itself: the owner's and borrowers' pods, devices and
 # tags (GpuNodes), holders (ledgers), which nodes offer devices (agents' Leases).
 VIEW_KINDS: tuple[Kind, ...] = ("Pod", "GpuNode", "GpuAllocation", "Lease")
@@ -105,15 +110,36 @@ class LeaseCache:
         self.on_change: Callable[[str], None] | None = None
         # Namespaces an admin granted online jobs (common.tenancy): only their leases step.
         self.granted: set[str] = set()
+        # (namespace, spec.owner) -> the keys of its leases: a pod's event finds its owner's
+        # leases without a look at every lease.
+        self._owned: dict[tuple[str, str], set[str]] = {}
 
     def apply(self, event: str, obj: dict[str, Any]) -> None:
         key = object_key(obj)
-        if event == "DELETED":
-            self.raw.pop(key, None)
-        else:
+        old = self.raw.pop(key, None)
+        if old is not None:
+            self._index(key, old, add=False)
+        if event != "DELETED":
             self.raw[key] = obj
+            self._index(key, obj, add=True)
         if self.on_change is not None:
             self.on_change(key)
+
+    def of_owner(self, namespace: str, owner: str) -> tuple[str, ...]:
+        """The keys of the leases of the job ``owner`` of ``namespace``."""
+        return tuple(self._owned.get((namespace, owner), ()))
+
+    def _index(self, key: str, obj: Mapping[str, Any], *, add: bool) -> None:
+        owner = (obj.get("spec") or {}).get("owner")
+        if not isinstance(owner, str):
+            return
+        at = (key.partition("/")[0], owner)
+        if add:
+            self._owned.setdefault(at, set()).add(key)
+        elif at in self._owned:
+            self._owned[at].discard(key)
+            if not self._owned[at]:
+                del self._owned[at]
 
     def apply_namespace(self, event: str, obj: dict[str, Any]) -> None:
         """A Namespace of the granted ones (the watch selects them by label) came or went: its
@@ -192,6 +218,8 @@ class LeaseController:
         self.test_grace_s = test_grace_s
         self.overdue_after_s = overdue_after_s
         self._next_topup = 0.0  # on self.clock: when the standby pool is next topped up
+        # Borrowers this controller evicted: pod UID -> (lease key, when, on self.clock).
+        self._evicted: dict[str, tuple[str, float]] = {}
         # The loop keeps its own monotonic clock: lease times (Wait.until) are wall time and
         # reach it only as "seconds from now".
         self.loop = ReconcileLoop(
@@ -204,8 +232,7 @@ class LeaseController:
             registry=metrics.registry,
         )
         leases.on_change = self._lease_changed
-        if dra_mode:
-            view.on_pod = self._pod_changed
+        view.on_pod = self._pod_changed
         metrics.view_active.set_function(lambda: float(view.active))
         metrics.overdue = self._overdue
         for (gpu_type, tier), count in self.standby_targets.items():
@@ -239,15 +266,21 @@ class LeaseController:
         self.loop.add(key)
 
     def _pod_changed(self, pod: dict[str, Any]) -> None:
-        """A gated pod (or its claim's name) appeared: step its owner's leases now, not at
-        their next resync."""
+        """One of an owner's pods changed: step the owner's leases now, not at their next poll,
+        where one waits for it: a reclaim for its replicas to be placed (at dawn each poll
+        second is a second late), and in DRA mode for a gated pod (or its claim's name)."""
         meta = pod.get("metadata") or {}
+        evicted = self._evicted.get(str(meta.get("uid", "")))
+        if evicted is not None and meta.get("deletionTimestamp"):
+            self.loop.add(evicted[0])  # a borrower it evicted is terminating: scale up now
         owner = (meta.get("annotations") or {}).get(contract.ANN_OWNER)
-        if not owner or claimpinning.gated_pod(pod) is None:
+        if not owner:
             return
-        prefix = f"{meta.get('namespace')}/"  # the owner is a job of the pod's namespace
-        for key, raw in self.leases.raw.items():
-            if key.startswith(prefix) and (raw.get("spec") or {}).get("owner") == owner:
+        gated = self.claims is not None and claimpinning.gated_pod(pod) is not None
+        # The owner is a job of the pod's namespace.
+        for key in self.leases.of_owner(str(meta.get("namespace", "")), owner):
+            raw = self.leases.raw.get(key) or {}
+            if gated or (raw.get("status") or {}).get("phase") == "Reclaiming":
                 self.loop.add(key)
 
     async def step(
@@ -275,9 +308,30 @@ class LeaseController:
             return SetTags(upgraded, why)
         replicas = await self.world.replicas(lease.namespace, lease.spec.workload)
         now = self.clock()
-        action = decide(lease, replicas, owner_pods, view, now)
+        action = self._not_twice(lease, decide(lease, replicas, owner_pods, view, now), now)
         await execute(action, _LeaseWrites(self, lease, owner_pods, now))
         return action
+
+    def _not_twice(self, lease: GpuLease, action: Action, now: float) -> Action:
+        """An eviction of the borrowers not evicted in the last EVICTED_RECENTLY_S (the next
+        step may come before the watch shows the last step's evictions); a wait when every one
+        was. An eviction is recorded once it succeeded (:meth:`_LeaseWrites.evict`)."""
+        if not isinstance(action, Evict):
+            return action
+        self._evicted = {
+            uid: (key, when)
+            for uid, (key, when) in self._evicted.items()
+            if now - when < EVICTED_RECENTLY_S
+        }
+        fresh = tuple(p for p in action.pods if p.pod_uid not in self._evicted)
+        if not fresh:
+            return Wait(now + EVICTED_RECHECK_S, f"{len(action.pods)} evicted borrower(s) leaving")
+        return replace(action, pods=fresh)
+
+    def evicted(self, lease: GpuLease, pod: Holder, now: float) -> None:
+        """``pod`` was evicted for ``lease``: not evicted again for EVICTED_RECENTLY_S, and its
+        terminating pod's event steps the lease."""
+        self._evicted[pod.pod_uid] = (lease.key, now)
 
     def _holdings(self) -> tuple[claimpinning.ClaimHolding, ...]:
         """DRA mode: who holds which device through the claims the view shows; none otherwise."""
@@ -474,6 +528,7 @@ class _LeaseWrites:
         async def one(pod: Holder) -> None:
             log.info("lease %s: evicting borrower %s", lease.key, pod.key)
             await world.evict(pod, lease)
+            self.controller.evicted(lease, pod, self.now)
             self.controller.metrics.evictions.inc()
 
         await _each(action.pods, one)

@@ -198,18 +198,19 @@ class KubeWorld:
         names no budget (the API server's rate limits) is retried, never taken for a refusal
         (``EVICTION_TRIES``).
 
-        First the pod gets the condition ``DisruptionTarget`` (reason ``TideleaseReclaim``), as
+        The pod carries the condition ``DisruptionTarget`` with reason ``TideleaseReclaim``, as
         Kubernetes marks the pods it disrupts: a Job's ``podFailurePolicy`` can then tell a
-        reclaim from a failure (docs/leasing.md, "Borrowers that restart")."""
+        reclaim from a failure (docs/leasing.md, "Borrowers that restart"). The Eviction API
+        writes the condition itself (reason ``EvictionByEvictionAPI``): the reclaim's reason is
+        written just after, while the pod terminates, not before (at dawn every write before
+        the eviction delays the devices' return). A pod deleted past its budget gets it
+        before its deletion (Kubernetes writes no condition then)."""
         path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}"
-        await self._mark_disrupted(pod, lease)
         # The notice was the time to checkpoint; now stop promptly.
         body = eviction(pod.namespace, pod.name, pod.pod_uid, EVICTION_GRACE_S)
         with contextlib.suppress(NotFound, Conflict):
             try:
                 await self._post_eviction(f"{path}/eviction", body, pod)
-                # The Eviction API writes its own reason over ours (EvictionByEvictionAPI):
-                # name the reclaim again while the pod terminates.
                 await self._mark_disrupted(pod, lease)
                 return
             except TooManyRequests as e:
@@ -225,6 +226,7 @@ class KubeWorld:
                     warning=True,
                     component="tidelease-leasing",
                 )
+            await self._mark_disrupted(pod, lease)
             await self._kube.json("DELETE", path, body=body["deleteOptions"])
 
     async def _post_eviction(self, path: str, body: dict[str, Any], pod: Holder) -> None:

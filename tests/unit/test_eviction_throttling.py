@@ -158,3 +158,15 @@ async def test_throttled_then_refused_by_its_budget_is_deleted() -> None:
     assert kube.count("POST", "/eviction") == 2
     assert kube.count("DELETE", POD) == 1
     assert sleeps.waits == [3.0]
+
+
+async def test_the_eviction_is_the_first_write_and_the_reclaims_reason_follows() -> None:
+    """At dawn nothing delays the eviction itself: the reclaim's reason is written over the
+    Eviction API's after it; a pod deleted past its budget gets it before its deletion."""
+    kube, sleeps = FakeKube([None]), Sleeps()
+    await world(kube, sleeps).evict(HOLDER, LEASE)
+    assert kube.calls == [("POST", f"{POD}/eviction"), ("PATCH", f"{POD}/status")]
+    kube = FakeKube([error(BUDGET_REFUSAL)])
+    await world(kube, sleeps).evict(HOLDER, LEASE)
+    writes = [(m, p) for m, p in kube.calls if not p.endswith("/events")]
+    assert writes == [("POST", f"{POD}/eviction"), ("PATCH", f"{POD}/status"), ("DELETE", POD)]

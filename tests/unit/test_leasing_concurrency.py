@@ -135,3 +135,54 @@ def test_the_leasing_workers_setting() -> None:
     assert load_settings(env={"TIDELEASE_EXTENDER_LEASING_WORKERS": "4"}).leasing_workers == 4
     with pytest.raises(InvalidInput, match="leasing_workers must be at least 1"):
         load_settings(env={"TIDELEASE_EXTENDER_LEASING_WORKERS": "0"})
+
+
+def test_an_owners_pod_steps_its_reclaiming_lease_at_once() -> None:
+    """A reclaim waiting for its replicas is stepped on their pods' events, not at its next poll
+    (at dawn each second of polling is a second late); a lease not reclaiming, another
+    namespace's job of the same name and a lease deleted are not."""
+    c = controller(Gate(want=1))
+    c.leases.on_change = None  # the leases' own events queue nothing here
+    reclaiming = raw_lease("a")
+    reclaiming["status"] = {"phase": "Reclaiming"}
+    steady = builders.gpu_lease("b", "ns", gpus_per_replica=4, desired_gpus=8)
+    steady["status"] = {"phase": "Steady"}
+    elsewhere = builders.gpu_lease("a", "other", gpus_per_replica=4, desired_gpus=8)
+    elsewhere["status"] = {"phase": "Reclaiming"}
+    for raw in (reclaiming, steady, elsewhere):
+        c.leases.apply("ADDED", raw)
+    assert c.leases.of_owner("ns", "a") == ("ns/a",)
+    c._pod_changed(builders.pod("b-1", 4, namespace="ns", owner="b"))
+    c._pod_changed(builders.pod("x", 4, namespace="ns"))  # no owner
+    assert c.loop.depth == 0
+    c._pod_changed(builders.pod("a-1", 4, namespace="ns", owner="a"))
+    assert c.loop.depth == 1
+    c.leases.apply("DELETED", reclaiming)
+    assert c.leases.of_owner("ns", "a") == ()
+    assert c.leases.of_owner("other", "a") == ("other/a",)
+
+
+async def test_a_borrower_evicted_is_not_evicted_again_before_the_watch_shows_it_leaving() -> None:
+    """The step after an eviction may see the borrower still there (its deletion not yet
+    watched): it waits rather than evict twice, steps as soon as the pod terminates, and evicts
+    again only once EVICTED_RECENTLY_S have passed. A failed eviction is tried again at once."""
+    from extender.leasing.controller import EVICTED_RECENTLY_S
+    from extender.leasing.decisions import Wait
+
+    world = Gate(want=1, fail={"evict b1"})
+    c = controller(world)
+    c.leases.on_change = None
+    lease = parse_gpu_lease(raw_lease("a"))
+    with pytest.raises(Unavailable):
+        await _LeaseWrites(c, lease, (), NOW).evict(Evict(BORROWERS[:2]))
+    again = c._not_twice(lease, Evict(BORROWERS[:2]), NOW + 0.1)
+    assert again == Evict((BORROWERS[1],))  # b0 went; b1 failed, so it is asked again
+    assert isinstance(c._not_twice(lease, Evict((BORROWERS[0],)), NOW + 0.1), Wait)
+    terminating = builders.pod("b0", 4, namespace="ns", uid=BORROWERS[0].pod_uid)
+    c._pod_changed(terminating)
+    assert c.loop.depth == 0  # not terminating yet
+    terminating["metadata"]["deletionTimestamp"] = "2026-11-30T00:00:00Z"
+    c._pod_changed(terminating)
+    assert c.loop.depth == 1  # its lease steps now
+    later = NOW + EVICTED_RECENTLY_S + 1
+    assert c._not_twice(lease, Evict((BORROWERS[0],)), later) == Evict((BORROWERS[0],))
