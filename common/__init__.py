@@ -2,13 +2,13 @@
 the extender's packages.
 
 Shared by both sides: the object and annotation contract (``contract``, ``model``, ``objects``,
-``builders``), the formats on the wire between control plane and node (``heartbeat``,
-``hotrestartwire``, ``hotrestartpods``, ``prewarmwire``, ``deviceattributes``,
-``checkpointref``, ``availability``), the API client and its loops (``kubeclient``,
-``watches``, ``reconcile``, ``waiting``, ``events``, ``conditions``, ``timefmt``), the bounded
-HTTP listener and who may call it (``httpserving``, ``delegatedauth``, ``reviewcache``),
-settings, errors, logging and the ``tidelease`` command (``coercion``, ``errors``,
-``logsetup``, ``cli``).
+``builders``, ``topology``: how a node's GPUs are connected), the formats on the wire between
+control plane and node (``heartbeat``, ``hotrestartwire``, ``hotrestartpods``, ``prewarmwire``,
+``deviceattributes``, ``checkpointref``, ``availability``), the API client and its loops
+(``kubeclient``, ``watches``, ``reconcile``, ``waiting``, ``events``, ``conditions``,
+``timefmt``), the bounded HTTP listener and who may call it (``httpserving``,
+``delegatedauth``, ``reviewcache``), settings, errors, logging and the ``tidelease`` command
+(``coercion``, ``errors``, ``logsetup``, ``cli``).
 
 Below all of the extender's packages, used by the control plane only, here because several of
 its packages (and the chart's generators, hack/ and the tests) read them and none of those

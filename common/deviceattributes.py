@@ -13,6 +13,11 @@ in Kubernetes 1.35, so right of return is carried by attributes and CEL instead:
   lent it, "" when none), ``replica`` (the replica that lent it, "" when none), ``standby`` and
   ``reclaiming`` (its owner is taking it back: ``spec.devices[].reclaiming`` of the GpuNode,
   which the leasing controller sets in DRA mode);
+* where the node's topology (``status.topology``, :mod:`common.topology`) knows them, Kubernetes'
+  standard attributes (domain ``resource.kubernetes.io``, the upstream names, so that a claim's
+  ``matchAttribute`` lines tidelease's GPUs up with other drivers' devices, a NIC's say):
+  ``numaNode`` (an int) and ``pcieRoot`` (``pci<domain>:<bus>``; a root tidelease derived from
+  NVML alone, in no upstream form, is not published);
 * a device whose health is not ``Healthy`` is withdrawn from the slice: no claim can be
   allocated one (the extender likewise offers only healthy devices);
 * ``tidelease-ha``, ``-ma``, ``-la`` select devices of at least that tier that no job lent and
@@ -44,6 +49,7 @@ from common import contract
 from common.coercion import whole
 from common.model import Device, Tier
 from common.objects import parse_gpu_node
+from common.topology import Placement, is_upstream_pcie_root
 
 DRIVER: Final = "gpu.tidelease.io"
 DOMAIN: Final = contract.PREFIX  # the attributes' domain: "tidelease.io/<name>"
@@ -78,6 +84,13 @@ ATTRIBUTES: Final = (
     ATTR_STANDBY,
     ATTR_RECLAIMING,
 )
+
+# Kubernetes' standard device attributes (upstream names: the page "Standard Device Attributes
+# for Dynamic Resource Allocation" and k8s.io/dynamic-resource-allocation/deviceattribute), fully
+# qualified: their domain is resource.kubernetes.io, not tidelease's.
+STANDARD_DOMAIN: Final = "resource.kubernetes.io"
+ATTR_NUMA_NODE: Final = f"{STANDARD_DOMAIN}/numaNode"
+ATTR_PCIE_ROOT: Final = f"{STANDARD_DOMAIN}/pcieRoot"
 
 # The API server's limits (k8s.io/api resource/v1).
 MAX_NAME: Final = 253  # a slice's name: a DNS subdomain
@@ -125,7 +138,20 @@ def _string(value: str) -> dict[str, Any]:
     return {"string": attribute_string(value)}
 
 
-def device_entry(device: Device, reclaiming: bool = False) -> dict[str, Any]:
+def standard_attributes(placement: Placement | None) -> dict[str, Any]:
+    """Kubernetes' standard attributes of a device placed so (none when unknown)."""
+    found: dict[str, Any] = {}
+    if placement is not None and placement.numa_node is not None:
+        found[ATTR_NUMA_NODE] = {"int": placement.numa_node}
+    root = placement.pcie_root if placement is not None else None
+    if root is not None and is_upstream_pcie_root(root):
+        found[ATTR_PCIE_ROOT] = {"string": root}
+    return found
+
+
+def device_entry(
+    device: Device, reclaiming: bool = False, placement: Placement | None = None
+) -> dict[str, Any]:
     """One device of the slice, as the API server stores it (no capacity: allocated whole)."""
     cls = device.cls
     attributes = {
@@ -141,7 +167,10 @@ def device_entry(device: Device, reclaiming: bool = False) -> dict[str, Any]:
     }
     return {
         "name": f"{DEVICE_PREFIX}{device.index}",
-        "attributes": {qualified(k): v for k, v in attributes.items()},
+        "attributes": {
+            **{qualified(k): v for k, v in attributes.items()},
+            **standard_attributes(placement),
+        },
     }
 
 
@@ -163,7 +192,12 @@ def slice_devices(gpunode: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The slice's devices for a ``GpuNode`` object (status.devices with the tags of
     spec.devices); raises :class:`common.errors.InvalidInput` for one that does not parse."""
     back = reclaiming(gpunode)
-    return [device_entry(d, d.uuid in back) for d in published(parse_gpu_node(gpunode).devices)]
+    inventory = parse_gpu_node(gpunode)
+    topology = inventory.topology
+    return [
+        device_entry(d, d.uuid in back, topology.placement(d.index) if topology else None)
+        for d in published(inventory.devices)
+    ]
 
 
 def reclaiming(gpunode: Mapping[str, Any]) -> frozenset[str]:

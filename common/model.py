@@ -11,6 +11,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import NamedTuple, NewType
 
+from common.topology import NodeTopology
+
 NodeName = NewType("NodeName", str)
 GpuUuid = NewType("GpuUuid", str)
 PodUid = NewType("PodUid", str)
@@ -171,6 +173,8 @@ class NodeInventory:
     node: NodeName
     devices: tuple[Device, ...]
     cache: NodeCache = field(default_factory=NodeCache)
+    # How its devices are connected (status.topology), None when its agent published none.
+    topology: NodeTopology | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,8 @@
 Two kinds, both cluster-scoped and named after their node (the chart's crds/ document them):
 
 * ``GpuNode`` — the node's devices. ``status`` is written by the node agent (index, UUID, type,
-  health, tier, cache inventory); ``spec.devices`` by the leasing controller (owner tag, standby).
+  health, tier, cache inventory, topology: :mod:`common.topology`); ``spec.devices`` by the
+  leasing controller (owner tag, standby).
 * ``GpuAllocation`` — the node's allocation ledger: which pod holds which devices. Written only by
   the extender's bind, with optimistic concurrency, so two replicas never hand out one device twice.
 """
@@ -32,6 +33,8 @@ from common.model import (
     Tier,
 )
 from common.tenancy import is_job_key, job_key
+from common.topology import from_json as topology_from_json
+from common.topology import to_json as topology_to_json
 
 _HEALTH = {h.value: h for h in Health}
 _TIERS = {t.name: t for t in Tier}
@@ -141,10 +144,15 @@ def parse_gpu_node(obj: Mapping[str, Any]) -> NodeInventory:
             cache.get("checkpoints"), f"{where}: status.cache.checkpoints", problems
         ),
     )
+    topology = None
+    try:
+        topology = topology_from_json(status.get("topology"), f"{where}: status.topology")
+    except InvalidInput as e:
+        problems += e.problems
     if problems:
         raise InvalidInput(problems)
     devices.sort(key=lambda d: d.index)
-    return NodeInventory(node=node, devices=tuple(devices), cache=node_cache)
+    return NodeInventory(node=node, devices=tuple(devices), cache=node_cache, topology=topology)
 
 
 def gpu_node_object(inv: NodeInventory) -> dict[str, Any]:
@@ -179,6 +187,7 @@ def gpu_node_object(inv: NodeInventory) -> dict[str, Any]:
                 "images": sorted(inv.cache.images),
                 "checkpoints": sorted(inv.cache.checkpoints),
             },
+            **({"topology": topology_to_json(inv.topology)} if inv.topology is not None else {}),
         },
     }
 

@@ -25,6 +25,8 @@ from common.conditions import Status, set_condition
 from common.errors import InvalidInput, TideleaseError
 from common.model import GpuUuid, Health, Tier
 from common.timefmt import epoch, rfc3339
+from common.topology import NodeTopology
+from common.topology import to_json as topology_json
 from common.waiting import wait_event
 from nodeagent.deviceplugin.devices import PluginDevice
 from nodeagent.health import DeviceHealth, HealthSettings, HealthTracker
@@ -48,16 +50,25 @@ def gpu_type(nvml_name: str) -> str:
 
 
 def plugin_devices(
-    infos: list[GpuInfo], health: dict[str, DeviceHealth]
+    infos: list[GpuInfo],
+    health: dict[str, DeviceHealth],
+    topology: NodeTopology | None = None,
 ) -> tuple[PluginDevice, ...]:
     """What the device plugin advertises: every GPU, healthy only when its health is Healthy
-    (an Unknown device is not handed to new containers either)."""
+    (an Unknown device is not handed to new containers either), with its NUMA node when the
+    topology knows it (the kubelet's Topology Manager aligns by it)."""
+
+    def numa_node(index: int) -> int | None:
+        place = topology.placement(index) if topology is not None else None
+        return place.numa_node if place is not None else None
+
     return tuple(
         PluginDevice(
             uuid=GpuUuid(i.uuid),
             index=i.index,
             healthy=health.get(i.uuid, DeviceHealth(Health.UNKNOWN)).health is Health.HEALTHY,
             paths=(f"/dev/nvidia{i.minor}",),
+            numa_node=numa_node(i.index),
         )
         for i in infos
     )
@@ -78,10 +89,15 @@ class NodeView:
     """The agent's knowledge of its node's devices. Pure: readings and times in."""
 
     def __init__(
-        self, infos: list[GpuInfo], settings: AgentSettings, stored: dict[str, Any] | None
+        self,
+        infos: list[GpuInfo],
+        settings: AgentSettings,
+        stored: dict[str, Any] | None,
+        topology: NodeTopology | None = None,
     ) -> None:
         self.infos = infos
         self.settings = settings
+        self.topology = topology  # read once at start: the wiring does not change while up
         self.tracker = HealthTracker([i.uuid for i in infos], settings.health)
         self.history = History()
         self.tiers: dict[str, Tier] = {}
@@ -176,6 +192,8 @@ class NodeView:
         }
         if self.assessed_at is not None:
             status["tierAssessedAt"] = rfc3339(self.assessed_at)
+        if self.topology is not None:
+            status["topology"] = topology_json(self.topology)
         self.conditions = set_condition(
             self.conditions, contract.CONDITION_DEVICES_HEALTHY, *devices_healthy(devices), now
         )
@@ -225,7 +243,10 @@ async def run_agent(
     ``prewarm_status``: the prewarm progress (:mod:`nodeagent.prewarm`, which also writes it
     itself), kept in every status this loop publishes."""
     infos = await asyncio.to_thread(reader.devices)
-    view = NodeView(infos, settings, await publisher.load())
+    reading = await asyncio.to_thread(reader.topology)
+    for error in reading.errors:
+        log.warning("node %s: topology: %s", settings.node, error)
+    view = NodeView(infos, settings, await publisher.load(), reading.topology)
     log.info(
         "node %s: %d GPU(s): %s",
         settings.node,
@@ -249,7 +270,7 @@ async def run_agent(
             status["prewarm"] = prewarm_status()
         await publisher.publish(status)
         if on_change is not None:
-            on_change(plugin_devices(infos, view.health()))
+            on_change(plugin_devices(infos, view.health(), view.topology))
 
     pump = asyncio.create_task(_event_pump(reader, settings.event_wait_ms, events_arrived))
     heartbeat = asyncio.create_task(_heartbeats(publisher, settings, clock))

@@ -29,6 +29,10 @@ def _xids(text: str, problems: list[str]) -> frozenset[int]:
 FAKE_UUID_PREFIX = "GPU-fake"
 
 
+# --fake-topology's default: the fake GPUs report no topology (NOT_SUPPORTED), as they always did.
+NO_FAKE_TOPOLOGY = "none"
+
+
 def fake_uuid(index: int, prefix: str = FAKE_UUID_PREFIX) -> str:
     """The UUID of the fake backend's GPU ``index`` (``--fake-uuid-prefix``): two nodes with
     fake GPUs in one cluster tell their devices apart by giving different prefixes."""
@@ -42,7 +46,17 @@ def flag_problems(args: argparse.Namespace) -> list[str]:
     if not (args.node or os.environ.get("NODE_NAME", "")):
         problems.append("--node (or NODE_NAME) is required")
     _xids(args.ignored_xids, problems)
-    as_count("--fake-gpus", args.fake_gpus, problems)
+    gpus = as_count("--fake-gpus", args.fake_gpus, problems)
+    topology = getattr(args, "fake_topology", NO_FAKE_TOPOLOGY)
+    if topology != NO_FAKE_TOPOLOGY:
+        from nodeagent.nvmlfake import LAYOUTS, layout
+
+        if topology not in LAYOUTS:
+            problems.append(f"--fake-topology: want none or one of {', '.join(LAYOUTS)}")
+        elif gpus is not None and gpus != len(layout(topology)):
+            problems.append(
+                f"--fake-gpus: the layout {topology} has {len(layout(topology))} GPUs, got {gpus}"
+            )
     if not args.fake_uuid_prefix or not all(
         c.isascii() and (c.isalnum() or c == "-") for c in args.fake_uuid_prefix
     ):
@@ -112,9 +126,12 @@ def _agent(args: argparse.Namespace) -> int:
     )
     reader: GpuReader
     if args.backend == "fake":
-        from nodeagent.nvmlfake import FakeNvml, full_gpu
+        from nodeagent.nvmlfake import FakeNvml, full_gpu, layout
 
-        gpus = [full_gpu(i) for i in range(int(args.fake_gpus))]
+        if args.fake_topology != NO_FAKE_TOPOLOGY:  # a layout's GPUs (--fake-gpus checked above)
+            gpus = layout(args.fake_topology)
+        else:
+            gpus = [full_gpu(i) for i in range(int(args.fake_gpus))]
         for gpu in gpus:
             gpu.uuid = fake_uuid(gpu.minor, args.fake_uuid_prefix)
         reader = NvmlReader(FakeNvml(gpus))
@@ -247,6 +264,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=FAKE_UUID_PREFIX,
         help="the fake backend's GPU UUIDs are <prefix>-<index>-0000-0000-000000000000"
         " (distinct prefixes for two fake nodes of one cluster)",
+    )
+    agent.add_argument(
+        "--fake-topology",
+        default=NO_FAKE_TOPOLOGY,
+        help="how the fake backend's GPUs are connected: none (no topology), nvswitch-8,"
+        " pcie-2socket-8 or nvlink-pairs-4 (--fake-gpus must match the layout's GPUs)",
     )
     agent.add_argument("--kubeconfig", type=Path, help="kubeconfig (default: in-cluster)")
     agent.add_argument(

@@ -6,19 +6,41 @@ binding's error classes, so tests run this very code. :class:`NullReader` serves
 GPUs (or without a driver): no devices, and the agent keeps running.
 
 Every call is blocking; the agent runs them in a thread. Per-call failures never escape as
-exceptions from :meth:`NvmlReader.sample`: each reading records what failed, and NOT_SUPPORTED
-means "this check does not apply to this device", not a fault.
+exceptions from :meth:`NvmlReader.sample` or :meth:`NvmlReader.topology`: each reading records
+what failed, and NOT_SUPPORTED means "this check does not apply to this device", not a fault.
+
+:meth:`NvmlReader.topology` reads how the GPUs are connected (:mod:`common.topology`): each
+pair's PCIe level (``nvmlDeviceGetTopologyCommonAncestor``), its NVLinks (each active link's far
+end: a peer GPU, matched by PCI bus id, or an NVSwitch, through which every two GPUs on the
+switch are linked), each device's NUMA node (``nvmlDeviceGetNumaNodeId``, where the binding and
+driver have it, else sysfs) and PCIe root complex. The root comes from sysfs (``pci<domain>:<bus>``,
+as Kubernetes' own helper finds it) when the reader is given one; otherwise it is derived from
+NVML, ``nvml:<lowest bus id>`` of the devices below one host bridge, equal for the devices of one
+root complex but in no upstream form.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
+from itertools import combinations
+from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
 
 import pynvml
+
+from common.topology import (
+    Link,
+    NodeTopology,
+    PairLink,
+    Placement,
+    is_upstream_pcie_root,
+    make,
+    pair,
+)
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +48,18 @@ NVMLError = pynvml.NVMLError
 ERROR_NOT_SUPPORTED = pynvml.NVML_ERROR_NOT_SUPPORTED
 ERROR_GPU_IS_LOST = pynvml.NVML_ERROR_GPU_IS_LOST
 ERROR_TIMEOUT = pynvml.NVML_ERROR_TIMEOUT
+ERROR_INVALID_ARGUMENT = pynvml.NVML_ERROR_INVALID_ARGUMENT
+
+# NVML's topology levels (nvmlGpuTopologyLevel_t) as links; INTERNAL (one board) is the tightest
+# PCIe level.
+PCIE_LEVELS = {
+    pynvml.NVML_TOPOLOGY_INTERNAL: Link.SAME_PCIE_SWITCH,
+    pynvml.NVML_TOPOLOGY_SINGLE: Link.SAME_PCIE_SWITCH,
+    pynvml.NVML_TOPOLOGY_MULTIPLE: Link.SAME_PCIE_SWITCH,
+    pynvml.NVML_TOPOLOGY_HOSTBRIDGE: Link.SAME_HOST_BRIDGE,
+    pynvml.NVML_TOPOLOGY_NODE: Link.SAME_NUMA_NODE,
+    pynvml.NVML_TOPOLOGY_SYSTEM: Link.ACROSS_SOCKETS,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,10 +90,23 @@ class Sample:
     errors: tuple[str, ...] = field(default=())  # failed calls other than NOT_SUPPORTED
 
 
+@dataclass(frozen=True, slots=True)
+class TopologyReading:
+    """How the devices are connected (None: nothing could be learnt) and the calls that failed
+    (other than NOT_SUPPORTED)."""
+
+    topology: NodeTopology | None
+    errors: tuple[str, ...] = ()
+
+
 class GpuReader(Protocol):
     def devices(self) -> list[GpuInfo]: ...
 
     def sample(self, uuid: str) -> Sample: ...
+
+    def topology(self) -> TopologyReading:
+        """How the devices :meth:`devices` found are connected."""
+        ...
 
     def wait_events(self, timeout_ms: int) -> list[XidEvent]:
         """Critical XID events, waiting at most ``timeout_ms`` for the first."""
@@ -76,6 +123,9 @@ class NullReader:
 
     def sample(self, uuid: str) -> Sample:
         return Sample(uuid=uuid, errors=("no such device",))
+
+    def topology(self) -> TopologyReading:
+        return TopologyReading(None)
 
     def wait_events(self, timeout_ms: int) -> list[XidEvent]:
         return []
@@ -96,13 +146,78 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _bus(value: Any) -> str:
+    """A PCI bus id in one form (NVML's text, upper case), to compare ids from two calls."""
+    return _text(value).strip().upper()
+
+
+def sysfs_name(bus_id: str) -> str:
+    """The sysfs name of an NVML bus id: "00000000:1B:00.0" -> "0000:1b:00.0"."""
+    domain, rest = bus_id.split(":", 1)
+    return f"{int(domain, 16):04x}:{rest.lower()}"
+
+
+def sysfs_pcie_root(sysfs: Path, bus_id: str) -> str | None:
+    """The root complex ``pci<domain>:<bus>`` above a PCI device, from where its sysfs entry
+    leads (``/sys/devices/pci0000:15/0000:15:01.0/.../0000:1b:00.0``); None when not found."""
+    try:
+        real = (sysfs / "bus" / "pci" / "devices" / sysfs_name(bus_id)).resolve(strict=True)
+    except (OSError, ValueError):
+        return None
+    return next((part for part in real.parts if is_upstream_pcie_root(part)), None)
+
+
+def sysfs_numa_node(sysfs: Path, bus_id: str) -> int | None:
+    """A PCI device's NUMA node from sysfs; None when unknown (the kernel writes -1)."""
+    try:
+        text = (sysfs / "bus" / "pci" / "devices" / sysfs_name(bus_id) / "numa_node").read_text()
+        node = int(text.strip())
+    except (OSError, ValueError):
+        return None
+    return node if node >= 0 else None
+
+
+@dataclass
+class _NvLinks:
+    """One device's active NVLinks: how many to each peer (by bus id), how many to NVSwitches."""
+
+    peers: Counter[str] = field(default_factory=Counter)
+    switch: int = 0
+
+
+def _roots_from_levels(buses: dict[int, str], levels: dict[tuple[int, int], int]) -> dict[int, str]:
+    """Root complexes derived from NVML: devices joined by a level up to HOSTBRIDGE share one,
+    named ``nvml:<lowest bus id>`` of its devices. Devices with no level known get none."""
+    group = {i: i for i in buses}
+
+    def find(i: int) -> int:
+        while group[i] != i:
+            i = group[i]
+        return i
+
+    for (a, b), level in levels.items():
+        if level <= pynvml.NVML_TOPOLOGY_HOSTBRIDGE:
+            group[find(a)] = find(b)
+    members: dict[int, list[int]] = {}
+    for i in buses:
+        members.setdefault(find(i), []).append(i)
+    placed = {i for pair_ in levels for i in pair_}
+    return {
+        i: "nvml:" + min(buses[m] for m in members[find(i)]).lower() for i in buses if i in placed
+    }
+
+
 class NvmlReader:
     """Reads GPUs through an NVML binding module (``pynvml`` or :mod:`nodeagent.nvmlfake`)."""
 
-    def __init__(self, lib: ModuleType | Any = pynvml) -> None:
+    def __init__(self, lib: ModuleType | Any = pynvml, *, sysfs: Path | None = None) -> None:
+        """``sysfs``: where the host's /sys is, for PCIe roots (and NUMA nodes NVML does not
+        give); None: from NVML alone."""
         self._nvml = lib
+        self._sysfs = sysfs
         self._nvml.nvmlInit()
         self._handles: dict[str, Any] = {}
+        self._indexes: dict[str, int] = {}
         self._events: Any = None
         infos = self.devices()
         try:
@@ -135,6 +250,7 @@ class NvmlReader:
                 log.error("GPU %d cannot be read, leaving it out: %s", index, e)
                 continue
             self._handles[uuid] = handle
+            self._indexes[uuid] = index
             found.append(GpuInfo(index=index, uuid=uuid, name=name, minor=minor))
         return found
 
@@ -177,6 +293,113 @@ class NvmlReader:
             errors=tuple(s["errors"]),
         )
 
+    def _try(self, errors: list[str], fn: str, *args: Any) -> Any:
+        """One topology call: None for NOT_SUPPORTED; other failures (a function missing from
+        the binding among them) recorded in ``errors``."""
+        call = getattr(self._nvml, fn, None)
+        if call is None:
+            errors.append(f"{fn}: not in this NVML binding")
+            return None
+        try:
+            return call(*args)
+        except NVMLError as e:
+            if e.value != ERROR_NOT_SUPPORTED:
+                errors.append(f"{fn}: {e}")
+            return None
+
+    def _numa_node(self, handle: Any, bus_id: str | None, errors: list[str]) -> int | None:
+        node = None
+        if hasattr(self._nvml, "nvmlDeviceGetNumaNodeId"):  # not in every binding
+            node = self._try(errors, "nvmlDeviceGetNumaNodeId", handle)
+        if node is None and self._sysfs is not None and bus_id:
+            return sysfs_numa_node(self._sysfs, bus_id)
+        return int(node) if node is not None and int(node) >= 0 else None
+
+    def _nvlinks(self, handle: Any, errors: list[str]) -> _NvLinks:
+        """The device's active NVLinks. NOT_SUPPORTED (no NVLink) or INVALID_ARGUMENT (past the
+        device's last link) end the walk; a link whose far end cannot be read is left out."""
+        nvml, found = self._nvml, _NvLinks()
+        if not hasattr(nvml, "nvmlDeviceGetNvLinkState"):
+            errors.append("nvmlDeviceGetNvLinkState: not in this NVML binding")
+            return found
+        for link in range(int(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18))):
+            try:
+                active = nvml.nvmlDeviceGetNvLinkState(handle, link)
+            except NVMLError as e:
+                if e.value not in (ERROR_NOT_SUPPORTED, ERROR_INVALID_ARGUMENT):
+                    errors.append(f"nvmlDeviceGetNvLinkState({link}): {e}")
+                break
+            if active != pynvml.NVML_FEATURE_ENABLED:
+                continue
+            kind = None
+            if hasattr(nvml, "nvmlDeviceGetNvLinkRemoteDeviceType"):
+                kind = self._try(errors, "nvmlDeviceGetNvLinkRemoteDeviceType", handle, link)
+            if kind == pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH:
+                found.switch += 1
+                continue
+            if kind not in (None, pynvml.NVML_NVLINK_DEVICE_TYPE_GPU):
+                continue  # an IBM NPU, or unknown: no GPU of this node
+            remote = self._try(errors, "nvmlDeviceGetNvLinkRemotePciInfo", handle, link)
+            if remote is not None:
+                found.peers[_bus(remote.busId)] += 1
+        return found
+
+    def topology(self) -> TopologyReading:
+        """How the devices :meth:`devices` found are connected; never raises."""
+        errors: list[str] = []
+        handles = {index: self._handles[uuid] for uuid, index in self._indexes.items()}
+        buses: dict[int, str] = {}
+        for index, handle in handles.items():
+            info = self._try(errors, "nvmlDeviceGetPciInfo", handle)
+            if info is not None:
+                buses[index] = _bus(info.busId)
+        numa = {i: self._numa_node(h, buses.get(i), errors) for i, h in handles.items()}
+        nvlinks = {i: self._nvlinks(h, errors) for i, h in handles.items()}
+        levels: dict[tuple[int, int], int] = {}
+        links: list[PairLink] = []
+        for a, b in combinations(sorted(handles), 2):
+            level = self._try(errors, "nvmlDeviceGetTopologyCommonAncestor", handles[a], handles[b])
+            if level is not None:
+                levels[(a, b)] = int(level)
+            link = self._link(a, b, buses, nvlinks, levels.get((a, b)), errors)
+            if link is not None:
+                links.append(link)
+        roots = _roots_from_levels(buses, levels)
+        if self._sysfs is not None:
+            roots.update(
+                (i, root)
+                for i, bus in buses.items()
+                if (root := sysfs_pcie_root(self._sysfs, bus)) is not None
+            )
+        placements = [Placement(i, numa[i], roots.get(i)) for i in sorted(handles)]
+        if not links and all(p.numa_node is None and p.pcie_root is None for p in placements):
+            return TopologyReading(None, tuple(errors))
+        return TopologyReading(make(placements, links), tuple(errors))
+
+    @staticmethod
+    def _link(
+        a: int,
+        b: int,
+        buses: dict[int, str],
+        nvlinks: dict[int, _NvLinks],
+        level: int | None,
+        errors: list[str],
+    ) -> PairLink | None:
+        """The link of one pair: NVLink when any (direct, as either end counts it, plus
+        through NVSwitches, as many as the end with fewer has), else its PCIe level."""
+        direct = max(
+            nvlinks[a].peers.get(buses.get(b, "-"), 0), nvlinks[b].peers.get(buses.get(a, "-"), 0)
+        )
+        switched = min(nvlinks[a].switch, nvlinks[b].switch)
+        if direct + switched > 0:
+            return pair(a, b, Link.NVLINK, direct + switched)
+        if level is None:
+            return None
+        if level not in PCIE_LEVELS:
+            errors.append(f"nvmlDeviceGetTopologyCommonAncestor({a}, {b}): unknown level {level}")
+            return None
+        return pair(a, b, PCIE_LEVELS[level])
+
     def wait_events(self, timeout_ms: int) -> list[XidEvent]:
         if self._events is None:
             return []
@@ -215,7 +438,7 @@ def open_reader(backend: str) -> GpuReader:
     if backend == "null":
         return NullReader()
     try:
-        return NvmlReader(pynvml)
+        return NvmlReader(pynvml, sysfs=Path("/sys"))
     except NVMLError as e:
         log.warning("NVML unavailable (%s): running without GPUs", e)
         return NullReader()

@@ -11,9 +11,20 @@ What it models:
 * critical XID events with their data, delivered only to devices registered on an event set,
   through a blocking ``nvmlEventSetWait_v2`` that times out with NVML_ERROR_TIMEOUT;
 * volatile uncorrectable ECC counters, remapped rows (pending, failure), retired pages pending,
-  clock-event (throttle) reason bits.
+  clock-event (throttle) reason bits;
+* topology: PCI bus ids, NUMA nodes, the PCIe tree (``nvmlDeviceGetTopologyCommonAncestor``) and
+  NVLinks, each to a peer GPU or to an NVSwitch. A device placed in no layout answers
+  NOT_SUPPORTED to the topology calls (and has no NVLink), as the fake always did.
 
-Named factories build devices: :func:`full_gpu`, :func:`lost_gpu`, :func:`gpu_without_ecc`.
+Named factories build devices: :func:`full_gpu`, :func:`lost_gpu`, :func:`gpu_without_ecc`; and
+whole nodes laid out as common servers are (:data:`LAYOUTS`, :func:`layout`):
+
+* ``nvswitch-8``: 8 GPUs all on NVSwitches (18 links each), 2 NUMA nodes (GPUs 0-3, 4-7), 4
+  PCIe switches (GPUs 0-1, 2-3, 4-5, 6-7), each below a host bridge of its own;
+* ``pcie-2socket-8``: 8 PCIe GPUs without NVLink, 2 sockets (GPUs 0-3, 4-7) with one host bridge
+  each, 2 PCIe switches per socket, 2 GPUs per switch;
+* ``nvlink-pairs-4``: 4 GPUs, NVLink pairs 0-1 and 2-3 (4 links each), the pairs on different
+  PCIe switches (each below a host bridge of its own) of one socket.
 """
 
 from __future__ import annotations
@@ -32,6 +43,27 @@ NVML_VOLATILE_ECC = pynvml.NVML_VOLATILE_ECC
 NVML_FEATURE_ENABLED = pynvml.NVML_FEATURE_ENABLED
 NVML_FEATURE_DISABLED = pynvml.NVML_FEATURE_DISABLED
 nvmlEventTypeXidCriticalError = pynvml.nvmlEventTypeXidCriticalError
+NVML_NVLINK_MAX_LINKS = pynvml.NVML_NVLINK_MAX_LINKS
+NVML_NVLINK_DEVICE_TYPE_GPU = pynvml.NVML_NVLINK_DEVICE_TYPE_GPU
+NVML_NVLINK_DEVICE_TYPE_SWITCH = pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH
+NVML_TOPOLOGY_INTERNAL = pynvml.NVML_TOPOLOGY_INTERNAL
+NVML_TOPOLOGY_SINGLE = pynvml.NVML_TOPOLOGY_SINGLE
+NVML_TOPOLOGY_MULTIPLE = pynvml.NVML_TOPOLOGY_MULTIPLE
+NVML_TOPOLOGY_HOSTBRIDGE = pynvml.NVML_TOPOLOGY_HOSTBRIDGE
+NVML_TOPOLOGY_NODE = pynvml.NVML_TOPOLOGY_NODE
+NVML_TOPOLOGY_SYSTEM = pynvml.NVML_TOPOLOGY_SYSTEM
+
+# An NVLink's far end in FakeGpu.nvlinks: this, or a peer GPU's PCI bus id; None: link down.
+NVSWITCH = "nvswitch"
+
+
+@dataclass(frozen=True)
+class FakePlace:
+    """Where a device sits in its node's PCIe tree (ids are the layout's own numbers)."""
+
+    numa_node: int | None  # None: NVML answers NOT_SUPPORTED for it
+    host_bridge: int
+    pcie_switch: int | None = None  # None: straight below the host bridge
 
 
 @dataclass
@@ -51,11 +83,25 @@ class FakeGpu:
     clock_event_reasons: int = 0
     unsupported: set[str] = field(default_factory=set)  # function names answering NOT_SUPPORTED
     failures: dict[str, int] = field(default_factory=dict)  # function name -> NVML error code
+    pci_bus_id: str = ""  # "00000000:BB:00.0"; full_gpu gives one from the index
+    place: FakePlace | None = None  # None: no topology (NOT_SUPPORTED)
+    # One entry per NVLink, by link number: NVSWITCH, a peer's pci_bus_id, or None (down).
+    nvlinks: list[str | None] = field(default_factory=list)
+
+
+def bus_id(bus: int, domain: int = 0) -> str:
+    """An NVML PCI bus id (``busId``): 8 hex digits of domain, bus, device 0, function 0."""
+    return f"{domain:08X}:{bus:02X}:00.0"
 
 
 def full_gpu(index: int = 0, name: str = "NVIDIA H20") -> FakeGpu:
-    """A healthy device with every feature supported."""
-    return FakeGpu(uuid=f"GPU-fake-{index:04d}-0000-0000-000000000000", name=name, minor=index)
+    """A healthy device with every feature supported (topology apart: see :func:`layout`)."""
+    return FakeGpu(
+        uuid=f"GPU-fake-{index:04d}-0000-0000-000000000000",
+        name=name,
+        minor=index,
+        pci_bus_id=bus_id(0x10 + 0x10 * index),
+    )
 
 
 def lost_gpu(index: int = 0) -> FakeGpu:
@@ -73,6 +119,73 @@ def gpu_without_ecc(index: int = 0) -> FakeGpu:
         "nvmlDeviceGetRetiredPagesPendingStatus",
     }
     return gpu
+
+
+def _placed(gpus: list[FakeGpu], places: list[FakePlace]) -> list[FakeGpu]:
+    for gpu, place in zip(gpus, places, strict=True):
+        gpu.place = place
+    return gpus
+
+
+def _nvswitch_8(name: str) -> list[FakeGpu]:
+    gpus = [full_gpu(i, name) for i in range(8)]
+    for gpu in gpus:
+        gpu.nvlinks = [NVSWITCH] * 18
+    return _placed(gpus, [FakePlace(i // 4, i // 2, i // 2) for i in range(8)])
+
+
+def _pcie_2socket_8(name: str) -> list[FakeGpu]:
+    gpus = [full_gpu(i, name) for i in range(8)]
+    return _placed(gpus, [FakePlace(i // 4, i // 4, i // 2) for i in range(8)])
+
+
+def _nvlink_pairs_4(name: str) -> list[FakeGpu]:
+    gpus = [full_gpu(i, name) for i in range(4)]
+    for a, b in ((0, 1), (2, 3)):
+        gpus[a].nvlinks = [gpus[b].pci_bus_id] * 4
+        gpus[b].nvlinks = [gpus[a].pci_bus_id] * 4
+    return _placed(gpus, [FakePlace(0, i // 2, i // 2) for i in range(4)])
+
+
+LAYOUTS = {
+    "nvswitch-8": _nvswitch_8,
+    "pcie-2socket-8": _pcie_2socket_8,
+    "nvlink-pairs-4": _nvlink_pairs_4,
+}
+
+
+def layout(name: str, gpu_name: str = "NVIDIA H20") -> list[FakeGpu]:
+    """The GPUs of a node laid out as ``name`` (one of :data:`LAYOUTS`), indexes from 0."""
+    try:
+        return LAYOUTS[name](gpu_name)
+    except KeyError:
+        raise ValueError(f"no fake layout {name!r}: one of {', '.join(LAYOUTS)}") from None
+
+
+@dataclass
+class PciInfo:
+    """The fields of pynvml.nvmlPciInfo_t that callers read (its busId is text, as there)."""
+
+    busId: str
+    domain: int
+    bus: int
+    device: int = 0
+
+
+def _pci_info(bus: str) -> PciInfo:
+    domain, bus_number, _ = bus.split(":")
+    return PciInfo(bus, int(domain, 16), int(bus_number, 16))
+
+
+def common_ancestor(a: FakePlace, b: FakePlace) -> int:
+    """NVML's topology level of two devices placed at ``a`` and ``b``."""
+    if a.host_bridge == b.host_bridge:
+        if a.pcie_switch is not None and a.pcie_switch == b.pcie_switch:
+            return int(NVML_TOPOLOGY_SINGLE)
+        return int(NVML_TOPOLOGY_HOSTBRIDGE)
+    if a.numa_node is not None and a.numa_node == b.numa_node:
+        return int(NVML_TOPOLOGY_NODE)
+    return int(NVML_TOPOLOGY_SYSTEM)
 
 
 @dataclass
@@ -110,6 +223,15 @@ class FakeNvml:
     NVML_VOLATILE_ECC = NVML_VOLATILE_ECC
     NVML_FEATURE_ENABLED = NVML_FEATURE_ENABLED
     nvmlEventTypeXidCriticalError = nvmlEventTypeXidCriticalError
+    NVML_NVLINK_MAX_LINKS = NVML_NVLINK_MAX_LINKS
+    NVML_NVLINK_DEVICE_TYPE_GPU = NVML_NVLINK_DEVICE_TYPE_GPU
+    NVML_NVLINK_DEVICE_TYPE_SWITCH = NVML_NVLINK_DEVICE_TYPE_SWITCH
+    NVML_TOPOLOGY_INTERNAL = NVML_TOPOLOGY_INTERNAL
+    NVML_TOPOLOGY_SINGLE = NVML_TOPOLOGY_SINGLE
+    NVML_TOPOLOGY_MULTIPLE = NVML_TOPOLOGY_MULTIPLE
+    NVML_TOPOLOGY_HOSTBRIDGE = NVML_TOPOLOGY_HOSTBRIDGE
+    NVML_TOPOLOGY_NODE = NVML_TOPOLOGY_NODE
+    NVML_TOPOLOGY_SYSTEM = NVML_TOPOLOGY_SYSTEM
 
     def __init__(self, gpus: list[FakeGpu] | None = None, *, driver_loaded: bool = True) -> None:
         self.gpus = list(gpus if gpus is not None else [full_gpu(i) for i in range(8)])
@@ -210,6 +332,53 @@ class FakeNvml:
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle: _Handle) -> int:
         return self._device(handle, "nvmlDeviceGetCurrentClocksEventReasons").clock_event_reasons
+
+    def nvmlDeviceGetPciInfo(self, handle: _Handle) -> PciInfo:
+        return _pci_info(self._device(handle, "nvmlDeviceGetPciInfo").pci_bus_id)
+
+    def nvmlDeviceGetNumaNodeId(self, handle: _Handle) -> int:
+        gpu = self._device(handle, "nvmlDeviceGetNumaNodeId")
+        if gpu.place is None or gpu.place.numa_node is None:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return gpu.place.numa_node
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, handle1: _Handle, handle2: _Handle) -> int:
+        a = self._device(handle1, "nvmlDeviceGetTopologyCommonAncestor")
+        b = self._device(handle2, "nvmlDeviceGetTopologyCommonAncestor")
+        if a.place is None or b.place is None:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if a is b:
+            return int(NVML_TOPOLOGY_INTERNAL)
+        return common_ancestor(a.place, b.place)
+
+    def _nvlink(self, handle: _Handle, link: int, fn: str) -> str | None:
+        """The far end of one NVLink (None: down); NOT_SUPPORTED without NVLink, and
+        INVALID_ARGUMENT past the device's links, as NVML answers."""
+        gpu = self._device(handle, fn)
+        if not gpu.nvlinks:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if not 0 <= link < min(len(gpu.nvlinks), NVML_NVLINK_MAX_LINKS):
+            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return gpu.nvlinks[link]
+
+    def nvmlDeviceGetNvLinkState(self, handle: _Handle, link: int) -> int:
+        far = self._nvlink(handle, link, "nvmlDeviceGetNvLinkState")
+        return int(NVML_FEATURE_ENABLED if far is not None else NVML_FEATURE_DISABLED)
+
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: _Handle, link: int) -> int:
+        far = self._nvlink(handle, link, "nvmlDeviceGetNvLinkRemoteDeviceType")
+        if far is None:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)  # nothing answers on a link down
+        kind = NVML_NVLINK_DEVICE_TYPE_SWITCH if far == NVSWITCH else NVML_NVLINK_DEVICE_TYPE_GPU
+        return int(kind)
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, handle: _Handle, link: int) -> PciInfo:
+        far = self._nvlink(handle, link, "nvmlDeviceGetNvLinkRemotePciInfo")
+        if far is None:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if far == NVSWITCH:  # the switch's own PCI id, which no GPU of the node has
+            return _pci_info(bus_id(0xFF))
+        return _pci_info(far)
 
     def nvmlEventSetCreate(self) -> _EventSet:
         self._ready()

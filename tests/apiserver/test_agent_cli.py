@@ -159,3 +159,46 @@ async def test_agent_in_dra_mode_publishes_its_slice_and_registers_with_the_kube
                 "DELETE", f"{deviceattributes.SLICES_PATH}/{deviceattributes.slice_name(node)}"
             )
         await kube.close()
+
+
+async def test_a_fake_two_socket_node_publishes_its_topology_as_the_crd_keeps_it(
+    apiserver: ApiServer, tmp_path: Path
+) -> None:
+    """The agent of a fake 2-socket node (``--fake-topology pcie-2socket-8``): the API server
+    keeps status.topology as written (the CRD's schema prunes nothing of it), and it parses
+    back to each device's NUMA node and each pair's link."""
+    from common.topology import Link, link_between, link_table
+
+    node = f"node-{uuid.uuid4().hex[:6]}"
+    kube = await KubeClient.connect(apiserver.kubeconfig)
+    with contextlib.suppress(Conflict):
+        await kube.json(
+            "POST", "/api/v1/namespaces", body={"metadata": {"name": "tidelease-system"}}
+        )
+    proc = await _agent(
+        apiserver, node, "--fake-gpus", "8", "--fake-topology", "pcie-2socket-8",
+        "--device-plugin-dir", str(tmp_path),
+    )  # fmt: skip
+    path = f"/apis/{contract.API_VERSION}/{contract.PLURAL_GPU_NODE}/{node}"
+
+    async def published() -> dict[str, Any] | None:
+        try:
+            obj = await kube.json("GET", path)
+        except NotFound:
+            return None
+        return obj if obj.get("status", {}).get("topology") else None
+
+    try:
+        obj = await eventually(published, within_s=30)
+        topology = parse_gpu_node(obj).topology
+        assert topology is not None
+        assert [topology.placement(i).numa_node for i in range(8)] == [0] * 4 + [1] * 4  # type: ignore[union-attr]
+        table = link_table(topology)
+        assert link_between(table, 0, 1).link is Link.SAME_PCIE_SWITCH
+        assert link_between(table, 0, 2).link is Link.SAME_HOST_BRIDGE
+        assert link_between(table, 3, 4).link is Link.ACROSS_SOCKETS
+        assert len(obj["status"]["topology"]["links"]) == 28  # every pair of 8, none pruned
+    finally:
+        proc.kill()
+        await proc.wait()
+        await kube.close()
