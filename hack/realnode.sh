@@ -26,10 +26,12 @@
 # on a tmpfs of MIB MiB of this node's own (DIR/cache, in the node's mount namespace: a disk
 # that a test can fill), pulls with a token of the agent's account for the cache's audience,
 # bound to this Node, and serves the cache on a free port advertised as 127.0.0.1's
-# (DIR/realnode.env: TL_REALNODE_CACHE_*).
+# (DIR/realnode.env: TL_REALNODE_CACHE_*). With -T LAYOUT (and an agent started here), the fake
+# GPUs are connected as LAYOUT says (the agent's --fake-topology: nvswitch-8, pcie-2socket-8,
+# nvlink-pairs-4; -g must match its count), published as the GpuNode's status.topology.
 #
 # usage: hack/realnode.sh -D DIR -k KUBECONFIG -n NAME [-g GPUS [-a] [-d [-t TIERS]] [-s NS/ACCOUNT]
-#                         [-C CACHE_MIB]] [-c KUBELET_CLIENT_CA] [-L LOGS]
+#                         [-C CACHE_MIB] [-T LAYOUT]] [-c KUBELET_CLIENT_CA] [-L LOGS]
 #
 # Runs in the foreground until SIGINT/SIGTERM or until TL_REALNODE_PARENT_PID exits; then it
 # deletes the node's pods, stops the agent, the kubelet and containerd, and removes everything
@@ -51,11 +53,11 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 source "${TL_HACK}/lib/containerd.sh"
 source "${TL_HACK}/lib/python.sh"
 
-usage() { sed -n '2,44p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,49p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 DIR="" KUBECONFIG_PATH="" NAME="" GPUS=0 CLIENT_CA="" LOGS="" AGENT_IN_POD=false DRA=false TIERS=""
-AGENT_ACCOUNT="" CACHE_MIB=""
-while getopts ":D:k:n:g:c:L:adt:s:C:h" opt; do
+AGENT_ACCOUNT="" CACHE_MIB="" LAYOUT=""
+while getopts ":D:k:n:g:c:L:adt:s:C:T:h" opt; do
   case "${opt}" in
     D) DIR="$(realpath -m -- "${OPTARG}")" ;;
     k) KUBECONFIG_PATH="$(realpath -- "${OPTARG}")" ;;
@@ -68,6 +70,7 @@ while getopts ":D:k:n:g:c:L:adt:s:C:h" opt; do
     t) TIERS="${OPTARG}" ;;
     s) AGENT_ACCOUNT="${OPTARG}" ;;
     C) CACHE_MIB="${OPTARG}" ;;
+    T) LAYOUT="${OPTARG}" ;;
     h) usage; exit 0 ;;
     *) usage >&2; exit 2 ;;
   esac
@@ -78,6 +81,10 @@ done
 if [[ -n "${CACHE_MIB}" ]]; then
   [[ "${CACHE_MIB}" =~ ^[1-9][0-9]*$ ]] || tl::die "-C wants a size in MiB"
   ((GPUS > 0)) && [[ "${AGENT_IN_POD}" != true ]] || tl::die "-C goes with an agent started here (-g, not -a)"
+fi
+if [[ -n "${LAYOUT}" ]]; then
+  [[ "${LAYOUT}" =~ ^[a-z0-9-]+$ ]] || tl::die "-T ${LAYOUT}: not a layout name"
+  ((GPUS > 0)) && [[ "${AGENT_IN_POD}" != true ]] || tl::die "-T goes with an agent started here (-g, not -a)"
 fi
 MODE=extender
 if [[ "${DRA}" == true ]]; then
@@ -383,6 +390,7 @@ elif ((GPUS > 0)); then
     start_cache "${AGENT_ACCOUNT:-tidelease-system/tidelease-agent}"
     agent_flags+=("${CACHE_FLAGS[@]}")
   fi
+  [[ -z "${LAYOUT}" ]] || agent_flags+=(--fake-topology "${LAYOUT}")
   "${TL_VENV}/bin/tidelease" agent --node "${NAME}" --kubeconfig "${agent_kubeconfig}" \
     --backend fake --fake-gpus "${GPUS}" --cycle 1 --quiet-period 3 \
     --host-device-root "${DIR}/fakedev" "${agent_flags[@]}" \

@@ -82,6 +82,9 @@ TL_CLUSTER_REAL_NODE_GPUS="${TL_CLUSTER_REAL_NODE_GPUS:-8}"
 # A size in MiB: the real node's agent keeps a peer cache on a tmpfs of that size of the node's
 # own (hack/realnode.sh -C; the soak fills it). Empty: no cache.
 TL_CLUSTER_REAL_NODE_CACHE_MIB="${TL_CLUSTER_REAL_NODE_CACHE_MIB:-}"
+# A fake layout of the real node's GPUs (hack/realnode.sh -T: nvswitch-8, pcie-2socket-8,
+# nvlink-pairs-4), published as its GpuNode's status.topology. Empty: no topology.
+TL_CLUSTER_REAL_NODE_TOPOLOGY="${TL_CLUSTER_REAL_NODE_TOPOLOGY:-}"
 # true: also join a second real node in DRA mode (hack/realnode.sh -d: containerd 2.x, built by
 # hack/build-binaries.sh, with CDI; the agent publishes a ResourceSlice and serves the kubelet's
 # DRA plugin, no device plugin), named TL_CLUSTER_REAL_DRA_NODE_NAME, with one fake GPU per tier
@@ -693,7 +696,8 @@ tl::cluster::start_real_nodes() {
   if [[ "${TL_CLUSTER_REAL_NODE}" == true ]]; then
     tl::cluster::_launch_real_node TL_CLUSTER_REAL_NODE_PID "${TL_CLUSTER_REAL_NODE_NAME}" \
       "${dir}" "${log}" -g "${TL_CLUSTER_REAL_NODE_GPUS}" -L "${TL_CLUSTER_DIR}/logs/realnode" \
-      ${TL_CLUSTER_REAL_NODE_CACHE_MIB:+-C "${TL_CLUSTER_REAL_NODE_CACHE_MIB}"}
+      ${TL_CLUSTER_REAL_NODE_CACHE_MIB:+-C "${TL_CLUSTER_REAL_NODE_CACHE_MIB}"} \
+      ${TL_CLUSTER_REAL_NODE_TOPOLOGY:+-T "${TL_CLUSTER_REAL_NODE_TOPOLOGY}"}
     TL_CLUSTER_REAL_NODE_PID="${TL_CLUSTER__LAST_PID}"
   fi
   if [[ "${TL_CLUSTER_REAL_DRA_NODE}" == true ]]; then
