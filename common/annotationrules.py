@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from common import contract
+from common.topology import REQUIREMENTS
 
 # Unicode's White_Space: what CEL's trim() removes (Go's unicode.IsSpace), so that Python's
 # strip() with these characters trims the same.
@@ -77,6 +78,7 @@ RULES: tuple[Rule, ...] = (
     Choice(contract.ANN_JOB_CLASS, ("interactive", "batch"), loose=True),
     Choice(contract.ANN_ELASTIC, ("true", "false"), loose=True),
     Choice(contract.ANN_LENT_ONLY, ("true", "false")),
+    Choice(contract.ANN_GPU_TOPOLOGY, tuple(REQUIREMENTS)),
     Pattern(
         contract.ANN_THROUGHPUT,
         f"{_NUMBER}(,{_NUMBER})*",

@@ -21,6 +21,9 @@ ANN_JOB_CLASS: Final = f"{PREFIX}/job-class"  # interactive | batch (default bat
 # "true": a borrower that takes lent GPUs only (never untagged ones); a restriction, it grants
 # nothing. Kueue's admission check writes it on the pods of the workloads it admits.
 ANN_LENT_ONLY: Final = f"{PREFIX}/lent-only"
+# The loosest link allowed between any two of the pod's GPUs: nvlink | pcie-switch | host-bridge
+# | numa-node (common.topology.REQUIREMENTS; default: any). A restriction, it grants nothing.
+ANN_GPU_TOPOLOGY: Final = f"{PREFIX}/gpu-topology"
 ANN_ELASTIC: Final = f"{PREFIX}/elastic"  # "false": fixed GPU count, preempted whole
 ANN_THROUGHPUT: Final = f"{PREFIX}/throughput"  # samples/s at 1, 2, ... GPUs: "100,190,270"
 

@@ -11,7 +11,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import NamedTuple, NewType
 
-from common.topology import NodeTopology
+from common.topology import Link, NodeTopology
 
 NodeName = NewType("NodeName", str)
 GpuUuid = NewType("GpuUuid", str)
@@ -141,6 +141,9 @@ class PodRequest:
     # The pod's gang (common.gangs.gang_of), None when it runs alone: a gang's pods are placed
     # together or not at all, and evicted together.
     gang: str | None = None
+    # tidelease.io/gpu-topology: the loosest link allowed between any two of its GPUs (None:
+    # any); a restriction, no privilege (extender.scheduler.placement.topology_refusal).
+    gpu_topology: Link | None = None
 
     @property
     def key(self) -> str:

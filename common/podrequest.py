@@ -18,6 +18,7 @@ from common.errors import InvalidInput
 from common.gangs import gang_of
 from common.model import PodRequest, PodUid, Priority, Tier
 from common.tenancy import job_key
+from common.topology import REQUIREMENTS
 
 _INTEGER = re.compile(r"^[0-9]{1,6}$")
 
@@ -158,6 +159,7 @@ def parse_pod(pod: object, *, resource: str = contract.DEFAULT_GPU_RESOURCE) -> 
         priority_class=priority_class,
         gang=gang_of(pod),
         lent_only=annotations.get(contract.ANN_LENT_ONLY) == "true",
+        gpu_topology=REQUIREMENTS.get(annotations.get(contract.ANN_GPU_TOPOLOGY, "")),
     )
 
 

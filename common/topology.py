@@ -18,16 +18,20 @@ The link between two GPUs is a :class:`Link`, ordered tightest first (NVIDIA's `
   is not known counts as this, the loosest.
 
 A group's :class:`GroupScore` orders groups: the tightest group is the one with the least score
-(:func:`tightest`).
+(:func:`tightest`). :func:`choose` picks a pod's devices: the tightest group that takes exactly
+what placement decided from each device class (placement's rules first: topology only chooses
+among devices of one class), ties to the lowest indexes; :func:`within` says whether a group
+meets a pod's ``tidelease.io/gpu-topology`` (:data:`REQUIREMENTS`).
 """
 
 from __future__ import annotations
 
 import enum
+import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import combinations
+from itertools import combinations, product
 from typing import Any, Final, NamedTuple
 
 from common.coercion import whole
@@ -53,6 +57,22 @@ LINK_NAMES: Final = {
     Link.ACROSS_SOCKETS: "AcrossSockets",
 }
 _LINKS_BY_NAME: Final = {name: link for link, name in LINK_NAMES.items()}
+
+# A pod's tidelease.io/gpu-topology: the loosest link allowed between any two of its GPUs.
+REQUIREMENTS: Final = {
+    "nvlink": Link.NVLINK,
+    "pcie-switch": Link.SAME_PCIE_SWITCH,
+    "host-bridge": Link.SAME_HOST_BRIDGE,
+    "numa-node": Link.SAME_NUMA_NODE,
+}
+REQUIREMENT_NAMES: Final = {link: name for name, link in REQUIREMENTS.items()}
+# How a refusal names each requirement: "joined by <this> or closer".
+REQUIREMENT_WORDS: Final = {
+    Link.NVLINK: "NVLink",
+    Link.SAME_PCIE_SWITCH: "one PCIe switch",
+    Link.SAME_HOST_BRIDGE: "one host bridge",
+    Link.SAME_NUMA_NODE: "one NUMA node",
+}
 
 MAX_PCIE_ROOT: Final = 64  # a string attribute's longest value in DRA
 # The upstream form of a PCIe root complex, "pci<domain>:<bus>" (as sysfs names it).
@@ -159,6 +179,106 @@ def tightest(topology: NodeTopology, groups: Iterable[Sequence[int]]) -> tuple[i
     table = link_table(topology)
     ranked = [(group_score(table, g), tuple(sorted(set(g)))) for g in groups]
     return min(ranked)[1] if ranked else None
+
+
+# Groups :func:`choose` scores at most, per choice: every request on a node of 16 GPUs of one
+# class (C(16, 8) = 12,870 groups, some 70 ms on one core). Past it, the lowest indexes (the
+# choice without topology).
+MAX_GROUPS: Final = 13_000
+# More NVLinks than the pairs of any group have together (NVLink 5: 18 a GPU), so that a group's
+# total and NVLinks fold into one number.
+_NVLINK_SPAN: Final = 1 << 20
+
+
+def choose(
+    topology: NodeTopology | None,
+    wants: Sequence[tuple[Sequence[int], int]],
+    must: Collection[int] = (),
+) -> tuple[tuple[int, ...], ...]:
+    """The devices to take, per class: ``wants`` lists, per device class of a placement plan,
+    the free devices' indexes (in the order to prefer, lowest first) and how many to take;
+    ``must``: indexes the group must hold. The answer takes exactly that many of each class,
+    each class's indexes in the order given: of all such groups, the one with the least
+    :func:`group_score`, a tie going to the group whose indexes come first (class by class).
+
+    So a node without topology, a group of one device, or a class taken whole gets the first
+    indexes of each class, as placement picked before topology was known. Where there are more
+    than :data:`MAX_GROUPS` groups to score, the first indexes too (documented: a node of more
+    than 16 GPUs of one class, or several large classes). Raises ValueError where a class has
+    fewer candidates than asked, or ``must`` holds more of a class than it takes."""
+    fixed: list[list[int]] = []
+    rest: list[list[int]] = []
+    for candidates, n in wants:
+        if n < 0 or n > len(candidates):
+            raise ValueError(f"{n} devices asked of {len(candidates)}")
+        fixed.append([i for i in candidates if i in must])
+        rest.append([i for i in candidates if i not in must])
+        if len(fixed[-1]) > n:
+            raise ValueError(f"{len(fixed[-1])} devices must be taken, of {n}")
+    first = tuple(
+        _in_order(candidates, f, r[: n - len(f)])
+        for (candidates, n), f, r in zip(wants, fixed, rest, strict=True)
+    )
+    total = sum(n for _, n in wants)
+    groups = math.prod(
+        math.comb(len(r), n - len(f)) for (_, n), f, r in zip(wants, fixed, rest, strict=True)
+    )
+    if topology is None or total <= 1 or groups <= 1 or groups > MAX_GROUPS:
+        return first
+    table = link_table(topology)
+    # Each pair's link as one number ordering like a GroupScore's total and NVLinks: the sum
+    # over a group is (total, fewer_nvlinks) in one integer; its loosest link apart.
+    devices = sorted({i for candidates, _ in wants for i in candidates})
+    link: dict[tuple[int, int], int] = {}
+    weight: dict[tuple[int, int], int] = {}
+    for a, b in combinations(devices, 2):
+        known = link_between(table, a, b)
+        link[a, b] = link[b, a] = int(known.link)
+        weight[a, b] = weight[b, a] = int(known.link) * _NVLINK_SPAN - known.nvlinks
+    best: tuple[int, int, tuple[tuple[int, ...], ...]] | None = None
+    per_class = [
+        combinations(r, n - len(f)) for (_, n), f, r in zip(wants, fixed, rest, strict=True)
+    ]
+    for picks in product(*per_class):
+        group = [i for f, p in zip(fixed, picks, strict=True) for i in (*f, *p)]
+        pairs = list(combinations(group, 2))
+        worst = max(link[q] for q in pairs)
+        summed = sum(weight[q] for q in pairs)
+        if best is None or (worst, summed) < best[:2]:  # strictly: the first of equals stays
+            best = (worst, summed, picks)
+    assert best is not None
+    return tuple(
+        _in_order(candidates, f, p)
+        for (candidates, _), f, p in zip(wants, fixed, best[2], strict=True)
+    )
+
+
+def _in_order(
+    candidates: Sequence[int], fixed: Sequence[int], picked: Sequence[int]
+) -> tuple[int, ...]:
+    chosen = {*fixed, *picked}
+    return tuple(i for i in candidates if i in chosen)
+
+
+def within(topology: NodeTopology | None, group: Iterable[int], loosest: Link) -> bool:
+    """Whether every two devices of ``group`` are joined by ``loosest`` or tighter; a group of
+    one device always is, a larger one never on a node without topology."""
+    indexes = sorted(set(group))
+    if len(indexes) <= 1:
+        return True
+    if topology is None:
+        return False
+    return group_score(link_table(topology), indexes).worst <= loosest
+
+
+def tightness(score: GroupScore, size: int) -> float:
+    """A group's score as a number in [0, 1], 1 the tightest (every pair NVLinked), 0 the
+    loosest (every pair across sockets): 3/4 its loosest link, 1/4 its mean link."""
+    pairs = size * (size - 1) // 2
+    if pairs == 0:
+        return 1.0
+    loosest = float(Link.ACROSS_SOCKETS)
+    return 1.0 - (0.75 * score.worst + 0.25 * score.total / pairs) / loosest
 
 
 # --- the GpuNode's JSON (status.topology) ---

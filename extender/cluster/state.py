@@ -7,7 +7,10 @@ and the allocation ledger (``GpuAllocation``), and derives the free devices as c
 Nodes in the same state give the same answers, so each state is summarised by small integer keys
 (interned): ``decision_key`` (free devices and who holds the rest: all that filter and preempt
 depend on), ``score_key`` (free devices and cache contents: all that prioritize depends on) and
-``free_key`` (free devices alone: all that a placement plan depends on). A request over 1,250
+``free_key`` (free devices alone: all that a placement plan depends on). A node that publishes
+its GPU topology has a fourth, ``group_key`` (the topology and which devices are free: all that
+the choice of concrete devices depends on, common.topology.choose); 0 for a node without, whose
+answers depend on none of it. A request over 1,250
 nodes then decides once per distinct state, not once per node, and a plan, once made for a
 request shape, serves every later request of that shape whatever else differs (pod priority,
 checkpoint, the state of the node's other holders).
@@ -43,6 +46,7 @@ from common.model import (
 )
 from common.objects import object_key, parse_gpu_allocation, parse_gpu_node, resource_version
 from common.tenancy import belongs, granted, online_refusal
+from common.topology import NodeTopology
 from extender.rightofreturn.lease import reclaim_of, workload_of
 from extender.rightofreturn.replicas import names_replicas
 
@@ -80,7 +84,7 @@ class ShapeMemo(OrderedDict[Hashable, dict[Any, Any]]):
         return value
 
 
-KEYS_PER_STATE = 3  # decision_key, score_key, free_key
+KEYS_PER_STATE = 4  # decision_key, score_key, free_key, group_key (nodes with topology)
 
 
 @dataclass(slots=True)
@@ -98,6 +102,8 @@ class NodeState:
     # annotation, common/keptmarks.py): other borrowers do not get them. Not in ``free``'s
     # accounting: placement and binding bar them per request (KeptMark.barred).
     kept: KeptMark = NO_MARK
+    # How its devices are connected (GpuNode status.topology); None: not published.
+    topology: NodeTopology | None = None
     # The node's ledger as stored (what a compare-and-swap write starts from) ...
     ledger: dict[PodUid, Allocation] = field(default_factory=dict)
     ledger_version: str = ""
@@ -121,6 +127,9 @@ class NodeState:
     decision_key: int = 0
     score_key: int = 0
     free_key: int = 0
+    group_key: int = 0  # 0: the node publishes no topology
+    # The free devices (index and class), kept for nodes with topology only: group_key's part.
+    free_devices: tuple[tuple[int, DeviceClass], ...] = ()
 
     def _refresh(self, gone: set[PodUid]) -> None:
         self.allocations = {u: a for u, a in self.ledger.items() if u not in gone}
@@ -134,6 +143,11 @@ class NodeState:
         }
         counts = Counter(d.cls for d in self.devices if d.uuid not in held)
         self.free = counts
+        self.free_devices = (
+            tuple((d.index, d.cls) for d in self.devices if d.uuid not in held)
+            if self.topology is not None
+            else ()
+        )
         self.free_total = sum(n for cls, n in counts.items() if cls.healthy)
         self.signature = (
             len(self.devices),
@@ -274,9 +288,16 @@ class ClusterState:
         state.decision_key = self._keys(("decision", state.decision_tuple()))
         state.score_key = self._keys(("score", state.score_tuple()))
         state.free_key = self._keys(("free", state.signature))
+        state.group_key = (
+            0
+            if state.topology is None
+            else self._keys(("group", state.topology, state.free_devices))
+        )
         if len(self._keys) > 2 * KEYS_PER_STATE * len(self._nodes) + 64:
             live = {
-                k for s in self._nodes.values() for k in (s.decision_key, s.score_key, s.free_key)
+                k
+                for s in self._nodes.values()
+                for k in (s.decision_key, s.score_key, s.free_key, s.group_key)
             }
             self._keys.keep_only(live)
             self.memo.clear()
@@ -304,6 +325,7 @@ class ClusterState:
     def set_inventory(self, inv: NodeInventory) -> None:
         state = self._node(inv.node)
         state.devices, state.cache, state.has_inventory = inv.devices, inv.cache, True
+        state.topology = inv.topology
         self._index_lent(inv.node, inv.devices)
         self._changed(state)
 
@@ -330,6 +352,7 @@ class ClusterState:
         if state is None:
             return
         state.devices, state.cache, state.has_inventory = (), NodeCache(), False
+        state.topology = None
         state.reclaiming = frozenset()
         for uid in list(state.reserved):  # held on devices that are gone
             self._reserved.pop(uid, None)

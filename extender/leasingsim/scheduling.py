@@ -303,7 +303,7 @@ class Scheduler:
             plan = plan_node(state.free, req)
         if not plan.fits:  # cannot happen: the filter passed this node
             raise AssertionError(f"{best}: filter passed but no devices to pick: {plan.reason}")
-        devices = pick_planned(plan, state.devices, world.allocated_on(best))
+        devices = pick_planned(plan, state.devices, world.allocated_on(best), state.topology)
         world.bind(best, req.holder(), devices)
         self.stats.placed += 1
         return Placement(best, devices)

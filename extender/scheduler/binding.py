@@ -169,7 +169,7 @@ class Binder:
                 taken = state.unavailable_to(req, self._clock().timestamp())
                 devices = self._held(req, state, taken)
                 if devices is None:
-                    plan, chosen = pick_devices(state.devices, taken, req)
+                    plan, chosen = pick_devices(state.devices, taken, req, state.topology)
                     if not plan.fits:
                         raise BindRefused(plan.reason)
                     devices = tuple(d.uuid for d in chosen)

@@ -9,6 +9,12 @@ devices, or of other jobs' lent ones) is not reclaiming: a reclaim's usable devi
 ones and the owner's own tagged ones, so where only that would make room, the reclaim takes standby
 devices, and evicts such borrowers only when even the standby pool cannot place it.
 
+A pod's ``tidelease.io/gpu-topology`` is judged last, on nodes where the pod fits: the devices
+the plan would take there (the tightest group of the plan's classes,
+:func:`extender.scheduler.placement.devices_for`) must be joined by that link or closer, else
+the node is rejected with the reason (unresolvable: preemption frees devices by count and
+class, not by where they sit).
+
 Reference: weflex Algorithm 1 (lines 19-23) (docs/references.md).
 """
 
@@ -18,15 +24,17 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from common.model import DeviceClass, NodeName, PodRequest
+from common.model import Device, DeviceClass, NodeName, PodRequest
 from extender.cluster.state import ClusterState, Freeable, NodeState
 from extender.scheduler.placement import (
     NodePlan,
     Verdict,
+    devices_for,
     own_tag,
     placement_shape,
     plan_node,
     remembered_plans,
+    topology_refusal,
 )
 from extender.scheduler.returning import home_reason, home_unoffered_reason, return_homes
 from extender.scheduler.victims import freeable, may_evict, resolvable_counts
@@ -150,6 +158,10 @@ def _evaluate(
     passed, failed, unresolvable = decision.passed, decision.failed, decision.unresolvable
     uid = req.uid
     get = cluster.nodes.get
+    # tidelease.io/gpu-topology, for pods of 2+ GPUs: the refusal ("" none) per group_key
+    refusals: dict[int, str] | None = None
+    if req.gpu_topology is not None and req.gpus >= 2:
+        refusals = cluster.memo.setdefault(("topology", *placement_shape(req)), {})
     for name in names:
         state = get(name)  # type: ignore[call-overload]
         if state is None or not state.has_inventory:
@@ -167,6 +179,19 @@ def _evaluate(
             if judged is None:
                 judged = memo[state.decision_key] = judge(state, False)
         plan, helps = judged
+        if refusals is not None and plan.fits:
+            if uid in state.allocations or barred:  # free devices of its own: not remembered
+                refusal = _topology_refusal(state, plan, req, now)
+            elif state.group_key == 0:  # no topology: refused the same way on every such node
+                refusal = topology_refusal(req, range(plan.taken), None)
+            else:
+                found = refusals.get(state.group_key)
+                if found is None:
+                    found = refusals[state.group_key] = _topology_refusal(state, plan, req, None)
+                refusal = found
+            if refusal:
+                unresolvable[name] = refusal
+                continue
         if keep_plans:
             plans[name] = plan
         if plan.fits:
@@ -176,6 +201,15 @@ def _evaluate(
         else:
             unresolvable[name] = plan.reason
     return decision, plans, missing
+
+
+def _topology_refusal(state: NodeState, plan: NodePlan, req: PodRequest, now: float | None) -> str:
+    """Why the devices the plan takes here miss the pod's tidelease.io/gpu-topology ("": they
+    meet it): the free devices are those bind would see (``now``: Kueue's kept marks too)."""
+    taken = set(state.unavailable_to(req, now) if now is not None else state.taken_for(req.uid))
+    free: list[Device] = [d for d in state.devices if d.uuid not in taken]
+    chosen = devices_for(plan, free, state.topology)
+    return topology_refusal(req, [d.index for d in chosen], state.topology)
 
 
 def filter_nodes(

@@ -64,7 +64,7 @@ def hold_for_gang(
         if state is None:
             return decision
         taken = state.unavailable_to(req, time.time())
-        plan, devices = pick_devices(state.devices, taken, req)
+        plan, devices = pick_devices(state.devices, taken, req, state.topology)
         if not plan.fits:  # the filter said it fits: nothing changed in between (one loop)
             return decision
         since = datetime.now(UTC).isoformat()

@@ -13,6 +13,13 @@ node's free devices, summarised as counts per :class:`~common.model.DeviceClass`
 :func:`pick_devices` turns a plan into concrete devices at bind time. Filter, prioritize,
 preempt and bind all go through :func:`plan_node`, so they can never disagree.
 
+Topology is a tie-break inside those rules, never a rule of its own: the plan fixes how many
+devices of each class a pod takes (type, tier, tags, right of return, standby); where the node
+publishes its topology (``GpuNode.status.topology``), the devices of each class are the tightest
+group that takes exactly those counts (:func:`common.topology.choose`), and otherwise, as for a
+single device, the lowest indexes. A pod's ``tidelease.io/gpu-topology`` narrows where it goes
+(:func:`topology_refusal`): it grants nothing.
+
 Where a pod does not fit, handing it the devices there are (a partial allocation, as the
 paper's scheduler does for a job) has no meaning for a single pod: the node is rejected with the
 reason, and the job-level planner decides what to do with fewer GPUs.
@@ -28,7 +35,9 @@ from collections.abc import Hashable, Iterable, Mapping, MutableMapping, Sequenc
 from dataclasses import dataclass
 from typing import Any
 
+from common import topology as topo
 from common.model import Device, DeviceClass, GpuUuid, PodRequest, Priority
+from common.topology import NodeTopology
 
 
 class Verdict(enum.Enum):
@@ -100,6 +109,7 @@ def placement_shape(req: PodRequest) -> tuple[object, ...]:
         req.lent_groups,
         req.reclaiming_owners,
         req.lent_only,
+        req.gpu_topology,
     )
 
 
@@ -232,30 +242,85 @@ def free_counts(devices: Iterable[Device], allocated: Iterable[GpuUuid]) -> Coun
 
 
 def pick_devices(
-    devices: Sequence[Device], allocated: Iterable[GpuUuid], req: PodRequest
+    devices: Sequence[Device],
+    allocated: Iterable[GpuUuid],
+    req: PodRequest,
+    topology: NodeTopology | None = None,
 ) -> tuple[NodePlan, tuple[Device, ...]]:
-    """The concrete devices for a plan at bind time, lowest index first per class (PICKGPUS
-    of weflex Algorithm 1)."""
+    """The concrete devices for a plan at bind time (PICKGPUS of weflex Algorithm 1): per
+    class of the plan, the tightest group on the node's ``topology``, else the lowest indexes
+    (:func:`devices_for`). A plan whose devices miss the pod's ``tidelease.io/gpu-topology``
+    comes back not fitting, with the reason."""
     taken = set(allocated)
     free = [d for d in devices if d.uuid not in taken]
     plan = plan_node(Counter(d.cls for d in free), req)
     if not plan.fits:
         return plan, ()
-    return plan, _devices_for(plan, free)
+    chosen = devices_for(plan, free, topology)
+    refusal = topology_refusal(req, [d.index for d in chosen], topology)
+    if refusal:
+        return NodePlan(fits=False, usable=plan.usable, reason=refusal), ()
+    return plan, chosen
 
 
 def pick_planned(
-    plan: NodePlan, devices: Sequence[Device], allocated: Iterable[GpuUuid]
+    plan: NodePlan,
+    devices: Sequence[Device],
+    allocated: Iterable[GpuUuid],
+    topology: NodeTopology | None = None,
 ) -> tuple[Device, ...]:
     """The concrete devices of a plan that fits, made for these free devices (``devices`` less
     ``allocated``; a plan remembered by free-device state, :func:`remembered_plans`): what
     :func:`pick_devices` picks, without planning again."""
     taken = set(allocated)
-    return _devices_for(plan, [d for d in devices if d.uuid not in taken])
+    return devices_for(plan, [d for d in devices if d.uuid not in taken], topology)
 
 
-def _devices_for(plan: NodePlan, free: Sequence[Device]) -> tuple[Device, ...]:
+def devices_for(
+    plan: NodePlan, free: Sequence[Device], topology: NodeTopology | None = None
+) -> tuple[Device, ...]:
+    """The devices of a plan among these free ones: the counts of each class the plan takes,
+    the tightest group on ``topology`` (:func:`common.topology.choose`; None: the lowest
+    indexes of each class, as for one device), class by class in the plan's order."""
+    by_class = [
+        (sorted((d for d in free if d.cls == cls), key=lambda d: d.index), n)
+        for cls, n in plan.take
+    ]
+    if topology is None or plan.taken <= 1:
+        return tuple(d for devs, n in by_class for d in devs[:n])
+    picked = topo.choose(topology, [([d.index for d in devs], n) for devs, n in by_class])
     chosen: list[Device] = []
-    for cls, n in plan.take:
-        chosen.extend(sorted((d for d in free if d.cls == cls), key=lambda d: d.index)[:n])
+    for (devs, _), indexes in zip(by_class, picked, strict=True):
+        keep = set(indexes)
+        chosen.extend(d for d in devs if d.index in keep)
     return tuple(chosen)
+
+
+def group_for(
+    plan: NodePlan, free: Iterable[tuple[int, DeviceClass]], topology: NodeTopology
+) -> tuple[int, ...]:
+    """The indexes :func:`devices_for` picks, from free devices given as (index, class)
+    (``NodeState.free_devices``)."""
+    free = list(free)
+    wants = [(sorted(i for i, c in free if c == cls), n) for cls, n in plan.take]
+    return tuple(i for indexes in topo.choose(topology, wants) for i in indexes)
+
+
+def topology_refusal(req: PodRequest, chosen: Sequence[int], topology: NodeTopology | None) -> str:
+    """Why ``chosen`` (indexes), the tightest devices a plan takes on a node, miss the pod's
+    ``tidelease.io/gpu-topology``; "" where they meet it (or the pod asks nothing). The
+    tightest group has the tightest loosest link, so no other group of the plan's classes
+    meets it (past :data:`common.topology.MAX_GROUPS`, the lowest indexes are what is judged);
+    a group of other classes is not looked for: topology never trades a tier or a tag."""
+    need = req.gpu_topology
+    if need is None or len(chosen) <= 1:
+        return ""
+    name = topo.REQUIREMENT_NAMES[need]
+    if topology is None:
+        return f"tidelease: node publishes no GPU topology, the pod requires {name}"
+    if topo.within(topology, chosen, need):
+        return ""
+    return (
+        f"tidelease: no {len(chosen)} free GPUs joined by {topo.REQUIREMENT_WORDS[need]} or "
+        f"closer on this node (tidelease.io/gpu-topology: {name})"
+    )

@@ -10,19 +10,31 @@ A score is a weighted sum of four parts, each in [0, 1]:
   tiers free for pods that need them;
 * packing — how full the node is after placement, keeping whole nodes free for large pods.
 
+Then a tie-break below them all, for a pod of 2+ GPUs on a node that publishes its topology:
+the tightness of the devices it would take there (:func:`common.topology.tightness` of the
+group :func:`extender.scheduler.placement.devices_for` picks, 0 to 1) adds up to
+:data:`TOPOLOGY_NUDGE` of a point before rounding. Less than one point, it lifts a node by one
+point at most: past nodes of the same score, never past one that scored higher without it (at
+most level with it). A whole-point score (the usual) is lifted by a group joined by NVLink or
+one PCIe switch (tightness 2/3 or more), not by a looser one. kube-scheduler's 0-10 scale has
+no room for a stricter tie-break. Nodes without topology, and pods of one GPU, keep their
+scores exactly.
+
 Reference: weflex 3.3, Algorithm 1 (PICKGPUS) (docs/references.md).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 
+from common import topology as topo
 from common.model import NodeCache, PodRequest, Priority, Tier
-from extender.cluster.state import ClusterState
+from extender.cluster.state import ClusterState, NodeState
 from extender.scheduler.placement import (
     NodePlan,
+    group_for,
     own_tag,
     placement_shape,
     plan_node,
@@ -43,6 +55,8 @@ class ScoreWeights:
 
 
 MAX_SCORE = 10
+# Of a point, the most a group's tightness adds to a score before rounding (a tie-break: < 1).
+TOPOLOGY_NUDGE = 0.75
 _TIER_SPAN = int(Tier.HA) - int(Tier.LA)
 
 
@@ -90,8 +104,15 @@ def fit_parts(plan: NodePlan, req: PodRequest, node_devices: int, node_free: int
     return plan_parts(plan, req, node_devices, max(0, node_free - plan.taken))
 
 
-def weighted(parts: Parts | None, cache: NodeCache, req: PodRequest, weights: ScoreWeights) -> int:
-    """The score from :func:`fit_parts` and the node's cache."""
+def weighted(
+    parts: Parts | None,
+    cache: NodeCache,
+    req: PodRequest,
+    weights: ScoreWeights,
+    tightness: float | None = None,
+) -> int:
+    """The score from :func:`fit_parts` and the node's cache; ``tightness`` (0 to 1) of the
+    group the pod would take, where the node publishes its topology: the tie-break."""
     if parts is None:
         return 0
     ownership, reliability, packing = parts
@@ -104,7 +125,17 @@ def weighted(parts: Parts | None, cache: NodeCache, req: PodRequest, weights: Sc
     if weights.total <= 0:
         return 0
     # Round half up (not to even): a half-point edge must not vanish on one side only.
-    return max(0, min(MAX_SCORE, math.floor(MAX_SCORE * total / weights.total + 0.5)))
+    nudge = 0.0 if tightness is None else TOPOLOGY_NUDGE * tightness
+    return max(0, min(MAX_SCORE, math.floor(MAX_SCORE * total / weights.total + 0.5 + nudge)))
+
+
+def group_tightness(state: NodeState, plan: NodePlan) -> float | None:
+    """How tight the group the plan takes on this node is (0 to 1); None where it does not
+    fit or the node publishes no topology."""
+    if not plan.fits or state.topology is None:
+        return None
+    group = group_for(plan, state.free_devices, state.topology)
+    return topo.tightness(topo.group_score(topo.link_table(state.topology), group), len(group))
 
 
 def score(
@@ -128,11 +159,16 @@ def prioritize_nodes(
     Remembered across requests: the score per node state (score_key) for requests of the same
     shape, and, for all requests of the same placement shape whatever they load (checkpoint,
     images), the plan and :func:`fit_parts` per free-device state (free_key: the free devices
-    and the number of devices, all that fit_parts depends on)."""
+    and the number of devices, all that fit_parts depends on). For a pod of 2+ GPUs on a node
+    with topology, the group's tightness per group_key (the topology and which devices are
+    free), and the score per (score_key, group_key)."""
     if req.gpus == 0:
         return [(name, 0) for name in names]
     shape = ("score", *placement_shape(req), req.checkpoint, req.images, weights)
-    memo: dict[int, int] = cluster.memo.setdefault(shape, {})
+    memo: dict[Hashable, int] = cluster.memo.setdefault(shape, {})
+    tight_of: dict[int, float | None] | None = None
+    if req.gpus >= 2:
+        tight_of = cluster.memo.setdefault(("tightness", *placement_shape(req)), {})
     plans = remembered_plans(cluster.memo, req)
     parts_of: dict[int, Parts | None] = cluster.memo.setdefault(
         ("fit_parts", *placement_shape(req)), {}
@@ -144,7 +180,8 @@ def prioritize_nodes(
         if state is None or not state.has_inventory or state.silent:  # state.offering, inline
             scores.append((name, 0))
             continue
-        key = state.score_key
+        group = state.group_key if tight_of is not None else 0
+        key: Hashable = (state.score_key, group) if group else state.score_key
         value = memo.get(key)
         if value is None:
             free_key = state.free_key
@@ -157,6 +194,15 @@ def prioritize_nodes(
                 parts = parts_of[free_key] = fit_parts(
                     plan, req, len(state.devices), state.free_total
                 )
-            value = memo[key] = weighted(parts, state.cache, req, weights)
+            tightness: float | None = None
+            if group and tight_of is not None and parts is not None:
+                if group in tight_of:
+                    tightness = tight_of[group]
+                else:
+                    plan = plans.get(free_key)
+                    if plan is None:
+                        plan = plans[free_key] = plan_node(state.free, req)
+                    tightness = tight_of[group] = group_tightness(state, plan)
+            value = memo[key] = weighted(parts, state.cache, req, weights, tightness)
         scores.append((name, value))
     return scores

@@ -55,6 +55,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         "TL_CLUSTER_LEASING_DRA": "true",
         # A real kubelet node beside the kwok ones (hack/realnode.sh; needs root).
         "TL_CLUSTER_REAL_NODE": real,
+        # Its 8 fake GPUs on 2 sockets, 2 PCIe switches each (test_real_node.py's topology test).
+        "TL_CLUSTER_REAL_NODE_TOPOLOGY": "pcie-2socket-8",
         # And one in DRA mode (hack/realnode.sh -d: containerd 2.x, the agent's ResourceSlice
         # and kubelet DRA plugin; test_real_node_dra.py).
         "TL_CLUSTER_REAL_DRA_NODE": os.environ.get("TIDELEASE_E2E_REAL_DRA_NODE", real),

@@ -8,6 +8,7 @@ devices the extender wrote on the pod. The real node in DRA mode: test_real_node
 from __future__ import annotations
 
 import ipaddress
+import json
 from typing import Any
 
 import pytest
@@ -85,6 +86,49 @@ def test_gpu_containers_get_the_devices_the_extender_chose(
         assert nodes == sorted(f"nvidia{node_devices[u]['index']}" for u in uuids)
     every = [u for uuids in chosen.values() for u in uuids]
     assert len(set(every)) == len(every), f"a device was given twice: {chosen}"
+
+
+def test_a_two_gpu_pod_gets_two_devices_behind_one_pcie_switch(
+    cluster: Cluster, real_node: RealNode, namespace: str
+) -> None:
+    """The real node's fake GPUs are laid out as 2 sockets of 2 PCIe switches, 2 GPUs behind
+    each (``pcie-2socket-8``: GPUs 0-1, 2-3, 4-5, 6-7 share a switch; tests/e2e/conftest.py),
+    published on its GpuNode. With one GPU taken by a one-GPU pod (GPU 0 on an idle node), the
+    lowest free pair spans two switches; a two-GPU pod gets the first free pair behind one
+    switch instead (docs/reference.md, the topology tie-break), and its container sees exactly
+    those two devices."""
+    gpu_node = cluster.kube.get(contract.KIND_GPU_NODE, real_node.name)
+    assert gpu_node is not None
+    links = {
+        (link["a"], link["b"]): link["link"] for link in gpu_node["status"]["topology"]["links"]
+    }
+    assert links[(0, 1)] == "SamePCIeSwitch"
+    assert links[(1, 2)] == "SameHostBridge"
+    assert links[(3, 4)] == "AcrossSockets"
+    node_devices = cluster.gpu_node_uuids(real_node.name)
+    index = {u: d["index"] for u, d in node_devices.items()}
+    one, two = unique("one"), unique("two")
+    cluster.kube.create(real_node.pod(namespace, one, gpus=1))
+    cluster.wait_bound(namespace, one)
+    on_node = json.loads(
+        cluster.kubectl(
+            "get", "pods", "-A", "-o", "json", f"--field-selector=spec.nodeName={real_node.name}"
+        )
+    )["items"]
+    held = {index[u] for p in on_node for u in devices_of(p) if u in index}
+    free = [i for i in range(real_node.gpus) if i not in held]
+    same_switch = [(a, a + 1) for a in range(0, real_node.gpus, 2) if {a, a + 1} <= set(free)]
+    assert same_switch, f"no free pair behind one switch: {sorted(held)} held"
+    cluster.kube.create(real_node.pod(namespace, two, gpus=2))
+    uuids = devices_of(cluster.wait_bound(namespace, two))
+    assert sorted(index[u] for u in uuids) == list(same_switch[0]), (held, uuids)
+    cluster.wait_running(namespace, two)
+    env = cluster.exec(namespace, two, "env")
+    assert f"NVIDIA_VISIBLE_DEVICES={','.join(uuids)}" in env.splitlines()
+    listed = cluster.exec(namespace, two, "ls", "/dev").split()
+    assert sorted(n for n in listed if n.startswith("nvidia")) == sorted(
+        f"nvidia{index[u]}" for u in uuids
+    )
 
 
 def test_the_real_node_gives_every_pod_its_own_address(

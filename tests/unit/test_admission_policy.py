@@ -31,6 +31,7 @@ def test_every_pod_author_annotation_the_filter_reads_has_a_rule() -> None:
         contract.ANN_JOB_CLASS,
         contract.ANN_ELASTIC,
         contract.ANN_LENT_ONLY,
+        contract.ANN_GPU_TOPOLOGY,
         contract.ANN_THROUGHPUT,
         contract.ANN_OWNER,
         contract.ANN_GPU_TYPE,
