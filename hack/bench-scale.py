@@ -838,6 +838,13 @@ def main() -> int:
         help="the controllers' flags (default: the chart's default controllers)",
     )
     p.add_argument(
+        "--topology",
+        default="",
+        metavar="LAYOUT",
+        help="every kwok node's GpuNode publishes the topology of this NVML fake layout (8 GPUs: "
+        "nvswitch-8 or pcie-2socket-8): placement's topology tie-break at scale",
+    )
+    p.add_argument(
         "--smoke",
         action="store_true",
         help="a few seconds of every phase (24 nodes, 16 pods, one round, a variant with "
@@ -874,6 +881,8 @@ def main() -> int:
         "TL_CLUSTER_READY_TIMEOUT": "900",
         "TL_CLUSTER_KEEP_DIR": "true" if args.keep else "false",
         "TL_CLUSTER_CONTROLLER_FLAGS": args.controllers,
+        # Every kwok node's GpuNode publishing the topology of this NVML fake layout.
+        "TL_CLUSTER_NODE_TOPOLOGY": args.topology,
     }
     log_path = base / "cluster-up.log"
     log(f"starting a cluster with {args.nodes} kwok GPU nodes in {base}")

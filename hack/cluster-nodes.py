@@ -2,13 +2,15 @@
 """Create kwok-managed fake GPU nodes and their GpuNode objects, concurrently.
 
 usage: cluster-nodes.py --server URL --token TOKEN --ca FILE --count N [--prefix P] [--gpus 8]
-                        [--gpu-type H20] [--start 0] [--concurrency 16]
+                        [--gpu-type H20] [--start 0] [--concurrency 16] [--topology LAYOUT]
 
 Node ``<prefix>-<i>`` is annotated ``kwok.x-k8s.io/node: fake`` (kwok manages it) and labelled
 ``type: kwok`` and ``nvidia.com/gpu.product: <gpu-type>``; its capacity and allocatable hold
 ``nvidia.com/gpu: <gpus>`` besides cpu, memory and pods. Its GpuNode (same name) lists ``gpus``
-healthy HA devices of that type, untagged (common.builders.gpu_node). Objects that exist already
-are left as they are, so a second run is harmless. Run with the project's .venv Python.
+healthy HA devices of that type, untagged (common.builders.gpu_node); with ``--topology``, its
+``status.topology`` as the node agent reads it from the NVML fake's layout of that name
+(nodeagent/nvmlfake.py; ``--gpus`` must match it). Objects that exist already are left as they
+are, so a second run is harmless. Run with the project's .venv Python.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 import aiohttp
 
 from common import builders, contract
+from common.topology import to_json as topology_json
 
 GPUNODES = f"/apis/{contract.GROUP}/{contract.VERSION}/{contract.PLURAL_GPU_NODE}"
 
@@ -120,10 +123,29 @@ class Api:
             raise RuntimeError(f"PATCH {path}/status: HTTP {status}: {data}")
 
 
-async def create_one(api: Api, name: str, args: argparse.Namespace) -> None:
+def layout_topology(name: str, gpus: int) -> dict[str, Any]:
+    """``status.topology`` of a node whose GPUs are laid out as the NVML fake's ``name``, read
+    by the agent's own reader."""
+    from nodeagent.nvml import NvmlReader
+    from nodeagent.nvmlfake import FakeNvml, layout
+
+    laid = layout(name)
+    if len(laid) != gpus:
+        raise SystemExit(f"--topology {name} has {len(laid)} GPUs, --gpus says {gpus}")
+    topology = NvmlReader(FakeNvml(laid)).topology().topology
+    if topology is None:
+        raise SystemExit(f"--topology {name}: the reader found no topology")
+    return topology_json(topology)
+
+
+async def create_one(
+    api: Api, name: str, args: argparse.Namespace, topology: dict[str, Any] | None
+) -> None:
     await api.create("/api/v1/nodes", kwok_node(name, gpus=args.gpus, gpu_type=args.gpu_type))
     gpu_node = builders.gpu_node(name, builders.devices(name, args.gpus, gpu_type=args.gpu_type))
     status = gpu_node.pop("status")
+    if topology is not None:
+        status["topology"] = topology
     await api.create(GPUNODES, gpu_node)
     await api.patch_status(f"{GPUNODES}/{name}", status)
 
@@ -131,6 +153,7 @@ async def create_one(api: Api, name: str, args: argparse.Namespace) -> None:
 async def main(args: argparse.Namespace) -> None:
     ctx = ssl.create_default_context(cafile=args.ca)
     names = [f"{args.prefix}-{i}" for i in range(args.start, args.start + args.count)]
+    topology = layout_topology(args.topology, args.gpus) if args.topology else None
     start = time.monotonic()
     connector = aiohttp.TCPConnector(ssl=ctx, limit=args.concurrency)
     async with aiohttp.ClientSession(connector=connector) as session:
@@ -141,7 +164,7 @@ async def main(args: argparse.Namespace) -> None:
 
         async def worker() -> None:
             while not queue.empty():
-                await create_one(api, queue.get_nowait(), args)
+                await create_one(api, queue.get_nowait(), args, topology)
 
         await asyncio.gather(*(worker() for _ in range(args.concurrency)))
     print(
@@ -162,6 +185,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gpus", type=int, default=8)
     p.add_argument("--gpu-type", default="H20")
     p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--topology", default="", help="an NVML fake layout, e.g. pcie-2socket-8")
     return p.parse_args(argv)
 
 

@@ -42,6 +42,9 @@ TL_CLUSTER_NODE_PREFIX="${TL_CLUSTER_NODE_PREFIX:-kwok-gpu}"
 # elections): the chart's as tl::chart::render renders it.
 TL_CLUSTER_NAMESPACE=tidelease-system
 TL_CLUSTER_GPUS_PER_NODE="${TL_CLUSTER_GPUS_PER_NODE:-8}"
+# An NVML fake layout (nvswitch-8, pcie-2socket-8, nvlink-pairs-4) whose topology every kwok
+# node's GpuNode publishes (hack/cluster-nodes.py --topology); empty: none.
+TL_CLUSTER_NODE_TOPOLOGY="${TL_CLUSTER_NODE_TOPOLOGY:-}"
 TL_CLUSTER_GPU_TYPE="${TL_CLUSTER_GPU_TYPE:-H20}"
 # true: also run a second kube-scheduler, without extenders, for pods with this schedulerName
 # (hack/bench-scale.py compares the two).
@@ -361,6 +364,7 @@ tl::cluster::create_nodes() {
   "${TL_PY}" "${TL_HACK}/cluster-nodes.py" --server "${TL_CP_SERVER}" --token "${TL_CP_TOKEN}" \
     --ca "${TL_CP_CA}" --count "${count}" --prefix "${prefix}" \
     --gpus "${TL_CLUSTER_GPUS_PER_NODE}" --gpu-type "${TL_CLUSTER_GPU_TYPE}" \
+    --topology "${TL_CLUSTER_NODE_TOPOLOGY}" \
     >>"${TL_CLUSTER_DIR}/logs/nodes.log" 2>&1 ||
     tl::cp::_fail "creating ${count} kwok nodes" "${TL_CLUSTER_DIR}/logs/nodes.log"
 }

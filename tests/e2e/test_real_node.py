@@ -107,21 +107,25 @@ def test_a_two_gpu_pod_gets_two_devices_behind_one_pcie_switch(
     assert links[(3, 4)] == "AcrossSockets"
     node_devices = cluster.gpu_node_uuids(real_node.name)
     index = {u: d["index"] for u, d in node_devices.items()}
+
+    def held() -> set[int]:
+        """The GPUs the node's pods hold, terminating ones too (the kubelet counts them)."""
+        on_node = f"--field-selector=spec.nodeName={real_node.name}"
+        pods = json.loads(cluster.kubectl("get", "pods", "-A", "-o", "json", on_node))["items"]
+        return {index[u] for p in pods for u in devices_of(p) if u in index}
+
+    # Earlier tests' pods may still be going: start from an idle node, or nothing is shown.
+    wait_for(lambda: not held(), what=f"no GPU pod left on {real_node.name}", timeout=120)
     one, two = unique("one"), unique("two")
     cluster.kube.create(real_node.pod(namespace, one, gpus=1))
-    cluster.wait_bound(namespace, one)
-    on_node = json.loads(
-        cluster.kubectl(
-            "get", "pods", "-A", "-o", "json", f"--field-selector=spec.nodeName={real_node.name}"
-        )
-    )["items"]
-    held = {index[u] for p in on_node for u in devices_of(p) if u in index}
-    free = [i for i in range(real_node.gpus) if i not in held]
-    same_switch = [(a, a + 1) for a in range(0, real_node.gpus, 2) if {a, a + 1} <= set(free)]
-    assert same_switch, f"no free pair behind one switch: {sorted(held)} held"
+    (first,) = devices_of(cluster.wait_bound(namespace, one))
+    assert index[first] == 0  # one GPU: the lowest index, as ever
+    taken = held()
+    assert taken == {0}, f"GPUs {sorted(taken)} held"
     cluster.kube.create(real_node.pod(namespace, two, gpus=2))
     uuids = devices_of(cluster.wait_bound(namespace, two))
-    assert sorted(index[u] for u in uuids) == list(same_switch[0]), (held, uuids)
+    # The lowest free pair, (1, 2), spans two switches: the first pair behind one is (2, 3).
+    assert sorted(index[u] for u in uuids) == [2, 3], uuids
     cluster.wait_running(namespace, two)
     env = cluster.exec(namespace, two, "env")
     assert f"NVIDIA_VISIBLE_DEVICES={','.join(uuids)}" in env.splitlines()
