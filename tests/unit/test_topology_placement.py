@@ -229,3 +229,29 @@ def test_tightness_runs_from_across_sockets_to_nvlink() -> None:
     # one PCIe switch, one host bridge (the socket), across sockets, one device
     assert values == [0.75, 0.5, 0.0, 1.0]
     assert topo.tightness(group_score(link_table(fake_topology("nvswitch-8")), (0, 7)), 2) == 1.0
+
+
+def test_a_returning_replicas_stand_in_is_the_standby_device_closest_to_its_group() -> None:
+    """Right of return on the 2-socket layout: replica a-0 lent GPUs 4-6 (socket 1) and its
+    fourth device is gone, so the reclaim takes its three and one standby device. Of the
+    standby devices 1 (socket 0, the lowest index) and 7 (socket 1, behind the switch of 6),
+    it takes 7: the group stays on one socket. Tiers, tags and right of return first: the
+    plan's counts (3 own, 1 standby) are what they were without topology."""
+    top = fake_topology("pcie-2socket-8")
+    own = DeviceClass("H20", Tier.HA, True, builders.owner_key("a"), replica="a-0")
+    standby = DeviceClass("H20", Tier.HA, True, None, True)
+    plain = DeviceClass("H20", Tier.HA, True)
+    classes = {0: plain, 1: standby, 2: plain, 3: plain, 4: own, 5: own, 6: own, 7: standby}
+    devices = [
+        Device(NodeName("n"), i, builders.device_uuid("n", i), c) for i, c in classes.items()
+    ]
+    held = [builders.device_uuid("n", i) for i in (0, 2, 3)]  # other pods' devices
+    req = request(
+        4, priority=Priority.HIGH, owner=builders.owner_key("a"), lent_group="a-0", reclaim=True
+    )
+    without, before = pick_devices(devices, held, req)
+    plan, chosen = pick_devices(devices, held, req, top)
+    assert plan.take == without.take
+    assert plan.standby_used == 1
+    assert sorted(d.index for d in before) == [1, 4, 5, 6]  # the lowest standby index
+    assert sorted(d.index for d in chosen) == [4, 5, 6, 7]
