@@ -188,21 +188,24 @@ def prioritize_nodes(
             if free_key in parts_of:
                 parts = parts_of[free_key]
             else:
-                plan = plans.get(free_key)
-                if plan is None:
-                    plan = plans[free_key] = plan_node(state.free, req)
                 parts = parts_of[free_key] = fit_parts(
-                    plan, req, len(state.devices), state.free_total
+                    _plan(plans, state, req), req, len(state.devices), state.free_total
                 )
             tightness: float | None = None
             if group and tight_of is not None and parts is not None:
                 if group in tight_of:
                     tightness = tight_of[group]
                 else:
-                    plan = plans.get(free_key)
-                    if plan is None:
-                        plan = plans[free_key] = plan_node(state.free, req)
+                    plan = _plan(plans, state, req)
                     tightness = tight_of[group] = group_tightness(state, plan)
             value = memo[key] = weighted(parts, state.cache, req, weights, tightness)
         scores.append((name, value))
     return scores
+
+
+def _plan(plans: dict[int, NodePlan], state: NodeState, req: PodRequest) -> NodePlan:
+    """The plan for the node's free devices, remembered by free-device state."""
+    plan = plans.get(state.free_key)
+    if plan is None:
+        plan = plans[state.free_key] = plan_node(state.free, req)
+    return plan
