@@ -33,9 +33,12 @@ async def rig(apiserver: ApiServer) -> AsyncIterator[Rig]:
         yield rig
 
 
-async def chaos(rig: Rig, rng: random.Random, stop: asyncio.Event) -> tuple[int, int]:
+async def chaos(
+    rig: Rig, rng: random.Random, stop: asyncio.Event, counts: dict[str, int]
+) -> tuple[int, int]:
     """Run the extender, killing it at random moments; the number of kills, and of those that
-    came while the lease was between two steady states (mid-lend or mid-reclaim)."""
+    came while the lease was between two steady states (mid-lend or mid-reclaim), also kept in
+    ``counts`` as they grow."""
     kills = mid = 0
     while not stop.is_set():
 
@@ -51,6 +54,7 @@ async def chaos(rig: Rig, rng: random.Random, stop: asyncio.Event) -> tuple[int,
         await asyncio.gather(task, return_exceptions=True)
         kills += 1
         mid += phase != "Steady"
+        counts.update(kills=kills, mid=mid)
     return kills, mid
 
 
@@ -84,15 +88,18 @@ async def check(rig: Rig) -> dict[str, Any]:
 async def test_controller_killed_at_random_points(rig: Rig) -> None:
     rng = random.Random(20261122)
     stop = asyncio.Event()
-    killer = asyncio.create_task(chaos(rig, rng, stop))
-    borrowers = 0
+    counts = {"kills": 0, "mid": 0}
+    killer = asyncio.create_task(chaos(rig, rng, stop, counts))
+    borrowers = cycle = 0
     try:
 
         async def placed(n: int) -> bool:
             return len(await rig.placed("recsys-")) == n
 
         await eventually(lambda: placed(4), within_s=60)
-        for cycle in range(CYCLES):
+        # CYCLES cycles, and more (up to 3 times as many) until the controller has been killed
+        # CYCLES // 2 times: a faster controller makes faster cycles, and fewer kills in each.
+        while cycle < CYCLES or (counts["kills"] < CYCLES // 2 and cycle < 3 * CYCLES):
             await rig.set_desired(8)
 
             async def lent() -> tuple[str, ...] | None:
@@ -127,10 +134,11 @@ async def test_controller_killed_at_random_points(rig: Rig) -> None:
             for node in rig.nodes:
                 tags = (await rig.gpu_node(node))["spec"].get("devices") or []
                 assert not [d for d in tags if d.get("owner")], f"cycle {cycle}: stale tags"
+            cycle += 1
     finally:
         stop.set()
         kills, mid = await killer
-    print(f"{CYCLES} cycles, {kills} kills ({mid} mid-transition), {borrowers} borrowers")
+    print(f"{cycle} cycles, {kills} kills ({mid} mid-transition), {borrowers} borrowers")
     # The controller really died throughout, and often in the middle of a lend or a reclaim
     # (how often depends on the machine's speed; the seed fixes only the kill intervals).
     assert kills >= CYCLES // 2
