@@ -53,10 +53,8 @@ def flag_problems(args: argparse.Namespace) -> list[str]:
 
         if topology not in LAYOUTS:
             problems.append(f"--fake-topology: want none or one of {', '.join(LAYOUTS)}")
-        elif gpus is not None and gpus != len(layout(topology)):
-            problems.append(
-                f"--fake-gpus: the layout {topology} has {len(layout(topology))} GPUs, got {gpus}"
-            )
+        elif gpus is not None and gpus != (laid := len(layout(topology))):
+            problems.append(f"--fake-gpus: the layout {topology} has {laid} GPUs, got {gpus}")
     if not args.fake_uuid_prefix or not all(
         c.isascii() and (c.isalnum() or c == "-") for c in args.fake_uuid_prefix
     ):
