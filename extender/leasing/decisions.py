@@ -38,7 +38,7 @@ Reference: weflex 3.5, "the stable proportion of HA devices" (docs/references.md
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from common.model import Device, GpuUuid, Holder, JobKey, PodUid
@@ -444,13 +444,21 @@ def decide(
     return Wait(now + RESYNC_S, STEADY)
 
 
-def _replicas_placed(pods: Sequence[OwnerPod], index: Callable[[str], int]) -> int:
+def _replicas_placed(
+    pods: Sequence[OwnerPod], index: Callable[[str], int], members: Iterable[str] = ()
+) -> int:
     """How many replicas are placed: every pod of theirs bound with its devices (a
-    StatefulSet's replica is one pod; a LeaderWorkerSet's, the pods of its group)."""
+    StatefulSet's replica is one pod; a LeaderWorkerSet's, the pods of its group). A replica
+    one of whose ``members`` (pods named to come back) does not exist yet is not placed: a
+    group's worker is created after its leader, and the group is placed with both."""
     placed: dict[tuple[int, str], bool] = {}
     for p in pods:
         key = replica_unit(p.name, index)
         placed[key] = placed.get(key, True) and bool(p.node and p.devices)
+    present = {p.name for p in pods}
+    for name in members:
+        if name not in present:
+            placed[replica_unit(name, index)] = False
     return sum(placed.values())
 
 
@@ -500,7 +508,13 @@ def _reclaim(
         if replicas < target:
             return ScaleTo(target)
         placed = [p for p in pods if p.node and p.devices]
-        up = _replicas_placed(pods, indexer(spec.workload.kind, spec.workload.name))
+        index = indexer(spec.workload.kind, spec.workload.name)
+        returning = (
+            [n for n in status.reclaiming if 0 <= index(n) < target]
+            if names_replicas(spec.workload.kind)
+            else []
+        )
+        up = _replicas_placed(pods, index, returning)
         if up < target:
             return Wait(now + POD_WAIT_S, f"{up} of {target} replicas placed")
         held = {u for p in placed for u in p.devices}

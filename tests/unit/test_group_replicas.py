@@ -150,6 +150,11 @@ def test_a_reclaim_waits_for_every_pod_of_a_returning_group() -> None:
     assert decide(lease(12, status), 3, worker_pending, view, NOW + 1) == Wait(
         NOW + 2, "2 of 3 replicas placed"
     )
+    # The group's worker not created yet (its StatefulSet makes it after the leader): the
+    # leader alone placed is not the group placed, nor half its devices back.
+    assert decide(lease(12, status), 3, pods[:5], view, NOW + 1) == Wait(
+        NOW + 2, "2 of 3 replicas placed"
+    )
     step = decide(lease(12, status), 3, pods, view, NOW + 1)
     assert isinstance(step, WriteStatus)
     assert step.status.finalizing
