@@ -17,8 +17,8 @@ The link between two GPUs is a :class:`Link`, ordered tightest first (NVIDIA's `
 * ``ACROSS_SOCKETS``: across the CPUs' interconnect (``NVML_TOPOLOGY_SYSTEM``). A pair whose link
   is not known counts as this, the loosest.
 
-A group's :class:`GroupScore` orders groups: the tightest group is the one with the least score
-(:func:`tightest`). :func:`choose` picks a pod's devices: the tightest group that takes exactly
+A group's :class:`GroupScore` orders groups: the tightest group is the one with the least score.
+:func:`choose` picks a pod's devices: the tightest group that takes exactly
 what placement decided from each device class (placement's rules first: topology only chooses
 among devices of one class), ties to the lowest indexes; :func:`within` says whether a group
 meets a pod's ``tidelease.io/gpu-topology`` (:data:`REQUIREMENTS`).
@@ -29,7 +29,7 @@ from __future__ import annotations
 import enum
 import math
 import re
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import combinations, product
 from typing import Any, Final, NamedTuple
@@ -173,14 +173,6 @@ def group_score(table: Mapping[tuple[int, int], PairLink], group: Iterable[int])
     )
 
 
-def tightest(topology: NodeTopology, groups: Iterable[Sequence[int]]) -> tuple[int, ...] | None:
-    """The tightest of ``groups``: the least :func:`group_score`, a tie going to the group whose
-    sorted indexes come first; None when there is no group."""
-    table = link_table(topology)
-    ranked = [(group_score(table, g), tuple(sorted(set(g)))) for g in groups]
-    return min(ranked)[1] if ranked else None
-
-
 # Groups :func:`choose` scores at most, per choice: every request on a node of 16 GPUs of one
 # class (C(16, 8) = 12,870 groups, some 70 ms on one core). Past it, the lowest indexes (the
 # choice without topology).
@@ -191,13 +183,11 @@ _NVLINK_SPAN: Final = 1 << 20
 
 
 def choose(
-    topology: NodeTopology | None,
-    wants: Sequence[tuple[Sequence[int], int]],
-    must: Collection[int] = (),
+    topology: NodeTopology | None, wants: Sequence[tuple[Sequence[int], int]]
 ) -> tuple[tuple[int, ...], ...]:
     """The devices to take, per class: ``wants`` lists, per device class of a placement plan,
-    the free devices' indexes (in the order to prefer, lowest first) and how many to take;
-    ``must``: indexes the group must hold. The answer takes exactly that many of each class,
+    the free devices' indexes (in the order to prefer, lowest first) and how many to take.
+    The answer takes exactly that many of each class,
     each class's indexes in the order given: of all such groups, the one with the least
     :func:`group_score`, a tie going to the group whose indexes come first (class by class).
 
@@ -205,24 +195,13 @@ def choose(
     indexes of each class, as placement picked before topology was known. Where there are more
     than :data:`MAX_GROUPS` groups to score, the first indexes too (documented: a node of more
     than 16 GPUs of one class, or several large classes). Raises ValueError where a class has
-    fewer candidates than asked, or ``must`` holds more of a class than it takes."""
-    fixed: list[list[int]] = []
-    rest: list[list[int]] = []
+    fewer candidates than asked."""
     for candidates, n in wants:
         if n < 0 or n > len(candidates):
             raise ValueError(f"{n} devices asked of {len(candidates)}")
-        fixed.append([i for i in candidates if i in must])
-        rest.append([i for i in candidates if i not in must])
-        if len(fixed[-1]) > n:
-            raise ValueError(f"{len(fixed[-1])} devices must be taken, of {n}")
-    first = tuple(
-        _in_order(candidates, f, r[: n - len(f)])
-        for (candidates, n), f, r in zip(wants, fixed, rest, strict=True)
-    )
+    first = tuple(tuple(candidates[:n]) for candidates, n in wants)
     total = sum(n for _, n in wants)
-    groups = math.prod(
-        math.comb(len(r), n - len(f)) for (_, n), f, r in zip(wants, fixed, rest, strict=True)
-    )
+    groups = math.prod(math.comb(len(candidates), n) for candidates, n in wants)
     if topology is None or total <= 1 or groups <= 1 or groups > MAX_GROUPS:
         return first
     table = link_table(topology)
@@ -236,28 +215,15 @@ def choose(
         link[a, b] = link[b, a] = int(known.link)
         weight[a, b] = weight[b, a] = int(known.link) * _NVLINK_SPAN - known.nvlinks
     best: tuple[int, int, tuple[tuple[int, ...], ...]] | None = None
-    per_class = [
-        combinations(r, n - len(f)) for (_, n), f, r in zip(wants, fixed, rest, strict=True)
-    ]
-    for picks in product(*per_class):
-        group = [i for f, p in zip(fixed, picks, strict=True) for i in (*f, *p)]
+    for picks in product(*(combinations(candidates, n) for candidates, n in wants)):
+        group = [i for p in picks for i in p]
         pairs = list(combinations(group, 2))
         worst = max(link[q] for q in pairs)
         summed = sum(weight[q] for q in pairs)
         if best is None or (worst, summed) < best[:2]:  # strictly: the first of equals stays
             best = (worst, summed, picks)
     assert best is not None
-    return tuple(
-        _in_order(candidates, f, p)
-        for (candidates, _), f, p in zip(wants, fixed, best[2], strict=True)
-    )
-
-
-def _in_order(
-    candidates: Sequence[int], fixed: Sequence[int], picked: Sequence[int]
-) -> tuple[int, ...]:
-    chosen = {*fixed, *picked}
-    return tuple(i for i in candidates if i in chosen)
+    return best[2]
 
 
 def within(topology: NodeTopology | None, group: Iterable[int], loosest: Link) -> bool:

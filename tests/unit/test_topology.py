@@ -18,12 +18,12 @@ from common.topology import (
     Link,
     NodeTopology,
     Placement,
+    choose,
     from_json,
     group_score,
     link_table,
     make,
     pair,
-    tightest,
     to_json,
 )
 
@@ -67,11 +67,10 @@ def test_group_score(group: list[int], want: GroupScore) -> None:
     assert group_score(link_table(TOPOLOGY), group) == want
 
 
-def test_tightest_prefers_worst_link_then_bandwidth_then_indexes() -> None:
-    assert tightest(TOPOLOGY, [[0, 2], [0, 1], [2, 3]]) == (2, 3)  # more NVLinks
-    assert tightest(TOPOLOGY, [[0, 4], [0, 2]]) == (0, 2)
-    assert tightest(TOPOLOGY, [[1], [0]]) == (0,)  # a tie: the first indexes
-    assert tightest(TOPOLOGY, []) is None
+def test_the_choice_prefers_worst_link_then_bandwidth_then_indexes() -> None:
+    assert choose(TOPOLOGY, [([0, 1, 2, 3], 2)]) == ((2, 3),)  # more NVLinks than 0-1
+    assert choose(TOPOLOGY, [([0, 2, 4], 2)]) == ((0, 2),)  # 4 is across the socket
+    assert choose(TOPOLOGY, [([1, 0], 1)]) == ((1,),)  # one device: the first given
     assert Link.NVLINK < Link.SAME_PCIE_SWITCH < Link.SAME_HOST_BRIDGE < Link.SAME_NUMA_NODE
     assert Link.SAME_NUMA_NODE < Link.ACROSS_SOCKETS
 

@@ -195,13 +195,9 @@ def test_past_the_bound_the_choice_is_the_lowest_indexes() -> None:
     assert topo.choose(top, [(free, 2)]) == ((2, 3),)  # within the bound: a pair
 
 
-def test_must_holds_the_devices_given() -> None:
+def test_a_class_asked_for_more_than_it_has_is_refused() -> None:
     top = fake_topology("nvlink-pairs-4")
     assert topo.choose(top, [([0, 1, 2, 3], 2)]) == ((0, 1),)
-    assert topo.choose(top, [([0, 1, 2, 3], 2)], must={2}) == ((2, 3),)
-    assert topo.choose(top, [([0, 1, 2, 3], 3)], must={1, 2}) == ((0, 1, 2),)
-    with pytest.raises(ValueError, match="must be taken"):
-        topo.choose(top, [([0, 1, 2, 3], 1)], must={1, 2})
     with pytest.raises(ValueError, match="asked"):
         topo.choose(top, [([0, 1], 3)])
 
