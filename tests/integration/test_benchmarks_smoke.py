@@ -224,6 +224,26 @@ def check_kube_client(out: str) -> None:
     assert ratio_cpu == pytest.approx(cpu / base_cpu, abs=0.02)
 
 
+def check_topology(out: str) -> None:
+    assert numbers(r"^16 GPUs of one class; (\d+) free sets, median of (\d+) repeats$", out) == [
+        2,
+        1,
+    ]
+    cells = rf"\s+{NUMBER}" * 2
+    found = rows(rf"^([\w-]+)\s+(\d+){cells}\s+{NUMBER}x$", out)
+    assert [r[:2] for r in found] == [
+        (layout, k)
+        for layout in ("pcie-4switch-16", "nvlink-pairs-16", "nvswitch-16")
+        for k in ("2", "4")
+    ], out
+    for row in found:
+        base, ours, ratio = (float(x) for x in row[2:])
+        assert base > 0, row
+        assert ours > 0, row
+        assert ratio == pytest.approx(ours / base, rel=0.1, abs=0.002), row  # rounded figures
+    assert out.rstrip().endswith("every answer equal to the exhaustive search's"), out
+
+
 CHECKS: dict[str, Callable[[str], None]] = {
     "bench_agent": check_agent,
     "bench_kube_client": check_kube_client,
@@ -231,6 +251,7 @@ CHECKS: dict[str, Callable[[str], None]] = {
     "bench_orchestrator": check_orchestrator,
     "bench_peer_pull": check_peer_pull,
     "bench_simulation": check_simulation,
+    "bench_topology": check_topology,
     "check_decisions": check_decisions,
 }
 

@@ -10,6 +10,7 @@ from itertools import combinations, product
 
 import pytest
 
+from benchmarks.bench_topology import LAYOUTS as LAYOUTS_16
 from common import builders
 from common import topology as topo
 from common.model import Device, DeviceClass, NodeName, PodRequest, PodUid, Priority, Tier
@@ -193,6 +194,22 @@ def test_past_the_bound_the_choice_is_the_lowest_indexes() -> None:
     free = list(range(1, n))  # 1 alone, then pairs
     assert topo.choose(top, [(free, 10)]) == (tuple(free[:10]),)
     assert topo.choose(top, [(free, 2)]) == ((2, 3),)  # within the bound: a pair
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS_16))
+def test_on_16_gpus_the_search_finds_what_every_group_scored_would(name: str) -> None:
+    """choose() cuts branches (benchmarks/bench_topology.py): on 16-GPU layouts, with one class
+    and with two, its answer is the brute force's, ties to the first indexes included."""
+    top = LAYOUTS_16[name]()
+    rng = random.Random(16)
+    for _ in range(4):
+        free = sorted(rng.sample(range(16), rng.randint(9, 16)))
+        for k in (2, 5, 8):
+            assert topo.choose(top, [(free, k)]) == (brute_force(top, [(free, k)])[1],), (free, k)
+        half = len(free) // 2
+        wants = [(free[:half], 3), (free[half:], 2)]
+        flat = tuple(i for p in topo.choose(top, wants) for i in p)
+        assert flat == brute_force(top, wants)[1], wants
 
 
 def test_a_class_asked_for_more_than_it_has_is_refused() -> None:
