@@ -27,7 +27,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -55,6 +55,9 @@ RESYNC_S = 2.0
 API_POLL_S = 10.0
 KEY = "all"
 KEEP_FOR_S = 60.0  # a kept mark lapses this long after it was written, unless renewed
+# What this controller wrote (a kept mark, a check's Ready) counts as written for this long
+# while the watch has not brought it back: a pass in between must not judge the stale copy.
+ECHO_S = 5.0
 _GPU_NODES = f"/apis/{contract.API_VERSION}/{contract.PLURAL_GPU_NODE}"
 DEFAULT_CHECKS = (contract.KUEUE_CHECK,)  # the AdmissionChecks it decides for, by name
 
@@ -166,6 +169,8 @@ class KueueCheck:
         self._rejected: dict[str, str] = {}
         self._lost_since: Mapping[str, float] = {}
         self._written: dict[NodeName, tuple[KeptMark, float]] = {}  # mark, when written
+        # Workloads whose check this controller set Ready: key -> (UID, check, when written)
+        self._ready: dict[str, tuple[str, str, float]] = {}
 
     def on_check(self, event: str, obj: dict[str, Any]) -> None:
         name = str((obj.get("metadata") or {}).get("name") or "")
@@ -180,6 +185,7 @@ class KueueCheck:
         self._unreadable.pop(key, None)
         if event == "DELETED":
             self._rejected.pop(key, None)
+            self._ready.pop(key, None)
             return
         try:
             self.workloads[key] = parse_workload(obj, resource=self._resource)
@@ -217,7 +223,7 @@ class KueueCheck:
         capacity = lent_capacity(free, self._reclaiming())
         pods = pods_by_owner(view.pods.raw_pods()) if view is not None and view.active else {}
         decisions = decide(
-            self.workloads.values(), ours, capacity, pods, now=now, lost_since=self._lost_since
+            self._as_written(now), ours, capacity, pods, now=now, lost_since=self._lost_since
         )
         self._lost_since = decisions.lost_since
         self._metrics.lent.set(sum(sum(c.values()) for c in capacity.values()))
@@ -226,6 +232,10 @@ class KueueCheck:
             await self._keep(decisions.reservations, view, now)
         for d in decisions.writes:
             await self._write(d.workload, check_entry(d, now))
+            if d.state == "Ready":
+                self._ready[d.workload.key] = (d.workload.uid, d.check, now)
+            else:
+                self._ready.pop(d.workload.key, None)
             self._metrics.decisions.labels(d.state).inc()
             log.info(
                 "kueue: workload %s: check %s %s: %s",
@@ -238,6 +248,23 @@ class KueueCheck:
         if decisions.next_at is not None:
             return Requeue(max(0.0, decisions.next_at - now) + 0.1)
         return None
+
+    def _as_written(self, now: float) -> list[Workload]:
+        """The watched workloads, those whose check this controller set Ready in the last
+        :data:`ECHO_S` seconds read as Ready until the watch shows it: judged from the stale
+        copy (its check still Pending), such a workload would count as waiting, not holding,
+        and the GPUs it was let through on could be let to another workload as well."""
+        out = []
+        for key, w in self.workloads.items():
+            written = self._ready.get(key)
+            if written is not None:
+                uid, check, at = written
+                if w.uid != uid or w.checks.get(check) == "Ready" or now - at > ECHO_S:
+                    del self._ready[key]
+                else:
+                    w = replace(w, checks={**w.checks, check: "Ready"})
+            out.append(w)
+        return out
 
     async def _keep(
         self, reservations: Collection[Reservation], view: DemandView, now: float
@@ -252,7 +279,7 @@ class KueueCheck:
         for node, state in nodes.items():
             written = self._written.get(node)
             # What was written a moment ago, until the watch brings it back.
-            mark = written[0] if written is not None and now - written[1] < 5.0 else state.kept
+            mark = written[0] if written is not None and now - written[1] < ECHO_S else state.kept
             if mark.devices:
                 current[node] = mark
         free: dict[NodeName, list[Device]] = {}

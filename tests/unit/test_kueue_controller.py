@@ -255,3 +255,41 @@ async def test_the_lent_gpus_kept_for_a_workload_are_marked_renewed_and_unmarked
     assert [c[2]["metadata"]["annotations"][contract.ANN_KEPT_FOR_KUEUE] for c in gone] == [
         None, None,
     ]  # fmt: skip
+
+
+async def test_a_workload_let_through_holds_its_gpus_before_the_watch_shows_it() -> None:
+    """Let through on 4 lent GPUs while an older workload of 8 waits; 4 more are lent a moment
+    later, before the watch brings back the Ready just written: the older one is still not let
+    through (12 GPUs on 8 lent), nor is the Ready taken back; once the watch shows the Ready,
+    the same."""
+    kube = FakeKube()
+    now = [NOW]
+    check = checker(kube, {"n1": {LENT: 4}}, clock=lambda: now[0])
+    older = ("main", 2, 4)
+    check.on_workload("ADDED", workload(older, name="older", created="2026-11-30T04:00:00Z"))
+    check.on_workload(
+        "ADDED", workload(("main", 1, 4), name="newer", created="2026-11-30T04:01:00Z")
+    )
+
+    def states() -> dict[str, str]:
+        return {
+            c[1].rsplit("/", 2)[1]: c[2]["status"]["admissionChecks"][0]["state"]
+            for c in kube.calls
+            if "/workloads/" in c[1]
+        }
+
+    await check.reconcile("all")
+    assert states() == {"older": "Pending", "newer": "Ready"}
+    check._view = view({"n1": {LENT: 4}, "n2": {LENT: 4}}, [])
+    for when, newer_state in ((NOW + 1, "Pending"), (NOW + 2, "Ready")):
+        check.on_workload(
+            "MODIFIED",
+            workload(
+                ("main", 1, 4), name="newer", created="2026-11-30T04:01:00Z", state=newer_state
+            ),
+        )
+        kube.calls.clear()
+        now[0] = when
+        await check.reconcile("all")
+        assert "Ready" not in states().values(), (when, states())
+        assert "newer" not in states(), (when, states())
