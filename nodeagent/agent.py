@@ -234,6 +234,7 @@ async def run_agent(
     settings: AgentSettings,
     clock: Clock = time.time,
     on_change: Callable[[tuple[PluginDevice, ...]], object] | None = None,
+    on_topology: Callable[[NodeTopology | None], object] | None = None,
     ready: asyncio.Event | None = None,
     cache_inventory: Callable[[], dict[str, Any]] | None = None,
     prewarm_status: Callable[[], dict[str, Any]] | None = None,
@@ -241,11 +242,15 @@ async def run_agent(
     """Watch the node's GPUs and publish what is seen, until cancelled. ``cache_inventory``
     gives the peer cache's contents (docs/peer-cache.md); a change is published next cycle.
     ``prewarm_status``: the prewarm progress (:mod:`nodeagent.prewarm`, which also writes it
-    itself), kept in every status this loop publishes."""
+    itself), kept in every status this loop publishes. ``on_topology`` is told the node's
+    topology once it is read (the device plugin's choice for pods placed without the
+    extender)."""
     infos = await asyncio.to_thread(reader.devices)
     reading = await asyncio.to_thread(reader.topology)
     for error in reading.errors:
         log.warning("node %s: topology: %s", settings.node, error)
+    if on_topology is not None:
+        on_topology(reading.topology)
     view = NodeView(infos, settings, await publisher.load(), reading.topology)
     log.info(
         "node %s: %d GPU(s): %s",

@@ -171,6 +171,7 @@ def _agent(args: argparse.Namespace) -> int:
                     publisher=publisher,
                     settings=settings,
                     on_change=source.set,
+                    on_topology=source.set_topology,
                     cache_inventory=(
                         prewarmer.inventory(inventory) if prewarmer is not None else inventory
                     ),

@@ -73,7 +73,15 @@ class Allocator:
         self, available: Sequence[str], must_include: Sequence[str], size: int
     ) -> tuple[GpuUuid, ...]:
         """GetPreferredAllocation for one container."""
-        choice = prefer(await self._pods(), self._settings.node_name, available, must_include, size)
+        choice = prefer(
+            await self._pods(),
+            self._settings.node_name,
+            available,
+            must_include,
+            size,
+            topology=self._source.topology(),
+            index_of={d.uuid: d.index for d in self._source.current()},
+        )
         if choice.pod is None:
             log.info(
                 "preferred allocation of %d device(s): %s (%s)", size, choice.devices, choice.reason

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from common.model import GpuUuid
+from common.topology import NodeTopology
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +48,10 @@ class DeviceSource(Protocol):
         """
         ...
 
+    def topology(self) -> NodeTopology | None:
+        """How the devices are connected, by NVML index; None where the node does not say."""
+        ...
+
 
 class InMemoryDeviceSource:
     """A :class:`DeviceSource` whose list is set by its owner; the version counts the changes."""
@@ -55,6 +60,7 @@ class InMemoryDeviceSource:
         self._devices = _ordered(devices)
         self._version = 0
         self._event = asyncio.Event()  # set, and replaced, on every change
+        self._topology: NodeTopology | None = None
 
     @property
     def version(self) -> int:
@@ -62,6 +68,13 @@ class InMemoryDeviceSource:
 
     def current(self) -> tuple[PluginDevice, ...]:
         return self._devices
+
+    def topology(self) -> NodeTopology | None:
+        return self._topology
+
+    def set_topology(self, topology: NodeTopology | None) -> None:
+        """The node's topology, as the agent read it (once, at its start)."""
+        self._topology = topology
 
     async def changed(self, after: int) -> int:
         while self._version <= after:

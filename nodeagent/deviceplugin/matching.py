@@ -24,6 +24,7 @@ from typing import Any
 from common import contract
 from common.coercion import mapping
 from common.model import GpuUuid, PodUid
+from common.topology import NodeTopology, choose
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,12 +106,18 @@ def prefer(
     available: Sequence[str],
     must_include: Sequence[str],
     size: int,
+    *,
+    topology: NodeTopology | None = None,
+    index_of: Mapping[str, int] | None = None,
 ) -> Preference:
     """The devices recorded on the oldest candidate asking for ``size`` devices, all available.
 
     Without one (a pod placed without the extender), the kubelet still gets a full answer: the
     devices it must include, then available devices no other candidate is waiting for, then, if
-    that is not enough, the remaining available ones.
+    that is not enough, the remaining available ones. Where the node publishes its
+    ``topology`` (``index_of``: each device's NVML index), the kubelet must include none and
+    enough devices are free of waiting pods, those taken are the tightest group of them
+    (:func:`common.topology.choose`, as the extender's bind would choose), not the first.
     """
     if size <= 0:
         return Preference((), None, f"allocation size {size}")
@@ -122,18 +129,27 @@ def prefer(
         if len(pod.devices) == size and chosen <= free and must <= chosen:
             return Preference(pod.devices, pod, f"recorded on pod {pod.key}")
     reserved = {d for pod in waiting for d in pod.devices}
-    picked = list(dict.fromkeys(must_include))
-    for pool in (
-        [d for d in available if d not in reserved],
-        [d for d in available if d in reserved],
-    ):
-        picked += [d for d in pool if d not in picked][: max(0, size - len(picked))]
     reason = (
         f"no pending pod records {size} available device(s)"
         if waiting
         else "no pending pod with recorded devices on this node"
     )
-    return Preference(tuple(GpuUuid(d) for d in picked[:size]), None, reason)
+    unreserved = [d for d in dict.fromkeys(available) if d not in reserved]
+    if (
+        topology is not None
+        and index_of is not None
+        and not must_include
+        and len(unreserved) >= size
+        and all(d in index_of for d in unreserved)
+    ):
+        device_at = {index_of[d]: d for d in unreserved}
+        (group,) = choose(topology, [([index_of[d] for d in unreserved], size)])
+        picked = tuple(GpuUuid(device_at[i]) for i in group)
+        return Preference(picked, None, f"{reason}; the tightest group on the node's topology")
+    picked_ids = list(dict.fromkeys(must_include))
+    for pool in (unreserved, [d for d in available if d in reserved]):
+        picked_ids += [d for d in pool if d not in picked_ids][: max(0, size - len(picked_ids))]
+    return Preference(tuple(GpuUuid(d) for d in picked_ids[:size]), None, reason)
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,8 @@ from nodeagent.deviceplugin.matching import (
     prefer,
 )
 from nodeagent.deviceplugin.testing import NODE, gpus, node_pod, placed_pod, uuids
+from nodeagent.nvml import NvmlReader
+from nodeagent.nvmlfake import FakeNvml, layout
 
 U = uuids(0, 1, 2, 3, 4, 5, 6, 7)
 ALL = list(U)
@@ -282,6 +284,25 @@ def test_prefer(
     assert list(choice.devices) == want
     assert (choice.pod.name if choice.pod else None) == from_pod
     assert choice.reason
+
+
+def test_a_pod_placed_without_the_extender_gets_the_tightest_free_group() -> None:
+    """The node's topology (the NVML fake's 2-socket layout: GPUs 0-1, 2-3, 4-5, 6-7 each
+    behind one PCIe switch): with GPU 0 taken, two GPUs are the pair 2-3, not 1 and 2; devices
+    a waiting pod records stay out while others suffice; what the kubelet must include, or a
+    node without topology, keeps the first available."""
+    reading = NvmlReader(FakeNvml(layout("pcie-2socket-8"))).topology()
+    assert reading.topology is not None
+    kw: dict[str, Any] = {"topology": reading.topology, "index_of": {u: i for i, u in enumerate(U)}}
+    choice = prefer([], NODE, ALL[1:], [], 2, **kw)
+    assert list(choice.devices) == [U[2], U[3]]
+    assert choice.pod is None
+    assert "tightest group" in choice.reason
+    assert list(prefer([], NODE, ALL[1:], [], 2).devices) == [U[1], U[2]]  # no topology
+    assert list(prefer([], NODE, ALL[1:], [], 4, **kw).devices) == [U[4], U[5], U[6], U[7]]
+    waiting = [node_pod("waiting", U[2:5])]  # 3 recorded: not this request's match
+    assert list(prefer(waiting, NODE, ALL[1:], [], 2, **kw).devices) == [U[6], U[7]]
+    assert list(prefer([], NODE, ALL[1:], [U[1]], 2, **kw).devices) == [U[1], U[2]]
 
 
 @st.composite

@@ -12,6 +12,7 @@ import pytest
 
 from common import contract
 from common.errors import InvalidInput, Unavailable
+from nodeagent.agent import AgentSettings, run_agent
 from nodeagent.deviceplugin.allocating import Allocator, DevicesRefused
 from nodeagent.deviceplugin.confirming import NodeLedger
 from nodeagent.deviceplugin.devices import InMemoryDeviceSource
@@ -28,6 +29,9 @@ from nodeagent.deviceplugin.testing import (
     placed_pod,
     uuids,
 )
+from nodeagent.nvml import NvmlReader
+from nodeagent.nvmlfake import FakeNvml, layout
+from nodeagent.publishing import MemoryPublisher
 
 U = uuids(0, 1, 2, 3)
 
@@ -324,3 +328,40 @@ def test_settings_report_every_problem_at_once() -> None:
         "stop_grace_s",
     ):
         assert any(needle in p for p in problems), (needle, problems)
+
+
+async def test_the_agent_gives_the_plugin_its_topology_for_pods_placed_without_the_extender() -> (
+    None
+):
+    """The agent reads the fake 2-socket layout (GPUs 0-1, 2-3, 4-5, 6-7 behind one PCIe switch
+    each) and hands it to the device source, as nodeagent.main wires them: with GPU 0 taken,
+    a pod no extender placed gets the pair 2-3, not GPUs 1 and 2."""
+    gpus_of = layout("pcie-2socket-8")
+    source = InMemoryDeviceSource()
+    ready = asyncio.Event()
+    task = asyncio.create_task(
+        run_agent(
+            reader=NvmlReader(FakeNvml(gpus_of)),
+            publisher=MemoryPublisher(),
+            settings=AgentSettings(node=NODE, cycle_s=0.01, heartbeat_s=60),
+            on_change=source.set,
+            on_topology=source.set_topology,
+            ready=ready,
+        )
+    )
+    try:
+        await asyncio.wait_for(ready.wait(), 5)
+        uuids_of = [d.uuid for d in source.current()]
+        assert len(uuids_of) == 8
+        assert source.topology() is not None
+        alloc = Allocator(source=source, lookup=InMemoryPodLookup(), settings=SETTINGS)
+        assert await alloc.preferred(uuids_of[1:], [], 2) == (uuids_of[2], uuids_of[3])
+        bare = Allocator(
+            source=InMemoryDeviceSource(source.current()),
+            lookup=InMemoryPodLookup(),
+            settings=SETTINGS,
+        )
+        assert await bare.preferred(uuids_of[1:], [], 2) == (uuids_of[1], uuids_of[2])
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
