@@ -18,10 +18,10 @@ The link between two GPUs is a :class:`Link`, ordered tightest first (NVIDIA's `
   is not known counts as this, the loosest.
 
 A group's :class:`GroupScore` orders groups: the tightest group is the one with the least score.
-:func:`choose` picks a pod's devices: the tightest group that takes exactly
-what placement decided from each device class (placement's rules first: topology only chooses
-among devices of one class), ties to the lowest indexes; :func:`within` says whether a group
-meets a pod's ``tidelease.io/gpu-topology`` (:data:`REQUIREMENTS`).
+:func:`choose` picks a pod's devices: the tightest group that takes exactly what placement
+decided from each device class (placement's rules first: topology only chooses among devices
+of one class), ties to the lowest indexes; :func:`within` says whether a group meets a pod's
+``tidelease.io/gpu-topology`` (:data:`REQUIREMENTS`).
 """
 
 from __future__ import annotations
@@ -188,9 +188,9 @@ def choose(
 ) -> tuple[tuple[int, ...], ...]:
     """The devices to take, per class: ``wants`` lists, per device class of a placement plan,
     the free devices' indexes (in the order to prefer, lowest first) and how many to take.
-    The answer takes exactly that many of each class,
-    each class's indexes in the order given: of all such groups, the one with the least
-    :func:`group_score`, a tie going to the group whose indexes come first (class by class).
+    The answer takes exactly that many of each class, each class's indexes in the order given:
+    of all such groups, the one with the least :func:`group_score`, a tie going to the group
+    whose indexes come first (class by class).
 
     So a node without topology, a group of one device, or a class taken whole gets the first
     indexes of each class, as placement picked before topology was known. Where there are more
