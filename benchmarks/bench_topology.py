@@ -61,14 +61,7 @@ LAYOUTS: dict[str, Callable[[], NodeTopology]] = {
 def exhaustive(top: NodeTopology, wants: Wants) -> tuple[tuple[int, ...], ...]:
     """The search choose() did before: every group scored, each pair's link and weight looked
     up in tables built once, the first of the least kept."""
-    table = topo.link_table(top)
-    devices = sorted({i for candidates, _ in wants for i in candidates})
-    link: dict[tuple[int, int], int] = {}
-    weight: dict[tuple[int, int], int] = {}
-    for a, b in combinations(devices, 2):
-        known = topo.link_between(table, a, b)
-        link[a, b] = link[b, a] = int(known.link)
-        weight[a, b] = weight[b, a] = int(known.link) * (1 << 20) - known.nvlinks
+    link, weight = topo.pair_tables(top, {i for candidates, _ in wants for i in candidates})
     best: tuple[int, int, tuple[tuple[int, ...], ...]] | None = None
     for picks in product(*(combinations(c, n) for c, n in wants)):
         pairs = list(combinations([i for p in picks for i in p], 2))

@@ -205,17 +205,24 @@ def choose(
     groups = math.prod(math.comb(len(candidates), n) for candidates, n in wants)
     if topology is None or total <= 1 or groups <= 1 or groups > MAX_GROUPS:
         return first
+    link, weight = pair_tables(topology, {i for candidates, _ in wants for i in candidates})
+    return _search(wants, link, weight)
+
+
+def pair_tables(
+    topology: NodeTopology, devices: Iterable[int]
+) -> tuple[dict[tuple[int, int], int], dict[tuple[int, int], int]]:
+    """For every ordered pair of ``devices``: its link, and its weight, one number ordering
+    like a GroupScore's total and NVLinks (the sum over a group is (total, fewer_nvlinks) in
+    one integer; its loosest link apart)."""
     table = link_table(topology)
-    # Each pair's link as one number ordering like a GroupScore's total and NVLinks: the sum
-    # over a group is (total, fewer_nvlinks) in one integer; its loosest link apart.
-    devices = sorted({i for candidates, _ in wants for i in candidates})
     link: dict[tuple[int, int], int] = {}
     weight: dict[tuple[int, int], int] = {}
-    for a, b in combinations(devices, 2):
+    for a, b in combinations(sorted(set(devices)), 2):
         known = link_between(table, a, b)
         link[a, b] = link[b, a] = int(known.link)
         weight[a, b] = weight[b, a] = int(known.link) * _NVLINK_SPAN - known.nvlinks
-    return _search(wants, link, weight)
+    return link, weight
 
 
 def _search(
