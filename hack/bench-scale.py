@@ -5,7 +5,8 @@ extender, with an extender that does nothing, and with none, on one cluster, in 
 usage: hack/bench-scale.py [--nodes 1250] [--pods 1000] [--rounds 2] [--qps 500] [--burst 1000]
                            [--timeout 900] [--json FILE] [--keep] [--profile DIR] [--null-http]
                            [--controllers FLAGS] [--compare KEY=VALUE,...]
-                           [--variant-http] [--leases N] [--phases NAME,...] [--smoke]
+                           [--variant-http] [--variant-source DIR] [--leases N]
+                           [--phases NAME,...] [--smoke]
 
 Starts hack/cluster-up.sh (foreground, in a temporary directory) with --nodes kwok GPU nodes (8
 H20 each, a GpuNode each) and two kube-schedulers: the default one with the extender
@@ -31,6 +32,9 @@ so that a change is judged against the extender as it is, in one run, phases alt
 ratio per round is printed. Both extenders watch the cluster throughout, as two replicas would.
 --variant-http serves that variant over plain HTTP on loopback, as the ownScheduler mode does
 (kube-scheduler in the extender's pod): with --null-http, both extenders without TLS.
+--variant-source DIR runs the variant's extender from the Python sources in DIR (a clone of the
+code before a change: git worktree add DIR HEAD), so that a change of code, not of settings, is
+judged against the code before it in one run.
 
 --smoke: every phase on 24 nodes with 16 pods, one round, a variant too (the test command runs
 it: tests/e2e/test_bench_scale_smoke.py); not a measurement.
@@ -664,14 +668,20 @@ def null_extender(facts: dict[str, str], work: Path, *, tls: bool) -> Any:
 
 @contextlib.contextmanager
 def variant_extender(
-    facts: dict[str, str], work: Path, settings: dict[str, str], *, tls: bool
+    facts: dict[str, str],
+    work: Path,
+    settings: dict[str, str],
+    *,
+    tls: bool,
+    source: Path | None = None,
 ) -> Any:
     """A second tidelease extender, started as hack/lib/cluster.sh starts the first but with
     ``settings`` (TIDELEASE_EXTENDER_<KEY>=VALUE), and a kube-scheduler for profile VARIANT
     calling it with the chart's configuration; yields (the scheduler's URL, their pids, the
     extender's probe URL). Both extenders watch the cluster throughout, as two replicas.
     Without ``tls`` the verbs are plain HTTP on loopback, as in the ownScheduler mode (where
-    kube-scheduler runs in the extender's pod)."""
+    kube-scheduler runs in the extender's pod). ``source``: a tree of tidelease's sources to
+    run the extender from instead of this one."""
     import yaml
 
     serving = Path(facts["TL_CLUSTER_EXTENDER_CLIENT_CERTS"]).parent / "serving"
@@ -682,6 +692,8 @@ def variant_extender(
         "TIDELEASE_EXTENDER_SCHEDULER_NAMES": VARIANT,  # bind serves its scheduler's pods only
     }
     env.update({f"TIDELEASE_EXTENDER_{k.upper()}": v for k, v in settings.items()})
+    if source is not None:  # ahead of this tree's editable install
+        env["PYTHONPATH"] = str(source.resolve())
     log_path = work / "variant-extender.log"
     argv = [str(ROOT / ".venv" / "bin" / "tidelease"), "extender",
             "--kubeconfig", facts["KUBECONFIG"], "--host", "127.0.0.1", "--port", str(port),
@@ -708,7 +720,8 @@ def variant_extender(
         config.write_text(yaml.safe_dump(cfg, sort_keys=False))
         with side_scheduler(facts, work, "variant", config) as (sched_pid, url):
             how = "HTTPS" if tls else "plain HTTP"
-            log(f"variant extender ({settings}, {how}) on port {port}, its scheduler at {url}")
+            what = f"{settings}, {how}" + (f", from {source}" if source else "")
+            log(f"variant extender ({what}) on port {port}, its scheduler at {url}")
             yield url, {"extender": ext.pid, "kube-scheduler": sched_pid}, probe_url
     finally:
         ext.terminate()
@@ -747,9 +760,15 @@ async def bench(facts: dict[str, str], args: argparse.Namespace, work: Path) -> 
                 null_extender(facts, work, tls=not args.null_http)
             )
             schedulers["null"] = (null_url, null_pids, "")
-        if args.compare is not None or args.variant_http:
+        if args.compare is not None or args.variant_http or args.variant_source:
             schedulers["variant"] = stack.enter_context(
-                variant_extender(facts, work, args.compare or {}, tls=not args.variant_http)
+                variant_extender(
+                    facts,
+                    work,
+                    args.compare or {},
+                    tls=not args.variant_http,
+                    source=args.variant_source,
+                )
             )
         schedulers = {k: schedulers[k] for k in [*args.phases, "variant"] if k in schedulers}
         async with aiohttp.ClientSession(connector=connector) as session:
@@ -816,6 +835,12 @@ def main() -> int:
         action="store_true",
         help="the variant phase's extender over plain HTTP on loopback, as in the ownScheduler "
         "mode (with --null-http: both without TLS)",
+    )
+    p.add_argument(
+        "--variant-source",
+        type=Path,
+        help="run the variant's extender from the tidelease sources in this directory (the "
+        "code before a change), to judge a change of code in one run",
     )
     p.add_argument(
         "--phases",
@@ -923,6 +948,7 @@ def main() -> int:
         "null_extender": "http" if args.null_http else "https",
         "controllers": args.controllers,
         "compare": args.compare,
+        "variant_source": str(args.variant_source) if args.variant_source else None,
         "leases": args.leases,
         "pods": args.pods,
         "scheduler_qps": args.qps,
@@ -969,7 +995,8 @@ def main() -> int:
             ]
             what = a
             if a == "variant":
-                what += f" ({args.compare or {}}{', plain HTTP' if args.variant_http else ''})"
+                what += f" ({args.compare or {}}{', plain HTTP' if args.variant_http else ''}"
+                what += f", from {args.variant_source})" if args.variant_source else ")"
             print(
                 f"  ratio {what} / {b}: {rate[a] / rate[b]:.2f}x (per round: "
                 f"{', '.join(per_round)})"

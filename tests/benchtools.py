@@ -47,8 +47,10 @@ def settings_pairs(text: str) -> dict[str, str]:
 
 @contextlib.contextmanager
 def profiling(out: Path | None, pids: dict[str, int], tag: str) -> Iterator[None]:
-    """py-spy recording each of ``pids`` (name -> pid) while the block runs, 100 Hz, idle time
-    left out, into ``out/<name>-<tag>.txt`` as collapsed stacks (nothing when out is None)."""
+    """py-spy recording each of ``pids`` (name -> pid) while the block runs, 100 Hz, into
+    ``out/<name>-<tag>.txt`` as collapsed stacks (nothing when out is None). Only samples
+    taken while the process holds the GIL count: its Python work, not its waits, nor the
+    syscalls it makes without the GIL (a socket write that wakes a peer and is preempted)."""
     if out is None:
         yield
         return
@@ -57,7 +59,7 @@ def profiling(out: Path | None, pids: dict[str, int], tag: str) -> Iterator[None
     procs = [
         subprocess.Popen(
             [spy or "py-spy", "record", "--pid", str(pid), "--rate", "100", "--format", "raw",
-             "--output", str(out / f"{name}-{tag}.txt"), "--nonblocking"],
+             "--output", str(out / f"{name}-{tag}.txt"), "--nonblocking", "--gil"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         for name, pid in pids.items()

@@ -85,6 +85,10 @@ class ShapeMemo(OrderedDict[Hashable, dict[Any, Any]]):
 
 
 KEYS_PER_STATE = 4  # decision_key, score_key, free_key, group_key (nodes with topology)
+# What the node indexes of ClusterState hold for a node whose devices are not offered
+# (no GpuNode, or its agent silent): no state key is negative.
+NO_INVENTORY_KEY = -1
+SILENT_KEY = -2
 
 
 @dataclass(slots=True)
@@ -266,6 +270,15 @@ class ClusterState:
         self._ledger_of: dict[PodUid, set[NodeName]] = {}
         # Gang pods' reservations: where, and until when (monotonic seconds).
         self._reserved: dict[PodUid, tuple[NodeName, float]] = {}
+        # Each node's state keys by name, for the verbs' passes over every candidate node
+        # (extender.scheduler.filtering, .scoring): a node whose devices are not offered has
+        # NO_INVENTORY_KEY or SILENT_KEY; a node not known, none. ``score_keys`` holds the key
+        # a pod of 2+ GPUs is scored by: (score_key, group_key) on a node with topology.
+        self.decision_keys: dict[NodeName, int] = {}
+        self.score_keys: dict[NodeName, int] = {}
+        self.group_score_keys: dict[NodeName, Hashable] = {}
+        # Nodes whose GpuNode keeps devices for Kueue workloads (set_kept): judged per pod.
+        self.kept_nodes: set[NodeName] = set()
 
     @property
     def gone(self) -> set[PodUid]:
@@ -301,6 +314,43 @@ class ClusterState:
             }
             self._keys.keep_only(live)
             self.memo.clear()
+        self._index(state)
+
+    def _index(self, state: NodeState) -> None:
+        node = state.node
+        if not state.has_inventory or state.silent:
+            off = NO_INVENTORY_KEY if not state.has_inventory else SILENT_KEY
+            self.decision_keys[node] = self.score_keys[node] = off
+            self.group_score_keys[node] = off
+            return
+        self.decision_keys[node] = state.decision_key
+        self.score_keys[node] = state.score_key
+        self.group_score_keys[node] = (
+            (state.score_key, state.group_key) if state.group_key else state.score_key
+        )
+
+    def _forget(self, node: NodeName) -> None:
+        del self._nodes[node]
+        for index in (self.decision_keys, self.score_keys, self.group_score_keys):
+            index.pop(node, None)
+        self.kept_nodes.discard(node)
+
+    def set_kept(self, node: NodeName, mark: KeptMark) -> None:
+        """The devices the node's GpuNode keeps for Kueue workloads (common/keptmarks.py)."""
+        self._node(node).kept = mark
+        if mark.devices:
+            self.kept_nodes.add(node)
+        else:
+            self.kept_nodes.discard(node)
+
+    def holds_on(self, uid: PodUid) -> set[NodeName]:
+        """The nodes where pod ``uid`` may hold devices (in a stored ledger, or reserved): a
+        superset of those where it does."""
+        nodes = set(self._ledger_of.get(uid, ()))
+        reserved = self._reserved.get(uid)
+        if reserved is not None:
+            nodes.add(reserved[0])
+        return nodes
 
     def __len__(self) -> int:
         return len(self._nodes)
@@ -360,7 +410,7 @@ class ClusterState:
         self._index_lent(node, ())
         self._changed(state)
         if not state.ledger and not state.ledger_version:
-            del self._nodes[node]
+            self._forget(node)
 
     # --- reservations (gang pods placed, not yet bound: extender.scheduler.gangplacement) ---
     def reserve(self, node: NodeName, allocation: Allocation, until: float) -> None:
@@ -426,7 +476,7 @@ class ClusterState:
         try:
             self.set_inventory(parse_gpu_node(obj))
             self._node(name).reclaiming = frozenset(GpuUuid(u) for u in reclaiming(obj))
-            self._node(name).kept = _kept_mark(name, obj)
+            self.set_kept(name, _kept_mark(name, obj))
         except InvalidInput as e:
             # A bad object must not take the node's devices with it silently: offer none.
             log.error("ignoring invalid GpuNode %s: %s", name, e)

@@ -23,9 +23,17 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from itertools import compress, repeat
+from operator import is_
 
 from common.model import Device, DeviceClass, NodeName, PodRequest
-from extender.cluster.state import ClusterState, Freeable, NodeState
+from extender.cluster.state import (
+    NO_INVENTORY_KEY,
+    SILENT_KEY,
+    ClusterState,
+    Freeable,
+    NodeState,
+)
 from extender.scheduler.placement import (
     NodePlan,
     Verdict,
@@ -140,6 +148,20 @@ def _shape(req: PodRequest) -> tuple[object, ...]:
     return ("filter", *placement_shape(req), req.pod_priority)
 
 
+# A node's answer within a pass (_evaluate): passes, fails (preemption may help), fails for
+# good, or is left out (not offered); and the reason. Every node that passes gets _PASS itself.
+PASSED, FAILED, UNRESOLVABLE, LEFT_OUT = 0, 1, 2, 3
+Answer = tuple[int, str]
+_PASS: Answer = (PASSED, "")
+
+
+def _answer(judged: Judged) -> Answer:
+    plan, helps = judged
+    if plan.fits:
+        return _PASS
+    return (FAILED if helps else UNRESOLVABLE, plan.reason)
+
+
 def _evaluate(
     cluster: ClusterState,
     names: Iterable[str],
@@ -149,58 +171,114 @@ def _evaluate(
     now: float | None = None,
 ) -> tuple[FilterDecision, dict[str, NodePlan], dict[str, str]]:
     """The decision over the nodes that offer devices; with ``keep_plans`` the plan per such
-    node; the reason for each node that offers none (left out of the decision)."""
-    decision = FilterDecision()
-    judge = _Judge(cluster, req)
-    memo: dict[int, Judged] = cluster.memo.setdefault(_shape(req), {})
-    plans: dict[str, NodePlan] = {}
-    missing: dict[str, str] = {}
-    passed, failed, unresolvable = decision.passed, decision.failed, decision.unresolvable
-    uid = req.uid
-    get = cluster.nodes.get
-    # tidelease.io/gpu-topology, for pods of 2+ GPUs: the refusal ("" none) per group_key
-    refusals: dict[int, str] | None = None
-    if req.gpu_topology is not None and req.gpus >= 2:
-        refusals = cluster.memo.setdefault(("topology", *placement_shape(req)), {})
-    for name in names:
-        state = get(name)  # type: ignore[call-overload]
+    node; the reason for each node that offers none (left out of the decision).
+
+    Without plans to keep or a topology to judge (most requests), each node's answer is looked
+    up by its decision key (``ClusterState.decision_keys``) in the answers remembered for the
+    request's shape, in passes the interpreter runs in C; a node whose key has none yet, and the
+    nodes where the pod holds devices or devices are kept for Kueue, are judged one by one
+    (:class:`_Evaluation`), as every node is otherwise."""
+    evaluation = _Evaluation(cluster, req, keep_plans=keep_plans, now=now)
+    if keep_plans or evaluation.refusals is not None:
+        for name in names:
+            evaluation.add(name, evaluation.node(name))
+        return evaluation.decision, evaluation.plans, evaluation.missing
+    names = names if isinstance(names, list | tuple) else list(names)
+    answers = evaluation.remembered
+    found: list[Answer | None] = list(map(answers.get, map(cluster.decision_keys.get, names)))
+    apart = cluster.holds_on(req.uid)
+    if now is not None:
+        apart |= cluster.kept_nodes
+    if apart or None in found:
+        for i, name in enumerate(names):
+            if found[i] is None or name in apart:
+                found[i] = evaluation.node(name)
+    evaluation.decision.passed.extend(compress(names, map(is_, found, repeat(_PASS))))
+    for name, answer in zip(names, found, strict=True):
+        if answer is not _PASS:
+            evaluation.add(name, answer)  # type: ignore[arg-type]
+    return evaluation.decision, evaluation.plans, evaluation.missing
+
+
+class _Evaluation:
+    """One filter pass for one request: the decision so far, and each node's answer."""
+
+    def __init__(
+        self, cluster: ClusterState, req: PodRequest, *, keep_plans: bool, now: float | None
+    ) -> None:
+        self.cluster, self.req, self.keep_plans, self.now = cluster, req, keep_plans, now
+        self.decision = FilterDecision()
+        self.plans: dict[str, NodePlan] = {}
+        self.missing: dict[str, str] = {}
+        self.judge = _Judge(cluster, req)
+        shape = _shape(req)
+        self.memo: dict[int, Judged] = cluster.memo.setdefault(shape, {})
+        # The answer per decision key, for nodes judged by their key alone; the keys of nodes
+        # not offered, and of nodes not known (None), are answered from the start.
+        self.remembered: dict[int | None, Answer] = cluster.memo.setdefault(("answer", shape), {})
+        if not self.remembered:
+            self.remembered.update(
+                {
+                    None: (LEFT_OUT, NO_INVENTORY),
+                    NO_INVENTORY_KEY: (LEFT_OUT, NO_INVENTORY),
+                    SILENT_KEY: (LEFT_OUT, AGENT_SILENT),
+                }
+            )
+        # tidelease.io/gpu-topology, for pods of 2+ GPUs: the refusal ("" none) per group_key
+        self.refusals: dict[int, str] | None = None
+        if req.gpu_topology is not None and req.gpus >= 2:
+            self.refusals = cluster.memo.setdefault(("topology", *placement_shape(req)), {})
+
+    def node(self, name: str) -> Answer:
+        """The node's answer, judged (remembered by its decision key where the answer depends
+        on nothing else); its plan kept, with ``keep_plans``."""
+        req, now = self.req, self.now
+        state = self.cluster.nodes.get(name)  # type: ignore[call-overload]
         if state is None or not state.has_inventory:
-            missing[name] = NO_INVENTORY
-            continue
+            return (LEFT_OUT, NO_INVENTORY)
         if state.silent:
-            missing[name] = AGENT_SILENT
-            continue
+            return (LEFT_OUT, AGENT_SILENT)
+        uid = req.uid
         judged: Judged | None
         barred = state.barred_for(req, now) if now is not None and state.kept.devices else None
         if uid in state.allocations or barred:  # the pod's own devices or bars: its answer
-            judged = judge(state, uid in state.allocations, barred)
+            judged = self.judge(state, uid in state.allocations, barred)
         else:
-            judged = memo.get(state.decision_key)
+            judged = self.memo.get(state.decision_key)
             if judged is None:
-                judged = memo[state.decision_key] = judge(state, False)
-        plan, helps = judged
-        if refusals is not None and plan.fits:
+                judged = self.memo[state.decision_key] = self.judge(state, False)
+            if self.refusals is None:
+                self.remembered[state.decision_key] = _answer(judged)
+        plan, _ = judged
+        if self.keep_plans:
+            self.plans[name] = plan
+        if self.refusals is not None and plan.fits:
             if uid in state.allocations or barred:  # free devices of its own: not remembered
                 refusal = _topology_refusal(state, plan, req, now)
             elif state.group_key == 0:  # no topology: refused the same way on every such node
                 refusal = topology_refusal(req, range(plan.taken), None)
             else:
-                found = refusals.get(state.group_key)
+                found = self.refusals.get(state.group_key)
                 if found is None:
-                    found = refusals[state.group_key] = _topology_refusal(state, plan, req, None)
+                    found = self.refusals[state.group_key] = _topology_refusal(
+                        state, plan, req, None
+                    )
                 refusal = found
             if refusal:
-                unresolvable[name] = refusal
-                continue
-        if keep_plans:
-            plans[name] = plan
-        if plan.fits:
-            passed.append(name)
-        elif helps:
-            failed[name] = plan.reason
+                self.plans.pop(name, None)
+                return (UNRESOLVABLE, refusal)
+        return _answer(judged)
+
+    def add(self, name: str, answer: Answer) -> None:
+        kind, reason = answer
+        if kind == PASSED:
+            self.decision.passed.append(name)
+        elif kind == FAILED:
+            self.decision.failed[name] = reason
+        elif kind == UNRESOLVABLE:
+            self.decision.unresolvable[name] = reason
         else:
-            unresolvable[name] = plan.reason
-    return decision, plans, missing
+            self.missing[name] = reason
 
 
 def _topology_refusal(state: NodeState, plan: NodePlan, req: PodRequest, now: float | None) -> str:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from common import topology as topo
 from common.model import NodeCache, PodRequest, Priority, Tier
-from extender.cluster.state import ClusterState, NodeState
+from extender.cluster.state import NO_INVENTORY_KEY, SILENT_KEY, ClusterState, NodeState
 from extender.scheduler.placement import (
     NodePlan,
     group_for,
@@ -161,34 +161,55 @@ def prioritize_nodes(
     images), the plan and :func:`fit_parts` per free-device state (free_key: the free devices
     and the number of devices, all that fit_parts depends on). For a pod of 2+ GPUs on a node
     with topology, the group's tightness per group_key (the topology and which devices are
-    free), and the score per (score_key, group_key)."""
+    free), and the score per (score_key, group_key).
+
+    Each node's score is looked up by its key (``ClusterState.score_keys``, or
+    ``group_score_keys`` for a pod of 2+ GPUs) in passes the interpreter runs in C; only the
+    nodes whose key has no score yet are scored one by one (:class:`_Scoring`)."""
+    names = names if isinstance(names, list | tuple) else list(names)
     if req.gpus == 0:
         return [(name, 0) for name in names]
-    shape = ("score", *placement_shape(req), req.checkpoint, req.images, weights)
-    memo: dict[Hashable, int] = cluster.memo.setdefault(shape, {})
-    tight_of: dict[int, float | None] | None = None
-    if req.gpus >= 2:
-        tight_of = cluster.memo.setdefault(("tightness", *placement_shape(req)), {})
-    plans = remembered_plans(cluster.memo, req)
-    parts_of: dict[int, Parts | None] = cluster.memo.setdefault(
-        ("fit_parts", *placement_shape(req)), {}
-    )
-    get = cluster.nodes.get
-    scores: list[tuple[str, int]] = []
-    for name in names:
-        state = get(name)  # type: ignore[call-overload]
-        if state is None or not state.has_inventory or state.silent:  # state.offering, inline
-            scores.append((name, 0))
-            continue
+    scoring = _Scoring(cluster, req, weights)
+    index = cluster.group_score_keys if scoring.tight_of is not None else cluster.score_keys
+    values: list[int | None] = list(map(scoring.memo.get, map(index.get, names)))
+    if None in values:
+        for i, name in enumerate(names):
+            if values[i] is None:
+                values[i] = scoring.node(name)
+    return list(zip(names, values, strict=True))  # type: ignore[arg-type]
+
+
+class _Scoring:
+    """The scores of one request shape, remembered by state key; a node scored by its state."""
+
+    def __init__(self, cluster: ClusterState, req: PodRequest, weights: ScoreWeights) -> None:
+        self.cluster, self.req, self.weights = cluster, req, weights
+        shape = ("score", *placement_shape(req), req.checkpoint, req.images, weights)
+        self.memo: dict[Hashable, int] = cluster.memo.setdefault(shape, {})
+        if not self.memo:  # nodes not offered (their index keys), and nodes not known
+            self.memo.update({None: 0, NO_INVENTORY_KEY: 0, SILENT_KEY: 0})
+        self.tight_of: dict[int, float | None] | None = None
+        if req.gpus >= 2:
+            self.tight_of = cluster.memo.setdefault(("tightness", *placement_shape(req)), {})
+        self.plans = remembered_plans(cluster.memo, req)
+        self.parts_of: dict[int, Parts | None] = cluster.memo.setdefault(
+            ("fit_parts", *placement_shape(req)), {}
+        )
+
+    def node(self, name: str) -> int:
+        state = self.cluster.nodes.get(name)  # type: ignore[call-overload]
+        if state is None or not state.offering:
+            return 0
+        req, plans, tight_of = self.req, self.plans, self.tight_of
         group = state.group_key if tight_of is not None else 0
         key: Hashable = (state.score_key, group) if group else state.score_key
-        value = memo.get(key)
+        value = self.memo.get(key)
         if value is None:
             free_key = state.free_key
-            if free_key in parts_of:
-                parts = parts_of[free_key]
+            if free_key in self.parts_of:
+                parts = self.parts_of[free_key]
             else:
-                parts = parts_of[free_key] = fit_parts(
+                parts = self.parts_of[free_key] = fit_parts(
                     _plan(plans, state, req), req, len(state.devices), state.free_total
                 )
             tightness: float | None = None
@@ -198,9 +219,8 @@ def prioritize_nodes(
                 else:
                     plan = _plan(plans, state, req)
                     tightness = tight_of[group] = group_tightness(state, plan)
-            value = memo[key] = weighted(parts, state.cache, req, weights, tightness)
-        scores.append((name, value))
-    return scores
+            value = self.memo[key] = weighted(parts, state.cache, req, self.weights, tightness)
+        return value
 
 
 def _plan(plans: dict[int, NodePlan], state: NodeState, req: PodRequest) -> NodePlan:

@@ -244,6 +244,23 @@ def check_topology(out: str) -> None:
     assert out.rstrip().endswith("every answer equal to the exhaustive search's"), out
 
 
+def check_verb_passes(out: str) -> None:
+    assert numbers(r"^(\d+) nodes, (\d+) pods, (\d+) calls each, median of (\d+) rounds", out) == [
+        60,
+        2,
+        10,
+        2,
+    ]
+    found = rows(rf"^(filter|prioritize)\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}x$", out)
+    assert [r[0] for r in found] == ["filter", "prioritize"], out
+    for row in found:
+        base, ours, ratio = (float(x) for x in row[1:])
+        assert base > 0, row
+        assert ours > 0, row
+        assert ratio == pytest.approx(ours / base, rel=0.1, abs=0.01), row  # rounded figures
+    assert out.rstrip().endswith("every answer equal to the one-by-one pass's"), out
+
+
 CHECKS: dict[str, Callable[[str], None]] = {
     "bench_agent": check_agent,
     "bench_kube_client": check_kube_client,
@@ -252,6 +269,7 @@ CHECKS: dict[str, Callable[[str], None]] = {
     "bench_peer_pull": check_peer_pull,
     "bench_simulation": check_simulation,
     "bench_topology": check_topology,
+    "bench_verb_passes": check_verb_passes,
     "check_decisions": check_decisions,
 }
 
