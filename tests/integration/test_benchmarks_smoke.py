@@ -236,12 +236,17 @@ def check_topology(out: str) -> None:
         for layout in ("pcie-4switch-16", "nvlink-pairs-16", "nvswitch-16")
         for k in ("2", "4")
     ], out
+    check_ratios([row[2:] for row in found], abs_error=0.002)
+    assert out.rstrip().endswith("every answer equal to the exhaustive search's"), out
+
+
+def check_ratios(found: list[tuple[str, ...]], abs_error: float) -> None:
+    """Rows of (baseline, ours, ratio): both figures measured, the ratio theirs (rounded)."""
     for row in found:
-        base, ours, ratio = (float(x) for x in row[2:])
+        base, ours, ratio = (float(x) for x in row)
         assert base > 0, row
         assert ours > 0, row
-        assert ratio == pytest.approx(ours / base, rel=0.1, abs=0.002), row  # rounded figures
-    assert out.rstrip().endswith("every answer equal to the exhaustive search's"), out
+        assert ratio == pytest.approx(ours / base, rel=0.1, abs=abs_error), row
 
 
 def check_verb_passes(out: str) -> None:
@@ -253,11 +258,7 @@ def check_verb_passes(out: str) -> None:
     ]
     found = rows(rf"^(filter|prioritize)\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}x$", out)
     assert [r[0] for r in found] == ["filter", "prioritize"], out
-    for row in found:
-        base, ours, ratio = (float(x) for x in row[1:])
-        assert base > 0, row
-        assert ours > 0, row
-        assert ratio == pytest.approx(ours / base, rel=0.1, abs=0.01), row  # rounded figures
+    check_ratios([row[1:] for row in found], abs_error=0.01)
     assert out.rstrip().endswith("every answer equal to the one-by-one pass's"), out
 
 
