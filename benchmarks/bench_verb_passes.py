@@ -22,6 +22,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 
 from benchmarks.bench_extender import cluster, pods
 from common.model import Allocation, GpuUuid, Holder, NodeName, PodRequest, PodUid, Priority
@@ -45,14 +46,11 @@ def view(n_nodes: int) -> ClusterState:
 Pass = Callable[[ClusterState, PodRequest, list[str]], object]
 
 
-def filter_by_key(state: ClusterState, req: PodRequest, names: list[str]) -> object:
-    decision, _, missing = _evaluate(state, names, req, keep_plans=False, now=time.time())
-    return (decision.passed, list(decision.failed.items()),
-            list(decision.unresolvable.items()), list(missing.items()))  # fmt: skip
-
-
-def filter_one_by_one(state: ClusterState, req: PodRequest, names: list[str]) -> object:
-    decision, _, missing = _evaluate(state, names, req, keep_plans=True, now=time.time())
+def filter_pass(
+    state: ClusterState, req: PodRequest, names: list[str], *, one_by_one: bool
+) -> object:
+    """The filter's answers in reply order (the pass that keeps plans judges one by one)."""
+    decision, _, missing = _evaluate(state, names, req, keep_plans=one_by_one, now=time.time())
     return (decision.passed, list(decision.failed.items()),
             list(decision.unresolvable.items()), list(missing.items()))  # fmt: skip
 
@@ -139,7 +137,7 @@ def main() -> None:
           f"median of {args.rounds} rounds (CPU ms per call)")  # fmt: skip
     print(f"{'pass':<22}{'one by one':>12}{'by key':>10}{'ratio':>8}")
     for label, base, ours in (
-        ("filter", filter_one_by_one, filter_by_key),
+        ("filter", partial(filter_pass, one_by_one=True), partial(filter_pass, one_by_one=False)),
         ("prioritize", scores_one_by_one, scores_by_key),
     ):
         b, o = compare(state, reqs, base, ours, args.calls, args.rounds)

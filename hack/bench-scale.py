@@ -57,10 +57,10 @@ tidelease_extender_request_duration_seconds (the phase's increase, interpolated 
 as Prometheus' histogram_quantile does), and its request counts by outcome.
 
 --profile DIR: py-spy samples the extender and the controllers' process during every extender
-phase (100 Hz, idle time left out): DIR/<process>-r<round>.txt holds the collapsed stacks (for
-any flame graph tool), and the run prints, per process, the functions with the most samples of
-their own and the modules with the most samples in all. pip install py-spy (root, or ptrace
-allowed).
+phase (100 Hz, only while a process holds the GIL): DIR/<process>-r<round>.txt holds the
+collapsed stacks (for any flame graph tool), and the run prints, per process, the functions
+with the most samples of their own and the modules with the most samples in all. pip install
+py-spy (root, or ptrace allowed).
 
 The pods: sizes 1, 2, 4, 8 GPUs in turn; one in five is tidelease.io/priority: high with an
 owner (PriorityClass tidelease-online), the rest low (tidelease-borrower).
